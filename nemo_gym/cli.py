@@ -1,0 +1,274 @@
+"""Command-line entry points (``ng_*``) and ``RunHelper``, the Python API that starts a run.
+
+Every command takes Hydra-style overrides (``+key=value``); configuration problems are printed as
+one screen and exit with status 2 before anything starts.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from nemo_gym import __version__
+from nemo_gym.global_config import (
+    DEFAULT_HEAD_SERVER_HOST,
+    DEFAULT_HEAD_SERVER_PORT,
+    HEAD_SERVER_KEY_NAME,
+    PACKAGE_PARENT_DIR,
+    ConfigError,
+    GlobalConfigDictParserConfig,
+    load_global_config,
+    validate_global_config,
+)
+from nemo_gym.server_utils import BaseServerConfig
+from nemo_gym.supervisor import ServerSupervisor, StartupError, format_instances_table
+
+COMMANDS = {
+    "ng_run": "Start the head server and every configured server; keep them alive until Ctrl+C.",
+    "ng_status": "Show the servers of a running ng_run and whether each answers.",
+    "ng_dump_config": "Print the merged, resolved config (secrets redacted) and exit.",
+    "ng_test": "Run the tests of one server folder (+entrypoint=<type>/<impl>) or of the whole project.",
+    "ng_version": "Print the nemo-gym version.",
+    "ng_help": "List the ng_* commands.",
+}
+
+USAGE = """\
+usage: {cmd} [+key=value ...]
+
+Configuration uses Hydra override syntax:
+  +config_paths=[a.yaml,b.yaml]   YAML files to load, in order (they may list more config_paths)
+  +key=value / ++key=value        set any value (dotted keys: +head_server.port=11001)
+  ~key                            delete a key
+env.yaml in the working directory is merged over the YAML files; the command line wins over both.
+"""
+
+
+def _wants_help(argv: list[str]) -> bool:
+    return any(a in ("-h", "--help", "help") for a in argv)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    sys.stderr.write(message.rstrip() + "\n")
+    sys.exit(code)
+
+
+# ------------------------------------------------------------------------------------------------
+# ng_run
+
+
+def run_main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if _wants_help(argv):
+        print(USAGE.format(cmd="ng_run") + "\n" + COMMANDS["ng_run"])
+        return
+    t0 = time.monotonic()
+    stop = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        received.append(signum)
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+
+    try:
+        loaded = load_global_config(argv)
+        instances = validate_global_config(loaded)
+    except ConfigError as e:
+        _fail(str(e))
+    if not instances:
+        _fail("No server instances configured. Pass +config_paths=[...] with at least one server config.")
+
+    supervisor = ServerSupervisor(loaded, instances, stop_event=stop)
+    try:
+        supervisor.start()
+    except ConfigError as e:
+        _fail(str(e))
+    except StartupError as e:
+        if received:
+            _fail(f"ng_run: stopped by {signal.Signals(received[0]).name} during start-up.", 0)
+        _fail(f"ng_run: start-up failed.\n{e}", 1)
+
+    n = len(supervisor.children)
+    print(f"All {n} / {n} servers ready! ({time.monotonic() - t0:.2f} s)")
+    print(f"Head server: http://{supervisor.head_host}:{supervisor.head_port}")
+    print(format_instances_table(supervisor.server_instances_info()), flush=True)
+
+    exit_code = 0
+    while not stop.is_set():
+        dead = supervisor.dead_server()
+        if dead is not None:
+            sys.stderr.write(f"ng_run: {supervisor.describe_exit(dead)}\nng_run: stopping the other servers.\n")
+            sys.stderr.flush()
+            exit_code = 1
+            break
+        stop.wait(0.2)
+    if received:
+        print(f"ng_run: received {signal.Signals(received[0]).name}, stopping servers...", flush=True)
+    supervisor.shutdown()
+    if exit_code == 0:
+        print("ng_run: all servers stopped.", flush=True)
+    sys.exit(exit_code)
+
+
+# ------------------------------------------------------------------------------------------------
+# RunHelper: the same from Python (trainers, tests).
+
+
+class RunHelper:
+    """Start the servers of a config from Python and stop them again.
+
+    ``RunHelper().start(GlobalConfigDictParserConfig(initial_global_config_dict=..., skip_load_from_cli=True))``
+    returns once every server answers; ``shutdown()`` stops them (also done at interpreter exit).
+    """
+
+    def __init__(self) -> None:
+        self._supervisor: ServerSupervisor | None = None
+
+    def start(self, global_config_dict_parser_config: GlobalConfigDictParserConfig | None = None) -> None:
+        parser_config = global_config_dict_parser_config or GlobalConfigDictParserConfig()
+        initial = parser_config.initial_global_config_dict
+        if initial is not None and not isinstance(initial, dict):
+            initial = OmegaConf.to_container(initial)
+        argv = parser_config.cli_args or ([] if parser_config.skip_load_from_cli else sys.argv[1:])
+        loaded = load_global_config(
+            argv, initial_global_config_dict=initial, load_env_yaml=not parser_config.skip_load_from_env_yaml
+        )
+        instances = validate_global_config(loaded)
+        self._supervisor = ServerSupervisor(loaded, instances)
+        self._supervisor.start()
+
+    @property
+    def supervisor(self) -> ServerSupervisor:
+        if self._supervisor is None:
+            raise RuntimeError("RunHelper.start() has not been called.")
+        return self._supervisor
+
+    @property
+    def head_server_config(self) -> BaseServerConfig:
+        return BaseServerConfig(host=self.supervisor.head_host, port=self.supervisor.head_port)
+
+    @property
+    def global_config_dict(self):
+        return self.supervisor.cfg
+
+    def server_instances(self) -> list[dict]:
+        return self.supervisor.server_instances_info()
+
+    def poll(self) -> None:
+        """Raise if any server has exited since start."""
+        dead = self.supervisor.dead_server()
+        if dead is not None:
+            raise RuntimeError(self.supervisor.describe_exit(dead))
+
+    def display_server_instance_info(self) -> None:
+        print(format_instances_table(self.server_instances()))
+
+    def shutdown(self) -> None:
+        if self._supervisor is not None:
+            self._supervisor.shutdown()
+
+
+# ------------------------------------------------------------------------------------------------
+# Small commands.
+
+
+def _head_from_argv(argv: list[str]) -> BaseServerConfig:
+    loaded = load_global_config(argv)
+    head = OmegaConf.select(loaded.config, HEAD_SERVER_KEY_NAME, default=None) or {}
+    return BaseServerConfig(
+        host=head.get("host") or DEFAULT_HEAD_SERVER_HOST, port=int(head.get("port") or DEFAULT_HEAD_SERVER_PORT)
+    )
+
+
+def status_main(argv: list[str] | None = None) -> None:
+    import httpx
+
+    argv = sys.argv[1:] if argv is None else argv
+    if _wants_help(argv):
+        print(USAGE.format(cmd="ng_status") + "\n" + COMMANDS["ng_status"])
+        return
+    try:
+        head = _head_from_argv(argv)
+    except ConfigError as e:
+        _fail(str(e))
+    try:
+        rows = httpx.get(f"{head.base_url}/server_instances", timeout=5, trust_env=False).json()
+    except httpx.HTTPError as e:
+        _fail(f"No head server answers at {head.base_url} ({e}). Is ng_run running? (+head_server.port=... to choose)", 1)
+    unhealthy = 0
+    for row in rows:
+        try:
+            ok = httpx.get(row["url"] + "/", timeout=3, trust_env=False).status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        row["health"] = "ok" if ok else "DOWN"
+        unhealthy += not ok
+    print(f"Head server: {head.base_url}")
+    table = format_instances_table(rows).splitlines()
+    health = ["health", "------"] + [r["health"] for r in rows]
+    print("\n".join(f"{line}  {h}" for line, h in zip(table, health, strict=True)))
+    print(f"{len(rows) - unhealthy} / {len(rows)} servers healthy")
+    sys.exit(1 if unhealthy else 0)
+
+
+def dump_config_main(argv: list[str] | None = None) -> None:
+    from nemo_gym.head_server import redacted_config_yaml
+
+    argv = sys.argv[1:] if argv is None else argv
+    if _wants_help(argv):
+        print(USAGE.format(cmd="ng_dump_config") + "\n" + COMMANDS["ng_dump_config"])
+        return
+    try:
+        loaded = load_global_config(argv)
+        validate_global_config(loaded)
+    except ConfigError as e:
+        _fail(str(e))
+    sys.stdout.write(redacted_config_yaml(loaded.config))
+
+
+def test_main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if _wants_help(argv):
+        print("usage: ng_test [+entrypoint=<server_type>/<impl>] [pytest args after --]\n" + COMMANDS["ng_test"])
+        return
+    extra: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1 :]
+    try:
+        loaded = load_global_config(argv, load_env_yaml=False)
+    except ConfigError as e:
+        _fail(str(e))
+    entry = OmegaConf.select(loaded.config, "entrypoint", default=None)
+    targets: list[str] = []
+    if entry:
+        folder = Path(str(entry))
+        if not folder.is_dir():
+            folder = PACKAGE_PARENT_DIR / str(entry)
+        if not folder.is_dir():
+            _fail(f"ng_test: no server folder {entry!r} (expected e.g. resources_servers/example_single_tool_call).")
+        tests = folder / "tests"
+        targets.append(str(tests if tests.is_dir() else folder))
+    cmd = [sys.executable, "-m", "pytest", *targets, *extra]
+    print("+ " + " ".join(cmd), flush=True)
+    sys.exit(subprocess.call(cmd, cwd=PACKAGE_PARENT_DIR if not entry else None))
+
+
+def version_main(argv: list[str] | None = None) -> None:
+    print(f"nemo-gym {__version__} (python {sys.version.split()[0]})")
+
+
+def help_main(argv: list[str] | None = None) -> None:
+    print(f"nemo-gym {__version__}: commands\n")
+    width = max(len(c) for c in COMMANDS)
+    for cmd, text in COMMANDS.items():
+        print(f"  {cmd.ljust(width)}  {text}")
+    print("\nEach takes --help. Docs: docs/concepts.md, docs/writing_an_environment.md")

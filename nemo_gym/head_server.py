@@ -1,0 +1,45 @@
+"""The head server: where outside processes (collector, trainers, ``ng_status``) learn about a run.
+
+``GET /`` liveness; ``GET /global_config_dict_yaml`` the merged config with every port filled in and
+secret values redacted; ``GET /server_instances`` name, type/impl, url, pid and liveness of each server.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from fastapi import FastAPI
+from fastapi.responses import PlainTextResponse
+from omegaconf import OmegaConf
+
+from nemo_gym.global_config import redact
+
+if TYPE_CHECKING:
+    from nemo_gym.supervisor import ServerSupervisor
+
+
+def redacted_config_yaml(cfg: Any) -> str:
+    try:
+        container = OmegaConf.to_container(cfg, resolve=True)
+    except Exception:  # an unresolvable value must not hide the rest
+        container = OmegaConf.to_container(cfg, resolve=False)
+    return yaml.safe_dump(redact(container), sort_keys=False)
+
+
+def build_head_app(supervisor: ServerSupervisor) -> FastAPI:
+    app = FastAPI(title="NeMo Gym head server", docs_url="/docs", redoc_url=None)
+
+    @app.get("/")
+    async def health() -> dict[str, str]:
+        return {"status": "ok", "name": "head_server"}
+
+    @app.get("/global_config_dict_yaml", response_class=PlainTextResponse)
+    async def global_config_dict_yaml() -> str:
+        return redacted_config_yaml(supervisor.cfg)
+
+    @app.get("/server_instances")
+    async def server_instances() -> list[dict[str, Any]]:
+        return supervisor.server_instances_info()
+
+    return app

@@ -1,0 +1,357 @@
+"""Start, watch and stop the server processes of one run (what ``ng_run`` and ``RunHelper`` use).
+
+Contract
+--------
+* ``start()`` reserves every port first (see :mod:`nemo_gym.ports`), starts the head server in this
+  process, spawns one child per server instance (each in its own process group, its output
+  prefixed with the instance name), and health-polls them all within ``startup_timeout_s``.
+  If a child exits or the bound passes, it stops everything and raises :class:`StartupError`
+  naming the server with its last log lines.
+* ``dead_server()`` reports a child that has exited since start.
+* ``shutdown()`` sends SIGTERM to every child's process group, then SIGKILL after
+  ``shutdown_timeout_s``; it is idempotent and also runs at interpreter exit.
+* Children also die on their own when this process dies, even by SIGKILL (parent-death signal
+  plus a parent watch in :func:`nemo_gym.server_utils._die_with_parent`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import yaml
+from omegaconf import OmegaConf
+
+from nemo_gym.global_config import (
+    DEFAULT_HEAD_SERVER_HOST,
+    DEFAULT_HEAD_SERVER_PORT,
+    HEAD_SERVER_KEY_NAME,
+    NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME,
+    NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME,
+    NEMO_GYM_LISTEN_FD_ENV_VAR_NAME,
+    NEMO_GYM_PARENT_PID_ENV_VAR_NAME,
+    NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME,
+    ConfigError,
+    LoadedConfig,
+    ServerInstance,
+    find_server_dir,
+)
+from nemo_gym.ports import reserve_listening_socket
+from nemo_gym.server_venvs import check_shared_requirements, ensure_server_venv
+
+LOG_TAIL_LINES = 30
+
+
+class StartupError(RuntimeError):
+    """A server failed to come up; the message names it and shows its last log lines."""
+
+
+@dataclass
+class ChildServer:
+    instance: ServerInstance
+    host: str
+    port: int
+    python: str
+    script: Path
+    sock: socket.socket | None = None
+    process: subprocess.Popen | None = None
+    tail: deque = field(default_factory=lambda: deque(maxlen=LOG_TAIL_LINES))
+    reader: threading.Thread | None = None
+    ready: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def name(self) -> str:
+        return self.instance.name
+
+
+class ServerSupervisor:
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        instances: list[ServerInstance],
+        echo: Callable[[str], None] | None = None,
+        stop_event: threading.Event | None = None,
+    ):
+        self.loaded = loaded
+        self.cfg = loaded.config
+        self.instances = instances
+        self.children: list[ChildServer] = []
+        self.stop_event = stop_event or threading.Event()
+        self._print_lock = threading.Lock()
+        self._echo = echo
+        self._head_server: Any = None
+        self._head_thread: threading.Thread | None = None
+        self.head_host = str(OmegaConf.select(self.cfg, f"{HEAD_SERVER_KEY_NAME}.host", default=None) or DEFAULT_HEAD_SERVER_HOST)
+        port = OmegaConf.select(self.cfg, f"{HEAD_SERVER_KEY_NAME}.port", default=None)
+        self.head_port: int = DEFAULT_HEAD_SERVER_PORT if port is None else int(port)
+        self.startup_timeout_s = float(OmegaConf.select(self.cfg, "startup_timeout_s", default=None) or 120)
+        self.shutdown_timeout_s = float(OmegaConf.select(self.cfg, "shutdown_timeout_s", default=None) or 3)
+        log_dir = OmegaConf.select(self.cfg, "log_dir", default=None)
+        self.log_dir = Path(log_dir) if log_dir else None
+        self.isolate = bool(OmegaConf.select(self.cfg, "isolate_server_venvs", default=False))
+        self.venv_cache_dir = OmegaConf.select(self.cfg, "venv_cache_dir", default=None)
+        self._shut_down = False
+        atexit.register(self.shutdown)
+
+    # -- output --------------------------------------------------------------------------------------
+    def echo(self, line: str) -> None:
+        with self._print_lock:
+            if self._echo is not None:
+                self._echo(line)
+            else:
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+
+    # -- start ----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        try:
+            self._start()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start(self) -> None:
+        server_dirs: dict[str, Path] = {}
+        for inst in self.instances:
+            folder = find_server_dir(inst, self.loaded.root_dir)
+            assert folder is not None  # validated before
+            server_dirs[inst.name] = folder
+        if not self.isolate:
+            check_shared_requirements(server_dirs)
+
+        # 1. Every port, before anything starts.
+        head_sock = reserve_listening_socket(self.head_host, self.head_port, f"the head server ({HEAD_SERVER_KEY_NAME}.port)")
+        self.head_port = head_sock.getsockname()[1]
+        OmegaConf.update(self.cfg, HEAD_SERVER_KEY_NAME, {"host": self.head_host, "port": self.head_port}, force_add=True)
+        try:
+            for inst in self.instances:
+                block = OmegaConf.select(self.cfg, inst.config_key)
+                host = str(block.get("host") or "127.0.0.1")
+                explicit = block.get("port")
+                where = self.loaded.provenance.where(f"{inst.config_key}.port")
+                sock = reserve_listening_socket(
+                    host, int(explicit) if explicit else None, f"server '{inst.name}'" + (f" (port set at {where})" if explicit and where else "")
+                )
+                port = sock.getsockname()[1]
+                block["host"], block["port"] = host, port
+                entry = str(block.get("entrypoint") or "app.py")
+                self.children.append(
+                    ChildServer(instance=inst, host=host, port=port, python=sys.executable, script=server_dirs[inst.name] / entry, sock=sock)
+                )
+        except BaseException:
+            head_sock.close()
+            raise
+
+        # 2. Per-server environments (only in isolated mode; a no-op when nothing changed).
+        if self.isolate:
+            for child in self.children:
+                child.python = str(ensure_server_venv(child.script.parent, child.name, self.venv_cache_dir, echo=self.echo))
+
+        # 3. Head server (in this process) and the children.
+        self._start_head_server(head_sock)
+        config_yaml = yaml.safe_dump(OmegaConf.to_container(self.cfg, resolve=False), sort_keys=False)
+        secret = secrets.token_hex(32)
+        if self.log_dir:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        for child in self.children:
+            self._spawn(child, config_yaml, secret)
+
+        # 4. Health-poll with a bound.
+        self._wait_ready()
+
+    def _spawn(self, child: ChildServer, config_yaml: str, secret: str) -> None:
+        assert child.sock is not None
+        fd = child.sock.fileno()
+        env = dict(os.environ)
+        root = str(self.loaded.root_dir)
+        env.update(
+            {
+                NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME: config_yaml,
+                NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME: child.name,
+                NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME: secret,
+                NEMO_GYM_LISTEN_FD_ENV_VAR_NAME: str(fd),
+                NEMO_GYM_PARENT_PID_ENV_VAR_NAME: str(os.getpid()),
+                "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p),
+            }
+        )
+        child.process = subprocess.Popen(
+            [child.python, str(child.script)],
+            cwd=root,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            pass_fds=(fd,),
+            start_new_session=True,
+        )
+        # The child holds the socket now; our copy must go so the port dies with the child.
+        child.sock.close()
+        child.sock = None
+        log_file: IO[str] | None = None
+        if self.log_dir:
+            log_file = open(self.log_dir / f"{child.name}.log", "a", buffering=1)
+        child.reader = threading.Thread(target=self._pump, args=(child, log_file), name=f"log-{child.name}", daemon=True)
+        child.reader.start()
+
+    def _pump(self, child: ChildServer, log_file: IO[str] | None) -> None:
+        assert child.process is not None and child.process.stdout is not None
+        prefix = f"[{child.name}] "
+        for raw in iter(child.process.stdout.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            child.tail.append(line)
+            self.echo(prefix + line)
+            if log_file is not None:
+                log_file.write(line + "\n")
+        if log_file is not None:
+            log_file.close()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        with httpx.Client(timeout=2.0, trust_env=False) as client:
+            while True:
+                if self.stop_event.is_set():
+                    raise StartupError("Start-up interrupted.")
+                dead = self.dead_server()
+                if dead is not None:
+                    raise StartupError(self.describe_exit(dead, during_startup=True))
+                for child in self.children:
+                    if child.ready:
+                        continue
+                    try:
+                        if client.get(child.url + "/").status_code == 200:
+                            child.ready = True
+                    except httpx.HTTPError:
+                        pass
+                if all(c.ready for c in self.children):
+                    return
+                if time.monotonic() > deadline:
+                    waiting = [c for c in self.children if not c.ready]
+                    details = "\n".join(self._tail_text(c) for c in waiting)
+                    raise StartupError(
+                        f"Timed out after {self.startup_timeout_s:.0f} s waiting for "
+                        f"{', '.join(c.name for c in waiting)} to answer GET / "
+                        f"(raise +startup_timeout_s=... if it is just slow).\n{details}"
+                    )
+                time.sleep(0.05)
+
+    # -- head server -----------------------------------------------------------------------------------
+    def _start_head_server(self, sock: socket.socket) -> None:
+        import uvicorn
+
+        from nemo_gym.head_server import build_head_app
+
+        app = build_head_app(self)
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        self._head_server = uvicorn.Server(config)
+        self._head_thread = threading.Thread(
+            target=self._head_server.run, kwargs={"sockets": [sock]}, name="head-server", daemon=True
+        )
+        self._head_thread.start()
+        deadline = time.monotonic() + 10
+        while not self._head_server.started and time.monotonic() < deadline and self._head_thread.is_alive():
+            time.sleep(0.01)
+        if not self._head_server.started:
+            raise StartupError(f"The head server did not start on {self.head_host}:{self.head_port}.")
+
+    def server_instances_info(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": c.name,
+                "server_type": c.instance.server_type,
+                "impl": c.instance.impl,
+                "host": c.host,
+                "port": c.port,
+                "url": c.url,
+                "pid": c.process.pid if c.process else None,
+                "alive": c.process is not None and c.process.poll() is None,
+            }
+            for c in self.children
+        ]
+
+    # -- watching ---------------------------------------------------------------------------------------
+    def dead_server(self) -> ChildServer | None:
+        for child in self.children:
+            if child.process is not None and child.process.poll() is not None:
+                return child
+        return None
+
+    def _tail_text(self, child: ChildServer) -> str:
+        if child.reader is not None:
+            child.reader.join(timeout=0.5)
+        lines = list(child.tail) or ["(no output)"]
+        return f"--- last log lines of {child.name} ---\n" + "\n".join(lines)
+
+    def describe_exit(self, child: ChildServer, during_startup: bool = False) -> str:
+        assert child.process is not None
+        code = child.process.returncode
+        how = f"was killed by signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exited with code {code}"
+        when = " during start-up" if during_startup else ""
+        return f"Server '{child.name}' ({child.instance.folder}, pid {child.process.pid}) {how}{when}.\n{self._tail_text(child)}"
+
+    # -- stop -------------------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        if self._shut_down:
+            return
+        self._shut_down = True
+        alive = [c for c in self.children if c.process is not None]
+        for c in alive:
+            _signal_group(c.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.shutdown_timeout_s
+        for c in alive:
+            try:
+                c.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for c in alive:
+            # Kill the whole group even when the leader exited: nothing of ours may outlive the run.
+            _signal_group(c.process.pid, signal.SIGKILL)
+            try:
+                c.process.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+        for c in self.children:
+            if c.sock is not None:
+                c.sock.close()
+                c.sock = None
+        if self._head_server is not None:
+            self._head_server.should_exit = True
+            if self._head_thread is not None:
+                self._head_thread.join(timeout=3)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def format_instances_table(rows: list[dict[str, Any]]) -> str:
+    headers = ["name", "type/impl", "url", "pid"]
+    data = [[r["name"], f"{r['server_type']}/{r['impl']}", r["url"], str(r["pid"])] for r in rows]
+    widths = [max(len(h), *(len(d[i]) for d in data)) if data else len(h) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(v.ljust(w) for v, w in zip(d, widths, strict=True)) for d in data]
+    return "\n".join(out)
+
+
+__all__ = ["ConfigError", "ServerSupervisor", "StartupError", "format_instances_table"]

@@ -1,0 +1,260 @@
+"""scripted_model: a deterministic stand-in for an LLM, for tests and benchmarks (no GPU, no key).
+
+Default behaviour, per request: if tools are offered and the input holds no tool result yet, call the
+first tool with arguments built from its JSON schema; otherwise answer with text (quoting the last
+tool result when there is one).
+
+A script can replace that. ``script`` is a list of turns played in order; the turn played is the
+number of model turns already in the input, so the server keeps no state and concurrent rollouts
+never interfere. ``scripts_by_input`` picks a script by a substring of the first user message.
+A turn is a mapping with any of:
+  text: "..."                       an assistant message
+  reasoning: "..."                  a reasoning item (before the rest)
+  tool_calls: [{name, arguments}]   function calls; arguments a mapping or a raw string (sent as is)
+  http_error: 503                   answer this HTTP status instead (to exercise failure handling)
+  delay_s: 0.5                      wait first
+Past the end of a script the default behaviour applies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import orjson
+from fastapi import Body, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict
+
+from nemo_gym.base_responses_api_model import BaseResponsesAPIModelConfig, SimpleResponsesAPIModel
+from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id, text_of_message
+
+
+class ScriptedTurn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    text: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    http_error: int | None = None
+    delay_s: float = 0.0
+
+
+class ScriptRule(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    contains: str
+    turns: list[ScriptedTurn]
+
+
+class ScriptedModelConfig(BaseResponsesAPIModelConfig):
+    model_name: str = "scripted-model"
+    script: list[ScriptedTurn] | None = None
+    scripts_by_input: list[ScriptRule] | None = None
+    return_token_id_information: bool = False
+
+
+def example_from_schema(schema: dict[str, Any] | None) -> Any:
+    """A value that satisfies a (simple) JSON schema: enum/const/default/examples first, then by type."""
+    schema = schema or {}
+    for key in ("const", "default"):
+        if key in schema:
+            return schema[key]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    if schema.get("examples"):
+        return schema["examples"][0]
+    for key in ("anyOf", "oneOf"):
+        if schema.get(key):
+            return example_from_schema(schema[key][0])
+    kind = schema.get("type", "object" if "properties" in schema else "string")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "string")
+    if kind == "object":
+        props = schema.get("properties") or {}
+        required = schema.get("required", list(props))
+        return {name: example_from_schema(props.get(name)) for name in required}
+    if kind == "array":
+        return [example_from_schema(schema.get("items")) for _ in range(int(schema.get("minItems", 1)))]
+    if kind == "integer":
+        return int(schema.get("minimum", 1))
+    if kind == "number":
+        return float(schema.get("minimum", 1.0))
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    return "example"
+
+
+def _count_model_turns(items: list[dict[str, Any]]) -> int:
+    """Model turns already in the input: maximal runs of assistant-produced items."""
+    turns, in_turn = 0, False
+    for item in items:
+        t = item.get("type", "message")
+        produced = t in ("function_call", "reasoning") or (t == "message" and item.get("role") == "assistant")
+        if produced and not in_turn:
+            turns += 1
+        in_turn = produced
+    return turns
+
+
+def _fake_token_ids(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+class ScriptedModel(SimpleResponsesAPIModel):
+    config: ScriptedModelConfig
+    uses_sessions = False
+
+    def _pick_turn(self, items: list[dict[str, Any]]) -> ScriptedTurn | None:
+        turns = self.config.script
+        first_user = next((i for i in items if i.get("role") == "user"), None)
+        if self.config.scripts_by_input and first_user is not None:
+            text = text_of_message(first_user)
+            for rule in self.config.scripts_by_input:
+                if rule.contains in text:
+                    turns = rule.turns
+                    break
+        index = _count_model_turns(items)
+        if turns and index < len(turns):
+            return turns[index]
+        return None
+
+    def _default_turn(self, items: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ScriptedTurn:
+        results = [i for i in items if i.get("type") == "function_call_output"]
+        functions = [t for t in tools if t.get("type", "function") == "function"]
+        if functions and not results:
+            tool = functions[0]
+            return ScriptedTurn(tool_calls=[{"name": tool["name"], "arguments": example_from_schema(tool.get("parameters"))}])
+        if results:
+            output = results[-1].get("output")
+            output = output if isinstance(output, str) else orjson.dumps(output).decode()
+            return ScriptedTurn(text=f"The tool returned: {output}")
+        return ScriptedTurn(text="Hello! I am a scripted model.")
+
+    async def _turn(self, items: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ScriptedTurn:
+        turn = self._pick_turn(items) or self._default_turn(items, tools)
+        if turn.delay_s:
+            await asyncio.sleep(turn.delay_s)
+        return turn
+
+    async def responses(self, request: Request, body: NeMoGymResponseCreateParamsNonStreaming) -> Response:
+        params = dump(body)
+        raw = params.get("input", [])
+        items = [{"role": "user", "content": raw}] if isinstance(raw, str) else raw
+        turn = await self._turn(items, params.get("tools") or [])
+        if turn.http_error:
+            return _error(turn.http_error)
+        output: list[dict[str, Any]] = []
+        if turn.reasoning is not None:
+            output.append({"type": "reasoning", "id": new_id("rs"), "summary": [{"type": "summary_text", "text": turn.reasoning}]})
+        for call in turn.tool_calls or []:
+            args = call.get("arguments", {})
+            output.append(
+                {
+                    "type": "function_call",
+                    "id": new_id("fc"),
+                    "call_id": new_id("call"),
+                    "name": call["name"],
+                    "arguments": args if isinstance(args, str) else orjson.dumps(args).decode(),
+                    "status": "completed",
+                }
+            )
+        if turn.text is not None:
+            output.append(
+                {
+                    "type": "message",
+                    "id": new_id("msg"),
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": turn.text, "annotations": []}],
+                }
+            )
+        prompt_text = orjson.dumps(items).decode()
+        generated = orjson.dumps(output).decode()
+        if self.config.return_token_id_information and output:
+            gen_ids = _fake_token_ids(generated)
+            output[-1].update(
+                prompt_token_ids=_fake_token_ids(prompt_text),
+                generation_token_ids=gen_ids,
+                generation_log_probs=[-0.5] * len(gen_ids),
+            )
+        usage_in, usage_out = len(prompt_text) // 4 + 1, len(generated) // 4 + 1
+        response = {
+            "id": new_id("resp"),
+            "object": "response",
+            "created_at": float(int(time.time())),
+            "model": params.get("model") or self.config.model_name,
+            "status": "completed",
+            "output": output,
+            "usage": {
+                "input_tokens": usage_in,
+                "output_tokens": usage_out,
+                "total_tokens": usage_in + usage_out,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": 0},
+            },
+            "parallel_tool_calls": params.get("parallel_tool_calls", True),
+            "tool_choice": params.get("tool_choice") or "auto",
+            "tools": params.get("tools") or [],
+            "temperature": params.get("temperature"),
+            "top_p": params.get("top_p"),
+            "max_output_tokens": params.get("max_output_tokens"),
+            "instructions": params.get("instructions"),
+            "metadata": params.get("metadata"),
+            "incomplete_details": None,
+            "error": None,
+        }
+        return Response(orjson.dumps(response), media_type="application/json")
+
+    async def chat_completions(self, request: Request, body: dict[str, Any] = Body(...)) -> Response:
+        messages = body.get("messages") or []
+        items: list[dict[str, Any]] = []
+        for m in messages:
+            if m.get("role") == "tool":
+                items.append({"type": "function_call_output", "call_id": m.get("tool_call_id", ""), "output": m.get("content", "")})
+            else:
+                items.append({"role": m.get("role", "user"), "content": m.get("content") or ""})
+                for tc in m.get("tool_calls") or []:
+                    items.append({"type": "function_call", "name": tc["function"]["name"], "arguments": tc["function"]["arguments"]})
+        tools = [{"type": "function", **t["function"]} for t in body.get("tools") or [] if t.get("type") == "function"]
+        turn = await self._turn(items, tools)
+        if turn.http_error:
+            return _error(turn.http_error)
+        message: dict[str, Any] = {"role": "assistant", "content": turn.text}
+        if turn.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": new_id("call"),
+                    "type": "function",
+                    "function": {
+                        "name": c["name"],
+                        "arguments": c.get("arguments") if isinstance(c.get("arguments"), str) else orjson.dumps(c.get("arguments", {})).decode(),
+                    },
+                }
+                for c in turn.tool_calls
+            ]
+        prompt_len = len(orjson.dumps(messages)) // 4 + 1
+        completion_len = len(orjson.dumps(message)) // 4 + 1
+        result = {
+            "id": new_id("chatcmpl"),
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model") or self.config.model_name,
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": "tool_calls" if turn.tool_calls else "stop", "logprobs": None}
+            ],
+            "usage": {"prompt_tokens": prompt_len, "completion_tokens": completion_len, "total_tokens": prompt_len + completion_len},
+        }
+        return Response(orjson.dumps(result), media_type="application/json")
+
+
+def _error(status: int) -> Response:
+    body = {"error": {"kind": "scripted_error", "message": f"scripted HTTP {status}"}}
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+if __name__ == "__main__":
+    ScriptedModel.run_webserver()
