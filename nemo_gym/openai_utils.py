@@ -16,14 +16,32 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_serializer, model_validator
 
 TOKEN_ID_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 
 
-class _Lenient(BaseModel):
+class _OmitNone(BaseModel):
+    """Optional fields left at ``None`` are not serialised: an absent field stays absent on the next hop."""
+
+    _omit_cache: ClassVar[frozenset[str] | None] = None
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_optionals(self, handler: Any) -> Any:
+        data = handler(self)
+        cls = type(self)
+        omit = cls.__dict__.get("_omit_cache")
+        if omit is None:
+            omit = frozenset(n for n, f in cls.model_fields.items() if f.default is None and not f.is_required())
+            cls._omit_cache = omit
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None or k not in omit}
+        return data
+
+
+class _Lenient(_OmitNone):
     model_config = ConfigDict(extra="allow")
 
 
@@ -184,7 +202,7 @@ Tool = Annotated[
 ]
 
 
-class NeMoGymResponseCreateParamsNonStreaming(BaseModel):
+class NeMoGymResponseCreateParamsNonStreaming(_OmitNone):
     """The body of ``POST /v1/responses``. Unknown top-level keys are rejected (422)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -252,8 +270,10 @@ class ResponseUsage(_Lenient):
     output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
 
 
-class NeMoGymResponse(_Lenient):
-    """A Responses API response object, as the SDK's ``Response`` parses it."""
+class NeMoGymResponse(BaseModel):
+    """A Responses API response object, as the SDK's ``Response`` parses it (every field always present)."""
+
+    model_config = ConfigDict(extra="allow")
 
     id: str = Field(default_factory=lambda: f"resp_{uuid.uuid4().hex}")
     object: Literal["response"] = "response"

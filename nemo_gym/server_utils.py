@@ -237,7 +237,7 @@ class ServerClient:
         """POST and return (parsed body, cookies set); a non-2xx raises :class:`UpstreamError`."""
         resp = await self.post(server_name, url_path, json=json, **kwargs)
         raise_for_status(resp, server_name, url_path)
-        return orjson.loads(await resp.read()), response_cookies(resp)
+        return orjson.loads(response_body(resp)), response_cookies(resp)
 
 
 def _json_default(o: Any) -> Any:
@@ -255,7 +255,7 @@ def response_cookies(resp: aiohttp.ClientResponse) -> dict[str, str]:
 def raise_for_status(resp: aiohttp.ClientResponse, server_name: str, url_path: str) -> None:
     if resp.status < 400:
         return
-    body = resp._body or b""
+    body = response_body(resp)
     try:
         detail: Any = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -263,8 +263,13 @@ def raise_for_status(resp: aiohttp.ClientResponse, server_name: str, url_path: s
     raise UpstreamError(server_name, url_path, resp.status, detail, kind="http_error")
 
 
+def response_body(resp: aiohttp.ClientResponse) -> bytes:
+    """The body of a response returned by :class:`ServerClient` (already read; the connection is released)."""
+    return resp._body or b""
+
+
 async def get_response_json(resp: aiohttp.ClientResponse) -> Any:
-    return orjson.loads(await resp.read())
+    return orjson.loads(response_body(resp))
 
 
 # ------------------------------------------------------------------------------------------------

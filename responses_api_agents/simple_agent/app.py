@@ -19,7 +19,7 @@ from nemo_gym.base_resources_server import BaseRunRequest
 from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump
-from nemo_gym.server_utils import UpstreamError, response_cookies
+from nemo_gym.server_utils import UpstreamError, response_body, response_cookies
 
 
 class SimpleAgentConfig(BaseResponsesAPIAgentConfig):
@@ -90,7 +90,7 @@ class SimpleAgent(SimpleResponsesAPIAgent):
         resources = self.config.resources_server.name
         resp = await self.server_client.post(resources, f"/{name}", json=args, cookies=cookies)
         cookies.update(response_cookies(resp))
-        body = await resp.read()
+        body = response_body(resp)
         if resp.status < 400:
             return body.decode(errors="replace")
         try:

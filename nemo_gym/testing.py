@@ -1,0 +1,72 @@
+"""Helpers for tests that start real servers on 127.0.0.1 (used by the project's and environments' tests).
+
+``running_servers(config_paths, overrides)`` starts a run through :class:`nemo_gym.cli.RunHelper`
+with the head server on a free port (so tests can run side by side) and stops it afterwards.
+``post_json`` / ``run_rollout`` talk real HTTP to the started servers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from nemo_gym.cli import RunHelper
+from nemo_gym.global_config import PACKAGE_PARENT_DIR, GlobalConfigDictParserConfig
+
+SCRIPTED_MODEL_CONFIG = "responses_api_models/scripted_model/configs/scripted_model.yaml"
+
+
+@contextlib.contextmanager
+def running_servers(
+    config_paths: list[str], extra_config: dict[str, Any] | None = None, with_scripted_model: bool = True
+) -> Iterator[RunHelper]:
+    paths = list(config_paths) + ([SCRIPTED_MODEL_CONFIG] if with_scripted_model else [])
+    initial: dict[str, Any] = {"config_paths": paths, "head_server": {"host": "127.0.0.1", "port": 0}}
+    helper = RunHelper()
+    try:
+        helper.start(
+            GlobalConfigDictParserConfig(
+                initial_global_config_dict=_deep_merge(initial, extra_config or {}),
+                skip_load_from_cli=True,
+                skip_load_from_env_yaml=True,
+            )
+        )
+        yield helper
+    finally:
+        helper.shutdown()
+
+
+def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def server_url(helper: RunHelper, name: str) -> str:
+    for row in helper.server_instances():
+        if row["name"] == name:
+            return row["url"]
+    raise KeyError(f"no server {name!r}; have {[r['name'] for r in helper.server_instances()]}")
+
+
+def post_json(url: str, body: Any, cookies: dict[str, str] | None = None, timeout: float = 60) -> httpx.Response:
+    return httpx.post(url, content=orjson.dumps(body), headers={"content-type": "application/json"},
+                      cookies=cookies, timeout=timeout, trust_env=False)
+
+
+def run_rollout(helper: RunHelper, agent_name: str, row: dict[str, Any], timeout: float = 60) -> dict[str, Any]:
+    """POST one task row to an agent's /run; asserts a 200 and returns the JSON body."""
+    resp = post_json(server_url(helper, agent_name) + "/run", row, timeout=timeout)
+    assert resp.status_code == 200, f"/run answered {resp.status_code}: {resp.text[:2000]}"
+    return resp.json()
+
+
+def example_rows(env_folder: str) -> list[dict[str, Any]]:
+    path = PACKAGE_PARENT_DIR / "resources_servers" / env_folder / "data" / "example.jsonl"
+    return [orjson.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
