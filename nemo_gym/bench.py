@@ -1,0 +1,316 @@
+"""``ng_bench``: rollouts/s of an environment on the scripted model, as a ratio of the bare HTTP limit.
+
+Contract
+--------
+Starts the servers of one environment with the scripted model (through ``RunHelper``), runs N
+rollouts at each concurrency, and reports per concurrency: rollouts/s, p50/p99 rollout latency,
+CPU-milliseconds per rollout summed over the server processes (and the collector's own), and peak
+RSS per process. In the same run it measures the bare limit: a minimal FastAPI echo stack (one
+"agent" process that makes the same number of inner calls per rollout to two echo processes,
+uvicorn + aiohttp like ours) driven the same way, and reports our throughput as a ratio of it.
+Numbers are measured, never asserted; the output is a table and a JSON file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psutil
+
+from nemo_gym.global_config import ConfigError, load_global_config
+from nemo_gym.ports import reserve_listening_socket
+from nemo_gym.rollout_collection import bounded_map
+from nemo_gym.server_utils import ServerClient, response_body
+
+DEFAULT_ENV = "example_single_tool_call"
+DEFAULT_CONCURRENCIES = (64, 1024, 16384)
+
+
+class PeakRss:
+    """Samples the RSS of some processes in a thread; keeps each one's peak."""
+
+    def __init__(self, pids: dict[str, int], interval_s: float = 0.2):
+        self.procs = {name: psutil.Process(pid) for name, pid in pids.items()}
+        self.peak = dict.fromkeys(pids, 0)
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        for name, proc in self.procs.items():
+            try:
+                self.peak[name] = max(self.peak[name], proc.memory_info().rss)
+            except psutil.Error:
+                pass
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def __enter__(self) -> PeakRss:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._sample()
+
+
+def _cpu_s(pids: dict[str, int]) -> dict[str, float]:
+    out = {}
+    for name, pid in pids.items():
+        try:
+            t = psutil.Process(pid).cpu_times()
+            out[name] = t.user + t.system
+        except psutil.Error:
+            out[name] = 0.0
+    return out
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    i = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[i]
+
+
+async def _drive(client: ServerClient, target: str, path: str, rows: list[dict[str, Any]], n: int, concurrency: int) -> dict[str, Any]:
+    latencies: list[float] = []
+    errors = 0
+
+    async def one(row: dict[str, Any]) -> None:
+        t = time.perf_counter()
+        resp = await client.post(target, path, json=row, timeout_s=600)
+        if resp.status != 200:
+            raise RuntimeError(f"{target}{path} answered {resp.status}: {response_body(resp)[:300]!r}")
+        latencies.append(time.perf_counter() - t)
+
+    t0 = time.perf_counter()
+    async for _row, _result, exc in bounded_map((rows[i % len(rows)] for i in range(n)), one, concurrency):
+        if exc is not None:
+            errors += 1
+            if errors == 1:
+                print(f"  first error: {exc}", file=sys.stderr)
+    wall = time.perf_counter() - t0
+    latencies.sort()
+    return {
+        "rollouts": n,
+        "errors": errors,
+        "wall_s": wall,
+        "rollouts_per_s": (n - errors) / wall if wall else 0.0,
+        "p50_latency_ms": _percentile(latencies, 0.5) * 1000,
+        "p99_latency_ms": _percentile(latencies, 0.99) * 1000,
+    }
+
+
+def _measure(
+    client: ServerClient, target: str, path: str, rows: list[dict[str, Any]], n: int, concurrency: int, pids: dict[str, int]
+) -> dict[str, Any]:
+    all_pids = {**pids, "collector": os.getpid()}
+    before = _cpu_s(all_pids)
+    with PeakRss(all_pids) as rss:
+        result = asyncio.run(_run_and_close(client, target, path, rows, n, concurrency))
+    after = _cpu_s(all_pids)
+    done = max(1, n - result["errors"])
+    server_cpu = sum(after[k] - before[k] for k in pids)
+    result["concurrency"] = concurrency
+    result["cpu_ms_per_rollout_servers"] = server_cpu * 1000 / done
+    result["cpu_ms_per_rollout_collector"] = (after["collector"] - before["collector"]) * 1000 / done
+    result["peak_rss_mb"] = {k: round(v / 2**20, 1) for k, v in rss.peak.items()}
+    return result
+
+
+async def _run_and_close(client: ServerClient, target: str, path: str, rows: list[dict[str, Any]], n: int, concurrency: int) -> dict[str, Any]:
+    try:
+        return await _drive(client, target, path, rows, n, concurrency)
+    finally:
+        await client.aclose()
+
+
+# ------------------------------------------------------------------------------------------------
+# The bare stack.
+
+
+def _spawn_bare(role: str, sock: socket.socket, env_extra: dict[str, str]) -> subprocess.Popen:
+    env = {**os.environ, **env_extra, "NG_BARE_FD": str(sock.fileno()), "NG_BARE_ROLE": role}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nemo_gym.bench_bare"], env=env, pass_fds=(sock.fileno(),), start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    sock.close()
+    return proc
+
+
+class BareStack:
+    def __init__(self, inner_calls: list[str]):
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.ports: dict[str, int] = {}
+        socks = {name: reserve_listening_socket("127.0.0.1", None, f"bare {name}") for name in ("echo_a", "echo_b", "agent")}
+        self.ports = {name: s.getsockname()[1] for name, s in socks.items()}
+        plan = ",".join(inner_calls)
+        common = {"NG_BARE_ECHO_A": str(self.ports["echo_a"]), "NG_BARE_ECHO_B": str(self.ports["echo_b"]), "NG_BARE_PLAN": plan}
+        for name, sock in socks.items():
+            self.procs[name] = _spawn_bare(name, sock, common)
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        import httpx
+
+        deadline = time.monotonic() + 30
+        for name, port in self.ports.items():
+            while True:
+                if self.procs[name].poll() is not None:
+                    raise RuntimeError(f"bare {name} exited: {self.procs[name].stderr.read().decode()[-2000:]}")
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/", timeout=1, trust_env=False).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"bare {name} did not start")
+                time.sleep(0.05)
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {f"bare_{k}": p.pid for k, p in self.procs.items()}
+
+    def client(self) -> ServerClient:
+        return ServerClient(
+            global_config_dict={"bare_agent": {"responses_api_agents": {"bare": {"host": "127.0.0.1", "port": self.ports["agent"]}}}}
+        )
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            try:
+                os.killpg(p.pid, 15)
+            except ProcessLookupError:
+                pass
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, 9)
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def _inner_calls(result: dict[str, Any]) -> list[str]:
+    """The agent's inner calls for one rollout, derived from a real result: seed, model/tool turns, verify."""
+    calls = ["a"]  # /seed_session -> resources
+    output = result["response"]["output"]
+    calls.append("b")  # first model call
+    i = 0
+    while i < len(output):
+        if output[i].get("type") == "function_call_output":
+            while i < len(output) and output[i].get("type") == "function_call_output":
+                calls.append("a")  # one tool call each
+                i += 1
+            calls.append("b")  # the model call after the tool results
+            continue
+        i += 1
+    calls.append("a")  # /verify
+    return calls
+
+
+def format_table(results: list[dict[str, Any]]) -> str:
+    header = f"{'stack':<6} {'conc':>6} {'n':>6} {'roll/s':>8} {'ratio':>6} {'p50 ms':>8} {'p99 ms':>9} {'srv CPU ms/r':>12} {'coll CPU ms/r':>13}  peak RSS MB"
+    lines = [header, "-" * len(header)]
+    for r in results:
+        rss = " ".join(f"{k}={v:.0f}" for k, v in r["peak_rss_mb"].items())
+        ratio = f"{r['ratio_to_bare']:.2f}" if "ratio_to_bare" in r else "-"
+        lines.append(
+            f"{r['stack']:<6} {r['concurrency']:>6} {r['rollouts']:>6} {r['rollouts_per_s']:>8.1f} {ratio:>6} "
+            f"{r['p50_latency_ms']:>8.1f} {r['p99_latency_ms']:>9.1f} {r['cpu_ms_per_rollout_servers']:>12.2f} "
+            f"{r['cpu_ms_per_rollout_collector']:>13.2f}  {rss}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from omegaconf import OmegaConf
+
+    from nemo_gym.testing import example_rows, running_servers
+
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(
+            "usage: ng_bench [+env=example_single_tool_call] [+concurrencies=[64,1024,16384]] [+num_rollouts=4096]\n"
+            "                [+output_json_fpath=bench_results.json] [+skip_bare=false]\n"
+            "Each concurrency runs max(num_rollouts, concurrency) rollouts."
+        )
+        return
+    try:
+        cfg = OmegaConf.to_container(load_global_config(argv, load_env_yaml=False).config, resolve=True)
+    except ConfigError as e:
+        sys.exit(str(e))
+    env = str(cfg.get("env", DEFAULT_ENV))
+    concurrencies = [int(c) for c in cfg.get("concurrencies", DEFAULT_CONCURRENCIES)]
+    base_n = int(cfg.get("num_rollouts", 4096))
+    out_path = Path(str(cfg.get("output_json_fpath", "bench_results.json")))
+    env_config = f"resources_servers/{env}/configs/{env}.yaml"
+    agent = f"{env}_simple_agent"
+    rows = example_rows(env)
+    results: list[dict[str, Any]] = []
+
+    print(f"ng_bench: {env} on the scripted model; concurrencies {concurrencies}", flush=True)
+    with running_servers([env_config]) as helper:
+        servers = {r["name"]: r["pid"] for r in helper.server_instances()}
+        client = ServerClient.load_from_global_config(helper.head_server_config)
+        warm = asyncio.run(_one_result(client, agent, rows[0]))
+        plan = _inner_calls(warm)
+        for c in concurrencies:
+            n = max(base_n, c)
+            print(f"  ours: {n} rollouts at concurrency {c} ...", flush=True)
+            r = _measure(client, agent, "/run", rows, n, c, servers)
+            r["stack"] = "ours"
+            results.append(r)
+    hops = 1 + len(plan)
+    bare_results: dict[int, dict[str, Any]] = {}
+    if not cfg.get("skip_bare", False):
+        bare = BareStack(plan)
+        try:
+            for c in concurrencies:
+                n = max(base_n, c)
+                print(f"  bare: {n} rollouts at concurrency {c} ...", flush=True)
+                r = _measure(bare.client(), "bare_agent", "/run", rows, n, c, bare.pids)
+                r["stack"] = "bare"
+                bare_results[c] = r
+        finally:
+            bare.close()
+        for r in results:
+            b = bare_results[r["concurrency"]]
+            r["ratio_to_bare"] = r["rollouts_per_s"] / b["rollouts_per_s"] if b["rollouts_per_s"] else float("nan")
+        results += list(bare_results.values())
+    report = {
+        "env": env,
+        "hops_per_rollout": hops,
+        "inner_calls_per_rollout": len(plan),
+        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+        "results": results,
+    }
+    out_path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    print(f"\n{env}: {hops} HTTP hops per rollout (collector->agent + {len(plan)} inner calls)")
+    print(format_table(results))
+    print(f"\nJSON: {out_path}")
+
+
+async def _one_result(client: ServerClient, agent: str, row: dict[str, Any]) -> dict[str, Any]:
+    try:
+        resp = await client.post(agent, "/run", json=row, timeout_s=60)
+        if resp.status != 200:
+            raise RuntimeError(f"warm-up rollout failed: {resp.status} {response_body(resp)[:500]!r}")
+        return orjson.loads(response_body(resp))
+    finally:
+        await client.aclose()

@@ -1,0 +1,160 @@
+"""Statistics over a rollouts JSONL file: aggregate metrics, per-task pass@k, reward profiling.
+
+Contract
+--------
+Everything here reads a rollouts file as a stream (one JSON object per line, as written by
+``ng_collect_rollouts``) and never needs the servers. A line that does not parse is counted and
+skipped, never fatal. A rollout "passes" when its reward is at least ``pass_threshold``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+INDEX_FIELDS = {"_ng_task_index", "_ng_rollout_index"}
+MAX_PER_TASK_IN_METRICS = 10_000
+
+
+def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed object or None when the line is malformed) for each non-empty line."""
+    with open(path, "rb") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield line_no, orjson.loads(line)
+            except orjson.JSONDecodeError:
+                yield line_no, None
+
+
+class RunningStat:
+    """Count, mean and standard deviation without keeping the values (Welford)."""
+
+    __slots__ = ("n", "mean", "_m2")
+
+    def __init__(self) -> None:
+        self.n, self.mean, self._m2 = 0, 0.0, 0.0
+
+    def add(self, x: float) -> None:
+        self.n += 1
+        delta = x - self.mean
+        self.mean += delta / self.n
+        self._m2 += delta * (x - self.mean)
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self._m2 / self.n) if self.n else 0.0
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c passing: 1 - C(n-c, k) / C(n, k)."""
+    if k > n:
+        return float("nan")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _numeric(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def per_task_rewards(path: Path) -> tuple[dict[int, list[float]], int]:
+    """Rewards grouped by ``_ng_task_index`` (rollout order), and the count of malformed lines."""
+    tasks: dict[int, list[float]] = defaultdict(list)
+    bad = 0
+    for _, row in iter_jsonl(path):
+        if not isinstance(row, dict) or _numeric(row.get("reward")) is None:
+            bad += 1
+            continue
+        tasks[int(row.get("_ng_task_index", -1))].append(float(row["reward"]))
+    return tasks, bad
+
+
+def task_profile(rewards: list[float], max_k: int, pass_threshold: float) -> dict[str, Any]:
+    n = len(rewards)
+    c = sum(r >= pass_threshold for r in rewards)
+    mean = sum(rewards) / n if n else 0.0
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / n) if n else 0.0
+    out: dict[str, Any] = {"num_rollouts": n, "num_passed": c, "mean_reward": mean, "std_reward": std}
+    for k in range(1, max_k + 1):
+        if k <= n:
+            out[f"pass@{k}"] = pass_at_k(n, c, k)
+    return out
+
+
+def aggregate_metrics(path: Path, pass_threshold: float = 1.0, max_k: int | None = None) -> dict[str, Any]:
+    """Mean/std of reward and of every other numeric top-level field, token totals, per-task pass@k."""
+    stats: dict[str, RunningStat] = defaultdict(RunningStat)
+    tokens = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+    tasks: dict[int, list[float]] = defaultdict(list)
+    bad = 0
+    for _, row in iter_jsonl(path):
+        if not isinstance(row, dict):
+            bad += 1
+            continue
+        for key, value in row.items():
+            if key in INDEX_FIELDS:
+                continue
+            x = _numeric(value)
+            if x is not None:
+                stats[key].add(x)
+        if _numeric(row.get("reward")) is not None:
+            tasks[int(row.get("_ng_task_index", -1))].append(float(row["reward"]))
+        usage = (row.get("response") or {}).get("usage") or {}
+        for key in tokens:
+            tokens[key] += int(usage.get(key) or 0)
+    k_max = max_k or max((len(v) for v in tasks.values()), default=1)
+    per_task = {str(t): task_profile(r, k_max, pass_threshold) for t, r in sorted(tasks.items())}
+    metrics: dict[str, Any] = {"num_rollouts": stats["reward"].n if "reward" in stats else 0, "malformed_lines": bad}
+    for key, st in sorted(stats.items()):
+        metrics[f"mean/{key}"] = st.mean
+        metrics[f"std/{key}"] = st.std
+    metrics["tokens"] = tokens
+    metrics["num_tasks"] = len(per_task)
+    for k in range(1, k_max + 1):
+        values = [p[f"pass@{k}"] for p in per_task.values() if f"pass@{k}" in p]
+        if values:
+            metrics[f"pass@{k}"] = sum(values) / len(values)
+    if len(per_task) <= MAX_PER_TASK_IN_METRICS:
+        metrics["per_task"] = per_task
+    else:
+        metrics["per_task"] = f"{len(per_task)} tasks: too many to list here; run ng_reward_profile for the per-task file"
+    return metrics
+
+
+def reward_profile(path: Path, pass_threshold: float = 1.0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Per-task rows and a summary: shares of tasks always / never / sometimes solved."""
+    tasks, bad = per_task_rewards(path)
+    k_max = max((len(v) for v in tasks.values()), default=1)
+    rows = []
+    always = never = mixed = 0
+    for task, rewards in sorted(tasks.items()):
+        profile = task_profile(rewards, k_max, pass_threshold)
+        passed = profile["num_passed"]
+        category = "always" if passed == len(rewards) else "never" if passed == 0 else "mixed"
+        always += category == "always"
+        never += category == "never"
+        mixed += category == "mixed"
+        rows.append({"_ng_task_index": task, **profile, "solved": category})
+    n = len(rows) or 1
+    summary = {
+        "num_tasks": len(rows),
+        "num_rollouts": sum(len(v) for v in tasks.values()),
+        "malformed_lines": bad,
+        "pass_threshold": pass_threshold,
+        "share_always_solved": always / n,
+        "share_never_solved": never / n,
+        "share_mixed": mixed / n,
+        "num_mixed_tasks": mixed,
+        "mean_reward": (sum(sum(v) for v in tasks.values()) / max(1, sum(len(v) for v in tasks.values()))),
+    }
+    return rows, summary
