@@ -68,5 +68,6 @@ def run_rollout(helper: RunHelper, agent_name: str, row: dict[str, Any], timeout
 
 
 def example_rows(env_folder: str) -> list[dict[str, Any]]:
-    path = PACKAGE_PARENT_DIR / "resources_servers" / env_folder / "data" / "example.jsonl"
+    relative = Path("resources_servers") / env_folder / "data" / "example.jsonl"
+    path = relative if relative.is_file() else PACKAGE_PARENT_DIR / relative
     return [orjson.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -1,0 +1,136 @@
+"""example_multi_step: look up a value per word with one tool, then report them all with another.
+
+Contract
+--------
+* ``POST /get_synonym_value`` ``{"synonym": str}`` -> ``{"synonym": str, "synonym_value": int}``.
+  The value is a pure function of the word (SHA-256 of the stripped, lower-cased word, reduced to
+  0..999), so it is the same in every process, on every machine, and for "Blazing" and "blazing".
+* ``POST /extract_synonym_values`` ``{"synonym_values": [int, ...]}`` -> ``{"success": true}``.
+  It only acknowledges; the verifier reads the answer from the trajectory. Values must be JSON
+  integers (``"12"`` or ``12.0`` fail validation, and the model is shown the error).
+* Task rows carry ``expected_synonyms`` (the words to look up, in order) and
+  ``expected_synonym_values`` (their values, same order).
+* ``POST /verify``: reward 1.0 iff the arguments of the LAST ``extract_synonym_values`` call are
+  exactly ``expected_synonym_values`` (same values, same order, same length); otherwise 0.0. A last
+  call whose arguments are not valid counts as an empty answer. Extra numeric fields, computed on
+  the sets of values of that last call (all 0.0 when there is no call or the answer is empty):
+    - ``set_overlap``   = |expected ∩ answered| / |expected|   (recall over distinct values)
+    - ``set_precision`` = |expected ∩ answered| / |answered|
+    - ``set_jaccard``   = |expected ∩ answered| / |expected ∪ answered|
+  plus ``num_synonym_lookups`` and ``num_extract_calls`` (call counts in the trajectory).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+
+from nemo_gym.base_resources_server import (
+    BaseResourcesServerConfig,
+    BaseVerifyRequest,
+    BaseVerifyResponse,
+    SimpleResourcesServer,
+    function_calls,
+)
+
+SYNONYM_VALUE_MODULUS = 1000
+
+
+def synonym_value(word: str) -> int:
+    """The value of ``word``: deterministic across processes (never Python's salted ``hash()``)."""
+    digest = hashlib.sha256(word.strip().lower().encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % SYNONYM_VALUE_MODULUS
+
+
+class ExampleMultiStepConfig(BaseResourcesServerConfig):
+    pass
+
+
+class GetSynonymValueRequest(BaseModel):
+    synonym: str = Field(description="The word to look up, e.g. 'Blazing'.")
+
+
+class GetSynonymValueResponse(BaseModel):
+    synonym: str
+    synonym_value: int
+
+
+class ExtractSynonymValuesRequest(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    synonym_values: list[StrictInt] = Field(
+        description="The looked-up values, in the order the words were asked for."
+    )
+
+
+class ExtractSynonymValuesResponse(BaseModel):
+    success: bool
+
+
+class MultiStepVerifyRequest(BaseVerifyRequest):
+    expected_synonyms: list[str] = Field(min_length=1)
+    expected_synonym_values: list[int] = Field(min_length=1)
+
+
+class MultiStepVerifyResponse(BaseVerifyResponse):
+    set_overlap: float
+    set_precision: float
+    set_jaccard: float
+    num_synonym_lookups: int
+    num_extract_calls: int
+
+
+def parse_extracted_values(arguments: str) -> list[int]:
+    """The values of one ``extract_synonym_values`` call, judged as the tool judges them; [] if invalid."""
+    try:
+        return ExtractSynonymValuesRequest.model_validate_json(arguments).synonym_values
+    except ValidationError:
+        return []
+
+
+def set_metrics(expected: list[int], answered: list[int]) -> dict[str, float]:
+    """Overlap of the distinct expected and answered values (see the module docstring)."""
+    exp, ans = set(expected), set(answered)
+    common = len(exp & ans)
+    union = len(exp | ans)
+    return {
+        "set_overlap": common / len(exp) if exp else 0.0,
+        "set_precision": common / len(ans) if ans else 0.0,
+        "set_jaccard": common / union if union else 0.0,
+    }
+
+
+class ExampleMultiStepServer(SimpleResourcesServer):
+    config: ExampleMultiStepConfig
+
+    def setup_webserver(self) -> FastAPI:
+        app = super().setup_webserver()
+        app.post("/get_synonym_value")(self.get_synonym_value)
+        app.post("/extract_synonym_values")(self.extract_synonym_values)
+        return app
+
+    async def get_synonym_value(self, body: GetSynonymValueRequest) -> GetSynonymValueResponse:
+        return GetSynonymValueResponse(synonym=body.synonym, synonym_value=synonym_value(body.synonym))
+
+    async def extract_synonym_values(self, body: ExtractSynonymValuesRequest) -> ExtractSynonymValuesResponse:
+        return ExtractSynonymValuesResponse(success=True)
+
+    async def verify(self, body: MultiStepVerifyRequest) -> MultiStepVerifyResponse:
+        extract_calls = function_calls(body.response, "extract_synonym_values")
+        answered = parse_extracted_values(extract_calls[-1].arguments) if extract_calls else []
+        metrics: dict[str, Any] = set_metrics(body.expected_synonym_values, answered)
+        reward = 1.0 if extract_calls and answered == body.expected_synonym_values else 0.0
+        return MultiStepVerifyResponse(
+            **body.model_dump(),
+            reward=reward,
+            **metrics,
+            num_synonym_lookups=len(function_calls(body.response, "get_synonym_value")),
+            num_extract_calls=len(extract_calls),
+        )
+
+
+if __name__ == "__main__":
+    ExampleMultiStepServer.run_webserver()

@@ -1,0 +1,130 @@
+"""example_session_state_mgmt: a counter that lives for one rollout, keyed by the session id.
+
+Contract
+--------
+* ``POST /seed_session`` (the task row; needs ``initial_count: int``) creates this session's counter
+  at ``initial_count``, or resets it if the session already has one. The session is the signed
+  cookie the server issues (``request.state.session_id``); the agent sends it back on every call.
+* ``POST /increment_counter`` ``{"count": int}`` adds ``count`` (may be negative) -> ``{"success": true}``.
+* ``POST /get_counter_value`` ``{}`` -> ``{"count": <current value>}``.
+* ``POST /verify`` (the row plus the response; needs ``expected_count: int``): reward 1.0 iff this
+  session's counter equals ``expected_count``, else 0.0. Also returns ``final_count`` and
+  ``abs_count_error`` = |final_count - expected_count|. The session's counter is dropped here, so
+  memory stays flat over any number of rollouts.
+* A session with no counter (never seeded, already verified, or a missing/forged cookie, which
+  always yields a fresh session id) never sees another session's counter: its tool calls fail with
+  an error the model is shown, and its /verify fails with a 500 rather than scoring 0.0 (a lost
+  counter is an infrastructure problem, not the model's mistake).
+* Counters of sessions that are seeded but never verified (failed rollouts) are bounded by
+  ``max_sessions``: past it, the least recently seeded counter is dropped.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from pydantic import BaseModel, Field, PrivateAttr
+
+from nemo_gym.base_resources_server import (
+    BaseResourcesServerConfig,
+    BaseSeedSessionRequest,
+    BaseSeedSessionResponse,
+    BaseVerifyRequest,
+    BaseVerifyResponse,
+    SimpleResourcesServer,
+)
+from nemo_gym.server_utils import get_session_id
+
+
+class ExampleSessionStateMgmtConfig(BaseResourcesServerConfig):
+    max_sessions: int = Field(default=100_000, ge=1)
+
+
+class UnknownSessionError(LookupError):
+    """The request's session has no counter."""
+
+
+class CounterSeedSessionRequest(BaseSeedSessionRequest):
+    initial_count: int
+
+
+class IncrementCounterRequest(BaseModel):
+    count: int = Field(description="The amount to add to the counter (negative to subtract).")
+
+
+class IncrementCounterResponse(BaseModel):
+    success: bool
+
+
+class GetCounterValueRequest(BaseModel):
+    pass
+
+
+class GetCounterValueResponse(BaseModel):
+    count: int
+
+
+class CounterVerifyRequest(BaseVerifyRequest):
+    expected_count: int
+
+
+class CounterVerifyResponse(BaseVerifyResponse):
+    final_count: int
+    abs_count_error: int
+
+
+class ExampleSessionStateMgmtServer(SimpleResourcesServer):
+    config: ExampleSessionStateMgmtConfig
+
+    # session id -> counter. Handlers never await while touching it, so on the single event loop
+    # every read-modify-write is atomic. Insertion order is seeding order (for the max_sessions bound).
+    _counters: dict[str, int] = PrivateAttr(default_factory=dict)
+
+    def setup_webserver(self) -> FastAPI:
+        app = super().setup_webserver()
+        app.post("/increment_counter")(self.increment_counter)
+        app.post("/get_counter_value")(self.get_counter_value)
+        return app
+
+    def _seeded_session_id(self, request: Request) -> str:
+        session_id = get_session_id(request)
+        if session_id not in self._counters:
+            raise UnknownSessionError(
+                "This session has no counter: call /seed_session first (with the session cookie it returns), "
+                "or the session already ended with /verify."
+            )
+        return session_id
+
+    async def seed_session(
+        self, request: Request, body: CounterSeedSessionRequest
+    ) -> BaseSeedSessionResponse:
+        session_id = get_session_id(request)
+        self._counters.pop(session_id, None)  # re-seeding moves it to the newest end
+        self._counters[session_id] = body.initial_count
+        while len(self._counters) > self.config.max_sessions:
+            del self._counters[next(iter(self._counters))]
+        return BaseSeedSessionResponse()
+
+    async def increment_counter(
+        self, request: Request, body: IncrementCounterRequest
+    ) -> IncrementCounterResponse:
+        session_id = self._seeded_session_id(request)
+        self._counters[session_id] += body.count
+        return IncrementCounterResponse(success=True)
+
+    async def get_counter_value(
+        self, request: Request, body: GetCounterValueRequest
+    ) -> GetCounterValueResponse:
+        return GetCounterValueResponse(count=self._counters[self._seeded_session_id(request)])
+
+    async def verify(self, request: Request, body: CounterVerifyRequest) -> CounterVerifyResponse:
+        final_count = self._counters.pop(self._seeded_session_id(request))
+        return CounterVerifyResponse(
+            **body.model_dump(),
+            reward=1.0 if final_count == body.expected_count else 0.0,
+            final_count=final_count,
+            abs_count_error=abs(final_count - body.expected_count),
+        )
+
+
+if __name__ == "__main__":
+    ExampleSessionStateMgmtServer.run_webserver()
