@@ -29,7 +29,7 @@ import psutil
 from nemo_gym.global_config import ConfigError, load_global_config
 from nemo_gym.ports import reserve_listening_socket
 from nemo_gym.rollout_collection import bounded_map
-from nemo_gym.server_utils import ServerClient, response_body
+from nemo_gym.server_utils import ServerClient, close_shared_session, response_body
 
 DEFAULT_ENV = "example_single_tool_call"
 DEFAULT_CONCURRENCIES = (64, 1024, 16384)
@@ -135,7 +135,7 @@ async def _run_and_close(client: ServerClient, target: str, path: str, rows: lis
     try:
         return await _drive(client, target, path, rows, n, concurrency)
     finally:
-        await client.aclose()
+        await close_shared_session()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -313,4 +313,4 @@ async def _one_result(client: ServerClient, agent: str, row: dict[str, Any]) -> 
             raise RuntimeError(f"warm-up rollout failed: {resp.status} {response_body(resp)[:500]!r}")
         return orjson.loads(response_body(resp))
     finally:
-        await client.aclose()
+        await close_shared_session()

@@ -34,6 +34,9 @@ COMMANDS = {
     "ng_status": "Show the servers of a running ng_run and whether each answers.",
     "ng_dump_config": "Print the merged, resolved config (secrets redacted) and exit.",
     "ng_test": "Run the tests of one server folder (+entrypoint=<type>/<impl>) or of the whole project.",
+    "ng_collect_rollouts": "Run task rows (JSONL) through an agent; write reward-annotated rollouts (JSONL).",
+    "ng_reward_profile": "Per-task reward statistics of a rollouts file (always / never / sometimes solved).",
+    "ng_bench": "Benchmark rollouts/s of an environment on the scripted model against the bare HTTP limit.",
     "ng_version": "Print the nemo-gym version.",
     "ng_help": "List the ng_* commands.",
 }
@@ -200,9 +203,16 @@ def status_main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         _fail(str(e))
     try:
-        rows = httpx.get(f"{head.base_url}/server_instances", timeout=5, trust_env=False).json()
+        resp = httpx.get(f"{head.base_url}/server_instances", timeout=5, trust_env=False)
     except httpx.HTTPError as e:
         _fail(f"No head server answers at {head.base_url} ({e}). Is ng_run running? (+head_server.port=... to choose)", 1)
+    try:
+        rows = resp.json() if resp.status_code == 200 else None
+    except ValueError:
+        rows = None
+    if not isinstance(rows, list):
+        _fail(f"{head.base_url} answered GET /server_instances with HTTP {resp.status_code}, not a server list: "
+              "it is not an ng_run head server. (+head_server.port=... to choose)", 1)
     unhealthy = 0
     for row in rows:
         try:

@@ -75,18 +75,21 @@ class ConfigError(Exception):
 
 @dataclass
 class Provenance:
+    """Where each dotted key was last set (``file:line`` or the command-line override)."""
+
     locations: dict[str, str] = field(default_factory=dict)
 
     def where(self, dotted: str) -> str | None:
-        """The location of ``dotted`` or of its closest parent that has one."""
+        """The location of ``dotted`` or of its closest parent that has one (list indices ignored)."""
         key = dotted
         while key:
             if key in self.locations:
                 return self.locations[key]
-            key = key.rpartition(".")[0]
+            key = key[: key.rindex("[")] if key.endswith("]") else key.rpartition(".")[0]
         return None
 
     def update(self, other: dict[str, str]) -> None:
+        """Record ``other`` (later sources win)."""
         self.locations.update(other)
 
 
@@ -100,35 +103,57 @@ def _node_locations(node: yaml.Node, fname: str, prefix: str = "") -> dict[str, 
     return out
 
 
-def load_yaml_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+def _display_path(path: Path, cwd: Path | None) -> str:
+    """``path`` relative to ``cwd`` when it is inside it (shorter error messages), else absolute."""
+    if cwd is not None:
+        try:
+            return str(path.relative_to(cwd))
+        except ValueError:
+            pass
+    return str(path)
+
+
+def load_yaml_file(path: Path, display_name: str | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """Parse one YAML file into a dict and a map of dotted key -> ``file:line``."""
+    name = display_name or str(path)
     try:
         text = path.read_text()
     except OSError as e:
-        raise ConfigError(f"Cannot read config file {path}: {e.strerror}") from None
+        raise ConfigError(f"Cannot read config file {name}: {e.strerror}") from None
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else {}
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name
         snippet = ""
         if mark is not None:
             lines = text.splitlines()
             if 0 <= mark.line < len(lines):
                 snippet = f"\n    {lines[mark.line]}\n    {' ' * mark.column}^"
-        problem = " ".join(p for p in (e.context, e.problem) if p)
-        raise ConfigError(f"Malformed YAML at {where}: {problem}{snippet}") from None
+        problem = e.problem or "invalid YAML"
+        started = ""
+        if e.context and e.context_mark is not None and e.problem_mark is not None:
+            started = f" ({e.context} started at line {e.context_mark.line + 1}, column {e.context_mark.column + 1})"
+        elif e.context:
+            started = f" ({e.context})"
+        raise ConfigError(
+            f"Malformed YAML at {where}: {problem}{started}{snippet}\n"
+            "Fix the YAML syntax there (indent with spaces, close every [ and {, quote values containing ': ')."
+        ) from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"Malformed YAML in {path}: {e}") from None
+        raise ConfigError(f"Malformed YAML in {name}: {e}") from None
     finally:
         loader.dispose()
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a config file must be a mapping of keys to values, got {type(data).__name__}")
-    return data, _node_locations(node, str(path)) if node is not None else {}
+        raise ConfigError(
+            f"{name}: a config file must be a mapping of keys to values (`key: value` lines), "
+            f"but it holds a {type(data).__name__}."
+        )
+    return data, _node_locations(node, name) if node is not None else {}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -137,6 +162,8 @@ def load_yaml_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
 
 @dataclass
 class CliOverride:
+    """One parsed ``+key=value`` / ``++key=value`` / ``key=value`` / ``~key`` argument."""
+
     key: str
     value: Any
     delete: bool
@@ -144,6 +171,7 @@ class CliOverride:
 
 
 def parse_cli_overrides(argv: list[str]) -> list[CliOverride]:
+    """Parse Hydra-syntax overrides; raise ConfigError on syntax errors and sweeps."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -157,8 +185,17 @@ def parse_cli_overrides(argv: list[str]) -> list[CliOverride]:
                 f"Cannot parse command-line override {arg!r}: {e}\n"
                 "Overrides use Hydra syntax, e.g. +config_paths=[a.yaml,b.yaml] ++policy_model_name=gpt-4o"
             ) from None
+        if not override.key_or_group:
+            raise ConfigError(
+                f"Cannot parse command-line override {arg!r}: the key before '=' is empty.\n"
+                "Overrides use Hydra syntax, e.g. +config_paths=[a.yaml,b.yaml] ++policy_model_name=gpt-4o"
+            )
         if override.is_sweep_override():
-            raise ConfigError(f"Command-line override {arg!r} is a sweep; sweeps are not supported here.")
+            raise ConfigError(
+                f"Command-line override {arg!r} is a sweep (several values); sweeps are not supported.\n"
+                f"Give one value: a list is written in brackets (+{override.key_or_group}=[a,b]), "
+                f"a string containing commas is quoted (+{override.key_or_group}='a,b')."
+            )
         result.append(
             CliOverride(
                 key=override.key_or_group,
@@ -171,15 +208,26 @@ def parse_cli_overrides(argv: list[str]) -> list[CliOverride]:
 
 
 def _apply_overrides(cfg: DictConfig, overrides: list[CliOverride]) -> dict[str, str]:
+    """Apply ``overrides`` in order to ``cfg`` (in place); return the locations they set."""
     locations = {}
     for o in overrides:
         if o.delete:
             parent_key, _, leaf = o.key.rpartition(".")
-            parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
-            if isinstance(parent, DictConfig) and leaf in parent:
-                del parent[leaf]
+            parent = OmegaConf.select(cfg, parent_key, default=None) if parent_key else cfg
+            if not isinstance(parent, DictConfig) or leaf not in parent:
+                siblings = [str(k) for k in parent.keys()] if isinstance(parent, DictConfig) else []
+                raise ConfigError(
+                    f"Command-line override `{o.text}` deletes '{o.key}', which is not in the config."
+                    f"{_did_you_mean(leaf, siblings, prefix=parent_key + '.' if parent_key else '')}"
+                    " Remove the override or fix the key."
+                )
+            del parent[leaf]
             continue
-        OmegaConf.update(cfg, o.key, o.value, merge=True, force_add=True)
+        try:
+            OmegaConf.update(cfg, o.key, o.value, merge=True, force_add=True)
+        except Exception as e:  # e.g. a dotted key below a list or a scalar
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ConfigError(f"Command-line override `{o.text}` cannot be applied: {first}") from None
         locations[o.key] = f"command-line override `{o.text}`"
         if isinstance(o.value, dict):
             for sub in _flatten_keys(o.value, o.key + "."):
@@ -201,10 +249,12 @@ def _flatten_keys(d: dict, prefix: str) -> list[str]:
 
 
 def _resolve_config_path(raw: str, relative_to: Path | None, cwd: Path) -> Path | None:
-    candidates = [cwd / raw]
-    if relative_to is not None:
-        candidates.append(relative_to / raw)
-    candidates.append(PACKAGE_PARENT_DIR / raw)
+    """Find a config file: next to the file that lists it, then in ``cwd``, then in the repo root."""
+    path = Path(raw).expanduser()
+    if path.is_absolute():
+        return path.resolve() if path.is_file() else None
+    candidates = [relative_to / path] if relative_to is not None else []
+    candidates += [cwd / path, PACKAGE_PARENT_DIR / path]
     for c in candidates:
         if c.is_file():
             return c.resolve()
@@ -218,11 +268,16 @@ def _as_path_list(value: Any, where: str) -> list[str]:
         return [value]
     if isinstance(value, (list, tuple, ListConfig)):
         return [str(v) for v in value]
-    raise ConfigError(f"{where}: `config_paths` must be a list of YAML file paths, got {value!r}")
+    raise ConfigError(
+        f"{where}: `config_paths` must be a list of YAML file paths, got {value!r}. "
+        "Write it as config_paths: [a.yaml, b.yaml] (on the command line: +config_paths=[a.yaml,b.yaml])."
+    )
 
 
 @dataclass
 class LoadedConfig:
+    """The merged config, where each key came from, the files read (in merge order) and the root dir."""
+
     config: DictConfig
     provenance: Provenance
     files: list[Path]
@@ -238,69 +293,77 @@ def load_global_config(
     """Load and merge the config; see the module docstring for the precedence order."""
     cwd = (cwd or Path.cwd()).resolve()
     provenance = Provenance()
-    cli_cfg = OmegaConf.create({})
-    cli_locations = _apply_overrides(cli_cfg, parse_cli_overrides(argv or []))
+    overrides = parse_cli_overrides(argv or [])
 
     env_data: dict = {}
     env_locations: dict[str, str] = {}
     env_path = cwd / ENV_YAML_FNAME
     if load_env_yaml and env_path.is_file():
-        env_data, env_locations = load_yaml_file(env_path)
+        env_data, env_locations = load_yaml_file(env_path, _display_path(env_path, cwd))
 
     initial = dict(initial_global_config_dict or {})
-    initial_cfg = OmegaConf.create(initial)
 
-    roots: list[tuple[str, str, Path | None]] = []
+    cli_paths: Any = None
+    cli_paths_where = "the command line"
+    for o in overrides:
+        if o.key == CONFIG_PATHS_KEY_NAME:
+            cli_paths = None if o.delete else o.value
+            cli_paths_where = f"command-line override `{o.text}`"
+    roots: list[tuple[str, str]] = []
     for source, where in (
-        (initial.get(CONFIG_PATHS_KEY_NAME), "initial_global_config_dict"),
-        (env_data.get(CONFIG_PATHS_KEY_NAME), str(env_path)),
-        (OmegaConf.to_container(cli_cfg).get(CONFIG_PATHS_KEY_NAME), "command line"),
+        (initial.pop(CONFIG_PATHS_KEY_NAME, None), "initial_global_config_dict"),
+        (env_data.pop(CONFIG_PATHS_KEY_NAME, None), env_locations.get(CONFIG_PATHS_KEY_NAME, ENV_YAML_FNAME)),
+        (cli_paths, cli_paths_where),
     ):
         for p in _as_path_list(source, where):
-            roots.append((p, where, None))
+            roots.append((p, where))
 
     merged = OmegaConf.create({})
     files: list[Path] = []
     seen: set[Path] = set()
 
-    def load_one(raw: str, where: str, relative_to: Path | None, stack: tuple[Path, ...]) -> None:
+    def load_one(raw: str, where: str, relative_to: Path | None) -> None:
         nonlocal merged
         path = _resolve_config_path(raw, relative_to, cwd)
         if path is None:
+            looked = [str(d) for d in (relative_to, cwd, PACKAGE_PARENT_DIR) if d is not None]
             raise ConfigError(
                 f"Config file {raw!r} (listed in {where}) does not exist.\n"
-                f"Looked in {cwd}" + (f", {relative_to}" if relative_to else "") + f" and {PACKAGE_PARENT_DIR}."
+                f"Looked in: {', '.join(dict.fromkeys(looked))}. Fix the path or remove it from config_paths."
             )
-        if path in seen:
+        if path in seen:  # diamond or cyclic includes: each file is loaded once
             return
         seen.add(path)
-        data, locations = load_yaml_file(path)
+        data, locations = load_yaml_file(path, _display_path(path, cwd))
         nested = data.pop(CONFIG_PATHS_KEY_NAME, None)
-        for child in _as_path_list(nested, str(path)):
-            child_where = locations.get(CONFIG_PATHS_KEY_NAME, str(path))
-            load_one(child, child_where, path.parent, stack + (path,))
+        child_where = locations.pop(CONFIG_PATHS_KEY_NAME, _display_path(path, cwd))
+        for child in _as_path_list(nested, child_where):
+            load_one(child, child_where, path.parent)
         try:
             merged = OmegaConf.merge(merged, OmegaConf.create(data))
-        except Exception as e:  # omegaconf type clashes, e.g. a dict merged over a scalar
-            raise ConfigError(f"{path}: cannot merge into the config loaded so far: {e}") from None
+        except Exception as e:  # omegaconf type clashes, e.g. a list merged over a dict
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ConfigError(
+                f"{_display_path(path, cwd)}: cannot merge into the config loaded so far: {first}"
+            ) from None
         provenance.update(locations)
         files.append(path)
 
-    for raw, where, rel in roots:
-        load_one(raw, where, rel, ())
+    for raw, where in roots:
+        load_one(raw, where, None)
 
-    env_data.pop(CONFIG_PATHS_KEY_NAME, None)
+    env_locations.pop(CONFIG_PATHS_KEY_NAME, None)
     try:
-        merged = OmegaConf.merge(initial_cfg, merged, OmegaConf.create(env_data))
+        merged = OmegaConf.merge(OmegaConf.create(initial), merged, OmegaConf.create(env_data))
     except Exception as e:
-        raise ConfigError(f"{env_path}: cannot merge over the YAML config files: {e}") from None
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"{ENV_YAML_FNAME}: cannot merge over the YAML config files: {first}") from None
     provenance.update(env_locations)
-    cli_cfg.pop(CONFIG_PATHS_KEY_NAME, None)
-    merged = OmegaConf.merge(merged, cli_cfg)
-    provenance.update(cli_locations)
+    provenance.update(
+        _apply_overrides(merged, [o for o in overrides if o.key != CONFIG_PATHS_KEY_NAME])
+    )
     merged.pop(CONFIG_PATHS_KEY_NAME, None)
-    root_dir = cwd
-    return LoadedConfig(config=merged, provenance=provenance, files=files, root_dir=root_dir)
+    return LoadedConfig(config=merged, provenance=provenance, files=files, root_dir=cwd)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -318,10 +381,12 @@ class ServerInstance:
 
     @property
     def folder(self) -> str:
+        """``<server_type>/<impl>``, the server's folder relative to the root dir."""
         return f"{self.server_type}/{self.impl}"
 
 
 def find_server_dir(instance: ServerInstance, root_dir: Path) -> Path | None:
+    """The instance's folder under ``root_dir`` or else the repo root; None if neither has it."""
     for base in (root_dir, PACKAGE_PARENT_DIR):
         candidate = base / instance.server_type / instance.impl
         if candidate.is_dir():
@@ -333,10 +398,10 @@ def _close(word: str, options: list[str] | tuple[str, ...], cutoff: float = 0.6)
     return difflib.get_close_matches(word, list(options), n=3, cutoff=cutoff)
 
 
-def _did_you_mean(word: str, options: list[str] | tuple[str, ...]) -> str:
+def _did_you_mean(word: str, options: list[str] | tuple[str, ...], prefix: str = "") -> str:
     matches = _close(word, options)
     if matches:
-        return " Did you mean " + " or ".join(f"'{m}'" for m in matches) + "?"
+        return " Did you mean " + " or ".join(f"'{prefix}{m}'" for m in matches) + "?"
     return ""
 
 
@@ -345,18 +410,33 @@ def _loc(prov: Provenance, dotted: str) -> str:
     return f" ({where})" if where else ""
 
 
-def server_instances(cfg: DictConfig, prov: Provenance | None = None) -> list[ServerInstance]:
-    """All server instances in ``cfg``; raises ConfigError on blocks that are almost instances."""
-    prov = prov or Provenance()
+def _is_server_ref(node: Any) -> bool:
+    return isinstance(node, DictConfig) and {"type", "name"} <= {str(k) for k in node.keys()}
+
+
+def _impl_types(impl: str, root_dir: Path | None) -> list[str]:
+    """The server types that have a folder named ``impl`` (to suggest where a block belongs)."""
+    bases = [b for b in (root_dir, PACKAGE_PARENT_DIR) if b is not None]
+    return [t for t in SERVER_TYPES if any((b / t / impl).is_dir() for b in bases)]
+
+
+def _scan_server_instances(
+    cfg: DictConfig, prov: Provenance, root_dir: Path | None = None
+) -> tuple[list[ServerInstance], list[str], set[str]]:
+    """Instances, problems, and the names of top-level blocks that were meant as instances but are broken."""
     problems: list[str] = []
+    broken: set[str] = set()
     instances: list[ServerInstance] = []
+    types = ", ".join(SERVER_TYPES)
     for name in cfg.keys():
         name = str(name)
         value = cfg._get_node(name)
-        if name in SERVER_TYPES:
+        near_type = _close(name, SERVER_TYPES, 0.75)
+        if near_type and name not in LAUNCHER_KEYS and isinstance(value, DictConfig) and not _is_server_ref(value):
+            what = "is a server type" if name in SERVER_TYPES else f"looks like the server type '{near_type[0]}'"
             problems.append(
-                f"Top-level key '{name}'{_loc(prov, name)} is a server type, not an instance name. "
-                f"Nest it under an instance name:\n      my_instance:\n        {name}:\n          <impl>: {{...}}"
+                f"Top-level key '{name}'{_loc(prov, name)} {what}, but the top level holds instance names. "
+                f"Nest it under an instance name:\n      my_instance:\n        {near_type[0]}:\n          <impl>: {{...}}"
             )
             continue
         if not isinstance(value, DictConfig):
@@ -364,21 +444,34 @@ def server_instances(cfg: DictConfig, prov: Provenance | None = None) -> list[Se
         keys = [str(k) for k in value.keys()]
         type_keys = [k for k in keys if k in SERVER_TYPES]
         if not type_keys:
-            near = [(k, _close(k, SERVER_TYPES, 0.75)) for k in keys]
-            near = [(k, m) for k, m in near if m]
+            near = [
+                (k, m)
+                for k in keys
+                if (m := _close(k, SERVER_TYPES, 0.75))
+                and isinstance(value._get_node(k), DictConfig)
+                and not _is_server_ref(value._get_node(k))
+            ]
             if near:
                 k, m = near[0]
+                broken.add(name)
                 problems.append(
                     f"Top-level block '{name}'{_loc(prov, f'{name}.{k}')} looks like a server instance but "
-                    f"'{k}' is not a server type. Did you mean '{m[0]}'? Server types: {', '.join(SERVER_TYPES)}."
+                    f"'{k}' is not a server type. Did you mean '{m[0]}'? Server types: {types}."
                 )
             elif name not in LAUNCHER_KEYS and _looks_like_impl_block(value):
-                problems.append(
-                    f"Top-level block '{name}'{_loc(prov, name)} has an `entrypoint` but no server type. "
-                    f"Write it as '{name}: {{<server_type>: {{<impl>: {{entrypoint: app.py, ...}}}}}}' "
-                    f"with <server_type> one of {', '.join(SERVER_TYPES)}."
-                )
+                broken.add(name)
+                impl = next((k for k in keys if isinstance(value._get_node(k), DictConfig)), None)
+                found = _impl_types(impl, root_dir) if impl and "entrypoint" not in value else []
+                if found:
+                    fix = f"Did you mean '{name}: {{{found[0]}: {{{impl}: {{entrypoint: ..., ...}}}}}}'?"
+                else:
+                    fix = (
+                        f"Write it as '{name}: {{<server_type>: {{<impl>: {{entrypoint: app.py, ...}}}}}}' "
+                        f"with <server_type> one of {types} and <impl> the server's folder name."
+                    )
+                problems.append(f"Top-level block '{name}'{_loc(prov, name)} has an `entrypoint` but no server type. {fix}")
             continue
+        broken.add(name)
         if len(keys) != 1:
             extra = [k for k in keys if k not in type_keys]
             problems.append(
@@ -388,23 +481,38 @@ def server_instances(cfg: DictConfig, prov: Provenance | None = None) -> list[Se
             continue
         server_type = type_keys[0]
         type_block = value._get_node(server_type)
+        key = f"{name}.{server_type}"
+        if isinstance(type_block, DictConfig) and "entrypoint" in type_block:
+            problems.append(
+                f"'{key}'{_loc(prov, key)} has `entrypoint` directly under the server type; the impl folder "
+                f"level is missing. Write '{name}: {{{server_type}: {{<impl>: {{entrypoint: ..., ...}}}}}}' "
+                f"with <impl> the folder name under {server_type}/."
+            )
+            continue
         if not isinstance(type_block, DictConfig) or len(type_block) != 1:
             got = list(type_block.keys()) if isinstance(type_block, DictConfig) else type_block
             problems.append(
-                f"Server instance '{name}.{server_type}'{_loc(prov, f'{name}.{server_type}')} must contain "
-                f"exactly one impl block (the folder name under {server_type}/), got {got!r}."
+                f"Server instance '{key}'{_loc(prov, key)} must contain exactly one impl block (the folder "
+                f"name under {server_type}/), got {got!r}. Use one instance name per server."
             )
             continue
         impl = str(next(iter(type_block.keys())))
         impl_block = type_block._get_node(impl)
         key = f"{name}.{server_type}.{impl}"
         if not isinstance(impl_block, DictConfig):
-            problems.append(f"'{key}'{_loc(prov, key)} must be a mapping with at least `entrypoint`.")
+            problems.append(f"'{key}'{_loc(prov, key)} must be a mapping with at least `entrypoint: app.py`.")
             continue
         if "entrypoint" not in impl_block:
-            problems.append(f"'{key}'{_loc(prov, key)} has no `entrypoint` (e.g. `entrypoint: app.py`).")
+            problems.append(f"'{key}'{_loc(prov, key)} has no `entrypoint`; add `entrypoint: app.py`.")
             continue
+        broken.discard(name)
         instances.append(ServerInstance(name=name, server_type=server_type, impl=impl, config_key=key))
+    return instances, problems, broken
+
+
+def server_instances(cfg: DictConfig, prov: Provenance | None = None) -> list[ServerInstance]:
+    """All server instances in ``cfg``; raises ConfigError on blocks that are almost instances."""
+    instances, problems, _ = _scan_server_instances(cfg, prov or Provenance())
     if problems:
         raise ConfigError(_format_problems("Invalid server instance configuration", problems))
     return instances
@@ -439,12 +547,17 @@ def _iter_leaves(node: Any, prefix: str):
 
 
 def _iter_server_refs(node: Any, prefix: str):
-    """Yield (dotted_path, type, name) for every ``{type: <server_type>, name: ...}`` mapping."""
+    """Yield (dotted_path, type, name) for every ``{type: ..., name: ...}`` mapping that names a server.
+
+    ``type`` is yielded as written, so a misspelled server type can be reported; mappings whose
+    ``type`` is nowhere near a server type (dataset entries: ``type: train``) are not references.
+    """
     if isinstance(node, DictConfig):
-        keys = set(node.keys())
-        if {"type", "name"} <= keys and node._get_node("type")._value() in SERVER_TYPES:
-            yield prefix, str(node._get_node("type")._value()), str(node._get_node("name")._value())
-            return
+        if _is_server_ref(node):
+            ref_type, ref_name = _ref_value(node, "type"), _ref_value(node, "name")
+            if ref_type in SERVER_TYPES or _close(ref_type, SERVER_TYPES, 0.75):
+                yield prefix, ref_type, ref_name
+                return
         for k in node.keys():
             yield from _iter_server_refs(node._get_node(k), f"{prefix}.{k}")
     elif isinstance(node, ListConfig):
@@ -452,42 +565,86 @@ def _iter_server_refs(node: Any, prefix: str):
             yield from _iter_server_refs(node._get_node(i), f"{prefix}[{i}]")
 
 
+def _ref_value(node: DictConfig, key: str) -> str:
+    """``node[key]`` resolved when possible (a reference may interpolate), else as written."""
+    try:
+        return str(node[key])
+    except Exception:  # unresolvable: reported as a missing value
+        return str(node._get_node(key)._value())
+
+
 _INTERP_RE = re.compile(r"\$\{([^}]+)\}")
+_MISSING_VALUE_RE = re.compile(r"Missing mandatory value: (\S+)")
+_MAX_USERS_SHOWN = 3
+
+
+def _absolute_ref(ref: str, path: str) -> str:
+    """The absolute dotted key of interpolation ``ref`` used at ``path`` (handles ``${.x}``/``${..x}``)."""
+    if not ref.startswith("."):
+        return ref
+    dots = len(ref) - len(ref.lstrip("."))
+    parts = re.sub(r"\[\d+\]", "", path).split(".")
+    base = parts[: max(len(parts) - dots, 0)]
+    return ".".join([*base, ref[dots:]])
+
+
+@dataclass
+class _Missing:
+    declared_at: str | None = None  # where the key is set to ``???``
+    users: list[str] = field(default_factory=list)  # "path (file:line)" of values that interpolate it
 
 
 def find_missing_values(cfg: DictConfig, prov: Provenance) -> list[str]:
-    """Every value that is ``???`` or interpolates a key that does not exist, grouped by missing key."""
-    missing: dict[str, list[str]] = {}
+    """One line per value that is ``???``, interpolates a key that is not set, or cannot be resolved.
+
+    Values that need the same missing key are grouped under it, so ``${policy_base_url}`` used by
+    three servers is reported once, with the override that sets it.
+    """
+    missing: dict[str, _Missing] = {}
+    unresolvable: list[str] = []
     for path, node in _iter_leaves(cfg, ""):
         try:
             OmegaConf.select(cfg, path, throw_on_missing=True, throw_on_resolution_failure=True)
-        except (MissingMandatoryValue, InterpolationToMissingValueError, InterpolationKeyError) as e:
+        except MissingMandatoryValue:
+            missing.setdefault(path, _Missing()).declared_at = prov.where(path) or "???"
+        except InterpolationToMissingValueError as e:
+            m = _MISSING_VALUE_RE.search(str(e))
+            target = m.group(1) if m else path
+            missing.setdefault(target, _Missing()).users.append(f"{path}{_loc(prov, path)}")
+        except InterpolationKeyError:
             raw = node._value() if hasattr(node, "_value") else None
-            refs = _INTERP_RE.findall(raw) if isinstance(raw, str) else []
-            if not refs:
-                target = path
-            else:
-                target = next((r for r in refs if OmegaConf.select(cfg, r, default=None) is None), refs[0])
-            missing.setdefault(target, []).append(f"{path}{_loc(prov, path)}" + ("" if refs else f" [{type(e).__name__}]"))
+            refs = [_absolute_ref(r.strip(), path) for r in _INTERP_RE.findall(raw if isinstance(raw, str) else "")]
+            refs = [r for r in refs if ":" not in r] or [path]
+            target = next((r for r in refs if OmegaConf.select(cfg, r, default=_UNSET) is _UNSET), refs[0])
+            missing.setdefault(target, _Missing()).users.append(f"{path}{_loc(prov, path)}")
         except InterpolationResolutionError as e:
-            missing.setdefault(path, []).append(f"{path}{_loc(prov, path)}: {e}")
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            reason = reason.replace("KeyError raised while resolving interpolation: ", "").strip('"')
+            raw = node._value() if hasattr(node, "_value") else ""
+            unresolvable.append(
+                f"{path}{_loc(prov, path)}: `{raw}` cannot be resolved: {reason}. "
+                f"Fix it, or set it directly with ++{path}=<value>."
+            )
     out = []
-    for key, users in missing.items():
-        used = "" if users == [key] or (len(users) == 1 and users[0].startswith(key)) else (
-            "\n        needed by: " + "\n                   ".join(users)
-        )
-        out.append(
-            f"`{key}` is not set. Set it in {ENV_YAML_FNAME} (`{key}: <value>`) "
-            f"or on the command line (`++{key}=<value>`).{used}"
-        )
-    return out
+    width = max((len(k) for k in missing), default=0) + len("++=<value>")
+    for key, info in missing.items():
+        notes = []
+        notes.append(f"??? at {info.declared_at}" if info.declared_at else "not defined anywhere")
+        if info.users:
+            shown = info.users[:_MAX_USERS_SHOWN]
+            more = len(info.users) - len(shown)
+            notes.append("needed by " + ", ".join(shown) + (f" and {more} more" if more else ""))
+        out.append(f"{f'++{key}=<value>'.ljust(width)}  ({'; '.join(notes)})")
+    return out + unresolvable
+
+
+_UNSET = object()
 
 
 def validate_global_config(loaded: LoadedConfig) -> list[ServerInstance]:
     """Check the whole config before anything starts; raise one ConfigError listing every problem."""
     cfg, prov = loaded.config, loaded.provenance
-    instances = server_instances(cfg, prov)
-    problems: list[str] = []
+    instances, problems, broken = _scan_server_instances(cfg, prov, loaded.root_dir)
 
     by_type: dict[str, list[str]] = {t: [] for t in SERVER_TYPES}
     for inst in instances:
@@ -495,30 +652,38 @@ def validate_global_config(loaded: LoadedConfig) -> list[ServerInstance]:
         folder = find_server_dir(inst, loaded.root_dir)
         if folder is None:
             available = _available_impls(inst.server_type, loaded.root_dir)
+            looked = " or ".join(dict.fromkeys(str(b) for b in (loaded.root_dir, PACKAGE_PARENT_DIR)))
             problems.append(
                 f"'{inst.config_key}'{_loc(prov, inst.config_key)}: there is no folder "
-                f"{inst.server_type}/{inst.impl}/.{_did_you_mean(inst.impl, available)}"
+                f"{inst.server_type}/{inst.impl}/ (looked under {looked}).{_did_you_mean(inst.impl, available)}"
                 + (f" Available: {', '.join(available)}." if available else "")
             )
         else:
             entry = str(OmegaConf.select(cfg, f"{inst.config_key}.entrypoint", default="app.py"))
             if not (folder / entry).is_file():
+                files = sorted(p.name for p in folder.glob("*.py"))
                 problems.append(
                     f"'{inst.config_key}.entrypoint'{_loc(prov, inst.config_key + '.entrypoint')}: "
-                    f"{folder / entry} does not exist."
+                    f"{folder / entry} does not exist." + (f" Python files there: {', '.join(files)}." if files else "")
                 )
 
     all_names = [i.name for i in instances]
     for inst in instances:
         block = OmegaConf.select(cfg, inst.config_key)
         for path, ref_type, ref_name in _iter_server_refs(block, inst.config_key):
-            if ref_name in by_type[ref_type]:
+            if ref_type not in SERVER_TYPES:
+                problems.append(
+                    f"'{path}.type'{_loc(prov, path + '.type')}: '{ref_type}' is not a server type."
+                    f"{_did_you_mean(ref_type, SERVER_TYPES)} Server types: {', '.join(SERVER_TYPES)}."
+                )
+                continue
+            if ref_name in by_type[ref_type] or ref_name in broken:  # broken ones are reported already
                 continue
             if ref_name in all_names:
                 actual = next(i.server_type for i in instances if i.name == ref_name)
                 problems.append(
                     f"'{path}'{_loc(prov, path + '.name')} refers to '{ref_name}' as {ref_type}, "
-                    f"but '{ref_name}' is a {actual} instance."
+                    f"but '{ref_name}' is a {actual} instance. Set `type: {actual}` or name a {ref_type} instance."
                 )
                 continue
             hint = _did_you_mean(ref_name, by_type[ref_type])
@@ -532,7 +697,8 @@ def validate_global_config(loaded: LoadedConfig) -> list[ServerInstance]:
     missing = find_missing_values(cfg, prov)
     if missing:
         problems.append(
-            f"Missing values ({len(missing)}):\n    " + "\n    ".join(missing)
+            f"Missing or unresolvable values ({len(missing)}). Set each on the command line as shown, "
+            f"or under the same (nested) key in {ENV_YAML_FNAME}:\n      " + "\n      ".join(missing)
         )
     if problems:
         raise ConfigError(_format_problems("The configuration is not valid", problems))
@@ -551,28 +717,71 @@ def _available_impls(server_type: str, root_dir: Path) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 # Redaction.
 
-_SECRET_WORDS = {"token", "secret", "password", "passwd", "apikey"}
+_SECRET_WORDS = {"secret", "secrets", "password", "passwords", "passwd", "apikey"}
+_SECRET_LAST_WORDS = {"token"}
+_MIN_SCRUB_LEN = 8  # shorter secret values ("EMPTY", "none") are not scrubbed out of other strings
+
+
+def _key_words(key: str) -> list[str]:
+    return [p.lower() for p in re.split(r"[^a-zA-Z0-9]+|(?<=[a-z0-9])(?=[A-Z])", key) if p]
 
 
 def is_secret_key(key: str) -> bool:
-    """True for keys like ``policy_api_key``, ``hf_token``, ``clientSecret``; not ``max_tokens``."""
+    """True for keys whose value is a credential.
+
+    Secret: any key containing ``api_key``/``apikey`` or the word secret/password/passwd
+    (``policy_api_key``, ``clientSecret``, ``db_password``), or ending in the word ``token``
+    (``hf_token``, ``accessToken``). Not secret: ``max_tokens``, ``max_output_tokens``,
+    ``tokenizer``, ``return_token_id_information`` (the word token not at the end).
+    """
     lowered = key.lower()
-    if "api_key" in lowered or "apikey" in lowered:
+    if "api_key" in lowered or "apikey" in lowered or "api-key" in lowered:
         return True
-    parts = re.split(r"[^a-zA-Z0-9]+|(?<=[a-z0-9])(?=[A-Z])", key)
-    return any(p.lower() in _SECRET_WORDS for p in parts if p)
+    words = _key_words(key)
+    if not words:
+        return False
+    return any(w in _SECRET_WORDS for w in words) or words[-1] in _SECRET_LAST_WORDS
+
+
+def _secret_values(value: Any, out: set[str]) -> set[str]:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if is_secret_key(str(k)) and not isinstance(v, dict):
+                for item in v if isinstance(v, list) else [v]:
+                    if isinstance(item, str) and len(item) >= _MIN_SCRUB_LEN:
+                        out.add(item)
+            _secret_values(v, out)
+    elif isinstance(value, list):
+        for v in value:
+            _secret_values(v, out)
+    return out
+
+
+def _redact(value: Any, secrets: list[str]) -> Any:
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if is_secret_key(str(k)) and v not in (None, "") and not isinstance(v, dict):
+                out[k] = REDACTED  # a scalar or a list of credentials
+            else:
+                out[k] = _redact(v, secrets)
+        return out
+    if isinstance(value, list):
+        return [_redact(v, secrets) for v in value]
+    if isinstance(value, str):
+        for s in secrets:
+            value = value.replace(s, REDACTED)  # e.g. "Bearer ${policy_api_key}" under a plain key
+    return value
 
 
 def redact(value: Any) -> Any:
-    """A copy of a plain (container) config with secret values replaced."""
-    if isinstance(value, dict):
-        return {
-            k: (REDACTED if is_secret_key(str(k)) and v not in (None, "") and not isinstance(v, (dict, list)) else redact(v))
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [redact(v) for v in value]
-    return value
+    """A copy of a plain (container) config with secret values replaced by ``REDACTED``.
+
+    Values under secret keys (see :func:`is_secret_key`) are replaced, and a secret value that also
+    appears inside another string (an interpolated ``Authorization`` header) is cut out of it.
+    """
+    secrets = sorted(_secret_values(value, set()), key=len, reverse=True)
+    return _redact(value, secrets)
 
 
 # --------------------------------------------------------------------------------------------------

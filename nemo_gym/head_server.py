@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 
 def redacted_config_yaml(cfg: Any) -> str:
+    """``cfg`` as YAML, interpolations resolved where possible, values of secret-looking keys redacted."""
     try:
         container = OmegaConf.to_container(cfg, resolve=True)
     except Exception:  # an unresolvable value must not hide the rest
@@ -28,6 +29,7 @@ def redacted_config_yaml(cfg: Any) -> str:
 
 
 def build_head_app(supervisor: ServerSupervisor) -> FastAPI:
+    """The head server's FastAPI app, reading live state from ``supervisor``."""
     app = FastAPI(title="NeMo Gym head server", docs_url="/docs", redoc_url=None)
 
     @app.get("/")

@@ -256,6 +256,7 @@ ResponseCreateParams = NeMoGymResponseCreateParamsNonStreaming
 
 class InputTokensDetails(_Lenient):
     cached_tokens: int = 0
+    cache_write_tokens: int = 0  # required by recent ``openai`` SDKs' ``InputTokensDetails``
 
 
 class OutputTokensDetails(_Lenient):

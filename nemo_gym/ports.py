@@ -1,32 +1,44 @@
 """Port reservation: the launcher binds every listening socket itself and hands it to the child.
 
-Binding port 0 lets the kernel pick a port no other socket holds, and since the socket stays bound
-(and listening) from reservation until the child serves on it, no other process, not even a second
-``ng_run`` started at the same moment, can take it in between. A port set explicitly in the config
-that is already taken is reported before any server starts.
+Binding port 0 lets the kernel pick a port no other socket holds. The socket stays bound (and
+listening) from reservation until the child serves on it, so no other process, not even a second
+``ng_run`` started at the same moment, can take it in between. Automatically chosen ports are bound
+*without* ``SO_REUSEADDR``: on Linux a second socket can share a port only when both set it, so
+nobody can bind a port we picked even in the instant between our ``bind`` and ``listen``.
+An explicitly configured port gets ``SO_REUSEADDR`` (so a port left in TIME_WAIT by a previous
+run is usable at once); if something else already listens there, that is reported before any
+server starts.
 """
 
 from __future__ import annotations
 
+import errno
 import socket
 
 from nemo_gym.global_config import ConfigError
 
+LISTEN_BACKLOG = 4096
+
 
 def reserve_listening_socket(host: str, port: int | None, what: str) -> socket.socket:
-    """A bound, listening, inheritable TCP socket on ``host:port`` (``port`` 0/None: any free port)."""
+    """A bound, listening, inheritable TCP socket on ``host:port`` (``port`` 0/None: any free port).
+
+    ``what`` names the owner for the error message (e.g. ``server 'policy_model'``). Raises
+    :class:`ConfigError` when the address cannot be bound or listened on.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
+        if port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port or 0))
+        sock.listen(LISTEN_BACKLOG)
     except OSError as e:
         sock.close()
-        raise ConfigError(
-            f"Cannot listen on {host}:{port} for {what}: {e.strerror}. "
-            + ("Another process is using that port; choose another port or leave it unset to get a free one."
-               if e.errno in (98, 48) else "Check the host address.")
-        ) from None
-    sock.listen(4096)
+        if e.errno == errno.EADDRINUSE:
+            hint = "Another process is using that port; choose another port or leave it unset to get a free one."
+        else:
+            hint = "Check the host address."
+        raise ConfigError(f"Cannot listen on {host}:{port or 0} for {what}: {e.strerror or e}. {hint}") from None
     sock.set_inheritable(True)
     return sock

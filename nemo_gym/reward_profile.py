@@ -17,6 +17,7 @@ from nemo_gym.rollout_stats import reward_profile
 
 
 def main(argv: list[str] | None = None) -> None:
+    """``ng_reward_profile +jsonl_fpath=<rollouts.jsonl>``; exit status 2 on a missing file or bad option."""
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
         print("usage: ng_reward_profile +jsonl_fpath=<rollouts.jsonl> [+pass_threshold=1.0]")
@@ -24,16 +25,22 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cfg = load_global_config(argv, load_env_yaml=False).config
     except ConfigError as e:
-        sys.exit(str(e))
+        sys.stderr.write(str(e) + "\n")
+        sys.exit(2)
     path_value = cfg.get("jsonl_fpath") or cfg.get("input_jsonl_fpath")
     if not path_value:
         sys.stderr.write("ng_reward_profile: pass +jsonl_fpath=<rollouts.jsonl>\n")
         sys.exit(2)
     path = Path(str(path_value))
     if not path.is_file():
-        sys.stderr.write(f"ng_reward_profile: {path} does not exist\n")
+        sys.stderr.write(f"ng_reward_profile: {path} is not a file (+jsonl_fpath)\n")
         sys.exit(2)
-    rows, summary = reward_profile(path, pass_threshold=float(cfg.get("pass_threshold", 1.0)))
+    try:
+        pass_threshold = float(cfg.get("pass_threshold", 1.0))
+    except (TypeError, ValueError):
+        sys.stderr.write(f"ng_reward_profile: +pass_threshold must be a number, got {cfg.get('pass_threshold')!r}\n")
+        sys.exit(2)
+    rows, summary = reward_profile(path, pass_threshold=pass_threshold)
     stem = path.with_suffix("") if path.suffix == ".jsonl" else path
     out = Path(f"{stem}_reward_profiling.jsonl")
     with open(out, "wb") as f:

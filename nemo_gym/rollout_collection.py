@@ -33,13 +33,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from nemo_gym.global_config import ConfigError
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
-from nemo_gym.rollout_stats import aggregate_metrics
-from nemo_gym.server_utils import BaseServerConfig, ServerClient, UpstreamError, response_body
+from nemo_gym.rollout_stats import aggregate_metrics, k_values
+from nemo_gym.server_utils import (
+    BaseServerConfig,
+    ServerClient,
+    UpstreamError,
+    close_shared_session,
+    response_body,
+)
 
 MAX_ERRORS_SHOWN = 50
 
 
 class RolloutCollectionConfig(BaseModel):
+    """The options of ``ng_collect_rollouts`` (each is a ``+key=value`` on the command line)."""
+
     model_config = ConfigDict(extra="forbid")
 
     input_jsonl_fpath: str
@@ -67,6 +75,7 @@ class InputError(Exception):
 
 
 def sidecar_paths(output: Path) -> dict[str, Path]:
+    """The files written next to the output: materialized inputs, failures, aggregate metrics."""
     stem = output.with_suffix("") if output.suffix == ".jsonl" else output
     return {
         "materialized": Path(f"{stem}_materialized_inputs.jsonl"),
@@ -88,9 +97,19 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 def _agent_of(row: dict[str, Any], default: str | None) -> str | None:
     ref = row.get("agent_ref")
-    if isinstance(ref, dict) and ref.get("name"):
-        return str(ref["name"])
+    if isinstance(ref, dict) and isinstance(ref.get("name"), str) and ref["name"]:
+        return ref["name"]
     return default
+
+
+def _agent_ref_problem(row: dict[str, Any]) -> str | None:
+    """A message when the row has an ``agent_ref`` that is not ``{name: <non-empty string>}``."""
+    if "agent_ref" not in row:
+        return None
+    ref = row["agent_ref"]
+    if isinstance(ref, dict) and isinstance(ref.get("name"), str) and ref["name"]:
+        return None
+    return f"field `agent_ref` must be an object with a non-empty string `name`, got {orjson.dumps(ref).decode()[:200]}"
 
 
 def _iter_input(cfg: RolloutCollectionConfig) -> Iterator[tuple[int, bytes]]:
@@ -110,7 +129,8 @@ def validate_input(cfg: RolloutCollectionConfig) -> tuple[int, set[str]]:
     """One pass over the input: (number of rows, agent names used); raises InputError listing all problems."""
     path = Path(cfg.input_jsonl_fpath)
     if not path.is_file():
-        raise InputError(f"Input file {path} does not exist.")
+        what = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise InputError(f"Input file {path} {what} (+input_jsonl_fpath).")
     problems: list[str] = []
     n_problems = 0
     agents: set[str] = set()
@@ -141,8 +161,11 @@ def validate_input(cfg: RolloutCollectionConfig) -> tuple[int, set[str]]:
                 for err in e.errors()[:5]:
                     loc = ".".join(str(x) for x in err["loc"])
                     line_problems.append(f"field `responses_create_params.{loc}`: {err['msg']}")
+        ref_problem = _agent_ref_problem(row)
         agent = _agent_of(row, cfg.agent_name)
-        if agent is None:
+        if ref_problem is not None:
+            line_problems.append(ref_problem)
+        elif agent is None:
             line_problems.append("no agent: the row has no `agent_ref.name` and +agent_name was not given")
         else:
             agents.add(agent)
@@ -179,6 +202,7 @@ def materialize(cfg: RolloutCollectionConfig) -> Iterator[dict[str, Any]]:
 
 
 def check_agents_running(agents: set[str], client: ServerClient) -> None:
+    """Raise InputError naming every agent that is not running, and the agents that are."""
     cfg = client.global_config_dict
     running = sorted(
         str(name) for name in cfg.keys() if hasattr(cfg.get(name), "keys") and "responses_api_agents" in cfg.get(name)
@@ -195,31 +219,59 @@ def check_agents_running(agents: set[str], client: ServerClient) -> None:
 # Output files.
 
 
-def _scan_existing_output(path: Path) -> set[tuple[int, int]]:
-    """Pairs already done; a trailing partial line (from a hard kill) is cut off."""
+def _rollout_key(line: bytes) -> tuple[int, int] | None:
+    """The (task, rollout) pair of one output line, or None when it is not a finished rollout."""
+    try:
+        row = orjson.loads(line)
+        reward = row["reward"]
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+            return None
+        return int(row["_ng_task_index"]), int(row["_ng_rollout_index"])
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _scan_existing_output(path: Path) -> tuple[set[tuple[int, int]], int]:
+    """(pairs already done, number of unreadable whole lines) of an existing output file.
+
+    A trailing line without its newline (a write cut short by a hard kill or a full disk) is cut
+    off, or completed with its newline when it is a whole rollout. Unreadable lines elsewhere are
+    left in place (nothing already written is deleted); their pairs count as not done.
+    """
     done: set[tuple[int, int]] = set()
+    bad = 0
     if not path.exists():
-        return done
-    good_end = 0
+        return done, bad
+    size = path.stat().st_size
+    offset = 0
+    tail: bytes | None = None
     with open(path, "rb") as f:
-        offset = 0
         for line in f:
-            offset += len(line)
             if not line.endswith(b"\n"):
+                tail = line
                 break
-            try:
-                row = orjson.loads(line)
-                done.add((int(row["_ng_task_index"]), int(row["_ng_rollout_index"])))
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                break
-            good_end = offset
-    if good_end != path.stat().st_size:
+            offset += len(line)
+            if not line.strip():
+                continue
+            key = _rollout_key(line)
+            if key is None:
+                bad += 1
+            else:
+                done.add(key)
+    if tail is not None:
+        key = _rollout_key(tail)
         with open(path, "r+b") as f:
-            f.truncate(good_end)
-    return done
+            if key is not None:
+                f.seek(size)
+                f.write(b"\n")
+                done.add(key)
+            else:
+                f.truncate(offset)
+    return done, bad
 
 
 def _scan_failures(path: Path) -> dict[tuple[int, int], int]:
+    """The highest attempt number recorded per failed (task, rollout) pair."""
     attempts: dict[tuple[int, int], int] = {}
     if not path.exists():
         return attempts
@@ -237,13 +289,14 @@ def _scan_failures(path: Path) -> dict[tuple[int, int], int]:
 class LineWriter:
     """Appends whole lines with one ``write`` system call each, so an interrupt never splits a line."""
 
-    def __init__(self, path: Path, truncate: bool = False):
+    def __init__(self, path: Path, truncate: bool = False) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (os.O_TRUNC if truncate else 0)
         self.fd = os.open(path, flags, 0o644)
         self.path = path
 
     def write(self, obj: Any) -> None:
+        """Append ``obj`` as one JSON line."""
         data = orjson.dumps(obj) + b"\n"
         view = memoryview(data)
         while view:
@@ -251,6 +304,7 @@ class LineWriter:
             view = view[written:]
 
     def close(self) -> None:
+        """Close the file (idempotent)."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -261,11 +315,17 @@ class LineWriter:
 
 
 def classify_failure(exc: BaseException, agent: str) -> dict[str, Any]:
+    """The failures-file fields of one failed rollout: kind, server, path, status, error (and via).
+
+    When the agent answered with an error that names an inner failing call (a server it could not
+    reach, a model answering 503, ...), that inner server is the one named; ``via`` records the hop
+    through the agent.
+    """
     if isinstance(exc, UpstreamError):
-        inner = None
-        if isinstance(exc.detail, dict):
-            inner = (exc.detail.get("error") or {}).get("inner")
-        if inner:
+        error = exc.detail.get("error") if isinstance(exc.detail, dict) else None
+        error = error if isinstance(error, dict) else {}
+        inner = error.get("inner")
+        if isinstance(inner, dict) and inner:
             return {
                 "kind": inner.get("kind") or "upstream_error",
                 "server": inner.get("server"),
@@ -274,7 +334,9 @@ def classify_failure(exc: BaseException, agent: str) -> dict[str, Any]:
                 "error": str(inner.get("detail"))[:4000],
                 "via": {"server": agent, "path": exc.path, "status": exc.status},
             }
-        return {"kind": exc.kind, "server": exc.server, "path": exc.path, "status": exc.status, "error": str(exc.detail)[:4000]}
+        # The agent's own error (its body says which kind when it is one of our servers).
+        kind = error.get("kind") if isinstance(error.get("kind"), str) else exc.kind
+        return {"kind": kind, "server": exc.server, "path": exc.path, "status": exc.status, "error": str(exc.detail)[:4000]}
     return {"kind": type(exc).__name__, "server": agent, "path": "/run", "status": None, "error": str(exc)[:4000]}
 
 
@@ -303,7 +365,8 @@ async def bounded_map(
     """Run ``worker(row)`` with at most ``limit`` in flight, reading ``rows`` lazily; yield as each ends.
 
     Completions arrive through a queue (O(1) each), so 16k rollouts in flight cost no more per
-    completion than 16. When ``stop`` is set, nothing new starts and in-flight work is cancelled.
+    completion than 16. When ``stop`` is set, nothing new starts, work that has already finished is
+    still yielded, and the rest of the in-flight work is cancelled.
     """
     pending: dict[asyncio.Future, dict[str, Any]] = {}
     finished: asyncio.Queue[asyncio.Future | None] = asyncio.Queue()
@@ -330,7 +393,11 @@ async def bounded_map(
         fill()
         while pending:
             task = await finished.get()
-            if task is None:  # stop requested
+            if task is None:  # stop requested: hand out what already finished, cancel the rest
+                for done_task in [t for t in pending if t.done() and not t.cancelled()]:
+                    row = pending.pop(done_task)
+                    exc = done_task.exception()
+                    yield row, (None if exc else done_task.result()), exc
                 return
             row = pending.pop(task)
             if task.cancelled():
@@ -348,7 +415,9 @@ async def bounded_map(
 
 
 class _Progress:
-    def __init__(self, total: int, enabled: bool):
+    """A tqdm bar on stderr with the running mean reward and the failure count (or nothing)."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
         self.bar = None
         self.reward_sum, self.n_ok, self.n_failed = 0.0, 0, 0
         self._last = 0.0
@@ -379,13 +448,20 @@ class _Progress:
 
 
 async def collect_rollouts(
-    cfg: RolloutCollectionConfig, client: ServerClient, stop: asyncio.Event | None = None
+    cfg: RolloutCollectionConfig,
+    client: ServerClient,
+    stop: asyncio.Event | None = None,
+    validated: tuple[int, set[str]] | None = None,
 ) -> dict[str, Any]:
-    """The whole job; returns the summary (also written to the metrics file)."""
-    n_rows, agents = validate_input(cfg)
+    """The whole job; returns the summary (also written to the metrics file).
+
+    ``validated`` is the result of :func:`validate_input` when the caller already ran it.
+    """
+    n_rows, agents = validated if validated is not None else validate_input(cfg)
     check_agents_running(agents, client)
     out_path = Path(cfg.output_jsonl_fpath)
     side = sidecar_paths(out_path)
+    _check_output_paths(cfg, out_path, side)
 
     if out_path.exists() and out_path.stat().st_size and not (cfg.resume_from_cache or cfg.overwrite):
         raise InputError(
@@ -395,10 +471,12 @@ async def collect_rollouts(
     fresh = not cfg.resume_from_cache
     done: set[tuple[int, int]] = set()
     attempts: dict[tuple[int, int], int] = {}
+    unreadable = 0
     if not fresh:
-        done = _scan_existing_output(out_path)
-        attempts = _scan_failures(side["failures"])
+        # Check before touching anything, so a refused resume leaves every file as it was.
         _check_materialized_matches(cfg, side["materialized"])
+        done, unreadable = _scan_existing_output(out_path)
+        attempts = _scan_failures(side["failures"])
     if fresh or not side["materialized"].exists():
         writer = LineWriter(side["materialized"], truncate=True)
         try:
@@ -411,7 +489,8 @@ async def collect_rollouts(
     total = n_rows * cfg.num_repeats
     todo = total - len(done) - len(exhausted)
     rows = (
-        r for r in materialize(cfg)
+        r
+        for r in materialize(cfg)
         if (r["_ng_task_index"], r["_ng_rollout_index"]) not in done
         and (r["_ng_task_index"], r["_ng_rollout_index"]) not in exhausted
     )
@@ -425,25 +504,27 @@ async def collect_rollouts(
             rows, lambda r: run_one(client, r, cfg.request_timeout_s), cfg.num_samples_in_parallel, stop
         ):
             key = (row["_ng_task_index"], row["_ng_rollout_index"])
-            if exc is None and isinstance(result.get("reward"), (int, float)) and not isinstance(result.get("reward"), bool):
+            reward = result.get("reward") if isinstance(result, dict) else None
+            if exc is None and isinstance(reward, (int, float)) and not isinstance(reward, bool):
                 out.write(result)
                 n_ok += 1
-                progress.update(float(result["reward"]))
-            else:
-                if exc is None:
-                    exc = UpstreamError(row["agent_ref"]["name"], "/run", 200, "the verify response has no numeric `reward`", kind="bad_response")
-                attempt = attempts.get(key, 0) + 1
-                failures.write(
-                    {
-                        "_ng_task_index": key[0],
-                        "_ng_rollout_index": key[1],
-                        "agent_ref": row["agent_ref"],
-                        "attempt": attempt,
-                        **classify_failure(exc, row["agent_ref"]["name"]),
-                    }
+                progress.update(float(reward))
+                continue
+            if exc is None:
+                exc = UpstreamError(
+                    row["agent_ref"]["name"], "/run", 200, "the verify response has no numeric `reward`", kind="bad_response"
                 )
-                n_failed += 1
-                progress.update(None)
+            failures.write(
+                {
+                    "_ng_task_index": key[0],
+                    "_ng_rollout_index": key[1],
+                    "agent_ref": row["agent_ref"],
+                    "attempt": attempts.get(key, 0) + 1,
+                    **classify_failure(exc, row["agent_ref"]["name"]),
+                }
+            )
+            n_failed += 1
+            progress.update(None)
     finally:
         progress.close()
         out.close()
@@ -459,9 +540,16 @@ async def collect_rollouts(
         "expected_rollouts": total,
         "rollouts_ok": done_after,
         "rollouts_missing": total - done_after,
-        "this_run": {"ok": n_ok, "failed": n_failed, "wall_time_s": wall, "rollouts_per_s": n_ok / wall if wall > 0 else 0.0},
+        "this_run": {
+            "ok": n_ok,
+            "failed": n_failed,
+            "wall_time_s": wall,
+            "rollouts_per_s": n_ok / wall if wall > 0 else 0.0,
+        },
         "interrupted": interrupted,
         "skipped_after_max_attempts": len(exhausted),
+        "max_attempts": cfg.max_attempts,
+        "unreadable_output_lines": unreadable,
         "files": {"output": str(out_path), **{k: str(v) for k, v in side.items()}},
         **metrics,
     }
@@ -469,43 +557,69 @@ async def collect_rollouts(
     return summary
 
 
+def _check_output_paths(cfg: RolloutCollectionConfig, out_path: Path, side: dict[str, Path]) -> None:
+    """Refuse an output (or sidecar) path that is the input file: writing it would destroy the input."""
+    source = Path(cfg.input_jsonl_fpath).resolve()
+    for path in (out_path, *side.values()):
+        if path.resolve() == source:
+            raise InputError(f"{path} is the input file; choose another +output_jsonl_fpath.")
+
+
 def _check_materialized_matches(cfg: RolloutCollectionConfig, path: Path) -> None:
+    """Raise InputError unless ``path`` holds exactly the rows this config would send (streaming)."""
     if not path.exists():
         return
     with open(path, "rb") as f:
         for n, row in enumerate(materialize(cfg), start=1):
             line = f.readline()
-            if not line or orjson.loads(line) != orjson.loads(orjson.dumps(row)):
+            try:
+                same = bool(line) and orjson.loads(line) == orjson.loads(orjson.dumps(row))
+            except orjson.JSONDecodeError:
+                same = False
+            if not same:
                 raise InputError(
                     f"Cannot resume: the rows to send no longer match {path} (first difference at line {n}). "
-                    "The input file, +limit, +num_repeats, +responses_create_params or +agent_name changed since "
-                    "the first run. Use a new +output_jsonl_fpath, or +overwrite=true to start over."
+                    "The input file, +limit, +num_repeats, +num_repeats_add_seed, +responses_create_params or "
+                    "+agent_name changed since the first run. Use a new +output_jsonl_fpath, or +overwrite=true "
+                    "to start over."
                 )
         if f.readline():
             raise InputError(
                 f"Cannot resume: {path} has more rows than the current input and repeats produce. "
+                "The input file, +limit or +num_repeats changed since the first run. "
                 "Use a new +output_jsonl_fpath, or +overwrite=true to start over."
             )
 
 
 def format_summary(summary: dict[str, Any]) -> str:
+    """The human-readable end-of-run report (the last line is ``Average reward: <mean>``)."""
     this = summary["this_run"]
     lines = [
         f"Rollouts: {summary['rollouts_ok']} / {summary['expected_rollouts']} ok"
         + (f", {summary['rollouts_missing']} missing" if summary["rollouts_missing"] else "")
         + (" (INTERRUPTED: rerun with +resume_from_cache=true to finish)" if summary["interrupted"] else ""),
-        f"This run: {this['ok']} ok, {this['failed']} failed in {this['wall_time_s']:.1f} s ({this['rollouts_per_s']:.1f} rollouts/s)",
+        f"This run: {this['ok']} ok, {this['failed']} failed in {this['wall_time_s']:.1f} s "
+        f"({this['rollouts_per_s']:.1f} rollouts/s)",
     ]
     for key in sorted(k for k in summary if k.startswith("mean/")):
         name = key[5:]
         lines.append(f"  {name:<24} mean {summary[key]:.4f}  std {summary.get('std/' + name, 0.0):.4f}")
-    k_lines = [f"pass@{k}={summary[f'pass@{k}']:.3f}" for k in range(1, summary["num_repeats"] + 1) if f"pass@{k}" in summary]
+    k_lines = [f"pass@{k}={summary[f'pass@{k}']:.3f}" for k in k_values(summary["num_repeats"]) if f"pass@{k}" in summary]
     if k_lines:
         lines.append(f"  tasks: {summary['num_tasks']}  " + "  ".join(k_lines))
     tok = summary["tokens"]
     lines.append(f"  tokens: input {tok['input_tokens']}, output {tok['output_tokens']}, total {tok['total_tokens']}")
     if this["failed"]:
-        lines.append(f"  {this['failed']} infrastructure failure(s): see {summary['files']['failures']}")
+        lines.append(f"  {this['failed']} infrastructure failure(s) this run: see {summary['files']['failures']}")
+    if summary.get("skipped_after_max_attempts"):
+        lines.append(
+            f"  {summary['skipped_after_max_attempts']} rollout(s) skipped: they failed "
+            f"{summary.get('max_attempts')} time(s) already (+max_attempts); see {summary['files']['failures']}"
+        )
+    if summary["rollouts_missing"] and not summary["interrupted"]:
+        lines.append("  Rerun with +resume_from_cache=true to retry the missing rollouts.")
+    if summary.get("malformed_lines") or summary.get("unreadable_output_lines"):
+        lines.append(f"  {summary.get('malformed_lines', 0)} unreadable line(s) in {summary['files']['output']} were skipped")
     lines.append("Files: " + ", ".join(summary["files"].values()))
     if "mean/reward" in summary:
         lines.append(f"Average reward: {summary['mean/reward']:.4f}")
@@ -525,7 +639,7 @@ class RolloutCollectionHelper:
     ``reward`` and every output item's token-id fields, when the model returns them).
     """
 
-    def __init__(self, num_samples_in_parallel: int = 256, request_timeout_s: float = 3600.0):
+    def __init__(self, num_samples_in_parallel: int = 256, request_timeout_s: float = 3600.0) -> None:
         self.num_samples_in_parallel = num_samples_in_parallel
         self.request_timeout_s = request_timeout_s
         self._clients: dict[tuple[str, int], ServerClient] = {}
@@ -539,6 +653,10 @@ class RolloutCollectionHelper:
     def run_examples(
         self, examples: list[dict[str, Any]], head_server_config: BaseServerConfig | None = None
     ) -> Iterator[Awaitable[tuple[dict[str, Any], dict[str, Any]]]]:
+        """Start every example now (call from a running event loop); yield awaitables in completion order.
+
+        Each awaitable gives ``(row, result)``; an infrastructure failure raises :class:`UpstreamError`.
+        """
         client = self._client(head_server_config)
         semaphore = asyncio.Semaphore(self.num_samples_in_parallel)
 
@@ -551,15 +669,26 @@ class RolloutCollectionHelper:
 
         return asyncio.as_completed([asyncio.ensure_future(one(r)) for r in examples])
 
+    async def aclose(self) -> None:
+        """Close this event loop's HTTP connections (optional; avoids "unclosed session" warnings)."""
+        await close_shared_session()
+
 
 # ------------------------------------------------------------------------------------------------
 # CLI.
 
 
 def collect_main(argv: list[str] | None = None) -> None:
+    """``ng_collect_rollouts``. Exit status: 0 all rollouts done, 1 some missing (failures), 2 bad
+    input or options (nothing sent), 130 interrupted (rerun with ``+resume_from_cache=true``)."""
     from omegaconf import OmegaConf
 
-    from nemo_gym.global_config import HEAD_SERVER_KEY_NAME, load_global_config
+    from nemo_gym.global_config import (
+        CONFIG_PATHS_KEY_NAME,
+        HEAD_SERVER_KEY_NAME,
+        load_global_config,
+        parse_cli_overrides,
+    )
 
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
@@ -567,10 +696,15 @@ def collect_main(argv: list[str] | None = None) -> None:
             "usage: ng_collect_rollouts +agent_name=<agent> +input_jsonl_fpath=<in.jsonl> +output_jsonl_fpath=<out.jsonl>\n"
             "  [+limit=N] [+num_repeats=K] [+num_samples_in_parallel=P] [+num_repeats_add_seed=true]\n"
             "  [+responses_create_params.temperature=0.7 ...] [+resume_from_cache=true] [+max_attempts=3]\n"
-            "  [+head_server.host=127.0.0.1 +head_server.port=11000]"
+            "  [+overwrite=true] [+pass_threshold=1.0] [+request_timeout_s=3600] [+progress=false]\n"
+            "  [+head_server.host=127.0.0.1 +head_server.port=11000]\n"
+            "exit status: 0 all done, 1 some rollouts missing (see the failures file), 2 bad input or options,\n"
+            "  130 interrupted"
         )
         return
     try:
+        # Only the command line is checked for unknown options: env.yaml holds other tools' settings.
+        cli_keys = {o.key.split(".")[0] for o in parse_cli_overrides(argv) if not o.delete}
         loaded = load_global_config(argv)
         container = OmegaConf.to_container(loaded.config, resolve=True)
     except ConfigError as e:
@@ -578,7 +712,8 @@ def collect_main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     head = container.pop(HEAD_SERVER_KEY_NAME, None) or {}
     fields = {k: v for k, v in container.items() if k in RolloutCollectionConfig.model_fields}
-    unknown = sorted(k for k in container if k not in RolloutCollectionConfig.model_fields and not isinstance(container[k], dict))
+    allowed = set(RolloutCollectionConfig.model_fields) | {HEAD_SERVER_KEY_NAME, CONFIG_PATHS_KEY_NAME}
+    unknown = sorted(k for k in cli_keys if k not in allowed)
     if unknown:
         sys.stderr.write(f"ng_collect_rollouts: unknown option(s): {', '.join('+' + u for u in unknown)}. See --help.\n")
         sys.exit(2)
@@ -588,24 +723,32 @@ def collect_main(argv: list[str] | None = None) -> None:
         msgs = [f"+{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors()]
         sys.stderr.write("ng_collect_rollouts: invalid options:\n  " + "\n  ".join(msgs) + "\n")
         sys.exit(2)
-    head_cfg = BaseServerConfig(host=head.get("host", "127.0.0.1"), port=int(head.get("port", 11000)))
+    try:
+        head_cfg = BaseServerConfig(host=head.get("host") or "127.0.0.1", port=int(head.get("port") or 11000))
+    except (TypeError, ValueError, ValidationError) as e:
+        sys.stderr.write(f"ng_collect_rollouts: invalid +head_server: {e}\n")
+        sys.exit(2)
     try:
         summary = asyncio.run(_collect_with_signals(cfg, head_cfg))
     except (InputError, ConnectionError) as e:
         sys.stderr.write(f"ng_collect_rollouts: {e}\n")
         sys.exit(2)
     print(format_summary(summary), flush=True)
-    sys.exit(130 if summary["interrupted"] else 0)
+    if summary["interrupted"]:
+        sys.exit(130)
+    sys.exit(1 if summary["rollouts_missing"] else 0)
 
 
 async def _collect_with_signals(cfg: RolloutCollectionConfig, head: BaseServerConfig) -> dict[str, Any]:
-    client = ServerClient.load_from_global_config(head, timeout_s=cfg.request_timeout_s)
+    """Validate the input (before any server is contacted), then collect; SIGINT/SIGTERM stop cleanly."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    validated = validate_input(cfg)
+    client = ServerClient.load_from_global_config(head, timeout_s=cfg.request_timeout_s)
     try:
-        return await collect_rollouts(cfg, client, stop)
+        return await collect_rollouts(cfg, client, stop, validated=validated)
     finally:
-        await client.aclose()
+        await close_shared_session()

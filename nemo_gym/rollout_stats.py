@@ -52,6 +52,17 @@ class RunningStat:
         return math.sqrt(self._m2 / self.n) if self.n else 0.0
 
 
+def k_values(max_k: int) -> list[int]:
+    """The k reported for pass@k: powers of two below ``max_k``, then ``max_k`` (1, 2, 4, ..., max_k)."""
+    out, k = [], 1
+    while k < max_k:
+        out.append(k)
+        k *= 2
+    if max_k >= 1:
+        out.append(max_k)
+    return out
+
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from n samples with c passing: 1 - C(n-c, k) / C(n, k)."""
     if k > n:
@@ -62,9 +73,23 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def _numeric(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return float(value)
+
+
+def _task_index(row: dict[str, Any]) -> int | None:
+    """The row's ``_ng_task_index`` (-1 when absent), or None when it is present but not an integer."""
+    value = row.get("_ng_task_index", -1)
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value
+
+
+def _usage(row: dict[str, Any]) -> dict[str, Any]:
+    response = row.get("response")
+    usage = response.get("usage") if isinstance(response, dict) else None
+    return usage if isinstance(usage, dict) else {}
 
 
 def per_task_rewards(path: Path) -> tuple[dict[int, list[float]], int]:
@@ -72,33 +97,41 @@ def per_task_rewards(path: Path) -> tuple[dict[int, list[float]], int]:
     tasks: dict[int, list[float]] = defaultdict(list)
     bad = 0
     for _, row in iter_jsonl(path):
-        if not isinstance(row, dict) or _numeric(row.get("reward")) is None:
+        task = _task_index(row) if isinstance(row, dict) else None
+        reward = _numeric(row.get("reward")) if isinstance(row, dict) else None
+        if task is None or reward is None:
             bad += 1
             continue
-        tasks[int(row.get("_ng_task_index", -1))].append(float(row["reward"]))
+        tasks[task].append(reward)
     return tasks, bad
 
 
 def task_profile(rewards: list[float], max_k: int, pass_threshold: float) -> dict[str, Any]:
+    """Count, passes, mean/std reward and pass@k (k in :func:`k_values`, k <= count) of one task."""
     n = len(rewards)
     c = sum(r >= pass_threshold for r in rewards)
     mean = sum(rewards) / n if n else 0.0
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / n) if n else 0.0
     out: dict[str, Any] = {"num_rollouts": n, "num_passed": c, "mean_reward": mean, "std_reward": std}
-    for k in range(1, max_k + 1):
+    for k in k_values(max_k):
         if k <= n:
             out[f"pass@{k}"] = pass_at_k(n, c, k)
     return out
 
 
 def aggregate_metrics(path: Path, pass_threshold: float = 1.0, max_k: int | None = None) -> dict[str, Any]:
-    """Mean/std of reward and of every other numeric top-level field, token totals, per-task pass@k."""
+    """Mean/std of reward and of every other numeric top-level field, token totals, per-task pass@k.
+
+    A line that is not a JSON object, or whose ``reward`` is not a number, counts as malformed.
+    """
     stats: dict[str, RunningStat] = defaultdict(RunningStat)
     tokens = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
     tasks: dict[int, list[float]] = defaultdict(list)
     bad = 0
     for _, row in iter_jsonl(path):
-        if not isinstance(row, dict):
+        task = _task_index(row) if isinstance(row, dict) else None
+        reward = _numeric(row.get("reward")) if isinstance(row, dict) else None
+        if task is None or reward is None:
             bad += 1
             continue
         for key, value in row.items():
@@ -107,11 +140,11 @@ def aggregate_metrics(path: Path, pass_threshold: float = 1.0, max_k: int | None
             x = _numeric(value)
             if x is not None:
                 stats[key].add(x)
-        if _numeric(row.get("reward")) is not None:
-            tasks[int(row.get("_ng_task_index", -1))].append(float(row["reward"]))
-        usage = (row.get("response") or {}).get("usage") or {}
+        tasks[task].append(reward)
+        usage = _usage(row)
         for key in tokens:
-            tokens[key] += int(usage.get(key) or 0)
+            count = usage.get(key)
+            tokens[key] += count if isinstance(count, int) and not isinstance(count, bool) else 0
     k_max = max_k or max((len(v) for v in tasks.values()), default=1)
     per_task = {str(t): task_profile(r, k_max, pass_threshold) for t, r in sorted(tasks.items())}
     metrics: dict[str, Any] = {"num_rollouts": stats["reward"].n if "reward" in stats else 0, "malformed_lines": bad}
@@ -120,9 +153,11 @@ def aggregate_metrics(path: Path, pass_threshold: float = 1.0, max_k: int | None
         metrics[f"std/{key}"] = st.std
     metrics["tokens"] = tokens
     metrics["num_tasks"] = len(per_task)
-    for k in range(1, k_max + 1):
-        values = [p[f"pass@{k}"] for p in per_task.values() if f"pass@{k}" in p]
-        if values:
+    # The mean over tasks is reported only for the k every task reaches: a mean over the tasks that
+    # happen to have more rollouts (an interrupted run) would not be comparable with the others.
+    for k in k_values(k_max):
+        values = [p.get(f"pass@{k}") for p in per_task.values()]
+        if values and None not in values:
             metrics[f"pass@{k}"] = sum(values) / len(values)
     if len(per_task) <= MAX_PER_TASK_IN_METRICS:
         metrics["per_task"] = per_task

@@ -111,11 +111,53 @@ def _find_instance_block(cfg: DictConfig | dict, name: str) -> tuple[str, str, A
     return None
 
 
-_SESSIONS: dict[int, aiohttp.ClientSession] = {}
+# One aiohttp session per process and event loop (aiohttp sessions are bound to the loop that made
+# them). Keyed by the loop object itself, not ``id(loop)``: an id can be reused by a later loop.
+_SESSIONS: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+
+# Failures to *reach* a server: nothing was processed, so trying again is safe.
+_RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError)
+MAX_BACKOFF_S = 2.0
+
+
+def _shared_session(max_connections: int) -> aiohttp.ClientSession:
+    """The process-wide aiohttp session for the running loop (created on first use)."""
+    loop = asyncio.get_running_loop()
+    session = _SESSIONS.get(loop)
+    if session is None or session.closed:
+        # Forget sessions of loops that are gone (each test of an async test suite has its own loop).
+        for old_loop in [lp for lp in _SESSIONS if lp.is_closed()]:
+            del _SESSIONS[old_loop]
+        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, keepalive_timeout=30, ttl_dns_cache=None)
+        session = aiohttp.ClientSession(
+            connector=connector,
+            # Never store cookies: a rollout's session cookies are passed explicitly on each call, so
+            # two rollouts sharing this client can never see each other's sessions.
+            cookie_jar=aiohttp.DummyCookieJar(),
+            json_serialize=lambda o: orjson.dumps(o).decode(),
+            timeout=aiohttp.ClientTimeout(total=DEFAULT_REQUEST_TIMEOUT_S, sock_connect=10),
+            trust_env=False,
+        )
+        _SESSIONS[loop] = session
+    return session
+
+
+async def close_shared_session() -> None:
+    """Close this loop's shared client session (call before the loop ends to avoid warnings)."""
+    session = _SESSIONS.pop(asyncio.get_running_loop(), None)
+    if session is not None and not session.closed:
+        await session.close()
 
 
 class ServerClient:
-    """Calls other servers by instance name: ``await client.post(server_name=..., url_path=..., json=...)``."""
+    """Calls other servers by instance name: ``await client.post(server_name=..., url_path=..., json=...)``.
+
+    Every request has a timeout (``timeout_s``, for the whole request: connect, send, and reading the
+    body). Failures to reach the server (connection refused, the server closed the connection before
+    answering) are retried ``max_retries`` times with exponential backoff starting at ``backoff_s``
+    (capped at 2 s); they then raise :class:`UpstreamError` with kind ``connection_error``. A timeout
+    raises kind ``timeout``. HTTP error statuses are returned as they are, never retried.
+    """
 
     def __init__(
         self,
@@ -126,6 +168,10 @@ class ServerClient:
         backoff_s: float = 0.1,
         max_connections: int = 1024,
     ):
+        if timeout_s is None or timeout_s <= 0:
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries!r}")
         self._cfg = global_config_dict
         self.head_server_config = head_server_config
         self.timeout_s = timeout_s
@@ -143,7 +189,7 @@ class ServerClient:
 
         head = head_server_config or BaseServerConfig(host=DEFAULT_HEAD_SERVER_HOST, port=DEFAULT_HEAD_SERVER_PORT)
         try:
-            r = httpx.get(f"{head.base_url}/global_config_dict_yaml", timeout=10)
+            r = httpx.get(f"{head.base_url}/global_config_dict_yaml", timeout=10, trust_env=False)
             r.raise_for_status()
         except httpx.HTTPError as e:
             raise ConnectionError(
@@ -174,21 +220,7 @@ class ServerClient:
 
     # -- transport -------------------------------------------------------------------------------
     def _session(self) -> aiohttp.ClientSession:
-        loop = asyncio.get_running_loop()
-        key = id(loop)
-        session = _SESSIONS.get(key)
-        if session is None or session.closed:
-            connector = aiohttp.TCPConnector(
-                limit=self.max_connections, limit_per_host=0, keepalive_timeout=30, ttl_dns_cache=None
-            )
-            session = aiohttp.ClientSession(
-                connector=connector,
-                cookie_jar=aiohttp.DummyCookieJar(),
-                json_serialize=lambda o: orjson.dumps(o).decode(),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-            )
-            _SESSIONS[key] = session
-        return session
+        return _shared_session(self.max_connections)
 
     async def request(
         self,
@@ -200,16 +232,22 @@ class ServerClient:
         timeout_s: float | None = None,
         **kwargs: Any,
     ) -> aiohttp.ClientResponse:
-        """Send one request; the body is already read when this returns (``await resp.json()`` works)."""
+        """Send one request; the body is already read when this returns (``await resp.json()`` works).
+
+        ``cookies`` are sent as given (the client keeps none). Raises :class:`UpstreamError` when the
+        server cannot be reached or does not answer in time; an HTTP error status is returned.
+        """
         url = self.base_url(server_name) + url_path
         headers = dict(kwargs.pop("headers", None) or {})
         if cookies:
             headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in cookies.items())
-        data = None
+        data = kwargs.pop("data", None)
         if json is not None:
             data = orjson.dumps(json, default=_json_default)
             headers["Content-Type"] = "application/json"
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_s or self.timeout_s)
+        limit_s = timeout_s or self.timeout_s
+        # ``total`` bounds the whole exchange (a server that trickles bytes cannot hold us forever).
+        timeout = aiohttp.ClientTimeout(total=limit_s, sock_connect=min(10.0, limit_s))
         session = self._session()
         attempt = 0
         while True:
@@ -217,15 +255,27 @@ class ServerClient:
                 async with session.request(method, url, data=data, headers=headers, timeout=timeout, **kwargs) as resp:
                     await resp.read()
                     return resp
-            except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as e:
+            except _RETRYABLE_ERRORS as e:
                 attempt += 1
                 if attempt > self.max_retries:
-                    raise UpstreamError(server_name, url_path, None, f"{type(e).__name__}: {e}", kind="connection_error") from e
-                await asyncio.sleep(min(self.backoff_s * 2 ** (attempt - 1), 2.0))
-            except asyncio.TimeoutError as e:
-                raise UpstreamError(
-                    server_name, url_path, None, f"no response within {timeout_s or self.timeout_s} s", kind="timeout"
-                ) from e
+                    raise UpstreamError(
+                        server_name,
+                        url_path,
+                        None,
+                        f"{type(e).__name__}: {e} (gave up after {attempt} attempts)",
+                        kind="connection_error",
+                    ) from e
+                delay = min(self.backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S)
+                logger.warning(
+                    "Cannot reach %s at %s (%s); retry %d/%d in %.2f s",
+                    server_name, url, type(e).__name__, attempt, self.max_retries, delay,
+                )
+                await asyncio.sleep(delay)
+            except TimeoutError as e:
+                raise UpstreamError(server_name, url_path, None, f"no response within {limit_s} s", kind="timeout") from e
+            except aiohttp.ClientError as e:
+                # E.g. the connection broke while the body was being read: not safe to resend.
+                raise UpstreamError(server_name, url_path, None, f"{type(e).__name__}: {e}", kind="connection_error") from e
 
     async def post(self, server_name: str, url_path: str, json: Any = None, **kwargs: Any) -> aiohttp.ClientResponse:
         return await self.request("POST", server_name, url_path, json=json, **kwargs)
@@ -237,7 +287,14 @@ class ServerClient:
         """POST and return (parsed body, cookies set); a non-2xx raises :class:`UpstreamError`."""
         resp = await self.post(server_name, url_path, json=json, **kwargs)
         raise_for_status(resp, server_name, url_path)
-        return orjson.loads(response_body(resp)), response_cookies(resp)
+        body = response_body(resp)
+        try:
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError as e:
+            raise UpstreamError(
+                server_name, url_path, resp.status, f"response is not JSON ({e}): {body[:500]!r}", kind="bad_response"
+            ) from None
+        return parsed, response_cookies(resp)
 
 
 def _json_default(o: Any) -> Any:
@@ -276,12 +333,19 @@ async def get_response_json(resp: aiohttp.ClientResponse) -> Any:
 # Sessions: a signed cookie per server instance carrying a per-rollout session id.
 
 
+_PROCESS_SECRET: bytes | None = None
+
+
 def _session_secret() -> bytes:
+    """The cookie-signing secret: ``NEMO_GYM_SESSION_SECRET`` (``ng_run`` sets a random one per run),
+    else a random secret made once per process (never a constant)."""
+    global _PROCESS_SECRET
     secret = os.environ.get(NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME)
     if secret:
         return secret.encode()
-    # Running outside ng_run: a random secret for this process only, never a constant.
-    return os.urandom(32)
+    if _PROCESS_SECRET is None:
+        _PROCESS_SECRET = os.urandom(32)
+    return _PROCESS_SECRET
 
 
 def cookie_name_for(instance_name: str) -> str:
@@ -340,6 +404,49 @@ class SessionMiddleware:
         await self.app(scope, receive, send_with_cookie)
 
 
+class InternalErrorMiddleware:
+    """Pure ASGI middleware: an unhandled exception becomes a JSON 500 naming the server, the path and
+    the error, and the connection stays usable. Logged with its traceback."""
+
+    def __init__(self, app: Any, server_name: str):
+        self.app = app
+        self.server_name = server_name
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracking(message: dict) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracking)
+        except Exception as exc:
+            if started:  # too late for an error response; let the server close the connection
+                raise
+            path = scope.get("path", "")
+            logger.exception("Unhandled error in %s %s", self.server_name, path)
+            body = orjson.dumps(
+                {
+                    "error": {
+                        "kind": "internal_error",
+                        "server": self.server_name,
+                        "path": path,
+                        "type": type(exc).__name__,
+                        "message": str(exc),
+                    }
+                }
+            )
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+            await send({"type": "http.response.start", "status": 500, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+
+
 def get_session_id(request: Request) -> str:
     return request.state.session_id
 
@@ -394,20 +501,10 @@ class BaseServer(BaseModel):
             }
             return Response(orjson.dumps(body), status_code=422, media_type="application/json")
 
-        @app.exception_handler(Exception)
-        async def internal_error(request: Request, exc: Exception) -> Response:
-            logger.exception("Unhandled error in %s %s", name, request.url.path)
-            body = {
-                "error": {
-                    "kind": "internal_error",
-                    "server": name,
-                    "path": request.url.path,
-                    "type": type(exc).__name__,
-                    "message": str(exc),
-                }
-            }
-            return Response(orjson.dumps(body), status_code=500, media_type="application/json")
-
+        # Unhandled exceptions: answered by a middleware rather than ``exception_handler(Exception)``.
+        # Starlette re-raises after such a handler, and uvicorn then closes the keep-alive connection,
+        # so the caller's next request on that pooled connection would fail with a reset.
+        app.add_middleware(InternalErrorMiddleware, server_name=name)
         if self.uses_sessions:
             app.add_middleware(SessionMiddleware, cookie_name=cookie_name_for(name), secret=_session_secret())
         return app

@@ -11,13 +11,17 @@ Contract
 * ``shutdown()`` sends SIGTERM to every child's process group, then SIGKILL after
   ``shutdown_timeout_s``; it is idempotent and also runs at interpreter exit.
 * Children also die on their own when this process dies, even by SIGKILL (parent-death signal
-  plus a parent watch in :func:`nemo_gym.server_utils._die_with_parent`).
+  plus a parent watch in :func:`nemo_gym.server_utils._die_with_parent`). Linux delivers the
+  parent-death signal when the *thread* that forked the child exits, so every child is spawned
+  from one long-lived thread owned by the supervisor: ``RunHelper().start()`` may be called from
+  a short-lived thread (a trainer's worker, ``asyncio.to_thread``) without its servers dying.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import queue
 import secrets
 import signal
 import socket
@@ -27,6 +31,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -59,8 +64,45 @@ class StartupError(RuntimeError):
     """A server failed to come up; the message names it and shows its last log lines."""
 
 
+class _SpawnerThread:
+    """One long-lived thread that runs every ``Popen`` of a supervisor (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the spawner thread and return its result (or raise its exception)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="nemo-gym-spawner", daemon=True)
+            self._thread.start()
+        fut: Future = Future()
+        self._jobs.put((fn, fut))
+        return fut.result()
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fn, fut = job
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # handed to the caller
+                fut.set_exception(e)
+
+    def stop(self) -> None:
+        """Let the thread end (only once every child it spawned has been reaped)."""
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join(timeout=5)
+            self._thread = None
+
+
 @dataclass
 class ChildServer:
+    """One server instance: where it listens, how it is started, and its process once spawned."""
+
     instance: ServerInstance
     host: str
     port: int
@@ -74,14 +116,18 @@ class ChildServer:
 
     @property
     def url(self) -> str:
+        """Base URL of the server."""
         return f"http://{self.host}:{self.port}"
 
     @property
     def name(self) -> str:
+        """Instance name (the top-level config key)."""
         return self.instance.name
 
 
 class ServerSupervisor:
+    """Starts the head server and one child process per server instance; see the module docstring."""
+
     def __init__(
         self,
         loaded: LoadedConfig,
@@ -97,6 +143,7 @@ class ServerSupervisor:
         self._print_lock = threading.Lock()
         self._echo = echo
         self._head_server: Any = None
+        self._head_sock: socket.socket | None = None
         self._head_thread: threading.Thread | None = None
         self.head_host = str(OmegaConf.select(self.cfg, f"{HEAD_SERVER_KEY_NAME}.host", default=None) or DEFAULT_HEAD_SERVER_HOST)
         port = OmegaConf.select(self.cfg, f"{HEAD_SERVER_KEY_NAME}.port", default=None)
@@ -108,10 +155,12 @@ class ServerSupervisor:
         self.isolate = bool(OmegaConf.select(self.cfg, "isolate_server_venvs", default=False))
         self.venv_cache_dir = OmegaConf.select(self.cfg, "venv_cache_dir", default=None)
         self._shut_down = False
+        self._spawner = _SpawnerThread()
         atexit.register(self.shutdown)
 
     # -- output --------------------------------------------------------------------------------------
     def echo(self, line: str) -> None:
+        """Print one line (thread-safe; through ``echo`` when one was given)."""
         with self._print_lock:
             if self._echo is not None:
                 self._echo(line)
@@ -121,6 +170,7 @@ class ServerSupervisor:
 
     # -- start ----------------------------------------------------------------------------------------
     def start(self) -> None:
+        """Start everything and return once every server answers; stop everything and raise otherwise."""
         try:
             self._start()
         except BaseException:
@@ -137,7 +187,9 @@ class ServerSupervisor:
             check_shared_requirements(server_dirs)
 
         # 1. Every port, before anything starts.
+        self._check_explicit_ports_distinct()
         head_sock = reserve_listening_socket(self.head_host, self.head_port, f"the head server ({HEAD_SERVER_KEY_NAME}.port)")
+        self._head_sock = head_sock  # closed by shutdown() whatever happens next
         self.head_port = head_sock.getsockname()[1]
         OmegaConf.update(self.cfg, HEAD_SERVER_KEY_NAME, {"host": self.head_host, "port": self.head_port}, force_add=True)
         try:
@@ -162,9 +214,16 @@ class ServerSupervisor:
         # 2. Per-server environments (only in isolated mode; a no-op when nothing changed).
         if self.isolate:
             for child in self.children:
-                child.python = str(ensure_server_venv(child.script.parent, child.name, self.venv_cache_dir, echo=self.echo))
+                child.python = str(
+                    ensure_server_venv(
+                        child.script.parent, child.name, self.venv_cache_dir, echo=self.echo,
+                        should_stop=self.stop_event.is_set,
+                    )
+                )
 
         # 3. Head server (in this process) and the children.
+        if self.stop_event.is_set():
+            raise StartupError("Start-up interrupted.")
         self._start_head_server(head_sock)
         config_yaml = yaml.safe_dump(OmegaConf.to_container(self.cfg, resolve=False), sort_keys=False)
         secret = secrets.token_hex(32)
@@ -175,6 +234,21 @@ class ServerSupervisor:
 
         # 4. Health-poll with a bound.
         self._wait_ready()
+
+    def _check_explicit_ports_distinct(self) -> None:
+        """Two entries of this config asking for the same explicit port is a config error naming both."""
+        owners: dict[int, str] = {}
+        if self.head_port:
+            owners[self.head_port] = f"the head server ({HEAD_SERVER_KEY_NAME}.port)"
+        for inst in self.instances:
+            port = OmegaConf.select(self.cfg, f"{inst.config_key}.port", default=None)
+            if not port:
+                continue
+            what = f"server '{inst.name}' ({inst.config_key}.port)"
+            if int(port) in owners:
+                raise ConfigError(f"Port {int(port)} is set for both {owners[int(port)]} and {what}; "
+                                  "give each its own port or leave it unset to get a free one.")
+            owners[int(port)] = what
 
     def _spawn(self, child: ChildServer, config_yaml: str, secret: str) -> None:
         assert child.sock is not None
@@ -192,15 +266,17 @@ class ServerSupervisor:
                 "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p),
             }
         )
-        child.process = subprocess.Popen(
-            [child.python, str(child.script)],
-            cwd=root,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            pass_fds=(fd,),
-            start_new_session=True,
+        child.process = self._spawner.call(
+            lambda: subprocess.Popen(
+                [child.python, str(child.script)],
+                cwd=root,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                pass_fds=(fd,),
+                start_new_session=True,
+            )
         )
         # The child holds the socket now; our copy must go so the port dies with the child.
         child.sock.close()
@@ -246,7 +322,7 @@ class ServerSupervisor:
                     waiting = [c for c in self.children if not c.ready]
                     details = "\n".join(self._tail_text(c) for c in waiting)
                     raise StartupError(
-                        f"Timed out after {self.startup_timeout_s:.0f} s waiting for "
+                        f"Timed out after {self.startup_timeout_s:g} s waiting for "
                         f"{', '.join(c.name for c in waiting)} to answer GET / "
                         f"(raise +startup_timeout_s=... if it is just slow).\n{details}"
                     )
@@ -272,6 +348,7 @@ class ServerSupervisor:
             raise StartupError(f"The head server did not start on {self.head_host}:{self.head_port}.")
 
     def server_instances_info(self) -> list[dict[str, Any]]:
+        """One row per server (name, type, impl, host, port, url, pid, alive): what ``/server_instances`` serves."""
         return [
             {
                 "name": c.name,
@@ -288,6 +365,7 @@ class ServerSupervisor:
 
     # -- watching ---------------------------------------------------------------------------------------
     def dead_server(self) -> ChildServer | None:
+        """The first child that has exited since start, if any."""
         for child in self.children:
             if child.process is not None and child.process.poll() is not None:
                 return child
@@ -300,6 +378,7 @@ class ServerSupervisor:
         return f"--- last log lines of {child.name} ---\n" + "\n".join(lines)
 
     def describe_exit(self, child: ChildServer, during_startup: bool = False) -> str:
+        """How ``child`` exited, with its last log lines (for error messages)."""
         assert child.process is not None
         code = child.process.returncode
         how = f"was killed by signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exited with code {code}"
@@ -308,6 +387,7 @@ class ServerSupervisor:
 
     # -- stop -------------------------------------------------------------------------------------------
     def shutdown(self) -> None:
+        """Stop every child (SIGTERM to its group, SIGKILL after the bound) and the head server; idempotent."""
         if self._shut_down:
             return
         self._shut_down = True
@@ -335,6 +415,10 @@ class ServerSupervisor:
             self._head_server.should_exit = True
             if self._head_thread is not None:
                 self._head_thread.join(timeout=3)
+        if self._head_sock is not None:
+            self._head_sock.close()
+            self._head_sock = None
+        self._spawner.stop()
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -345,6 +429,7 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 def format_instances_table(rows: list[dict[str, Any]]) -> str:
+    """A plain-text table of server rows (name, type/impl, url, pid)."""
     headers = ["name", "type/impl", "url", "pid"]
     data = [[r["name"], f"{r['server_type']}/{r['impl']}", r["url"], str(r["pid"])] for r in rows]
     widths = [max(len(h), *(len(d[i]) for d in data)) if data else len(h) for i, h in enumerate(headers)]

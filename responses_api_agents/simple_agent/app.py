@@ -14,29 +14,60 @@ from typing import Any
 import orjson
 from fastapi import Request
 from fastapi.responses import Response
+from pydantic import Field
 
 from nemo_gym.base_resources_server import BaseRunRequest
 from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
-from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump
+from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id
 from nemo_gym.server_utils import UpstreamError, response_body, response_cookies
 
 
 class SimpleAgentConfig(BaseResponsesAPIAgentConfig):
     resources_server: ResourcesServerRef
     model_server: ModelServerRef
-    max_steps: int = 20  # model turns per rollout; a bound so a looping model cannot hang a rollout
+    # Model turns per rollout; a bound so a looping model cannot hang a rollout.
+    max_steps: int = Field(default=20, ge=1)
+
+
+_USAGE_KEYS = ("input_tokens", "output_tokens", "total_tokens")
+_USAGE_DETAIL_KEYS = {
+    "input_tokens_details": ("cached_tokens", "cache_write_tokens"),
+    "output_tokens_details": ("reasoning_tokens",),
+}
+
+
+def _empty_usage() -> dict[str, Any]:
+    """A Responses API usage object with every count (and detail count) at zero."""
+    usage: dict[str, Any] = dict.fromkeys(_USAGE_KEYS, 0)
+    for details, keys in _USAGE_DETAIL_KEYS.items():
+        usage[details] = dict.fromkeys(keys, 0)
+    return usage
+
+
+def _add_usage(total: dict[str, Any], usage: dict[str, Any] | None) -> None:
+    """Add one turn's usage (top-level counts and their details) into ``total``."""
+    usage = usage or {}
+    for key in _USAGE_KEYS:
+        total[key] += int(usage.get(key) or 0)
+    for details, keys in _USAGE_DETAIL_KEYS.items():
+        part = usage.get(details) or {}
+        for key in keys:
+            total[details][key] += int(part.get(key) or 0)
 
 
 class SimpleAgent(SimpleResponsesAPIAgent):
     config: SimpleAgentConfig
 
     async def responses(self, request: Request, body: NeMoGymResponseCreateParamsNonStreaming) -> Response:
+        """Run the model/tool loop for one request (no seeding, no verify) and return the trajectory."""
         response, _ = await self.run_loop(dump(body), dict(request.cookies))
         return Response(orjson.dumps(response), media_type="application/json")
 
     async def run(self, request: Request, body: BaseRunRequest) -> Response:
+        """One rollout: seed the resources session with the row, loop, verify; return the verify response."""
         row = dump(body)
+        # Cookies are named per server instance, so one dict serves every server of this rollout.
         cookies = dict(request.cookies)
         resources = self.config.resources_server.name
         _, new_cookies = await self.server_client.post_json(resources, "/seed_session", json=row, cookies=cookies)
@@ -48,14 +79,17 @@ class SimpleAgent(SimpleResponsesAPIAgent):
         return Response(orjson.dumps(verify), media_type="application/json")
 
     # ------------------------------------------------------------------------------------------------
-    async def run_loop(self, params: dict[str, Any], cookies: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
-        """Model/tool loop; returns the whole trajectory as one response dict."""
+    async def run_loop(
+        self, params: dict[str, Any], cookies: dict[str, str]
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        """Model/tool loop; returns the whole trajectory as one response dict (usage summed over turns)
+        and the rollout's cookies (``cookies`` updated in place with any the servers set)."""
         model = self.config.model_server.name
         raw_input = params.get("input", [])
         input_items = [{"role": "user", "content": raw_input}] if isinstance(raw_input, str) else list(raw_input)
         tool_names = [t.get("name") for t in params.get("tools") or [] if t.get("type", "function") == "function"]
         outputs: list[dict[str, Any]] = []
-        usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+        usage = _empty_usage()
         response: dict[str, Any] = {}
         for _step in range(self.config.max_steps):
             request_body = {**params, "input": input_items + outputs}
@@ -65,19 +99,29 @@ class SimpleAgent(SimpleResponsesAPIAgent):
             cookies.update(new_cookies)
             turn_output = response.get("output") or []
             outputs.extend(turn_output)
-            for key in usage:
-                usage[key] += int((response.get("usage") or {}).get(key) or 0)
+            _add_usage(usage, response.get("usage"))
             calls = [item for item in turn_output if item.get("type") == "function_call"]
             if not calls or response.get("status") == "incomplete":
                 break
-            for call in calls:
+            for call in calls:  # in the order the model made them
                 text = await self.call_tool(call, tool_names, cookies)
-                outputs.append({"type": "function_call_output", "call_id": call.get("call_id", ""), "output": text})
-        response = {**response, "output": outputs, "usage": usage}
-        return response, cookies
+                outputs.append(
+                    {
+                        "type": "function_call_output",
+                        "id": new_id("fco"),
+                        "call_id": call.get("call_id", ""),
+                        "output": text,
+                        "status": "completed",
+                    }
+                )
+        return {**response, "output": outputs, "usage": usage}, cookies
 
     async def call_tool(self, call: dict[str, Any], tool_names: list[str], cookies: dict[str, str]) -> str:
-        """Run one tool call; every way it can go wrong becomes text for the model."""
+        """Run one tool call; every way it can go wrong on the model's side becomes text for the model.
+
+        Only the resources server failing as infrastructure (unreachable, timeout, a 5xx that is not a
+        tool raising) raises :class:`UpstreamError`, which fails the rollout with a 502.
+        """
         name = call.get("name", "")
         if name not in tool_names:
             return f"Error: unknown tool {name!r}. Available tools: {', '.join(tool_names) or 'none'}."
@@ -98,12 +142,17 @@ class SimpleAgent(SimpleResponsesAPIAgent):
         except orjson.JSONDecodeError:
             detail = {}
         error = detail.get("error", {}) if isinstance(detail, dict) else {}
+        error = error if isinstance(error, dict) else {}
         if resp.status == 422:
             return f"Error: invalid arguments for tool {name!r}: {error.get('message') or detail}"
-        if resp.status == 500 and error.get("kind") == "internal_error":
-            return f"Error: tool {name!r} failed: {error.get('type')}: {error.get('message')}"
         if resp.status == 404:
             return f"Error: tool {name!r} is not served by the resources server."
+        if resp.status == 500 and error.get("kind") == "internal_error":
+            return f"Error: tool {name!r} failed: {error.get('type')}: {error.get('message')}"
+        if resp.status < 500:
+            # A tool refusing its input on purpose (e.g. HTTPException(400, ...)): the model should read why.
+            message = detail.get("detail") if isinstance(detail, dict) and "detail" in detail else body.decode(errors="replace")
+            return f"Error: tool {name!r} answered HTTP {resp.status}: {message}"
         # Anything else (502/503/504, ...) is the infrastructure failing, not the model's doing.
         raise UpstreamError(resources, f"/{name}", resp.status, detail or body.decode(errors="replace"))
 

@@ -10,10 +10,16 @@ never interfere. ``scripts_by_input`` picks a script by a substring of the first
 A turn is a mapping with any of:
   text: "..."                       an assistant message
   reasoning: "..."                  a reasoning item (before the rest)
-  tool_calls: [{name, arguments}]   function calls; arguments a mapping or a raw string (sent as is)
+  tool_calls: [{name, arguments}]   function calls; arguments any JSON value (sent as JSON) or a raw
+                                    string (sent as is, so invalid JSON can be scripted)
   http_error: 503                   answer this HTTP status instead (to exercise failure handling)
   delay_s: 0.5                      wait first
 Past the end of a script the default behaviour applies.
+
+With ``return_token_id_information: true`` the last output item of every answer carries
+``prompt_token_ids`` / ``generation_token_ids`` / ``generation_log_probs``. They are a deterministic
+function of the *content* of the prompt and of the answer (the UTF-8 bytes of a chat-template-like
+rendering; see :func:`render_items`), so a test can replay a prompt and get the same ids.
 """
 
 from __future__ import annotations
@@ -25,20 +31,35 @@ from typing import Any
 import orjson
 from fastapi import Body, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from nemo_gym.base_responses_api_model import BaseResponsesAPIModelConfig, SimpleResponsesAPIModel
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id, text_of_message
 
 
+class ScriptedToolCall(BaseModel):
+    """One function call of a scripted turn."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    arguments: Any = Field(default_factory=dict)
+
+    def arguments_text(self) -> str:
+        """The ``arguments`` string the model sends: a raw string as is, anything else as JSON."""
+        return self.arguments if isinstance(self.arguments, str) else orjson.dumps(self.arguments).decode()
+
+
 class ScriptedTurn(BaseModel):
+    """One scripted model answer."""
+
     model_config = ConfigDict(extra="forbid")
 
     text: str | None = None
     reasoning: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-    http_error: int | None = None
-    delay_s: float = 0.0
+    tool_calls: list[ScriptedToolCall] | None = None
+    http_error: int | None = Field(default=None, ge=400, le=599)
+    delay_s: float = Field(default=0.0, ge=0.0, le=600.0)
 
 
 class ScriptRule(BaseModel):
@@ -100,8 +121,33 @@ def _count_model_turns(items: list[dict[str, Any]]) -> int:
     return turns
 
 
-def _fake_token_ids(text: str) -> list[int]:
+def render_items(items: list[dict[str, Any]]) -> str:
+    """A chat-template-like rendering of items' content (ids, statuses and token ids are ignored)."""
+    parts = []
+    for item in items:
+        t = item.get("type", "message")
+        if t == "message":
+            parts.append(f"<|{item.get('role', 'user')}|>{text_of_message(item)}")
+        elif t == "function_call":
+            parts.append(f"<|call|>{item.get('name', '')}({item.get('arguments', '')})")
+        elif t == "function_call_output":
+            output = item.get("output")
+            parts.append(f"<|tool|>{output if isinstance(output, str) else orjson.dumps(output).decode()}")
+        elif t == "reasoning":
+            parts.append("<|think|>" + "".join(str(s.get("text", "")) for s in item.get("summary") or []))
+        else:
+            parts.append(f"<|{t}|>")
+    return "".join(parts)
+
+
+def fake_token_ids(text: str) -> list[int]:
+    """Token ids of ``text``: its UTF-8 bytes."""
     return list(text.encode("utf-8"))
+
+
+def fake_log_probs(token_ids: list[int]) -> list[float]:
+    """A deterministic, varied log-probability per token (so a changed value would be noticed)."""
+    return [-round(0.01 * (tid % 97 + 1), 2) for tid in token_ids]
 
 
 class ScriptedModel(SimpleResponsesAPIModel):
@@ -127,7 +173,8 @@ class ScriptedModel(SimpleResponsesAPIModel):
         functions = [t for t in tools if t.get("type", "function") == "function"]
         if functions and not results:
             tool = functions[0]
-            return ScriptedTurn(tool_calls=[{"name": tool["name"], "arguments": example_from_schema(tool.get("parameters"))}])
+            args = example_from_schema(tool.get("parameters"))
+            return ScriptedTurn(tool_calls=[ScriptedToolCall(name=tool["name"], arguments=args)])
         if results:
             output = results[-1].get("output")
             output = output if isinstance(output, str) else orjson.dumps(output).decode()
@@ -147,18 +194,20 @@ class ScriptedModel(SimpleResponsesAPIModel):
         turn = await self._turn(items, params.get("tools") or [])
         if turn.http_error:
             return _error(turn.http_error)
+        prompt_items = list(items)
+        if params.get("instructions"):
+            prompt_items.insert(0, {"role": "system", "content": params["instructions"]})
         output: list[dict[str, Any]] = []
         if turn.reasoning is not None:
             output.append({"type": "reasoning", "id": new_id("rs"), "summary": [{"type": "summary_text", "text": turn.reasoning}]})
         for call in turn.tool_calls or []:
-            args = call.get("arguments", {})
             output.append(
                 {
                     "type": "function_call",
                     "id": new_id("fc"),
                     "call_id": new_id("call"),
-                    "name": call["name"],
-                    "arguments": args if isinstance(args, str) else orjson.dumps(args).decode(),
+                    "name": call.name,
+                    "arguments": call.arguments_text(),
                     "status": "completed",
                 }
             )
@@ -172,14 +221,15 @@ class ScriptedModel(SimpleResponsesAPIModel):
                     "content": [{"type": "output_text", "text": turn.text, "annotations": []}],
                 }
             )
-        prompt_text = orjson.dumps(items).decode()
-        generated = orjson.dumps(output).decode()
+        # Content only: ids of earlier turns must not feed into the next prompt (that would grow without bound).
+        prompt_text = render_items(prompt_items) + "<|assistant|>"
+        generated = render_items(output)
         if self.config.return_token_id_information and output:
-            gen_ids = _fake_token_ids(generated)
+            gen_ids = fake_token_ids(generated)
             output[-1].update(
-                prompt_token_ids=_fake_token_ids(prompt_text),
+                prompt_token_ids=fake_token_ids(prompt_text),
                 generation_token_ids=gen_ids,
-                generation_log_probs=[-0.5] * len(gen_ids),
+                generation_log_probs=fake_log_probs(gen_ids),
             )
         usage_in, usage_out = len(prompt_text) // 4 + 1, len(generated) // 4 + 1
         response = {
@@ -193,7 +243,7 @@ class ScriptedModel(SimpleResponsesAPIModel):
                 "input_tokens": usage_in,
                 "output_tokens": usage_out,
                 "total_tokens": usage_in + usage_out,
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                 "output_tokens_details": {"reasoning_tokens": 0},
             },
             "parallel_tool_calls": params.get("parallel_tool_calls", True),
@@ -229,10 +279,7 @@ class ScriptedModel(SimpleResponsesAPIModel):
                 {
                     "id": new_id("call"),
                     "type": "function",
-                    "function": {
-                        "name": c["name"],
-                        "arguments": c.get("arguments") if isinstance(c.get("arguments"), str) else orjson.dumps(c.get("arguments", {})).decode(),
-                    },
+                    "function": {"name": c.name, "arguments": c.arguments_text()},
                 }
                 for c in turn.tool_calls
             ]

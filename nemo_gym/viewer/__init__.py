@@ -1,0 +1,15 @@
+"""``ng_viewer``: a local web page for reading rollouts files written by ``ng_collect_rollouts``.
+
+Pieces
+------
+* :mod:`nemo_gym.viewer.index` — the line-offset index: one streaming pass over the file records
+  where each line starts and a compact summary of it (reward, indices, agent, turns, tool calls,
+  tokens); the index is cached on disk keyed by the file's size and mtime, so a second open is
+  instant, and rows are read from disk one at a time when the page asks for them.
+* :mod:`nemo_gym.viewer.dataset` — filtering, sorting, full-text search (a bounded scan in a
+  worker thread), the summary, per-task and comparison tables, all over the compact index.
+* :mod:`nemo_gym.viewer.app` — the FastAPI app: JSON API plus the hand-written page in ``static/``.
+* :mod:`nemo_gym.viewer.cli` — ``ng_viewer +jsonl_fpath=<rollouts.jsonl> [+host=...] [+port=...]``.
+* :mod:`nemo_gym.viewer.bench` — ``python -m nemo_gym.viewer.bench``: index time, time to first
+  paint and server RSS on a generated 100,000-rollout (>= 1 GB) file.
+"""

@@ -1,0 +1,128 @@
+"""``ng_viewer``: browse a rollouts file in a local web page.
+
+Usage::
+
+    ng_viewer +jsonl_fpath=<rollouts.jsonl> [+host=127.0.0.1] [+port=0]
+              [+compare_jsonl_fpath=<other.jsonl>] [+pass_threshold=1.0] [+index_dir=<dir>]
+
+The server binds first (port 0 picks a free port), prints ``ng_viewer: open http://...``, and
+indexes the file(s) in the background; the page shows the progress. Ctrl-C stops it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from nemo_gym.global_config import ConfigError, load_global_config
+
+USAGE = (
+    "usage: ng_viewer +jsonl_fpath=<rollouts.jsonl> [+host=127.0.0.1] [+port=0]\n"
+    "                 [+compare_jsonl_fpath=<other rollouts.jsonl>] [+pass_threshold=1.0] [+index_dir=<dir>]\n"
+    "Opens a local web page for reading the rollouts (port 0 = a free port, printed at start).\n"
+    "The line-offset index is cached next to the file (.<name>.ngv-index) or in +index_dir."
+)
+
+
+class ViewerConfig(BaseModel):
+    """Command-line options of ``ng_viewer``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    jsonl_fpath: str
+    host: str = "127.0.0.1"
+    port: int = Field(default=0, ge=0, le=65535)
+    compare_jsonl_fpath: str | None = None
+    pass_threshold: float = 1.0
+    index_dir: str | None = None
+
+
+def _fail(message: str) -> None:
+    sys.stderr.write(f"ng_viewer: {message}\n")
+    sys.exit(2)
+
+
+def parse_config(argv: list[str]) -> ViewerConfig:
+    """Options from Hydra-style ``+key=value`` arguments; exits with a message on bad input."""
+    from omegaconf import OmegaConf
+
+    try:
+        loaded = load_global_config(argv, load_env_yaml=False)
+        raw: Any = OmegaConf.to_container(loaded.config, resolve=True)
+    except ConfigError as e:
+        _fail(str(e))
+    raw = {k: v for k, v in raw.items() if k != "config_paths"}
+    try:
+        return ViewerConfig.model_validate(raw)
+    except ValidationError as e:
+        msgs = []
+        for err in e.errors():
+            loc = ".".join(str(x) for x in err["loc"])
+            msgs.append(f"+{loc}: {'unknown option' if err['type'] == 'extra_forbidden' else err['msg']}")
+        _fail("invalid options:\n  " + "\n  ".join(msgs) + "\n" + USAGE)
+    raise AssertionError("unreachable")
+
+
+def url_for(host: str, port: int) -> str:
+    """The address to print for a server bound to ``host:port``."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
+    if ":" in shown and not shown.startswith("["):
+        shown = f"[{shown}]"
+    return f"http://{shown}:{port}/"
+
+
+def _report_when_indexed(state: Any) -> None:
+    for ds in list(state.datasets.values()):
+        ds.wait_ready(timeout=24 * 3600)
+        st = ds.status()
+        if st["state"] == "error":
+            print(f"ng_viewer: cannot index {st['path']}: {st['error']}", flush=True)
+            continue
+        how = "loaded cached index" if st["loaded_from_cache"] else "indexed"
+        bad = f", {st['malformed']} malformed line(s)" if st["malformed"] else ""
+        print(
+            f"ng_viewer: {how} {st['path']}: {st['rows']} rollouts{bad} in {st['index_seconds']:.2f} s",
+            flush=True,
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``ng_viewer``."""
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+        return
+    cfg = parse_config(argv)
+    for label, value in (("+jsonl_fpath", cfg.jsonl_fpath), ("+compare_jsonl_fpath", cfg.compare_jsonl_fpath)):
+        if value is not None and not Path(value).expanduser().is_file():
+            _fail(f"{label}={value}: no such file")
+
+    import uvicorn
+
+    from nemo_gym.ports import reserve_listening_socket
+    from nemo_gym.viewer.app import LOOPBACK_NAMES, ViewerState, create_app
+
+    state = ViewerState(cache_dir=cfg.index_dir, pass_threshold=cfg.pass_threshold)
+    state.main_id = state.open(Path(cfg.jsonl_fpath).expanduser()).id
+    if cfg.compare_jsonl_fpath:
+        state.compare_id = state.open(Path(cfg.compare_jsonl_fpath).expanduser()).id
+    app = create_app(state)
+    app.state.loopback_only = cfg.host in LOOPBACK_NAMES or cfg.host.startswith("127.")
+    try:
+        sock = reserve_listening_socket(cfg.host, cfg.port, "ng_viewer")
+    except ConfigError as e:
+        _fail(str(e))
+    port = sock.getsockname()[1]
+    print(f"ng_viewer: serving {Path(cfg.jsonl_fpath).expanduser().resolve()}", flush=True)
+    print(f"ng_viewer: open {url_for(cfg.host, port)}  (Ctrl-C to stop)", flush=True)
+    threading.Thread(target=_report_when_indexed, args=(state,), daemon=True).start()
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    server.run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    main()

