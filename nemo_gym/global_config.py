@@ -5,7 +5,8 @@ Contract
 * ``load_global_config(argv)`` builds one config from, lowest precedence first:
   the YAML files named by ``config_paths`` (each file may name more, loaded transitively and
   each only once, the including file winning over what it includes), then ``env.yaml`` in the
-  working directory, then the Hydra-syntax command-line overrides.
+  working directory, then ``initial_global_config_dict`` (values a program passes, e.g. a trainer's
+  live vLLM URL), then the Hydra-syntax command-line overrides.
 * ``validate_global_config`` checks everything that can be checked before a process starts and
   raises one :class:`ConfigError` that lists every problem, each with the file and line (or the
   command-line override) it came from.
@@ -354,11 +355,18 @@ def load_global_config(
 
     env_locations.pop(CONFIG_PATHS_KEY_NAME, None)
     try:
-        merged = OmegaConf.merge(OmegaConf.create(initial), merged, OmegaConf.create(env_data))
+        merged = OmegaConf.merge(merged, OmegaConf.create(env_data))
     except Exception as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ConfigError(f"{ENV_YAML_FNAME}: cannot merge over the YAML config files: {first}") from None
     provenance.update(env_locations)
+    # Values a program passes (a trainer's live vLLM URL, a test's script) beat YAML defaults and env.yaml.
+    try:
+        merged = OmegaConf.merge(merged, OmegaConf.create(initial))
+    except Exception as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"initial_global_config_dict: cannot merge over the YAML config files: {first}") from None
+    provenance.update({k: "initial_global_config_dict" for k in _flatten_keys(initial, "")} if initial else {})
     provenance.update(
         _apply_overrides(merged, [o for o in overrides if o.key != CONFIG_PATHS_KEY_NAME])
     )
@@ -576,6 +584,8 @@ def _ref_value(node: DictConfig, key: str) -> str:
 _INTERP_RE = re.compile(r"\$\{([^}]+)\}")
 _MISSING_VALUE_RE = re.compile(r"Missing mandatory value: (\S+)")
 _MAX_USERS_SHOWN = 3
+_MAX_MISSING_DETAILED = 12
+_UNSET = object()
 
 
 def _absolute_ref(ref: str, path: str) -> str:
@@ -600,13 +610,18 @@ def find_missing_values(cfg: DictConfig, prov: Provenance) -> list[str]:
     Values that need the same missing key are grouped under it, so ``${policy_base_url}`` used by
     three servers is reported once, with the override that sets it.
     """
+    return _find_missing(cfg, prov)[1]
+
+
+def _find_missing(cfg: DictConfig, prov: Provenance) -> tuple[int, list[str]]:
+    """(number of missing keys and unresolvable values, the lines describing them)."""
     missing: dict[str, _Missing] = {}
     unresolvable: list[str] = []
     for path, node in _iter_leaves(cfg, ""):
         try:
             OmegaConf.select(cfg, path, throw_on_missing=True, throw_on_resolution_failure=True)
         except MissingMandatoryValue:
-            missing.setdefault(path, _Missing()).declared_at = prov.where(path) or "???"
+            missing.setdefault(path, _Missing()).declared_at = f"??? at {prov.where(path)}" if prov.where(path) else "???"
         except InterpolationToMissingValueError as e:
             m = _MISSING_VALUE_RE.search(str(e))
             target = m.group(1) if m else path
@@ -629,16 +644,16 @@ def find_missing_values(cfg: DictConfig, prov: Provenance) -> list[str]:
     width = max((len(k) for k in missing), default=0) + len("++=<value>")
     for key, info in missing.items():
         notes = []
-        notes.append(f"??? at {info.declared_at}" if info.declared_at else "not defined anywhere")
+        notes.append(info.declared_at or "not defined anywhere")
         if info.users:
             shown = info.users[:_MAX_USERS_SHOWN]
             more = len(info.users) - len(shown)
             notes.append("needed by " + ", ".join(shown) + (f" and {more} more" if more else ""))
         out.append(f"{f'++{key}=<value>'.ljust(width)}  ({'; '.join(notes)})")
-    return out + unresolvable
-
-
-_UNSET = object()
+    if len(out) > _MAX_MISSING_DETAILED:  # still list every key, compactly, to stay on one screen
+        rest = ", ".join(f"++{key}" for key in list(missing)[_MAX_MISSING_DETAILED:])
+        out = out[:_MAX_MISSING_DETAILED] + [f"also not set: {rest}"]
+    return len(missing) + len(unresolvable), out + unresolvable
 
 
 def validate_global_config(loaded: LoadedConfig) -> list[ServerInstance]:
@@ -688,21 +703,45 @@ def validate_global_config(loaded: LoadedConfig) -> list[ServerInstance]:
                 continue
             hint = _did_you_mean(ref_name, by_type[ref_type])
             known = ", ".join(by_type[ref_type]) or "none are configured"
+            if not hint:
+                defining = _configs_defining(ref_name, ref_type, loaded.root_dir)
+                hint = (
+                    f" It is defined in {', or '.join(defining)}: add that file to config_paths."
+                    if defining
+                    else " Did you forget to add its YAML to config_paths?"
+                )
             problems.append(
                 f"'{path}'{_loc(prov, path + '.name')} refers to {ref_type} instance '{ref_name}', "
                 f"which does not exist.{hint} Known {ref_type} instances: {known}."
-                + (" (Did you forget to add its YAML to config_paths?)" if not hint else "")
             )
 
-    missing = find_missing_values(cfg, prov)
+    count, missing = _find_missing(cfg, prov)
     if missing:
         problems.append(
-            f"Missing or unresolvable values ({len(missing)}). Set each on the command line as shown, "
+            f"Missing or unresolvable values ({count}). Set each on the command line as shown, "
             f"or under the same (nested) key in {ENV_YAML_FNAME}:\n      " + "\n      ".join(missing)
         )
     if problems:
         raise ConfigError(_format_problems("The configuration is not valid", problems))
     return instances
+
+
+def _configs_defining(name: str, server_type: str, root_dir: Path, limit: int = 3) -> list[str]:
+    """Server config files (``<server_type>/*/configs/*.yaml``) that define instance ``name``."""
+    found: list[str] = []
+    for base in dict.fromkeys((root_dir, PACKAGE_PARENT_DIR)):
+        for path in sorted(base.glob(f"{server_type}/*/configs/*.yaml")):
+            try:
+                data = yaml.safe_load(path.read_text())
+            except (OSError, yaml.YAMLError):
+                continue
+            if isinstance(data, dict) and isinstance(data.get(name), dict) and server_type in data[name]:
+                rel = str(path.relative_to(base))
+                if rel not in found:
+                    found.append(rel)
+            if len(found) >= limit:
+                return found
+    return found
 
 
 def _available_impls(server_type: str, root_dir: Path) -> list[str]:

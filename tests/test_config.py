@@ -28,8 +28,9 @@ from nemo_gym.global_config import (
     validate_global_config,
 )
 
-# A screen is about 24-50 lines; every error message must fit comfortably.
-MAX_ERROR_LINES = 30
+# Every error message must fit on one screen: at most MAX_ERROR_LINES rows at SCREEN_WIDTH columns.
+MAX_ERROR_LINES = 40
+SCREEN_WIDTH = 120
 
 VALID_SERVERS_YAML = """\
 example_single_tool_call:
@@ -76,9 +77,14 @@ def config_error(cwd: Path, *argv: str) -> str:
     with pytest.raises(ConfigError) as info:
         validate_global_config(load(cwd, *argv))
     message = str(info.value)
-    assert len(message.splitlines()) <= MAX_ERROR_LINES, message
+    assert screen_lines(message) <= MAX_ERROR_LINES, message
     assert "Traceback" not in message
     return message
+
+
+def screen_lines(text: str, width: int = SCREEN_WIDTH) -> int:
+    """How many terminal rows ``text`` takes at ``width`` columns (long lines wrap)."""
+    return sum(max(1, -(-len(line) // width)) for line in text.splitlines())
 
 
 def line_of(path: Path, needle: str) -> int:
@@ -111,12 +117,20 @@ def test_env_yaml_is_not_read_when_disabled(cfg_dir: Path) -> None:
     assert "from_env" not in load_global_config([], cwd=cfg_dir, load_env_yaml=False).config
 
 
-def test_initial_dict_is_lowest_precedence(cfg_dir: Path) -> None:
-    write(cfg_dir, "a.yaml", "x: yaml\n")
+def test_initial_dict_beats_yaml_and_env_yaml_but_not_the_cli(cfg_dir: Path) -> None:
+    # A trainer passes live values (e.g. its vLLM URL) in the initial dict: they must win over YAML
+    # defaults and env.yaml; an explicit command-line override still wins over everything.
+    write(cfg_dir, "a.yaml", "x: yaml\nz: yaml\nw: yaml\n")
+    write(cfg_dir, "env.yaml", "z: env\n")
     loaded = load_global_config(
-        ["+config_paths=[a.yaml]"], initial_global_config_dict={"x": "initial", "y": "initial"}, cwd=cfg_dir
+        ["+config_paths=[a.yaml]", "++w=cli"],
+        initial_global_config_dict={"x": "initial", "y": "initial", "z": "initial", "w": "initial"},
+        cwd=cfg_dir,
     )
-    assert (loaded.config.x, loaded.config.y) == ("yaml", "initial")
+    assert (loaded.config.x, loaded.config.y, loaded.config.z, loaded.config.w) == (
+        "initial", "initial", "initial", "cli",
+    )
+    assert loaded.provenance.where("x") == "initial_global_config_dict"
 
 
 def test_config_paths_are_merged_in_the_order_given(cfg_dir: Path) -> None:
@@ -371,6 +385,15 @@ def test_many_users_of_one_missing_key_stay_on_one_screen(cfg_dir: Path) -> None
     assert "and 37 more" in message
 
 
+def test_many_distinct_missing_keys_are_all_listed_on_one_screen(cfg_dir: Path) -> None:
+    write(cfg_dir, "a.yaml", "".join(f"value_{i:02d}: ???\n" for i in range(30)))
+    message = config_error(cfg_dir, "+config_paths=[a.yaml]")
+    assert "Missing or unresolvable values (30)" in message
+    for i in range(30):
+        assert f"++value_{i:02d}" in message
+    assert "??? at a.yaml:1" in message  # the first ones in detail
+
+
 def test_unresolvable_interpolation_names_the_cause(cfg_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NEMO_GYM_TEST_UNSET_VAR", raising=False)
     write(cfg_dir, "a.yaml", "scalar: 1\nfrom_env: ${oc.env:NEMO_GYM_TEST_UNSET_VAR}\nbad_path: ${scalar.sub}\n")
@@ -411,7 +434,16 @@ def test_reference_to_an_unknown_instance_says_to_add_its_config(cfg_dir: Path) 
     message = config_error(cfg_dir, "+config_paths=[servers.yaml]")
     assert "resources_servers instance 'weather_env', which does not exist" in message
     assert "Known resources_servers instances: example_single_tool_call" in message
-    assert "config_paths" in message
+    assert "Did you forget to add its YAML to config_paths?" in message
+
+
+def test_reference_to_an_instance_defined_in_a_repo_config_names_that_file(cfg_dir: Path) -> None:
+    env_config = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
+    message = config_error(cfg_dir, f"+config_paths=[{env_config}]")
+    assert "responses_api_models instance 'policy_model', which does not exist" in message
+    assert f"{env_config}:" in message  # where the reference is
+    assert "responses_api_models/scripted_model/configs/scripted_model.yaml" in message
+    assert "add that file to config_paths" in message
 
 
 def test_reference_with_the_wrong_server_type(cfg_dir: Path) -> None:
@@ -476,7 +508,7 @@ def test_malformed_yaml_names_file_line_and_column(cfg_dir: Path) -> None:
     assert message.startswith("Malformed YAML at bad.yaml:3:5:")
     assert "started at line 2" in message  # where the unclosed [ began
     assert "next: 3" in message  # the offending line is shown
-    assert len(message.splitlines()) <= MAX_ERROR_LINES
+    assert screen_lines(message) <= MAX_ERROR_LINES
 
 
 def test_tab_indentation_is_reported(cfg_dir: Path) -> None:

@@ -22,7 +22,8 @@ from nemo_gym.global_config import REDACTED
 from tests.conftest import BIN_DIR, READY_RE, Launcher
 
 SUBPROCESS_TIMEOUT_S = 120  # a bound on each wait on a busy machine, not a speed check
-MAX_ERROR_LINES = 30
+MAX_ERROR_LINES = 40  # rows of a terminal SCREEN_WIDTH columns wide
+SCREEN_WIDTH = 120
 
 SERVERS_YAML = """\
 example_single_tool_call:
@@ -165,7 +166,8 @@ def assert_one_screen_error(result: subprocess.CompletedProcess[str], expected: 
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
     assert result.stdout == ""
     assert "Traceback" not in result.stderr
-    assert 0 < len(result.stderr.splitlines()) <= MAX_ERROR_LINES, result.stderr
+    rows = sum(max(1, -(-len(line) // SCREEN_WIDTH)) for line in result.stderr.splitlines())
+    assert 0 < rows <= MAX_ERROR_LINES, result.stderr
     for words in expected:
         assert words in result.stderr, f"{words!r} not in:\n{result.stderr}"
 

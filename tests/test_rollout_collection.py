@@ -37,7 +37,7 @@ import pytest
 
 from nemo_gym.cli import RunHelper
 from nemo_gym.global_config import PACKAGE_PARENT_DIR
-from nemo_gym.rollout_collection import _scan_existing_output, sidecar_paths
+from nemo_gym.rollout_collection import _scan_existing_output, collect_main, sidecar_paths
 from nemo_gym.rollout_stats import k_values
 from nemo_gym.testing import example_rows, running_servers
 
@@ -129,6 +129,20 @@ def collect(args: list[str], port: int | None, cwd: Path, timeout: float = SUBPR
     finally:
         if proc.poll() is None:
             _kill_group(proc)
+
+
+def collect_here(args: list[str], port: int | None, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """Run the ng_collect_rollouts entry point in this process (saves an interpreter start per call).
+
+    Used where no signal is involved; returns (exit status, stdout, stderr) like :func:`collect`.
+    """
+    capsys.readouterr()
+    argv = [*args] + ([] if "+progress=false" in args else ["+progress=false"])
+    argv += [f"+head_server.port={port}"] if port is not None else []
+    with pytest.raises(SystemExit) as exc:
+        collect_main(argv)
+    captured = capsys.readouterr()
+    return int(exc.value.code or 0), captured.out, captured.err
 
 
 def wait_for_lines(path: Path, n: int, proc: subprocess.Popen, timeout: float = 60) -> int:
@@ -314,19 +328,19 @@ def test_thousand_rollouts_per_environment(env: str, tmp_path: Path) -> None:
 # 2. A resources server killed mid-run; restart and resume.
 
 
-def test_killed_resources_server_then_resume(tmp_path: Path) -> None:
+def test_killed_resources_server_then_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rows = example_rows(WEATHER)
     input_path = write_jsonl(tmp_path / "input.jsonl", rows)
     out = tmp_path / "rollouts.jsonl"
     side = sidecar_paths(out)
     everything = {(t, r) for t in range(5) for r in range(200)}
     slow = [{"delay_s": 0.2, "tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}, {"text": "ok"}]
-    args = base_args(input_path, out, "+num_repeats=200", "+num_samples_in_parallel=250", "+progress=false")
+    args = base_args(input_path, out, "+num_repeats=200", "+num_samples_in_parallel=500", "+progress=false")
 
     with running_servers([config_of(WEATHER)], model_extra(script=slow)) as helper:
         proc = start_collect(args, head_port(helper), tmp_path)
         try:
-            wait_for_lines(out, 250, proc)
+            wait_for_lines(out, 500, proc)
             kill9(server_pid(helper, WEATHER))
             code, stdout, stderr = finish(proc, tmp_path)
         finally:
@@ -335,7 +349,7 @@ def test_killed_resources_server_then_resume(tmp_path: Path) -> None:
     done = read_jsonl(out)
     failed = read_jsonl(side["failures"])
     done_pairs, failed_pairs = pairs(done), pairs(failed)
-    assert len(done_pairs) == len(set(done_pairs)) >= 250
+    assert len(done_pairs) == len(set(done_pairs)) >= 500
     assert len(failed_pairs) == len(set(failed_pairs)) > 0
     assert set(done_pairs).isdisjoint(failed_pairs)  # a failed rollout is never in the output
     assert set(done_pairs) | set(failed_pairs) == everything
@@ -352,7 +366,7 @@ def test_killed_resources_server_then_resume(tmp_path: Path) -> None:
     # New servers (a new head port); the resume runs exactly the failed pairs.
     quick = [{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}, {"text": "ok"}]
     with running_servers([config_of(WEATHER)], model_extra(script=quick)) as helper:
-        code, stdout, stderr = collect([*args, "+resume_from_cache=true"], head_port(helper), tmp_path)
+        code, stdout, stderr = collect_here([*args, "+resume_from_cache=true"], head_port(helper), capsys)
         assert code == 0, stderr[-3000:]
         final = read_jsonl(out)
         assert Counter(pairs(final)) == Counter(dict.fromkeys(everything, 1))
@@ -365,7 +379,7 @@ def test_killed_resources_server_then_resume(tmp_path: Path) -> None:
         # A dead agent: every rollout fails with a connection error naming the agent.
         kill9(server_pid(helper, WEATHER_AGENT))
         out2 = tmp_path / "dead_agent.jsonl"
-        code, stdout, stderr = collect(base_args(input_path, out2, "+progress=false"), head_port(helper), tmp_path)
+        code, stdout, stderr = collect_here(base_args(input_path, out2), head_port(helper), capsys)
     assert code == 1, stderr[-3000:]
     assert out2.read_bytes() == b""
     failed2 = read_jsonl(sidecar_paths(out2)["failures"])
@@ -406,7 +420,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_malformed_input_reported_all_at_once(tmp_path: Path) -> None:
+def test_malformed_input_reported_all_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = example_rows(WEATHER)[0]
     lines = [
         orjson.dumps({**good, "agent_ref": {"type": "responses_api_agents", "name": WEATHER_AGENT}}).decode(),
@@ -421,7 +435,7 @@ def test_malformed_input_reported_all_at_once(tmp_path: Path) -> None:
     input_path.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.jsonl"
     # No server answers at this port: bad input is reported before anything is contacted.
-    code, _, stderr = collect(base_args(input_path, out, agent=None), _closed_port(), tmp_path)
+    code, _, stderr = collect_here(base_args(input_path, out, agent=None), _closed_port(), capsys)
     assert code == 2
     where = str(input_path)
     assert "5 line(s)" in stderr and "nothing was sent" in stderr
@@ -433,41 +447,45 @@ def test_malformed_input_reported_all_at_once(tmp_path: Path) -> None:
     assert f"{where}:1:" not in stderr and f"{where}:4:" not in stderr
     assert not out.exists()
     assert not any(p.exists() for p in sidecar_paths(out).values())
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["collect.stderr", "collect.stdout", "tasks.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tasks.jsonl"]
 
 
-def test_unknown_agent_missing_input_and_bad_options(weather: RunHelper, tmp_path: Path) -> None:
+def test_unknown_agent_missing_input_and_bad_options(
+    weather: RunHelper, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     input_path = write_jsonl(tmp_path / "tasks.jsonl", example_rows(WEATHER))
     out = tmp_path / "out.jsonl"
     port = head_port(weather)
 
-    code, _, stderr = collect(base_args(input_path, out, agent="no_such_agent"), port, tmp_path)
+    code, _, stderr = collect_here(base_args(input_path, out, agent="no_such_agent"), port, capsys)
     assert code == 2
     assert "'no_such_agent'" in stderr and f"Running agents: {WEATHER_AGENT}" in stderr
     assert not out.exists() and not any(p.exists() for p in sidecar_paths(out).values())
 
-    code, _, stderr = collect(base_args(tmp_path / "nope.jsonl", out), port, tmp_path)
+    code, _, stderr = collect_here(base_args(tmp_path / "nope.jsonl", out), port, capsys)
     assert code == 2 and f"Input file {tmp_path / 'nope.jsonl'} does not exist" in stderr
     assert "Traceback" not in stderr
 
-    code, _, stderr = collect([*base_args(input_path, out), "+num_repeat=3"], port, tmp_path)
+    code, _, stderr = collect_here([*base_args(input_path, out), "+num_repeat=3"], port, capsys)
     assert code == 2 and "unknown option(s): +num_repeat" in stderr
 
-    code, _, stderr = collect([*base_args(input_path, out), "+num_repeats=0"], port, tmp_path)
+    code, _, stderr = collect_here([*base_args(input_path, out), "+num_repeats=0"], port, capsys)
     assert code == 2 and "+num_repeats" in stderr
     assert not out.exists()
 
-    code, _, stderr = collect(base_args(input_path, input_path, "+overwrite=true"), port, tmp_path)
+    code, _, stderr = collect_here(base_args(input_path, input_path, "+overwrite=true"), port, capsys)
     assert code == 2 and "is the input file" in stderr
     assert read_jsonl(input_path) == example_rows(WEATHER)
 
 
-def test_existing_output_is_refused_and_untouched(weather: RunHelper, tmp_path: Path) -> None:
+def test_existing_output_is_refused_and_untouched(
+    weather: RunHelper, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     input_path = write_jsonl(tmp_path / "tasks.jsonl", example_rows(WEATHER))
     out = tmp_path / "out.jsonl"
     out.write_bytes(b'{"reward": 1.0, "_ng_task_index": 0, "_ng_rollout_index": 0}\n')
     before = out.read_bytes()
-    code, _, stderr = collect(base_args(input_path, out), head_port(weather), tmp_path)
+    code, _, stderr = collect_here(base_args(input_path, out), head_port(weather), capsys)
     assert code == 2 and "already has rollouts" in stderr and "+resume_from_cache=true" in stderr
     assert out.read_bytes() == before
     assert not any(p.exists() for p in sidecar_paths(out).values())
@@ -477,7 +495,7 @@ def test_existing_output_is_refused_and_untouched(weather: RunHelper, tmp_path: 
 # 4. Ctrl+C, resume, and refused resumes.
 
 
-def test_interrupt_then_resume(weather: RunHelper, tmp_path: Path) -> None:
+def test_interrupt_then_resume(weather: RunHelper, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rows = [with_marker(r, SLOW) for r in example_rows(WEATHER)]
     input_path = write_jsonl(tmp_path / "tasks.jsonl", rows)
     out = tmp_path / "rollouts.jsonl"
@@ -504,11 +522,11 @@ def test_interrupt_then_resume(weather: RunHelper, tmp_path: Path) -> None:
 
     # Refused resumes: num_repeats changed; the input file changed. Nothing is touched.
     snapshot = {p: p.read_bytes() for p in (out, side["materialized"], side["failures"])}
-    code, _, stderr = collect([*base_args(input_path, out, "+num_repeats=50"), "+resume_from_cache=true"], port, tmp_path)
+    code, _, stderr = collect_here([*base_args(input_path, out, "+num_repeats=50"), "+resume_from_cache=true"], port, capsys)
     assert code == 2 and "Cannot resume" in stderr and "num_repeats" in stderr
     original_input = input_path.read_bytes()
     write_jsonl(input_path, rows[:4] + [with_marker(rows[4], "(edited)")])
-    code, _, stderr = collect([*args, "+resume_from_cache=true"], port, tmp_path)
+    code, _, stderr = collect_here([*args, "+resume_from_cache=true"], port, capsys)
     assert code == 2 and "Cannot resume" in stderr and "line 401" in stderr
     assert {p: p.read_bytes() for p in snapshot} == snapshot
     input_path.write_bytes(original_input)
@@ -523,7 +541,9 @@ def test_interrupt_then_resume(weather: RunHelper, tmp_path: Path) -> None:
     assert "Rollouts: 500 / 500 ok" in stdout
 
 
-def test_failures_retried_up_to_max_attempts(weather: RunHelper, tmp_path: Path) -> None:
+def test_failures_retried_up_to_max_attempts(
+    weather: RunHelper, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     base = example_rows(WEATHER)
     # Task 0 and 1 run normally; task 2's model answers 503; task 3's rollout outlives the timeout.
     rows = [base[0], base[1], with_marker(base[2], FAIL_503), with_marker(base[3], HANG)]
@@ -531,9 +551,9 @@ def test_failures_retried_up_to_max_attempts(weather: RunHelper, tmp_path: Path)
     out = tmp_path / "rollouts.jsonl"
     side = sidecar_paths(out)
     port = head_port(weather)
-    args = base_args(input_path, out, "+num_repeats=2", "+max_attempts=2", "+request_timeout_s=2", "+progress=false")
+    args = base_args(input_path, out, "+num_repeats=2", "+request_timeout_s=2", "+max_attempts=2")
 
-    code, stdout, stderr = collect(args, port, tmp_path)
+    code, stdout, stderr = collect_here(args, port, capsys)
     assert code == 1, stderr[-3000:]
     assert sorted(pairs(read_jsonl(out))) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     failed = read_jsonl(side["failures"])
@@ -548,14 +568,14 @@ def test_failures_retried_up_to_max_attempts(weather: RunHelper, tmp_path: Path)
         assert (hang["kind"], hang["server"], hang["path"], hang["attempt"]) == ("timeout", WEATHER_AGENT, "/run", 1)
     assert "4 infrastructure failure(s)" in stdout
 
-    code, stdout, stderr = collect([*args, "+resume_from_cache=true"], port, tmp_path)
+    code, stdout, stderr = collect_here([*args, "+resume_from_cache=true"], port, capsys)
     assert code == 1, stderr[-3000:]
     failed = read_jsonl(side["failures"])
     assert len(failed) == 8 and sorted(f["attempt"] for f in failed) == [1] * 4 + [2] * 4
     summary = orjson.loads(side["metrics"].read_bytes())
     assert summary["this_run"]["ok"] == 0 and summary["this_run"]["failed"] == 4
 
-    code, stdout, stderr = collect([*args, "+resume_from_cache=true"], port, tmp_path)
+    code, stdout, stderr = collect_here([*args, "+resume_from_cache=true"], port, capsys)
     assert code == 1, stderr[-3000:]
     summary = orjson.loads(side["metrics"].read_bytes())
     assert summary["this_run"]["ok"] == summary["this_run"]["failed"] == 0
@@ -564,8 +584,7 @@ def test_failures_retried_up_to_max_attempts(weather: RunHelper, tmp_path: Path)
     assert len(read_jsonl(side["failures"])) == 8 and len(read_jsonl(out)) == 4
 
     # A higher +max_attempts lets them run again.
-    code, _, stderr = collect([*args[:-3], "+max_attempts=3", "+request_timeout_s=2", "+progress=false",
-                               "+resume_from_cache=true"], port, tmp_path)
+    code, _, stderr = collect_here([*args[:-1], "+max_attempts=3", "+resume_from_cache=true"], port, capsys)
     assert code == 1, stderr[-3000:]
     assert sorted(f["attempt"] for f in read_jsonl(side["failures"])) == [1] * 4 + [2] * 4 + [3] * 4
 

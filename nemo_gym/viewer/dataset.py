@@ -158,6 +158,7 @@ class SearchJob:
             "total": self.n_rows,
             "matches": self.n_matches,
             "error": self.error,
+            "seconds": round((self.finished or time.monotonic()) - self.started, 3),
         }
 
     def _run(self) -> None:

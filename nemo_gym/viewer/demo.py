@@ -127,7 +127,8 @@ class DemoRollouts:
                 out = orjson.dumps({"amount": round(t["amount"] * rng.uniform(0.5, 2000), 2), "currency": t["currency"], "rate_date": "2025-05-02"}).decode()
             else:
                 args = {"query": f"first things to see in {t['city']}", "top_k": 3}
-                out = orjson.dumps({"passages": [{"guide": f"{t['city']} in three days", "text": ""} for _ in range(3)]}).decode()
+                out = orjson.dumps({"passages": [{"guide": f"{t['city']} in three days", "text": self._passage(rng.randint(120, 260))}
+                                                 for _ in range(3)]}).decode()
             if error_call and k == n_calls - 1:
                 out = f"Error: tool {tool!r} failed: TimeoutError: upstream guide service did not answer in 10 s"
             calls.append((tool, args, out))
@@ -187,7 +188,7 @@ class DemoRollouts:
             obj = orjson.loads(target["output"])
             share = max(0, (pad - 40) // len(obj["passages"]))
             for p in obj["passages"]:
-                p["text"] = self._passage(share)
+                p["text"] += " " + self._passage(share)
             target["output"] = orjson.dumps(obj).decode()
         elif pad > 0:
             row["judge_notes"] += " " + self._passage(pad - 1)

@@ -346,7 +346,17 @@ class RolloutIndex:
             return False
         if st.st_size == self.size and st.st_mtime_ns == self.mtime_ns:
             return True
-        return st.st_size >= self.indexed_size and self._tail_matches()
+        return self._appended_since(st)
+
+    def _appended_since(self, st: os.stat_result) -> bool:
+        """Whether the file now is the indexed one with bytes appended (same content up to ``indexed_size``).
+
+        A modification that keeps the size is a rewrite; a grown file counts as appended to when
+        the bytes just before ``indexed_size`` are unchanged (how ``ng_collect_rollouts`` writes).
+        """
+        if st.st_size == self.size and st.st_mtime_ns != self.mtime_ns and self.indexed_size == self.size:
+            return False
+        return self.indexed_size <= st.st_size and self._tail_matches()
 
     # -- reading rows -----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -386,7 +396,7 @@ class RolloutIndex:
         with self._lock:
             if self.size == st.st_size and self.mtime_ns == st.st_mtime_ns and self.indexed_size == self.size:
                 return False
-            if not (self.indexed_size <= st.st_size and self._tail_matches()):
+            if not self._appended_since(st):
                 self._reset()
             self._scan(st.st_size, progress)
             self.size, self.mtime_ns = st.st_size, st.st_mtime_ns

@@ -21,7 +21,7 @@ Contract
   chat message, so a backend that understands them does not re-tokenise earlier turns.
 * A prompt that does not fit the model's context (vLLM's 400 "maximum context length ...") is not
   an error: the answer is an ``incomplete`` response with no output, so the rollout ends cleanly.
-* Failures to reach a backend and 502/503/504 are retried (``max_retries``, bounded exponential
+* Failures to reach a backend and 429/502/503/504 are retried (``max_retries``, bounded exponential
   backoff); then the answer is a 502 naming the backend. Any other backend 4xx is returned with
   the same status and the backend's message. The API key is never logged or echoed.
 """
@@ -54,7 +54,7 @@ from nemo_gym.server_utils import UpstreamError
 
 logger = logging.getLogger("nemo_gym.vllm_model")
 
-RETRY_STATUSES = frozenset({502, 503, 504})
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
 # vLLM's wordings for "the prompt (plus max_tokens) does not fit the model's context".
 _CONTEXT_OVERFLOW_RE = re.compile(
     r"maximum context length|max_model_len|maximum model length|longer than the maximum|context length exceeded"
@@ -199,7 +199,7 @@ class VLLMModel(SimpleResponsesAPIModel):
         }
 
     async def _post(self, url: str, body: dict[str, Any]) -> tuple[int, bytes]:
-        """POST with retries of unreachable backends and 502/503/504; returns (status, body bytes)."""
+        """POST with retries of unreachable backends and 429/502/503/504; returns (status, body bytes)."""
         data = orjson.dumps(body)
         attempt = 0
         while True:
@@ -219,6 +219,8 @@ class VLLMModel(SimpleResponsesAPIModel):
                 reason = type(e).__name__
             except TimeoutError as e:
                 raise UpstreamError(f"vLLM backend {url}", "", None, f"no response within {self.config.timeout_s} s", kind="timeout") from e
+            except aiohttp.ClientError as e:  # e.g. the connection broke mid-answer: not safe to resend
+                raise UpstreamError(f"vLLM backend {url}", "", None, f"{type(e).__name__}: {e}", kind="connection_error") from e
             attempt += 1
             delay = min(self.config.backoff_s * 2 ** (attempt - 1), self.config.max_backoff_s)
             logger.warning("%s from %s; retry %d/%d in %.2f s", reason, url, attempt, self.config.max_retries, delay)
@@ -236,7 +238,7 @@ class VLLMModel(SimpleResponsesAPIModel):
             raise UpstreamError(f"vLLM backend {url}", "", status, f"response is not a JSON object: {str(parsed)[:500]}", kind="bad_response")
         return parsed
 
-    def _error_response(self, request: Request, exc: _BackendError) -> Response:
+    def _error_response(self, request: Request, exc: _BackendError, hint: str = "") -> Response:
         status = exc.status if 400 <= exc.status < 500 else 502
         body = {
             "error": {
@@ -245,7 +247,7 @@ class VLLMModel(SimpleResponsesAPIModel):
                 "path": request.url.path,
                 "backend": exc.url,
                 "backend_status": exc.status,
-                "message": f"vLLM backend {exc.url} answered HTTP {exc.status}: {error_message(exc.body)}",
+                "message": f"vLLM backend {exc.url} answered HTTP {exc.status}: {error_message(exc.body)}{hint}",
             }
         }
         return Response(orjson.dumps(body), status_code=status, media_type="application/json")
@@ -292,6 +294,7 @@ class VLLMModel(SimpleResponsesAPIModel):
 
         choices = completion.get("choices") or []
         if not choices:
+            _discard(tokenize_task)
             raise UpstreamError(f"vLLM backend {base}", "/chat/completions", 200, "the answer has no choices", kind="bad_response")
         choice = choices[0]
         truncated = choice.get("finish_reason") == "length"
@@ -304,7 +307,7 @@ class VLLMModel(SimpleResponsesAPIModel):
             try:
                 tokenized = await tokenize_task
             except _BackendError as e:
-                return self._error_response(request, e)
+                return self._error_response(request, e, hint=" (return_token_id_information needs the backend's /tokenize)")
             try:
                 gen_ids, gen_log_probs = generation_ids_and_log_probs(choice)
             except ValueError as e:
@@ -330,6 +333,8 @@ class VLLMModel(SimpleResponsesAPIModel):
         return Response(orjson.dumps(response), media_type="application/json")
 
     async def chat_completions(self, request: Request, body: dict[str, Any] = Body(...)) -> Response:
+        if body.get("stream"):
+            return self._bad_request(request, "stream: true is not supported; send the request without streaming.")
         base = pick_backend(self.config.base_url, getattr(request.state, "session_id", None))
         status, payload = await self._post(base + "/chat/completions", {**body, "model": self.config.model})
         if status >= 400:

@@ -445,7 +445,7 @@
     append(bottom, [h("span", { class: "spacer" }), pager(data.offset, size, data.total, onPage)]);
 
     if (data.search && !data.search.done && !data.search.error) {
-      setTimeout(() => { if (token === state.token) route(); }, 400);
+      setTimeout(() => { if (token === state.token) route(); }, 250);
     }
   }
 
@@ -637,7 +637,7 @@
     }
     return h("div", { class: "call" + (isErr || argsWarn ? " error" : ""), dataset: { callId: call.call_id || "" } },
       h("div", { class: "head" },
-        h("span", null, "🛠"),
+        h("span", { class: "fn", title: "function call" }, "call"),
         h("span", { class: "fname" }, call.name || "(no name)"),
         h("span", { class: "cid" }, call.call_id || ""),
         isErr ? h("span", { class: "badge err" }, output === undefined ? "missing output" : "tool error") : null,

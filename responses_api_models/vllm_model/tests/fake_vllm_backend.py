@@ -385,7 +385,7 @@ def build_app(state: _State) -> FastAPI:
             "output": output,
             "usage": {
                 "input_tokens": in_tokens,
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                 "output_tokens": out_tokens,
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": in_tokens + out_tokens,

@@ -273,11 +273,11 @@ def test_context_overflow_is_an_incomplete_response(urls: dict[str, str], instan
 def test_backend_errors_are_retried_then_reported(urls: dict[str, str], backends: tuple[Any, Any]) -> None:
     a, _ = backends
     url = urls["think_model"] + "/v1/responses"
-    # A 503 that goes away: retried, the caller never sees it.
-    a.control(fail_next=[503], reset_calls=True)
+    # A 429 and a 503 that go away: retried, the caller never sees them.
+    a.control(fail_next=[429, 503], reset_calls=True)
     resp = post_json(url, {"input": "[retry-once] hi"})
     assert resp.status_code == 200, resp.text
-    assert a.calls()["counts"]["/v1/chat/completions"] == 2
+    assert a.calls()["counts"]["/v1/chat/completions"] == 3
     # A 503 that stays: max_retries (2) retries, then a 502 naming the backend.
     a.control(reset_calls=True)
     resp = post_json(url, {"input": "[script:fail503] hi"})
@@ -297,6 +297,8 @@ def test_items_without_a_chat_equivalent_are_a_400(urls: dict[str, str]) -> None
     resp = post_json(urls["think_model"] + "/v1/responses", {"input": "hi", "tools": [{"type": "web_search"}]})
     assert resp.status_code == 400
     assert "web_search" in resp.json()["error"]["message"]
+    resp = post_json(urls["think_model"] + "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": True})
+    assert resp.status_code == 400 and "stream" in resp.json()["error"]["message"]
 
 
 # -- token ids ---------------------------------------------------------------------------------------------

@@ -1,0 +1,57 @@
+"""ng_bench smoke test: one small concurrency end to end; the report has every field. Speeds are not asserted."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+NG_BENCH = str(Path(sys.executable).parent / "ng_bench")
+SERVERS = {"example_single_tool_call", "example_single_tool_call_simple_agent", "policy_model"}
+BARE = {"bare_echo_a", "bare_echo_b", "bare_agent"}
+
+
+def test_ng_bench_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.Popen(
+        [NG_BENCH, "+concurrencies=[8]", "+num_rollouts=50", f"+output_json_fpath={out}"],
+        cwd=tmp_path,  # works from any directory
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=10)
+    assert proc.returncode == 0, stderr[-3000:]
+
+    report = orjson.loads(out.read_bytes())
+    assert report["env"] == "example_single_tool_call"
+    # seed, model, tool, model, verify behind the agent, plus the collector's call to the agent.
+    assert report["inner_calls_per_rollout"] == 5 and report["hops_per_rollout"] == 6
+    assert report["machine"]["cpus"] >= 1
+    by_stack = {r["stack"]: r for r in report["results"]}
+    assert sorted(by_stack) == ["bare", "ours"] and len(report["results"]) == 2
+    for stack, processes in (("ours", SERVERS), ("bare", BARE)):
+        r = by_stack[stack]
+        assert r["concurrency"] == 8 and r["rollouts"] == 50 and r["errors"] == 0, r
+        assert r["rollouts_per_s"] > 0 and r["wall_s"] > 0
+        assert 0 < r["p50_latency_ms"] <= r["p99_latency_ms"]
+        assert r["cpu_ms_per_rollout_servers"] > 0 and r["cpu_ms_per_rollout_collector"] >= 0
+        assert set(r["peak_rss_mb"]) == processes | {"collector"}
+        assert all(mb > 0 for mb in r["peak_rss_mb"].values()), r["peak_rss_mb"]
+    ours, bare = by_stack["ours"], by_stack["bare"]
+    assert ours["ratio_to_bare"] == ours["rollouts_per_s"] / bare["rollouts_per_s"]
+    assert "ratio_to_bare" not in bare
+
+    assert "ours" in stdout and "bare" in stdout and "roll/s" in stdout and str(out) in stdout
