@@ -16,6 +16,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from nemo_gym import __version__
+from nemo_gym.config_types import BaseServerConfig
 from nemo_gym.global_config import (
     DEFAULT_HEAD_SERVER_HOST,
     DEFAULT_HEAD_SERVER_PORT,
@@ -26,7 +27,6 @@ from nemo_gym.global_config import (
     load_global_config,
     validate_global_config,
 )
-from nemo_gym.server_utils import BaseServerConfig
 from nemo_gym.supervisor import ServerSupervisor, StartupError, format_instances_table
 
 COMMANDS = {

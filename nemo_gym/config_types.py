@@ -7,6 +7,17 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 
+class BaseServerConfig(BaseModel):
+    """Where a server listens (also importable from ``nemo_gym.server_utils``)."""
+
+    host: str = "127.0.0.1"
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
 class ServerRef(BaseModel):
     """A reference to another server instance by its name, e.g. ``{type: resources_servers, name: x}``."""
 

@@ -36,6 +36,7 @@ from fastapi.responses import Response
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from nemo_gym.config_types import BaseServerConfig
 from nemo_gym.global_config import (
     DEFAULT_HEAD_SERVER_HOST,
     DEFAULT_HEAD_SERVER_PORT,
@@ -52,17 +53,6 @@ logger = logging.getLogger("nemo_gym")
 
 SESSION_ID_KEY = "session_id"
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
-
-
-class BaseServerConfig(BaseModel):
-    """Where a server listens."""
-
-    host: str = "127.0.0.1"
-    port: int
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
 
 
 class BaseRunServerInstanceConfig(BaseModel):
