@@ -13,7 +13,11 @@ Contract
   infrastructure failure (connection refused, timeout, 5xx, a 4xx from the agent) goes to
   ``<stem>_failures.jsonl`` with its kind, server, error and attempt number — never to the output.
 * ``resume_from_cache`` runs exactly the (task, rollout) pairs missing from the output, retrying
-  failed ones up to ``max_attempts``; it refuses if the materialized inputs no longer match.
+  failed ones up to ``max_attempts`` (then skipping and reporting them); it refuses, touching
+  nothing, if the materialized inputs no longer match. A line cut short by a hard kill is dropped.
+* SIGINT/SIGTERM stop cleanly: nothing new starts, in-flight rollouts are cancelled (they are not
+  failures), and the output keeps only whole lines. Exit status: 0 all done, 1 rollouts missing
+  after failures, 2 bad input or options (nothing sent or written), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -89,6 +93,7 @@ def sidecar_paths(output: Path) -> dict[str, Path]:
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` merged in (nested dicts merged, anything else replaced)."""
     out = dict(base)
     for k, v in over.items():
         out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
@@ -96,6 +101,7 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def _agent_of(row: dict[str, Any], default: str | None) -> str | None:
+    """The row's ``agent_ref.name``, else ``default`` (+agent_name)."""
     ref = row.get("agent_ref")
     if isinstance(ref, dict) and isinstance(ref.get("name"), str) and ref["name"]:
         return ref["name"]
@@ -113,6 +119,7 @@ def _agent_ref_problem(row: dict[str, Any]) -> str | None:
 
 
 def _iter_input(cfg: RolloutCollectionConfig) -> Iterator[tuple[int, bytes]]:
+    """(line number, raw line) of each non-blank input line, up to +limit rows; read lazily."""
     path = Path(cfg.input_jsonl_fpath)
     taken = 0
     with open(path, "rb") as f:

@@ -15,6 +15,7 @@ What is proven here (each test says which part):
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import math
@@ -37,8 +38,15 @@ import pytest
 
 from nemo_gym.cli import RunHelper
 from nemo_gym.global_config import PACKAGE_PARENT_DIR
-from nemo_gym.rollout_collection import _scan_existing_output, collect_main, sidecar_paths
+from nemo_gym.rollout_collection import (
+    _scan_existing_output,
+    classify_failure,
+    collect_main,
+    run_one,
+    sidecar_paths,
+)
 from nemo_gym.rollout_stats import k_values
+from nemo_gym.server_utils import ServerClient, UpstreamError, close_shared_session
 from nemo_gym.testing import example_rows, running_servers
 
 REPO = Path(PACKAGE_PARENT_DIR)
@@ -587,6 +595,34 @@ def test_failures_retried_up_to_max_attempts(
     code, _, stderr = collect_here([*args[:-1], "+max_attempts=3", "+resume_from_cache=true"], port, capsys)
     assert code == 1, stderr[-3000:]
     assert sorted(f["attempt"] for f in read_jsonl(side["failures"])) == [1] * 4 + [2] * 4 + [3] * 4
+
+
+def test_agent_own_http_error_is_classified(weather: RunHelper) -> None:
+    # The collector validates rows, so a row the agent itself refuses (422) is sent directly here.
+    row = {
+        **example_rows(WEATHER)[0],
+        "responses_create_params": {"input": "hi", "not_a_param": 1},
+        "agent_ref": {"type": "responses_api_agents", "name": WEATHER_AGENT},
+        "_ng_task_index": 0,
+        "_ng_rollout_index": 0,
+    }
+
+    async def attempt() -> BaseException:
+        client = ServerClient.load_from_global_config(weather.head_server_config)
+        try:
+            await run_one(client, row, timeout_s=30)
+        except UpstreamError as e:
+            return e
+        finally:
+            await close_shared_session()
+        raise AssertionError("the agent accepted an unknown responses_create_params key")
+
+    exc = asyncio.run(attempt())
+    failure = classify_failure(exc, WEATHER_AGENT)
+    assert (failure["kind"], failure["server"], failure["path"], failure["status"]) == (
+        "validation_error", WEATHER_AGENT, "/run", 422
+    )
+    assert "not_a_param" in failure["error"]
 
 
 # ------------------------------------------------------------------------------------------------

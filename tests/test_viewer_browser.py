@@ -73,6 +73,7 @@ def page(browser: Any) -> Iterator[Any]:
 def expect(locator: Any) -> Any:
     from playwright.sync_api import expect as pw_expect
 
+    pw_expect.set_options(timeout=TIMEOUT_MS)
     return pw_expect(locator)
 
 
@@ -172,7 +173,7 @@ def test_keyboard_navigation_follows_the_list_order(page: Any, base: str, data: 
 def test_summary_histogram_tasks_failures(page: Any, base: str, data: ViewerFiles) -> None:
     page.goto(base + "/#/summary")
     expect(page.locator("#stat-rollouts .value")).to_have_text("18")
-    expect(page.locator("#stat-mean .value")).to_have_text("0.4722")  # 8.5 / 18
+    expect(page.locator("#stat-mean .value")).to_have_text("0.4583")  # 8.25 / 18
     expect(page.locator("#stat-malformed .value")).to_have_text("2")
     expect(page.locator("#stat-failures .value")).to_have_text("2")
     bars = page.locator("#histogram rect.barrect")
@@ -231,3 +232,17 @@ def test_rollout_text_is_never_run_as_html(page: Any, launch: Launcher, tmp_path
     expect(page.locator('#conversation .msg[data-role="user"] .text')).to_have_text(evil)
     assert page.evaluate("() => window.__pwned") is None
     assert page.locator("#app img").count() == 0 and page.locator("#app script").count() == 0
+
+
+def test_reload_picks_up_appended_rollouts(page: Any, launch: Launcher, data: ViewerFiles, tmp_path: Path) -> None:
+    path = tmp_path / "growing.jsonl"
+    path.write_bytes(data.b.read_bytes())
+    _, url = start_viewer(launch, f"+jsonl_fpath={path}", f"+index_dir={tmp_path}")
+    page.goto(url + "/#/list?sort=reward")
+    expect(page.locator("#count")).to_have_text("1–21 of 21 rollouts")
+    with open(path, "ab") as f:
+        f.write(orjson.dumps(rollout(6, 3, 0.125)) + b"\n")
+    page.click("#reload")
+    expect(page.locator("#count")).to_have_text("1–22 of 22 rollouts")
+    expect(page.locator("#rows-box tbody tr").first.locator("td:nth-child(4)")).to_have_text("0")
+    assert list_cells(page, 4).count("0.125") == 1

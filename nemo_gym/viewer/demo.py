@@ -190,8 +190,12 @@ class DemoRollouts:
             for p in obj["passages"]:
                 p["text"] += " " + self._passage(share)
             target["output"] = orjson.dumps(obj).decode()
-        elif pad > 0:
-            row["judge_notes"] += " " + self._passage(pad - 1)
+        elif pad > 0:  # no search call: the weather service's advisory text carries the padding
+            target = next(it for it in output if it["type"] == "function_call_output")
+            if target["output"].startswith("{"):
+                obj = orjson.loads(target["output"])
+                obj["advisory"] = self._passage(pad - 20)
+                target["output"] = orjson.dumps(obj).decode()
         out_tokens = sum(len(str(it)) for it in output) // 4
         in_tokens = len(t["question"]) // 4 + 400 + 300 * n_calls
         row["response"]["usage"].update(input_tokens=in_tokens, output_tokens=out_tokens, total_tokens=in_tokens + out_tokens)

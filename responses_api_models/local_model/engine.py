@@ -167,6 +167,10 @@ class GenerationResult:
     generation_s: float = 0.0
 
 
+def default_n_threads() -> int:
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
 class LocalLLM:
     """One loaded GGUF model. Every method must be called from one thread at a time."""
 
@@ -180,7 +184,9 @@ class LocalLLM:
     ):
         from llama_cpp import Llama
 
-        threads = n_threads or max(1, os.cpu_count() or 1)
+        # Half the logical CPUs (about the physical cores) by default: llama.cpp's worker threads
+        # spin-wait, so oversubscribing a busy machine costs far more than it gains.
+        threads = n_threads or default_n_threads()
         t0 = time.monotonic()
         self.llm = Llama(
             model_path=str(model_path),

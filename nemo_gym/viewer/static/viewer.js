@@ -222,6 +222,20 @@
     if (f.state === "ready") {
       box.appendChild(h("span", { class: "small nowrap" }, fmtInt(f.rows) + " rollouts · " + fmtBytes(f.size)));
       if (f.current === false) box.appendChild(h("span", { class: "badge err", title: "The file changed on disk" }, "changed on disk"));
+      const reload = h("button", {
+        type: "button", class: "btn", id: "reload", title: "Pick up rollouts appended to the file since it was indexed",
+        onclick: async () => {
+          reload.disabled = true;
+          const r = await api("/api/files/" + fileId + "/refresh", null, {});
+          reload.disabled = false;
+          if (!r.ok) { reload.title = r.data.error; reload.classList.add("on"); return; }
+          await refreshFiles();
+          const shell = document.getElementById("list-shell");
+          if (shell) shell.remove();  // rebuild the filter bar (agents may have changed)
+          route();
+        },
+      }, "Reload");
+      box.appendChild(reload);
     }
   }
 
@@ -451,11 +465,20 @@
 
   /** The filter bar, counts line, table box and bottom pager of the run list (kept across renders). */
   function buildListShell(fileId, f, setParam) {
+    // One timer for all typed filters; when it fires, every typed field is applied together.
     let debounce = null;
-    const onText = (key) => (e) => {
+    const TEXT_FIELDS = { "f-q": "q", "f-rmin": "reward_min", "f-rmax": "reward_max", "f-tasks": "tasks" };
+    const applyTyped = () => {
+      const changes = {};
+      for (const [id, key] of Object.entries(TEXT_FIELDS)) {
+        const el = document.getElementById(id);
+        if (el) changes[key] = el.value.trim();
+      }
+      setParam(changes);
+    };
+    const onText = (key) => () => {
       clearTimeout(debounce);
-      const v = e.target.value;
-      debounce = setTimeout(() => setParam({ [key]: v.trim() }), key === "q" ? 350 : 500);
+      debounce = setTimeout(applyTyped, key === "q" ? 350 : 500);
     };
     const agents = f.agents || [];
     const filters = h("form", { class: "card filters", id: "filters", onsubmit: (e) => e.preventDefault() },
@@ -1054,8 +1077,8 @@
     const c = r.data;
     app.appendChild(h("div", { class: "stats", id: "cmp-stats" },
       statCard("Tasks in both", fmtInt(c.tasks_both), fmtInt(c.tasks_only_a) + " only in A · " + fmtInt(c.tasks_only_b) + " only in B", "cmp-both"),
-      statCard("Mean reward A", fmtNum(c.mean_a), "over tasks in both", "cmp-mean-a"),
-      statCard("Mean reward B", fmtNum(c.mean_b), "over tasks in both", "cmp-mean-b"),
+      statCard("Mean reward A", fmtNum(c.mean_a), "mean of per-task means, tasks in both", "cmp-mean-a"),
+      statCard("Mean reward B", fmtNum(c.mean_b), "mean of per-task means, tasks in both", "cmp-mean-b"),
       statCard("Δ mean (B − A)", h("span", { class: c.mean_delta > 1e-9 ? "delta-pos" : c.mean_delta < -1e-9 ? "delta-neg" : "" }, fmtSigned(c.mean_delta)), "per-task mean, averaged", "cmp-delta"),
       statCard("Improved / regressed", fmtInt(c.improved) + " / " + fmtInt(c.regressed), fmtInt(c.unchanged) + " unchanged", "cmp-changes")));
     if (c.prompt_mismatches) {
