@@ -29,7 +29,7 @@ import psutil
 from nemo_gym.global_config import ConfigError, load_global_config
 from nemo_gym.ports import reserve_listening_socket
 from nemo_gym.rollout_collection import bounded_map
-from nemo_gym.server_utils import ServerClient, close_shared_session, response_body
+from nemo_gym.server_client import ServerClient, close_shared_session, response_body
 
 DEFAULT_ENV = "example_single_tool_call"
 DEFAULT_CONCURRENCIES = (64, 1024, 16384)

@@ -30,7 +30,7 @@ import orjson
 from nemo_gym.cli import RunHelper
 from nemo_gym.global_config import PACKAGE_PARENT_DIR, ConfigError, GlobalConfigDictParserConfig
 from nemo_gym.rollout_collection import InputError, RolloutCollectionConfig, collect_rollouts, format_summary
-from nemo_gym.server_utils import ServerClient, close_shared_session
+from nemo_gym.server_client import ServerClient, close_shared_session
 from nemo_gym.supervisor import StartupError
 
 QUICKSTART_CONFIG = "configs/quickstart.yaml"

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from nemo_gym.global_config import ConfigError
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.rollout_stats import aggregate_metrics, k_values
-from nemo_gym.server_utils import (
+from nemo_gym.server_client import (
     BaseServerConfig,
     ServerClient,
     UpstreamError,

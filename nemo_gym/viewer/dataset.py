@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 
 from nemo_gym.rollout_stats import pass_at_k
-from nemo_gym.viewer.index import ERROR_FLAGS, NO_INDEX, IndexError_, RolloutIndex
+from nemo_gym.viewer.index import ERROR_FLAGS, NO_INDEX, IndexFileError, RolloutIndex
 
 SEARCH_BLOCK_BYTES = 4 << 20
 MAX_QUERY_CACHE = 16
@@ -308,7 +308,7 @@ class Dataset:
         t0 = time.monotonic()
         try:
             idx = RolloutIndex.open(self.path, cache_dir=self.cache_dir, progress=self._on_progress)
-        except IndexError_ as e:
+        except IndexFileError as e:
             self.error, self.state = str(e), "error"
         except Exception as e:  # noqa: BLE001 - shown on the page instead of killing the server
             self.error, self.state = f"indexing failed: {type(e).__name__}: {e}", "error"
@@ -322,17 +322,32 @@ class Dataset:
             self._ready.set()
 
     def refresh(self) -> bool:
-        """Pick up rows appended to the file since it was indexed; True when something changed."""
+        """Pick up rows appended to the file since it was indexed (or re-index a rewritten file).
+
+        The new index is built beside the current one (from the cache, extended by the appended
+        bytes) and swapped in at the end, so requests running meanwhile keep a consistent view.
+        Returns True when something changed.
+        """
         idx = self.require()
-        changed = idx.refresh(progress=self._on_progress)
-        if changed:
-            with self._lock:
-                self._queries.clear()
-                self._cache.clear()
-                for job in self._jobs.values():
-                    job.cancel()
-                self._jobs.clear()
-        return changed
+        try:
+            st = self.path.stat()
+        except OSError as e:
+            raise QueryError(f"cannot read {self.path}: {e.strerror or e}") from None
+        if st.st_size == idx.size and st.st_mtime_ns == idx.mtime_ns:
+            return False
+        try:
+            new = RolloutIndex.open(self.path, cache_dir=self.cache_dir, progress=self._on_progress)
+        except IndexFileError as e:
+            raise QueryError(str(e)) from None
+        with self._lock:
+            new.generation = idx.generation + 1
+            self.index = new
+            self._queries.clear()
+            self._cache.clear()
+            for job in self._jobs.values():
+                job.cancel()
+            self._jobs.clear()
+        return True
 
     def require(self) -> RolloutIndex:
         """The index; raises :class:`QueryError` while it is not ready."""

@@ -72,7 +72,7 @@ _ERROR_TEXT_RE = re.compile(r"^\s*(error\b|traceback \(most recent call last\))"
 _WS_RE = re.compile(r"\s+")
 
 
-class IndexError_(Exception):
+class IndexFileError(Exception):
     """The rollouts file cannot be indexed (missing, not a regular file, unreadable)."""
 
 
@@ -300,15 +300,15 @@ class RolloutIndex:
         """
         p = Path(path)
         if not p.exists():
-            raise IndexError_(f"{p} does not exist")
+            raise IndexFileError(f"{p} does not exist")
         if not p.is_file():
-            raise IndexError_(f"{p} is not a regular file")
+            raise IndexFileError(f"{p} is not a regular file")
         try:
             st = p.stat()
             with open(p, "rb"):
                 pass
         except OSError as e:
-            raise IndexError_(f"cannot read {p}: {e.strerror or e}") from None
+            raise IndexFileError(f"cannot read {p}: {e.strerror or e}") from None
         candidates = [Path(cache_dir) / default_cache_path(p).name] if cache_dir else [default_cache_path(p), temp_cache_path(p)]
         idx: RolloutIndex | None = None
         if use_cache:
@@ -330,7 +330,7 @@ class RolloutIndex:
         try:
             st = self.path.stat()
         except OSError as e:
-            raise IndexError_(f"cannot read {self.path}: {e.strerror or e}") from None
+            raise IndexFileError(f"cannot read {self.path}: {e.strerror or e}") from None
         if st.st_size == self.size and st.st_mtime_ns == self.mtime_ns:
             return False
         changed = self._update(st, progress)

@@ -1,0 +1,283 @@
+"""The HTTP client for server-to-server calls (and for the collector, trainers and benchmarks).
+
+Contract
+--------
+:class:`ServerClient` is the one client for calls between our processes. It keeps one aiohttp
+session per process and event loop, never stores cookies (callers pass them explicitly), puts a
+timeout on every request, retries only failures to *reach* a server (bounded exponential backoff)
+and never retries an HTTP error status. Failures surface as :class:`UpstreamError` naming the
+server, the path and the inner error. This module imports no web framework, so command-line tools
+that only call servers start quickly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import aiohttp
+import orjson
+from omegaconf import DictConfig, OmegaConf
+from pydantic import BaseModel
+
+from nemo_gym.config_types import BaseServerConfig
+from nemo_gym.global_config import (
+    DEFAULT_HEAD_SERVER_HOST,
+    DEFAULT_HEAD_SERVER_PORT,
+    SERVER_TYPES,
+    get_global_config_dict,
+)
+
+logger = logging.getLogger("nemo_gym")
+
+DEFAULT_REQUEST_TIMEOUT_S = 600.0
+
+
+# ------------------------------------------------------------------------------------------------
+# Errors.
+
+
+class UpstreamError(Exception):
+    """A call to another server failed; carries enough to say which, where and why."""
+
+    def __init__(self, server: str, path: str, status: int | None, detail: Any, kind: str = "http_error"):
+        self.server, self.path, self.status, self.detail, self.kind = server, path, status, detail, kind
+        super().__init__(f"{kind} from {server}{path} (status {status}): {str(detail)[:500]}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "server": self.server, "path": self.path, "status": self.status, "detail": self.detail}
+
+
+# ------------------------------------------------------------------------------------------------
+# The HTTP client.
+
+
+def _find_instance_block(cfg: DictConfig | dict, name: str) -> tuple[str, str, Any] | None:
+    block = cfg.get(name) if hasattr(cfg, "get") else None
+    if block is None or not hasattr(block, "keys"):
+        return None
+    for server_type in SERVER_TYPES:
+        if server_type in block:
+            impls = block[server_type]
+            impl = next(iter(impls.keys()))
+            return server_type, str(impl), impls[impl]
+    return None
+
+
+# One aiohttp session per process and event loop (aiohttp sessions are bound to the loop that made
+# them). Keyed by the loop object itself, not ``id(loop)``: an id can be reused by a later loop.
+_SESSIONS: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+
+# Failures to *reach* a server: nothing was processed, so trying again is safe.
+_RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError)
+MAX_BACKOFF_S = 2.0
+
+
+def _shared_session(max_connections: int) -> aiohttp.ClientSession:
+    """The process-wide aiohttp session for the running loop (created on first use)."""
+    loop = asyncio.get_running_loop()
+    session = _SESSIONS.get(loop)
+    if session is None or session.closed:
+        # Forget sessions of loops that are gone (each test of an async test suite has its own loop).
+        for old_loop in [lp for lp in _SESSIONS if lp.is_closed()]:
+            del _SESSIONS[old_loop]
+        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, keepalive_timeout=30, ttl_dns_cache=None)
+        session = aiohttp.ClientSession(
+            connector=connector,
+            # Never store cookies: a rollout's session cookies are passed explicitly on each call, so
+            # two rollouts sharing this client can never see each other's sessions.
+            cookie_jar=aiohttp.DummyCookieJar(),
+            json_serialize=lambda o: orjson.dumps(o).decode(),
+            timeout=aiohttp.ClientTimeout(total=DEFAULT_REQUEST_TIMEOUT_S, sock_connect=10),
+            trust_env=False,
+        )
+        _SESSIONS[loop] = session
+    return session
+
+
+async def close_shared_session() -> None:
+    """Close this loop's shared client session (call before the loop ends to avoid warnings)."""
+    session = _SESSIONS.pop(asyncio.get_running_loop(), None)
+    if session is not None and not session.closed:
+        await session.close()
+
+
+class ServerClient:
+    """Calls other servers by instance name: ``await client.post(server_name=..., url_path=..., json=...)``.
+
+    Every request has a timeout (``timeout_s``, for the whole request: connect, send, and reading the
+    body). Failures to reach the server (connection refused, the server closed the connection before
+    answering) are retried ``max_retries`` times with exponential backoff starting at ``backoff_s``
+    (capped at 2 s); they then raise :class:`UpstreamError` with kind ``connection_error``. A timeout
+    raises kind ``timeout``. HTTP error statuses are returned as they are, never retried.
+    """
+
+    def __init__(
+        self,
+        global_config_dict: DictConfig | dict | None = None,
+        head_server_config: BaseServerConfig | None = None,
+        timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        max_retries: int = 4,
+        backoff_s: float = 0.1,
+        max_connections: int = 1024,
+    ):
+        if timeout_s is None or timeout_s <= 0:
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries!r}")
+        self._cfg = global_config_dict
+        self.head_server_config = head_server_config
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.max_connections = max_connections
+        self._urls: dict[str, str] = {}
+
+    # -- construction helpers ------------------------------------------------------------------
+    @classmethod
+    def load_from_global_config(cls, head_server_config: BaseServerConfig | None = None, **kwargs) -> ServerClient:
+        """For processes outside ``ng_run`` (trainers, the collector): ask the head server for the config."""
+        import httpx
+        import yaml
+
+        head = head_server_config or BaseServerConfig(host=DEFAULT_HEAD_SERVER_HOST, port=DEFAULT_HEAD_SERVER_PORT)
+        try:
+            r = httpx.get(f"{head.base_url}/global_config_dict_yaml", timeout=10, trust_env=False)
+            r.raise_for_status()
+        except httpx.HTTPError as e:
+            raise ConnectionError(
+                f"Cannot reach the NeMo Gym head server at {head.base_url} ({e}). Is `ng_run` running? "
+                f"Pass the head server's host/port if it is not {DEFAULT_HEAD_SERVER_HOST}:{DEFAULT_HEAD_SERVER_PORT}."
+            ) from None
+        return cls(global_config_dict=OmegaConf.create(yaml.safe_load(r.text)), head_server_config=head, **kwargs)
+
+    @property
+    def global_config_dict(self) -> DictConfig:
+        if self._cfg is None:
+            self._cfg = get_global_config_dict()
+        return self._cfg
+
+    def base_url(self, server_name: str) -> str:
+        url = self._urls.get(server_name)
+        if url is None:
+            found = _find_instance_block(self.global_config_dict, server_name)
+            if found is None:
+                known = [k for k in self.global_config_dict.keys() if _find_instance_block(self.global_config_dict, k)]
+                raise KeyError(f"No server instance named {server_name!r}. Known instances: {known}")
+            block = found[2]
+            if block.get("port") is None:
+                raise KeyError(f"Server instance {server_name!r} has no port assigned (is it running under ng_run?)")
+            url = f"http://{block.get('host') or '127.0.0.1'}:{block['port']}"
+            self._urls[server_name] = url
+        return url
+
+    # -- transport -------------------------------------------------------------------------------
+    def _session(self) -> aiohttp.ClientSession:
+        return _shared_session(self.max_connections)
+
+    async def request(
+        self,
+        method: str,
+        server_name: str,
+        url_path: str,
+        json: Any = None,
+        cookies: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+        **kwargs: Any,
+    ) -> aiohttp.ClientResponse:
+        """Send one request; the body is already read when this returns (``await resp.json()`` works).
+
+        ``cookies`` are sent as given (the client keeps none). Raises :class:`UpstreamError` when the
+        server cannot be reached or does not answer in time; an HTTP error status is returned.
+        """
+        url = self.base_url(server_name) + url_path
+        headers = dict(kwargs.pop("headers", None) or {})
+        if cookies:
+            headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in cookies.items())
+        data = kwargs.pop("data", None)
+        if json is not None:
+            data = orjson.dumps(json, default=_json_default)
+            headers["Content-Type"] = "application/json"
+        limit_s = timeout_s or self.timeout_s
+        # ``total`` bounds the whole exchange (a server that trickles bytes cannot hold us forever).
+        timeout = aiohttp.ClientTimeout(total=limit_s, sock_connect=min(10.0, limit_s))
+        session = self._session()
+        attempt = 0
+        while True:
+            try:
+                async with session.request(method, url, data=data, headers=headers, timeout=timeout, **kwargs) as resp:
+                    await resp.read()
+                    return resp
+            except _RETRYABLE_ERRORS as e:
+                attempt += 1
+                if attempt > self.max_retries:
+                    raise UpstreamError(
+                        server_name,
+                        url_path,
+                        None,
+                        f"{type(e).__name__}: {e} (gave up after {attempt} attempts)",
+                        kind="connection_error",
+                    ) from e
+                delay = min(self.backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S)
+                logger.warning(
+                    "Cannot reach %s at %s (%s); retry %d/%d in %.2f s",
+                    server_name, url, type(e).__name__, attempt, self.max_retries, delay,
+                )
+                await asyncio.sleep(delay)
+            except TimeoutError as e:
+                raise UpstreamError(server_name, url_path, None, f"no response within {limit_s} s", kind="timeout") from e
+            except aiohttp.ClientError as e:
+                # E.g. the connection broke while the body was being read: not safe to resend.
+                raise UpstreamError(server_name, url_path, None, f"{type(e).__name__}: {e}", kind="connection_error") from e
+
+    async def post(self, server_name: str, url_path: str, json: Any = None, **kwargs: Any) -> aiohttp.ClientResponse:
+        return await self.request("POST", server_name, url_path, json=json, **kwargs)
+
+    async def get(self, server_name: str, url_path: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        return await self.request("GET", server_name, url_path, **kwargs)
+
+    async def post_json(self, server_name: str, url_path: str, json: Any = None, **kwargs: Any) -> tuple[Any, dict[str, str]]:
+        """POST and return (parsed body, cookies set); a non-2xx raises :class:`UpstreamError`."""
+        resp = await self.post(server_name, url_path, json=json, **kwargs)
+        raise_for_status(resp, server_name, url_path)
+        body = response_body(resp)
+        try:
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError as e:
+            raise UpstreamError(
+                server_name, url_path, resp.status, f"response is not JSON ({e}): {body[:500]!r}", kind="bad_response"
+            ) from None
+        return parsed, response_cookies(resp)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, BaseModel):
+        return o.model_dump(mode="json", exclude_unset=True)
+    if isinstance(o, (DictConfig,)):
+        return OmegaConf.to_container(o, resolve=True)
+    raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+
+
+def response_cookies(resp: aiohttp.ClientResponse) -> dict[str, str]:
+    return {k: m.value for k, m in resp.cookies.items()}
+
+
+def raise_for_status(resp: aiohttp.ClientResponse, server_name: str, url_path: str) -> None:
+    if resp.status < 400:
+        return
+    body = response_body(resp)
+    try:
+        detail: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        detail = body.decode(errors="replace")[:2000]
+    raise UpstreamError(server_name, url_path, resp.status, detail, kind="http_error")
+
+
+def response_body(resp: aiohttp.ClientResponse) -> bytes:
+    """The body of a response returned by :class:`ServerClient` (already read; the connection is released)."""
+    return resp._body or b""
+
+
+async def get_response_json(resp: aiohttp.ClientResponse) -> Any:
+    return orjson.loads(response_body(resp))
