@@ -175,6 +175,25 @@ class LocalModel(SimpleResponsesAPIModel):
     def _seed(self, requested: Any) -> int:
         return int(requested) if isinstance(requested, int) and not isinstance(requested, bool) else self._rng.getrandbits(32)
 
+    def _request(self, messages: list[dict[str, Any]], tools: Any, max_tokens: Any, temperature: Any, top_p: Any, seed: Any, top_logprobs: int = 0) -> GenerationRequest | str:
+        """A GenerationRequest, or the message saying which sampling value is out of range."""
+        try:
+            budget = int(max_tokens if max_tokens is not None else self.config.default_max_output_tokens)
+            temp = float(self.config.temperature if temperature is None else temperature)
+            nucleus = float(self.config.top_p if top_p is None else top_p)
+        except (TypeError, ValueError) as e:
+            return f"max tokens, temperature and top_p must be numbers ({e})"
+        if budget < 1:
+            return f"the maximum number of output tokens must be at least 1, got {budget}"
+        if not 0.0 <= temp <= 2.0:
+            return f"temperature must be between 0 and 2, got {temp}"
+        if not 0.0 < nucleus <= 1.0:
+            return f"top_p must be in (0, 1], got {nucleus}"
+        return GenerationRequest(
+            messages=messages, tools=tools or None, max_tokens=budget, temperature=temp, top_p=nucleus,
+            seed=self._seed(seed), top_logprobs=top_logprobs,
+        )
+
     @staticmethod
     def _tool_names(tools: list[dict[str, Any]] | None) -> list[str] | None:
         if not tools:
@@ -214,17 +233,11 @@ class LocalModel(SimpleResponsesAPIModel):
             tools = responses_tools_to_chat_tools(params.get("tools")) if params.get("tool_choice") != "none" else None
         except ChatConversionError as e:
             return self._bad_request(request, str(e))
-        max_tokens = params.get("max_output_tokens") or self.config.default_max_output_tokens
-        temperature = params.get("temperature")
-        top_p = params.get("top_p")
-        gen = GenerationRequest(
-            messages=messages,
-            tools=tools or None,
-            max_tokens=int(max_tokens),
-            temperature=float(self.config.temperature if temperature is None else temperature),
-            top_p=float(self.config.top_p if top_p is None else top_p),
-            seed=self._seed(params.get("seed")),
+        gen = self._request(
+            messages, tools, params.get("max_output_tokens"), params.get("temperature"), params.get("top_p"), params.get("seed")
         )
+        if isinstance(gen, str):
+            return self._bad_request(request, gen)
         result = await self._run(request, gen)
         if isinstance(result, Response):
             return result
@@ -280,22 +293,18 @@ class LocalModel(SimpleResponsesAPIModel):
         tools = body.get("tools") if body.get("tool_choice") != "none" else None
         if tools is not None and not isinstance(tools, list):
             return self._bad_request(request, "`tools` must be a list of {type: function, function: {...}} objects.")
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or self.config.default_max_output_tokens
-        temperature = body.get("temperature")
-        top_p = body.get("top_p")
+        max_tokens = body.get("max_completion_tokens")
+        if max_tokens is None:
+            max_tokens = body.get("max_tokens")
         want_logprobs = bool(body.get("logprobs"))
-        top_logprobs = int(body.get("top_logprobs") or 0) if want_logprobs else 0
-        if not 0 <= top_logprobs <= 20:
-            return self._bad_request(request, f"`top_logprobs` must be between 0 and 20, got {top_logprobs}.")
-        gen = GenerationRequest(
-            messages=messages,
-            tools=tools or None,
-            max_tokens=int(max_tokens),
-            temperature=float(self.config.temperature if temperature is None else temperature),
-            top_p=float(self.config.top_p if top_p is None else top_p),
-            seed=self._seed(body.get("seed")),
-            top_logprobs=top_logprobs,
+        top_logprobs = (body.get("top_logprobs") or 0) if want_logprobs else 0
+        if not isinstance(top_logprobs, int) or not 0 <= top_logprobs <= 20:
+            return self._bad_request(request, f"`top_logprobs` must be an integer from 0 to 20, got {top_logprobs!r}.")
+        gen = self._request(
+            messages, tools, max_tokens, body.get("temperature"), body.get("top_p"), body.get("seed"), top_logprobs
         )
+        if isinstance(gen, str):
+            return self._bad_request(request, gen)
         result = await self._run(request, gen)
         if isinstance(result, Response):
             return result

@@ -11,7 +11,9 @@ tool-call spellings, in order of precedence:
    tool is still a call, and the agent tells the model that the tool does not exist.
 2. Fenced JSON: a Markdown code block (optionally tagged ``json``) whose body is a call object or a
    list of them.
-3. A bare call object ``{"name": ..., "arguments": {...}}`` (or a list of them) anywhere in the text.
+3. Bare call objects ``{"name": ..., "arguments": {...}}`` (or a list of them) when they are the
+   whole message (as vLLM's ``llama3_json`` parser requires). A call object followed by other text
+   or other JSON is prose: small models often write the call *and* an imagined result.
 
 Formats 2 and 3 are only trusted when the name is one of the offered tools (so a model that prints
 JSON data is not mistaken for a caller). ``parameters`` is accepted as a synonym of ``arguments``
@@ -102,28 +104,30 @@ def _parse_tagged_body(body: str) -> list[ParsedToolCall] | None:
     return None
 
 
-def _scan_bare(text: str, allowed: Collection[str]) -> tuple[list[ParsedToolCall], list[tuple[int, int]]]:
-    """Bare call objects/lists in ``text``: the calls and the spans they occupy."""
+def _whole_text_calls(text: str, allowed: Collection[str]) -> list[ParsedToolCall] | None:
+    """The calls when ``text`` is nothing but bare call objects (or a list of them); else None.
+
+    Objects may be separated by whitespace, commas or semicolons. Any other text, or any JSON value
+    that is not a call, means the message is prose (for example a call followed by the data the
+    model imagines it returned), so nothing is taken as a call.
+    """
     calls: list[ParsedToolCall] = []
-    spans: list[tuple[int, int]] = []
-    i = 0
-    while i < len(text):
+    i, n = 0, len(text)
+    while True:
+        while i < n and (text[i].isspace() or text[i] in ",;"):
+            i += 1
+        if i >= n:
+            return calls or None
         if text[i] not in "{[":
-            i += 1
-            continue
+            return None
         try:
-            value, end = _DECODER.raw_decode(text, i)
+            value, i = _DECODER.raw_decode(text, i)
         except json.JSONDecodeError:
-            i += 1
-            continue
+            return None
         found = _calls_from_json(value, allowed)
-        if found:
-            calls.extend(found)
-            spans.append((i, end))
-            i = end
-        else:
-            i += 1
-    return calls, spans
+        if not found:
+            return None
+        calls.extend(found)
 
 
 def _cut(text: str, spans: list[tuple[int, int]]) -> str:
@@ -176,7 +180,8 @@ def parse_completion(text: str, tool_names: Collection[str] | None) -> ParsedCom
                 calls.extend(found)
                 spans.append(m.span())
     if not calls:
-        calls, spans = _scan_bare(rest, allowed)
+        calls = _whole_text_calls(rest, allowed) or []
+        spans = [(0, len(rest))] if calls else []
     if not calls:
         return ParsedCompletion(content=rest if reasoning is None else rest.strip(), reasoning=reasoning)
     return ParsedCompletion(content=_cut(rest, spans).strip(), reasoning=reasoning, tool_calls=calls)

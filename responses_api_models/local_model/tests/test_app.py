@@ -197,12 +197,19 @@ def test_output_budget_and_context_overflow_are_incomplete_not_errors(urls: dict
     assert "n_ctx" in data["incomplete_details"]["message"]
 
 
-def test_bad_chat_requests_are_clear_400s(urls: dict[str, str]) -> None:
+def test_bad_requests_are_clear_400s(urls: dict[str, str]) -> None:
     url = urls["policy_model"] + "/v1/chat/completions"
     bad_n = post_json(url, {"messages": [{"role": "user", "content": "hi"}], "n": 2})
     assert bad_n.status_code == 400 and "`n` must be 1" in bad_n.json()["error"]["message"]
     no_messages = post_json(url, {"messages": []})
     assert no_messages.status_code == 400 and "messages" in no_messages.json()["error"]["message"]
+    hot = post_json(url, {"messages": [{"role": "user", "content": "hi"}], "temperature": 5})
+    assert hot.status_code == 400 and "temperature must be between 0 and 2" in hot.json()["error"]["message"]
+    image = post_json(
+        urls["policy_model"] + "/v1/responses",
+        {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]},
+    )
+    assert image.status_code == 400 and "text only" in image.json()["error"]["message"]
 
 
 def test_queue_bound_is_an_immediate_503_naming_the_setting(urls: dict[str, str]) -> None:

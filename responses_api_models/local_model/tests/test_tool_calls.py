@@ -72,11 +72,23 @@ def test_bare_json_call() -> None:
     assert parsed.content == ""
 
 
-def test_bare_json_call_inside_prose() -> None:
-    text = 'Sure. {"name": "get_weather", "arguments": {"city": "Oslo"}} Done.'
+def test_several_bare_calls_as_the_whole_message() -> None:
+    text = '{"name": "get_weather", "arguments": {"city": "A"}}\n{"name": "search", "parameters": {"q": "b"}};'
+    assert _calls(text) == [("get_weather", {"city": "A"}), ("search", {"q": "b"})]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'Sure. {"name": "get_weather", "arguments": {"city": "Oslo"}} Done.',
+        # What Qwen2.5-Coder-0.5B writes after a tool result: the call again plus the data it "got".
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}\n{"weather": "snowy, 7 degrees Celsius"}',
+        '{"name": "get_weather", "arguments": {"city": "Oslo"}}\n```json\n{"city": "Oslo", "weather": "snowy"}\n```',
+    ],
+)
+def test_bare_call_mixed_with_other_text_is_prose(text: str) -> None:
     parsed = parse_completion(text, TOOLS)
-    assert [c.name for c in parsed.tool_calls] == ["get_weather"]
-    assert parsed.content == "Sure.  Done."
+    assert parsed.tool_calls == [] and parsed.content == text
 
 
 def test_arguments_given_as_string_are_kept_verbatim() -> None:

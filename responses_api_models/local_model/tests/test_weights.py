@@ -40,6 +40,7 @@ def test_assembles_in_order_and_verifies(tmp_path: Path) -> None:
     path = assemble(_spec(_parts(tmp_path, CHUNKS)), tmp_path / "cache")
     assert path == tmp_path / "cache" / "model.gguf"
     assert path.read_bytes() == JOINED
+    assert path.stat().st_mode & 0o777 == 0o644
     # Nothing half-written is left behind.
     assert sorted(p.name for p in path.parent.iterdir() if ".partial" in p.name) == []
 
