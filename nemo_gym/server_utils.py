@@ -12,6 +12,7 @@ Contract
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -22,6 +23,7 @@ import socket
 import sys
 import threading
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -220,8 +222,24 @@ class BaseServer(BaseModel):
     # Subclasses that keep per-rollout state set this so the session cookie is issued.
     uses_sessions: ClassVar[bool] = True
 
+    async def on_startup(self) -> None:
+        """Runs once in the server's event loop before the first request (override to open resources)."""
+
+    async def on_shutdown(self) -> None:
+        """Runs once when the server stops (override to close sessions, files, models)."""
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, _app: FastAPI) -> AsyncIterator[None]:
+        await self.on_startup()
+        try:
+            yield
+        finally:
+            await self.on_shutdown()
+
     def setup_webserver(self) -> FastAPI:
-        app = FastAPI(title=f"{self.config.name} ({type(self).__name__})", docs_url="/docs", redoc_url=None)
+        app = FastAPI(
+            title=f"{self.config.name} ({type(self).__name__})", docs_url="/docs", redoc_url=None, lifespan=self._lifespan
+        )
         name = self.config.name
 
         @app.get("/")

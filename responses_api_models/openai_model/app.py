@@ -22,14 +22,12 @@ Contract
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import orjson
-from fastapi import Body, FastAPI, Request
+from fastapi import Body, Request
 from fastapi.responses import Response
 from pydantic import Field, PrivateAttr, SecretStr, field_validator
 
@@ -94,23 +92,11 @@ class OpenAIModel(SimpleResponsesAPIModel):
     uses_sessions = False  # stateless: nothing per rollout
     _sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = PrivateAttr(default_factory=dict)
 
-    def setup_webserver(self) -> FastAPI:
-        app = super().setup_webserver()
-        inner = app.router.lifespan_context
-
-        @contextlib.asynccontextmanager
-        async def lifespan(app_: Any) -> AsyncIterator[Any]:
-            async with inner(app_) as state:
-                try:
-                    yield state
-                finally:
-                    for session in self._sessions.values():
-                        if not session.closed:
-                            await session.close()
-                    self._sessions.clear()
-
-        app.router.lifespan_context = lifespan
-        return app
+    async def on_shutdown(self) -> None:
+        for session in self._sessions.values():
+            if not session.closed:
+                await session.close()
+        self._sessions.clear()
 
     # -- HTTP -------------------------------------------------------------------------------------------
     def _session(self) -> aiohttp.ClientSession:

@@ -29,16 +29,14 @@ Contract
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import re
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import orjson
-from fastapi import Body, FastAPI, Request
+from fastapi import Body, Request
 from fastapi.responses import Response
 from pydantic import Field, PrivateAttr, SecretStr, field_validator
 
@@ -156,20 +154,8 @@ class VLLMModel(SimpleResponsesAPIModel):
     uses_sessions = True  # the session id picks the backend
     _sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = PrivateAttr(default_factory=dict)
 
-    def setup_webserver(self) -> FastAPI:
-        app = super().setup_webserver()
-        inner = app.router.lifespan_context
-
-        @contextlib.asynccontextmanager
-        async def lifespan(app_: Any) -> AsyncIterator[Any]:
-            async with inner(app_) as state:
-                try:
-                    yield state
-                finally:
-                    await self._close_sessions()
-
-        app.router.lifespan_context = lifespan
-        return app
+    async def on_shutdown(self) -> None:
+        await self._close_sessions()
 
     # -- HTTP to the backends -------------------------------------------------------------------------
     def _session(self) -> aiohttp.ClientSession:
