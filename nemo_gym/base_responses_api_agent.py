@@ -17,9 +17,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
-from nemo_gym.base_resources_server import BaseRunRequest
 from nemo_gym.config_types import DatasetConfig
-from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.server_utils import BaseRunServerInstanceConfig, BaseServer
 
 
@@ -37,8 +35,12 @@ class SimpleResponsesAPIAgent(BaseServer):
         app.post("/run")(self.run)
         return app
 
+    # Subclasses take the body either as a typed parameter (``body: BaseRunRequest``, FastAPI validates
+    # it) or, on hot paths, read it with ``nemo_gym.server_utils.validated_body`` and forward it as is.
     @abstractmethod
-    async def responses(self, request: Request, body: NeMoGymResponseCreateParamsNonStreaming) -> Any: ...
+    async def responses(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        """The model/tool loop for one ``NeMoGymResponseCreateParamsNonStreaming`` body."""
 
     @abstractmethod
-    async def run(self, request: Request, body: BaseRunRequest) -> Any: ...
+    async def run(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        """One whole rollout for one ``BaseRunRequest`` task row: seed, loop, verify."""

@@ -19,8 +19,8 @@ from pydantic import Field
 from nemo_gym.base_resources_server import BaseRunRequest
 from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
-from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id
-from nemo_gym.server_utils import UpstreamError, response_body, response_cookies
+from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, new_id
+from nemo_gym.server_utils import UpstreamError, response_body, response_cookies, validated_body
 
 
 class SimpleAgentConfig(BaseResponsesAPIAgentConfig):
@@ -59,14 +59,19 @@ def _add_usage(total: dict[str, Any], usage: dict[str, Any] | None) -> None:
 class SimpleAgent(SimpleResponsesAPIAgent):
     config: SimpleAgentConfig
 
-    async def responses(self, request: Request, body: NeMoGymResponseCreateParamsNonStreaming) -> Response:
+    async def responses(self, request: Request) -> Response:
         """Run the model/tool loop for one request (no seeding, no verify) and return the trajectory."""
-        response, _ = await self.run_loop(dump(body), dict(request.cookies))
+        params = await validated_body(request, NeMoGymResponseCreateParamsNonStreaming)
+        response, _ = await self.run_loop(params, dict(request.cookies))
         return Response(orjson.dumps(response), media_type="application/json")
 
-    async def run(self, request: Request, body: BaseRunRequest) -> Response:
-        """One rollout: seed the resources session with the row, loop, verify; return the verify response."""
-        row = dump(body)
+    async def run(self, request: Request) -> Response:
+        """One rollout: seed the resources session with the row, loop, verify; return the verify response.
+
+        The row is checked against ``BaseRunRequest`` (unknown ``responses_create_params`` keys are a
+        422 naming them) and forwarded exactly as received, so every task field reaches the verifier.
+        """
+        row = await validated_body(request, BaseRunRequest)
         # Cookies are named per server instance, so one dict serves every server of this rollout.
         cookies = dict(request.cookies)
         resources = self.config.resources_server.name
