@@ -120,7 +120,7 @@ class ServerClient:
         timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         max_retries: int = 4,
         backoff_s: float = 0.1,
-        max_connections: int = 4096,
+        max_connections: int = 1024,
     ):
         if timeout_s is None or timeout_s <= 0:
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
