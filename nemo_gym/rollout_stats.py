@@ -92,18 +92,33 @@ def _usage(row: dict[str, Any]) -> dict[str, Any]:
     return usage if isinstance(usage, dict) else {}
 
 
+class ScoredRows:
+    """The rows of a rollouts file that have a task index and a numeric reward; counts the others.
+
+    Iterate once: yields ``(task_index, reward, row)``; ``malformed`` holds the count afterwards.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.malformed = 0
+
+    def __iter__(self) -> Iterator[tuple[int, float, dict[str, Any]]]:
+        for _, row in iter_jsonl(self.path):
+            task = _task_index(row) if isinstance(row, dict) else None
+            reward = _numeric(row.get("reward")) if isinstance(row, dict) else None
+            if task is None or reward is None:
+                self.malformed += 1
+                continue
+            yield task, reward, row
+
+
 def per_task_rewards(path: Path) -> tuple[dict[int, list[float]], int]:
     """Rewards grouped by ``_ng_task_index`` (rollout order), and the count of malformed lines."""
     tasks: dict[int, list[float]] = defaultdict(list)
-    bad = 0
-    for _, row in iter_jsonl(path):
-        task = _task_index(row) if isinstance(row, dict) else None
-        reward = _numeric(row.get("reward")) if isinstance(row, dict) else None
-        if task is None or reward is None:
-            bad += 1
-            continue
+    rows = ScoredRows(path)
+    for task, reward, _ in rows:
         tasks[task].append(reward)
-    return tasks, bad
+    return tasks, rows.malformed
 
 
 def task_profile(rewards: list[float], max_k: int, pass_threshold: float) -> dict[str, Any]:
@@ -127,13 +142,8 @@ def aggregate_metrics(path: Path, pass_threshold: float = 1.0, max_k: int | None
     stats: dict[str, RunningStat] = defaultdict(RunningStat)
     tokens = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
     tasks: dict[int, list[float]] = defaultdict(list)
-    bad = 0
-    for _, row in iter_jsonl(path):
-        task = _task_index(row) if isinstance(row, dict) else None
-        reward = _numeric(row.get("reward")) if isinstance(row, dict) else None
-        if task is None or reward is None:
-            bad += 1
-            continue
+    rows = ScoredRows(path)
+    for task, reward, row in rows:
         for key, value in row.items():
             if key in INDEX_FIELDS:
                 continue
@@ -147,7 +157,10 @@ def aggregate_metrics(path: Path, pass_threshold: float = 1.0, max_k: int | None
             tokens[key] += count if isinstance(count, int) and not isinstance(count, bool) else 0
     k_max = max_k or max((len(v) for v in tasks.values()), default=1)
     per_task = {str(t): task_profile(r, k_max, pass_threshold) for t, r in sorted(tasks.items())}
-    metrics: dict[str, Any] = {"num_rollouts": stats["reward"].n if "reward" in stats else 0, "malformed_lines": bad}
+    metrics: dict[str, Any] = {
+        "num_rollouts": stats["reward"].n if "reward" in stats else 0,
+        "malformed_lines": rows.malformed,
+    }
     for key, st in sorted(stats.items()):
         metrics[f"mean/{key}"] = st.mean
         metrics[f"std/{key}"] = st.std
