@@ -4,7 +4,7 @@ Run as ``python -m nemo_gym.bench_bare`` with ``NG_BARE_ROLE`` = ``echo_a`` | ``
 and ``NG_BARE_FD`` (a listening socket). An echo answers every POST with the body it got. The agent
 answers ``POST /run`` after making the inner calls in ``NG_BARE_PLAN`` (``a``/``b`` per call: which
 echo) one after another, each carrying the request body, as a real agent would; no validation, no
-logic. Same stack as the real servers: FastAPI + uvicorn, aiohttp client, orjson.
+logic. Same stack as the real servers: FastAPI + uvicorn, our keep-alive HTTP transport, orjson.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from __future__ import annotations
 import os
 import socket
 
-import aiohttp
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+
+from nemo_gym.http_transport import HttpTransport
 
 
 def build_app() -> FastAPI:
@@ -34,25 +35,20 @@ def build_app() -> FastAPI:
 
         return app
 
-    urls = {
-        "a": f"http://127.0.0.1:{os.environ['NG_BARE_ECHO_A']}/call",
-        "b": f"http://127.0.0.1:{os.environ['NG_BARE_ECHO_B']}/call",
-    }
-    plan = [urls[c] for c in os.environ["NG_BARE_PLAN"].split(",") if c]
-    state: dict[str, aiohttp.ClientSession] = {}
+    ports = {"a": int(os.environ["NG_BARE_ECHO_A"]), "b": int(os.environ["NG_BARE_ECHO_B"])}
+    plan = [ports[c] for c in os.environ["NG_BARE_PLAN"].split(",") if c]
+    state: dict[str, HttpTransport] = {}
+    headers = {"Content-Type": "application/json"}
 
     @app.post("/run")
     async def run(request: Request) -> Response:
-        session = state.get("s")
-        if session is None:
-            session = state["s"] = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=1024, keepalive_timeout=30), cookie_jar=aiohttp.DummyCookieJar()
-            )
+        transport = state.get("t")
+        if transport is None:
+            transport = state["t"] = HttpTransport(max_connections=1024)
         body = await request.body()
         out = body
-        for url in plan:
-            async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
-                out = await resp.read()
+        for port in plan:
+            out = (await transport.request("POST", "127.0.0.1", port, "/call", body, headers, 600))._body
         return Response(out, media_type="application/json")
 
     return app

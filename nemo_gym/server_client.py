@@ -2,8 +2,8 @@
 
 Contract
 --------
-:class:`ServerClient` is the one client for calls between our processes. It keeps one aiohttp
-session per process and event loop, never stores cookies (callers pass them explicitly), puts a
+:class:`ServerClient` is the one client for calls between our processes. It keeps one pool of
+keep-alive connections (:mod:`nemo_gym.http_transport`) per process and event loop, never stores cookies (callers pass them explicitly), puts a
 timeout on every request, retries only failures to *reach* a server (bounded exponential backoff)
 and never retries an HTTP error status. Failures surface as :class:`UpstreamError` naming the
 server, the path and the inner error. This module imports no web framework, so command-line tools
@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from typing import Any
+from urllib.parse import urlencode
 
-import aiohttp
 import orjson
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel
@@ -27,6 +27,14 @@ from nemo_gym.global_config import (
     DEFAULT_HEAD_SERVER_PORT,
     SERVER_TYPES,
     get_global_config_dict,
+)
+from nemo_gym.http_transport import (
+    ConnectFailed,
+    DisconnectedBeforeResponse,
+    HttpTransport,
+    RawResponse,
+    ResponseTimeout,
+    TransportError,
 )
 
 logger = logging.getLogger("nemo_gym")
@@ -65,39 +73,30 @@ def _find_instance_block(cfg: DictConfig | dict, name: str) -> tuple[str, str, A
     return None
 
 
-# One aiohttp session per process and event loop (aiohttp sessions are bound to the loop that made
-# them). Keyed by the loop object itself, not ``id(loop)``: an id can be reused by a later loop.
-_SESSIONS: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+# One connection pool per process and event loop (connections belong to the loop that opened them).
+# Keyed by the loop object itself, not ``id(loop)``: an id can be reused by a later loop.
+_SESSIONS: dict[asyncio.AbstractEventLoop, HttpTransport] = {}
 
 # Failures to *reach* a server: nothing was processed, so trying again is safe.
-_RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError)
+_RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (ConnectFailed, DisconnectedBeforeResponse)
 MAX_BACKOFF_S = 2.0
 
 
-def _shared_session(max_connections: int) -> aiohttp.ClientSession:
-    """The process-wide aiohttp session for the running loop (created on first use)."""
+def _shared_session(max_connections: int) -> HttpTransport:
+    """The process-wide connection pool for the running loop (created on first use)."""
     loop = asyncio.get_running_loop()
     session = _SESSIONS.get(loop)
     if session is None or session.closed:
-        # Forget sessions of loops that are gone (each test of an async test suite has its own loop).
+        # Forget pools of loops that are gone (each test of an async test suite has its own loop).
         for old_loop in [lp for lp in _SESSIONS if lp.is_closed()]:
             del _SESSIONS[old_loop]
-        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, keepalive_timeout=30, ttl_dns_cache=None)
-        session = aiohttp.ClientSession(
-            connector=connector,
-            # Never store cookies: a rollout's session cookies are passed explicitly on each call, so
-            # two rollouts sharing this client can never see each other's sessions.
-            cookie_jar=aiohttp.DummyCookieJar(),
-            json_serialize=lambda o: orjson.dumps(o).decode(),
-            timeout=aiohttp.ClientTimeout(total=DEFAULT_REQUEST_TIMEOUT_S, sock_connect=10),
-            trust_env=False,
-        )
+        session = HttpTransport(max_connections=max_connections)
         _SESSIONS[loop] = session
     return session
 
 
 async def close_shared_session() -> None:
-    """Close this loop's shared client session (call before the loop ends to avoid warnings)."""
+    """Close this loop's shared connection pool (call before the loop ends)."""
     session = _SESSIONS.pop(asyncio.get_running_loop(), None)
     if session is not None and not session.closed:
         await session.close()
@@ -133,6 +132,7 @@ class ServerClient:
         self.backoff_s = backoff_s
         self.max_connections = max_connections
         self._urls: dict[str, str] = {}
+        self._host_ports: dict[str, tuple[str, int]] = {}
 
     # -- construction helpers ------------------------------------------------------------------
     @classmethod
@@ -173,8 +173,15 @@ class ServerClient:
         return url
 
     # -- transport -------------------------------------------------------------------------------
-    def _session(self) -> aiohttp.ClientSession:
+    def _session(self) -> HttpTransport:
         return _shared_session(self.max_connections)
+
+    def _host_port(self, server_name: str) -> tuple[str, int]:
+        hp = self._host_ports.get(server_name)
+        if hp is None:
+            host, _, port = self.base_url(server_name).removeprefix("http://").rpartition(":")
+            hp = self._host_ports[server_name] = (host, int(port))
+        return hp
 
     async def request(
         self,
@@ -185,13 +192,13 @@ class ServerClient:
         cookies: dict[str, str] | None = None,
         timeout_s: float | None = None,
         **kwargs: Any,
-    ) -> aiohttp.ClientResponse:
+    ) -> RawResponse:
         """Send one request; the body is already read when this returns (``await resp.json()`` works).
 
         ``cookies`` are sent as given (the client keeps none). Raises :class:`UpstreamError` when the
         server cannot be reached or does not answer in time; an HTTP error status is returned.
         """
-        url = self.base_url(server_name) + url_path
+        host, port = self._host_port(server_name)
         headers = dict(kwargs.pop("headers", None) or {})
         if cookies:
             headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in cookies.items())
@@ -199,16 +206,19 @@ class ServerClient:
         if json is not None:
             data = orjson.dumps(json, default=_json_default)
             headers["Content-Type"] = "application/json"
+        elif isinstance(data, str):
+            data = data.encode()
+        params = kwargs.pop("params", None)
+        if kwargs:
+            raise TypeError(f"ServerClient.request got unexpected arguments: {sorted(kwargs)}")
+        path = url_path + ("?" + urlencode(params) if params else "")
         limit_s = timeout_s or self.timeout_s
-        # ``total`` bounds the whole exchange (a server that trickles bytes cannot hold us forever).
-        timeout = aiohttp.ClientTimeout(total=limit_s, sock_connect=min(10.0, limit_s))
-        session = self._session()
+        transport = self._session()
         attempt = 0
         while True:
             try:
-                async with session.request(method, url, data=data, headers=headers, timeout=timeout, **kwargs) as resp:
-                    await resp.read()
-                    return resp
+                # The limit bounds each whole attempt: sending, and reading the complete response.
+                return await transport.request(method, host, port, path, data, headers, limit_s)
             except _RETRYABLE_ERRORS as e:
                 attempt += 1
                 if attempt > self.max_retries:
@@ -221,20 +231,20 @@ class ServerClient:
                     ) from e
                 delay = min(self.backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S)
                 logger.warning(
-                    "Cannot reach %s at %s (%s); retry %d/%d in %.2f s",
-                    server_name, url, type(e).__name__, attempt, self.max_retries, delay,
+                    "Cannot reach %s at %s:%s%s (%s); retry %d/%d in %.2f s",
+                    server_name, host, port, url_path, type(e).__name__, attempt, self.max_retries, delay,
                 )
                 await asyncio.sleep(delay)
-            except TimeoutError as e:
+            except ResponseTimeout as e:
                 raise UpstreamError(server_name, url_path, None, f"no response within {limit_s} s", kind="timeout") from e
-            except aiohttp.ClientError as e:
-                # E.g. the connection broke while the body was being read: not safe to resend.
+            except TransportError as e:
+                # E.g. the connection broke while the response was being read: not safe to resend.
                 raise UpstreamError(server_name, url_path, None, f"{type(e).__name__}: {e}", kind="connection_error") from e
 
-    async def post(self, server_name: str, url_path: str, json: Any = None, **kwargs: Any) -> aiohttp.ClientResponse:
+    async def post(self, server_name: str, url_path: str, json: Any = None, **kwargs: Any) -> RawResponse:
         return await self.request("POST", server_name, url_path, json=json, **kwargs)
 
-    async def get(self, server_name: str, url_path: str, **kwargs: Any) -> aiohttp.ClientResponse:
+    async def get(self, server_name: str, url_path: str, **kwargs: Any) -> RawResponse:
         return await self.request("GET", server_name, url_path, **kwargs)
 
     async def post_json(self, server_name: str, url_path: str, json: Any = None, **kwargs: Any) -> tuple[Any, dict[str, str]]:
@@ -259,11 +269,11 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
 
 
-def response_cookies(resp: aiohttp.ClientResponse) -> dict[str, str]:
+def response_cookies(resp: RawResponse) -> dict[str, str]:
     return {k: m.value for k, m in resp.cookies.items()}
 
 
-def raise_for_status(resp: aiohttp.ClientResponse, server_name: str, url_path: str) -> None:
+def raise_for_status(resp: RawResponse, server_name: str, url_path: str) -> None:
     if resp.status < 400:
         return
     body = response_body(resp)
@@ -274,10 +284,10 @@ def raise_for_status(resp: aiohttp.ClientResponse, server_name: str, url_path: s
     raise UpstreamError(server_name, url_path, resp.status, detail, kind="http_error")
 
 
-def response_body(resp: aiohttp.ClientResponse) -> bytes:
+def response_body(resp: RawResponse) -> bytes:
     """The body of a response returned by :class:`ServerClient` (already read; the connection is released)."""
     return resp._body or b""
 
 
-async def get_response_json(resp: aiohttp.ClientResponse) -> Any:
+async def get_response_json(resp: RawResponse) -> Any:
     return orjson.loads(response_body(resp))
