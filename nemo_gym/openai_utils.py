@@ -18,6 +18,7 @@ import time
 import uuid
 from typing import Annotated, Any, ClassVar, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_serializer, model_validator
 
 TOKEN_ID_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
@@ -323,3 +324,23 @@ def text_of_message(item: Message | dict) -> str:
         if isinstance(text, str):
             out.append(text)
     return "".join(out)
+
+
+def openai_error_message(body: Any) -> str:
+    """The message of an OpenAI-compatible error body: ``{"error": {"message": ...}}``, ``{"message": ...}``
+    or ``{"detail": ...}``; bytes are parsed first; anything else is shown (shortened) as it is."""
+    if isinstance(body, (bytes, bytearray)):
+        try:
+            body = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return bytes(body).decode(errors="replace")[:1000]
+    if isinstance(body, dict):
+        inner = body.get("error")
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+        if isinstance(inner, str):
+            return inner
+        for key in ("message", "detail"):
+            if body.get(key):
+                return str(body[key])
+    return str(body)[:2000]

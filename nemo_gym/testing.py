@@ -20,6 +20,24 @@ from nemo_gym.global_config import PACKAGE_PARENT_DIR, GlobalConfigDictParserCon
 
 SCRIPTED_MODEL_CONFIG = "responses_api_models/scripted_model/configs/scripted_model.yaml"
 
+# The get_weather tool of example_single_tool_call, as a Responses API tool and as a Chat Completions tool.
+WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Get the current weather in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "description": "City name"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+WEATHER_CHAT_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {k: v for k, v in WEATHER_TOOL.items() if k != "type"},
+}
+
 
 @contextlib.contextmanager
 def running_servers(

@@ -32,7 +32,12 @@ from fastapi.responses import Response
 from pydantic import Field, PrivateAttr, SecretStr, field_validator
 
 from nemo_gym.base_responses_api_model import BaseResponsesAPIModelConfig, SimpleResponsesAPIModel
-from nemo_gym.openai_utils import TOKEN_ID_FIELDS, NeMoGymResponseCreateParamsNonStreaming, dump
+from nemo_gym.openai_utils import (
+    TOKEN_ID_FIELDS,
+    NeMoGymResponseCreateParamsNonStreaming,
+    dump,
+    openai_error_message,
+)
 
 logger = logging.getLogger("nemo_gym.openai_model")
 
@@ -57,24 +62,6 @@ class OpenAIModelConfig(BaseResponsesAPIModelConfig):
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"openai_base_url must start with http:// or https://, got {value!r}")
         return value
-
-
-def _error_message(payload: bytes) -> str:
-    """The ``error.message`` (or whole body) of an endpoint's error answer."""
-    try:
-        body = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return payload.decode(errors="replace")[:1000]
-    if isinstance(body, dict):
-        inner = body.get("error")
-        if isinstance(inner, dict) and inner.get("message"):
-            return str(inner["message"])
-        if isinstance(inner, str):
-            return inner
-        for key in ("message", "detail"):
-            if body.get(key):
-                return str(body[key])
-    return str(body)[:1000]
 
 
 def retry_delay(attempt: int, backoff_s: float, max_backoff_s: float, retry_after: str | None) -> float:
@@ -154,7 +141,7 @@ class OpenAIModel(SimpleResponsesAPIModel):
             if not retryable:
                 return self._status_error(request, url, status, payload)
             if attempt >= self.config.max_retries:
-                detail = f": {_error_message(payload)}" if payload else ""
+                detail = f": {openai_error_message(payload)}" if payload else ""
                 return self._error(
                     request, 502, "upstream_error",
                     f"{failure}{detail} (gave up after {attempt + 1} attempts; max_retries={self.config.max_retries})",
@@ -166,7 +153,7 @@ class OpenAIModel(SimpleResponsesAPIModel):
             await asyncio.sleep(delay)
 
     def _status_error(self, request: Request, url: str, status: int, payload: bytes) -> Response:
-        upstream = _error_message(payload)
+        upstream = openai_error_message(payload)
         if status in (401, 403):
             message = (
                 f"{url} rejected the API key (HTTP {status}: {upstream}). Check openai_api_key "

@@ -47,7 +47,7 @@ from nemo_gym.chat_conversion import (
     chat_message_to_output_items,
     responses_params_to_chat_request,
 )
-from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id
+from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id, openai_error_message
 from nemo_gym.server_utils import UpstreamError
 
 logger = logging.getLogger("nemo_gym.vllm_model")
@@ -102,22 +102,8 @@ def server_root(base_url: str) -> str:
     return base_url[: -len("/v1")] if base_url.endswith("/v1") else base_url
 
 
-def error_message(body: Any) -> str:
-    """The message of a vLLM/OpenAI error body (``{"message": ...}`` or ``{"error": {"message": ...}}``)."""
-    if isinstance(body, dict):
-        inner = body.get("error")
-        if isinstance(inner, dict) and inner.get("message"):
-            return str(inner["message"])
-        if isinstance(inner, str):
-            return inner
-        for key in ("message", "detail"):
-            if body.get(key):
-                return str(body[key])
-    return str(body)[:2000]
-
-
 def is_context_overflow(status: int, body: Any) -> bool:
-    return status == 400 and bool(_CONTEXT_OVERFLOW_RE.search(error_message(body)))
+    return status == 400 and bool(_CONTEXT_OVERFLOW_RE.search(openai_error_message(body)))
 
 
 def generation_ids_and_log_probs(choice: dict[str, Any]) -> tuple[list[int], list[float]]:
@@ -146,7 +132,7 @@ def _discard(task: asyncio.Task[Any] | None) -> None:
 class _BackendError(Exception):
     def __init__(self, url: str, status: int, body: Any):
         self.url, self.status, self.body = url, status, body
-        super().__init__(f"HTTP {status} from {url}: {error_message(body)[:500]}")
+        super().__init__(f"HTTP {status} from {url}: {openai_error_message(body)[:500]}")
 
 
 class VLLMModel(SimpleResponsesAPIModel):
@@ -233,7 +219,7 @@ class VLLMModel(SimpleResponsesAPIModel):
                 "path": request.url.path,
                 "backend": exc.url,
                 "backend_status": exc.status,
-                "message": f"vLLM backend {exc.url} answered HTTP {exc.status}: {error_message(exc.body)}{hint}",
+                "message": f"vLLM backend {exc.url} answered HTTP {exc.status}: {openai_error_message(exc.body)}{hint}",
             }
         }
         return Response(orjson.dumps(body), status_code=status, media_type="application/json")

@@ -20,29 +20,14 @@ import pytest
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response, ResponseFunctionToolCall, ResponseOutputMessage
 
-from nemo_gym.testing import post_json, running_servers, server_url
+from nemo_gym.testing import WEATHER_CHAT_TOOL, WEATHER_TOOL, post_json, running_servers, server_url
 from responses_api_models.local_model import weights
 
 CONFIG = "responses_api_models/local_model/configs/local_model.yaml"
 WAIT_S = 120.0  # bound on every wait in this module (never a speed check)
 
-TOOLS = [
-    {
-        "type": "function",
-        "name": "get_weather",
-        "description": "Get the current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "description": "City name"}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-        "strict": True,
-    }
-]
-CHAT_TOOLS = [
-    {"type": "function", "function": {k: v for k, v in TOOLS[0].items() if k in ("name", "description", "parameters")}}
-]
+TOOLS = [WEATHER_TOOL]
+CHAT_TOOLS = [WEATHER_CHAT_TOOL]
 SYSTEM = "You are a helpful assistant. Use the get_weather tool to look up the weather before answering."
 WEATHER_INPUT = [{"role": "developer", "content": SYSTEM}, {"role": "user", "content": "What's the weather like in Paris right now?"}]
 

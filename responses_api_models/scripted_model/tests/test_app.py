@@ -21,26 +21,10 @@ from openai.types.responses import (
 )
 from pydantic import ValidationError
 
-from nemo_gym.testing import post_json, running_servers, server_url
+from nemo_gym.testing import WEATHER_CHAT_TOOL, WEATHER_TOOL, post_json, running_servers, server_url
 
-TOOLS = [
-    {
-        "type": "function",
-        "name": "get_weather",
-        "description": "Get the current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "description": "City name"}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-        "strict": True,
-    }
-]
-CHAT_TOOLS = [
-    {"type": "function", "function": {"name": t["name"], "description": t["description"], "parameters": t["parameters"]}}
-    for t in TOOLS
-]
+TOOLS = [WEATHER_TOOL]
+CHAT_TOOLS = [WEATHER_CHAT_TOOL]
 
 SCRIPTS = [
     {

@@ -30,7 +30,15 @@ from openai.types.responses import (
 )
 from pydantic import ValidationError
 
-from nemo_gym.testing import example_rows, post_json, run_rollout, running_servers, server_url
+from nemo_gym.testing import (
+    WEATHER_CHAT_TOOL,
+    WEATHER_TOOL,
+    example_rows,
+    post_json,
+    run_rollout,
+    running_servers,
+    server_url,
+)
 
 HERE = Path(__file__).resolve().parent
 VLLM_CONFIG = "responses_api_models/vllm_model/configs/vllm_model.yaml"
@@ -39,21 +47,8 @@ AGENT = "example_single_tool_call_simple_agent"
 MODEL = "fake-model"
 TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 
-TOOLS = [
-    {
-        "type": "function",
-        "name": "get_weather",
-        "description": "Get the current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "description": "City name"}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-        "strict": True,
-    }
-]
-CHAT_TOOLS = [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}} for t in TOOLS]
+TOOLS = [WEATHER_TOOL]
+CHAT_TOOLS = [WEATHER_CHAT_TOOL]
 
 
 def _load(filename: str) -> ModuleType:
