@@ -392,14 +392,19 @@ class ServerSupervisor:
             return
         self._shut_down = True
         alive = [c for c in self.children if c.process is not None]
-        for c in alive:
-            _signal_group(c.process.pid, signal.SIGTERM)
         deadline = time.monotonic() + self.shutdown_timeout_s
-        for c in alive:
-            try:
-                c.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+        # Agents stop first (for at most a second of the bound), so they do not report failed calls
+        # to servers that are already stopping; then everything else.
+        agents = [c for c in alive if c.instance.server_type == "responses_api_agents"]
+        others = [c for c in alive if c.instance.server_type != "responses_api_agents"]
+        for stage, stage_deadline in ((agents, min(deadline, time.monotonic() + 1.0)), (others, deadline)):
+            for c in stage:
+                _signal_group(c.process.pid, signal.SIGTERM)
+            for c in stage:
+                try:
+                    c.process.wait(timeout=max(0.0, stage_deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
         for c in alive:
             # Kill the whole group even when the leader exited: nothing of ours may outlive the run.
             _signal_group(c.process.pid, signal.SIGKILL)
