@@ -229,7 +229,8 @@ class LocalModel(SimpleResponsesAPIModel):
     async def responses(self, request: Request, body: NeMoGymResponseCreateParamsNonStreaming) -> Response:
         params = dump(body)
         try:
-            messages = responses_to_chat_messages(params)
+            # Earlier turns keep their token ids, so the new prompt extends them exactly (see engine.prompt_for).
+            messages = responses_to_chat_messages(params, keep_token_ids=True)
             tools = responses_tools_to_chat_tools(params.get("tools")) if params.get("tool_choice") != "none" else None
         except ChatConversionError as e:
             return self._bad_request(request, str(e))

@@ -248,6 +248,47 @@ class LocalLLM:
             eos_token=self._eos_text,
         )
 
+    def prompt_for(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> tuple[str, list[int]]:
+        """The prompt text and the exact token ids to evaluate.
+
+        When an earlier assistant turn carries the ids it was generated from (``prompt_token_ids`` and
+        ``generation_token_ids``, as ``keep_token_ids`` conversion puts them), the prompt is those ids
+        followed by the tokens of only the template text after that turn. Turn N+1's prompt then
+        extends turn N's prompt and generation exactly, which is what RL training on multi-turn
+        rollouts needs. If the template's rendering of the earlier conversation is not a prefix of
+        the new prompt, the whole prompt is tokenised afresh instead.
+        """
+        prompt = self.render(messages, tools)
+        last = next(
+            (
+                i
+                for i in range(len(messages) - 1, -1, -1)
+                if messages[i].get("role") == "assistant"
+                and messages[i].get("prompt_token_ids")
+                and messages[i].get("generation_token_ids")
+            ),
+            None,
+        )
+        if last is None:
+            return prompt, self.tokenize(prompt)
+        earlier = self._template.render(
+            messages=messages_for_template(messages[: last + 1]),
+            tools=tools or None,
+            add_generation_prompt=False,
+            bos_token=self._bos_text,
+            eos_token=self._eos_text,
+        )
+        generated = [int(t) for t in messages[last]["generation_token_ids"]]
+        ended = self.is_end_of_generation(generated[-1])
+        marker = self.token_bytes(generated[-1]).decode("utf-8", errors="replace") if ended else self._eos_text
+        cut = earlier.rfind(marker) if marker else -1
+        if not prompt.startswith(earlier) or cut < 0:
+            return prompt, self.tokenize(prompt)
+        ids = [int(t) for t in messages[last]["prompt_token_ids"]] + generated
+        if not ended:  # cut off by the token budget: the template closes the turn with its end marker
+            ids += self.tokenize(marker)
+        return prompt, ids + self.tokenize(earlier[cut + len(marker) :] + prompt[len(earlier) :])
+
     # -- generation --------------------------------------------------------------------------------
     def _logits(self) -> np.ndarray:
         import llama_cpp
@@ -256,8 +297,7 @@ class LocalLLM:
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
     def complete(self, req: GenerationRequest) -> GenerationResult:
-        prompt = self.render(req.messages, req.tools)
-        prompt_ids = self.tokenize(prompt)
+        prompt, prompt_ids = self.prompt_for(req.messages, req.tools)
         result = GenerationResult(prompt_text=prompt, prompt_token_ids=prompt_ids)
         budget = min(req.max_tokens, self.n_ctx - len(prompt_ids))
         if budget <= 0:

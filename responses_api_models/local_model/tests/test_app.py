@@ -97,6 +97,38 @@ def test_token_ids_ride_on_the_tool_call_item(urls: dict[str, str], vocab: Any) 
     assert '"name": "get_weather"' in prompt and SYSTEM in prompt
 
 
+def test_turn_two_prompt_extends_turn_one_exactly(urls: dict[str, str], vocab: Any) -> None:
+    """RL on multi-turn rollouts needs turn 2's prompt to be turn 1's prompt + generation, token for token."""
+    url = urls["policy_model"] + "/v1/responses"
+    first = post_json(url, {"input": WEATHER_INPUT, "tools": TOOLS, "temperature": 0, "max_output_tokens": 64}, timeout=WAIT_S)
+    turn1 = first.json()["output"]
+    call = next(i for i in turn1 if i["type"] == "function_call")
+    carrier = turn1[-1]
+    result = {"type": "function_call_output", "call_id": call["call_id"], "output": '{"city": "Paris", "weather": "sunny, 21 C"}'}
+    second = post_json(
+        url,
+        {"input": WEATHER_INPUT + turn1 + [result], "tools": TOOLS, "temperature": 0, "max_output_tokens": 32},
+        timeout=WAIT_S,
+    )
+    assert second.status_code == 200, second.text
+    prompt2 = second.json()["output"][-1]["prompt_token_ids"]
+    prefix = carrier["prompt_token_ids"] + carrier["generation_token_ids"]
+    assert prompt2[: len(prefix)] == prefix
+    # What follows is the template's rendering of the tool result and the next assistant header.
+    rest = vocab.detokenize(prompt2[len(prefix) :], special=True).decode()
+    assert "sunny, 21 C" in rest and rest.endswith("<|im_start|>assistant\n")
+    # Without the ids (a client that strips them) the prompt is simply re-rendered and still valid.
+    stripped = [{k: v for k, v in i.items() if k not in ("prompt_token_ids", "generation_token_ids", "generation_log_probs")} for i in turn1]
+    third = post_json(
+        url,
+        {"input": WEATHER_INPUT + stripped + [result], "tools": TOOLS, "temperature": 0, "max_output_tokens": 8},
+        timeout=WAIT_S,
+    )
+    fresh = third.json()["output"][-1]["prompt_token_ids"]
+    assert fresh[: len(carrier["prompt_token_ids"])] == carrier["prompt_token_ids"]
+    assert vocab.tokenize(vocab.detokenize(fresh, special=True), add_bos=False, special=True) == fresh
+
+
 # -- the official SDK ------------------------------------------------------------------------------------
 
 
