@@ -2,20 +2,24 @@
 
 Contract
 --------
-* ``POST /seed_session`` receives the task row (``BaseSeedSessionRequest``, extra fields kept) and
-  may set up per-rollout state keyed by ``request.state.session_id``.
+* ``POST /seed_session`` receives the task row (``BaseSeedSessionRequest``) and may set up
+  per-rollout state keyed by ``request.state.session_id``.
 * Each tool is ``POST /<tool_name>`` with a pydantic body; a tool that raises answers 500 with the
   error text, which the agent hands to the model as the tool output.
-* ``POST /verify`` receives the task row plus the final ``response`` and returns the same fields
-  plus ``reward`` (a float). Every task field of the row survives into the verify response.
+* ``POST /verify`` receives the task row plus the final ``response`` and returns the fields its
+  request model declares plus ``reward`` (a float).
+* Request and response models **ignore undeclared fields** (pydantic's default, as upstream): a
+  verifier reads only what its request model declares, so a stored rollout (carrying an old
+  ``reward`` and metrics) can be posted to ``/verify`` again and ``XVerifyResponse(**body.model_dump(),
+  reward=...)`` never sees a duplicate key. The row's other fields are not lost: the agent lays the
+  verify response over the row it was given, so every task field survives into the rollout output.
 * ``POST /aggregate_metrics`` (``AggregateMetricsRequest`` -> ``AggregateMetrics``) computes metrics over a
   run's verify responses through the overridable ``compute_metrics``/``get_key_metrics`` hooks
   (:mod:`nemo_gym.reward_profile`). ``GET /reverify_mode`` answers the config class's
   ``REVERIFY_MODE`` (whether ``/verify`` can be re-run later from a stored rollout alone).
 * ``BaseMultiRewardVerifyResponse`` adds ``reward_components``; ``reward`` must equal their sum.
 * Names follow NVIDIA NeMo Gym's ``nemo_gym.base_resources_server`` so its environments import them
-  unchanged. Differences: task rows keep undeclared fields (``extra="allow"``: they survive into the
-  verify response), and MCP exposure of tools (``expose_tools_over_mcp``) is not offered.
+  unchanged. Difference: MCP exposure of tools (``expose_tools_over_mcp``) is not offered.
 * ``GET /row_schema`` publishes the JSON schema of what a task row must carry for this environment:
   the fields of the ``/seed_session`` and ``/verify`` request bodies, without ``response`` (the
   agent adds it). ``ng_collect_rollouts`` checks every row against it before sending anything.
@@ -97,7 +101,7 @@ class MCPServerMetadata(BaseModel):
 
 
 class BaseSeedSessionRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """What ``/seed_session`` reads of a task row; subclasses declare the fields they need."""
 
 
 class BaseSeedSessionResponse(BaseModel):
@@ -105,9 +109,8 @@ class BaseSeedSessionResponse(BaseModel):
 
 
 class BaseRunRequest(BaseModel):
-    """A task row: the model request plus any task fields (ground truth, ids, ...)."""
-
-    model_config = ConfigDict(extra="allow")
+    """A task row as a verifier sees it: the model request plus the task fields a subclass declares
+    (ground truth, ids, ...). Undeclared fields are ignored (see the module docstring)."""
 
     responses_create_params: NeMoGymResponseCreateParamsNonStreaming
 

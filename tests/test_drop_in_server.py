@@ -157,6 +157,33 @@ def test_a_directly_built_server_serves_sessions_the_upstream_way() -> None:
         assert c.post("/increment", cookies=cookies).json() == {"count": 8}
 
 
+def test_a_stored_rollout_posted_back_to_verify_is_verified_again() -> None:
+    """A rollout line from an output file carries ``reward`` and metrics of its first verification;
+    upstream's verifiers build ``XVerifyResponse(**body.model_dump(), reward=...)``, so request
+    models must drop undeclared fields (upstream semantics) or that call raises on a duplicate key."""
+    stored = {
+        **ROW,
+        "response": RESPONSE,
+        "reward": 0.25,  # stale: from the first verification
+        "initial_count": 3,
+        "_ng_task_index": 4,
+        "agent_ref": {"type": "responses_api_agents", "name": "a"},
+    }
+    with serve(hosted_app(hosted_server())) as url:
+        c = _NoJar(url)
+        cookies = dict(c.post("/seed_session", json=stored).cookies)
+        c.post("/increment", cookies=cookies)
+        verify = c.post("/verify", json=stored, cookies=cookies)
+    assert verify.status_code == 200, verify.text
+    body = verify.json()
+    assert body["reward"] == 4.0  # seeded at 3 by the stored row, one increment: verified again
+    assert "agent_ref" not in body and "_ng_task_index" not in body  # undeclared: not echoed
+    assert set(BaseVerifyRequest.model_validate(stored).model_dump()) == {
+        "responses_create_params",
+        "response",
+    }
+
+
 def test_set_up_steps_are_idempotent_and_a_self_built_app_still_gets_the_guard(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -349,7 +376,7 @@ def test_multi_reward_verify_response_checks_the_sum() -> None:
     assert ok.reward_components == {"a": 1.0, "b": 0.5}
     with pytest.raises(ValidationError, match="sum of reward_components"):
         BaseMultiRewardVerifyResponse(**base, reward=1.0, reward_components={"a": 1.0, "b": 0.5})
-    assert BaseRunRequest(**ROW, task_field=3).model_dump()["task_field"] == 3  # task fields survive
+    assert "task_field" not in BaseRunRequest(**ROW, task_field=3).model_dump()  # undeclared: ignored
 
 
 def test_base_server_keeps_upstream_names() -> None:

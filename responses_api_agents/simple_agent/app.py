@@ -66,10 +66,14 @@ class SimpleAgent(SimpleResponsesAPIAgent):
         return Response(orjson.dumps(response), media_type="application/json")
 
     async def run(self, request: Request) -> Response:
-        """One rollout: seed the resources session with the row, loop, verify; return the verify response.
+        """One rollout: seed the resources session with the row, loop, verify; return the verify response
+        laid over the row.
 
         The row is checked against ``BaseRunRequest`` (unknown ``responses_create_params`` keys are a
-        422 naming them) and forwarded exactly as received, so every task field reaches the verifier.
+        422 naming them) and forwarded exactly as received; the verifier reads the fields it declares
+        and answers those plus ``reward``. The result is the row updated with the verify response, so
+        task fields the verifier does not declare (ids, metadata) still reach the output, and stale
+        values a re-run row carries (an old ``reward``) are replaced by the verifier's.
         """
         row = await validated_body(request, BaseRunRequest)
         # Cookies are named per server instance, so one dict serves every server of this rollout.
@@ -87,7 +91,7 @@ class SimpleAgent(SimpleResponsesAPIAgent):
             cookies=cookies,
             **self.timeout("verify_timeout_s"),
         )
-        return Response(orjson.dumps(verify), media_type="application/json")
+        return Response(orjson.dumps({**row, **verify}), media_type="application/json")
 
     # ------------------------------------------------------------------------------------------------
     async def run_loop(

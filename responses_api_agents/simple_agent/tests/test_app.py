@@ -157,10 +157,11 @@ def tool_texts(result: dict[str, Any]) -> list[str]:
 
 
 def test_happy_rollout_seeds_calls_tools_verifies_and_keeps_task_fields(urls: dict[str, str]) -> None:
-    row = make_row("happy", task_id=41, extra_metric_input=3.5)
+    # A row copied from an earlier output line carries a stale reward: the verifier's replaces it.
+    row = make_row("happy", task_id=41, extra_metric_input=3.5, reward=-7.0)
     result = run(urls, row)
     assert result["reward"] == 1.0
-    # Every task field of the row survives, unchanged.
+    # Every task field of the row survives, unchanged, although the verifier declares only task_id.
     for key in ("task_id", "ground_truth", "label", "extra_metric_input"):
         assert result[key] == row[key]
     assert _same_params(result["responses_create_params"], row["responses_create_params"])

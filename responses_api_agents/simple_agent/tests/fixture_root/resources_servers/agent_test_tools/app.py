@@ -52,8 +52,17 @@ class HangRequest(BaseModel):
     seconds: float
 
 
+class AgentTestSeedRequest(BaseSeedSessionRequest):
+    task_id: int | None = None
+
+
 class AgentTestVerifyRequest(BaseVerifyRequest):
     task_id: int
+
+
+class AgentTestVerifyResponse(AgentTestVerifyRequest, BaseVerifyResponse):
+    seen_task_id: int | None
+    session_calls: list[str]
 
 
 class AgentTestToolsServer(SimpleResourcesServer):
@@ -72,8 +81,8 @@ class AgentTestToolsServer(SimpleResourcesServer):
     def _state(self, request: Request) -> dict[str, Any]:
         return self.sessions.setdefault(get_session_id(request), {"task_id": None, "calls": []})
 
-    async def seed_session(self, request: Request, body: BaseSeedSessionRequest) -> BaseSeedSessionResponse:
-        self._state(request)["task_id"] = (body.model_extra or {}).get("task_id")
+    async def seed_session(self, request: Request, body: AgentTestSeedRequest) -> BaseSeedSessionResponse:
+        self._state(request)["task_id"] = body.task_id
         return BaseSeedSessionResponse()
 
     async def record(self, request: Request, body: RecordRequest) -> dict[str, list[str]]:
@@ -94,10 +103,10 @@ class AgentTestToolsServer(SimpleResourcesServer):
         await asyncio.sleep(body.seconds)
         return {"status": "finally"}
 
-    async def verify(self, request: Request, body: AgentTestVerifyRequest) -> BaseVerifyResponse:
+    async def verify(self, request: Request, body: AgentTestVerifyRequest) -> AgentTestVerifyResponse:
         state = self._state(request)
         ok = state["task_id"] == body.task_id and bool(state["calls"])
-        return BaseVerifyResponse(
+        return AgentTestVerifyResponse(
             **body.model_dump(),
             reward=1.0 if ok else 0.0,
             seen_task_id=state["task_id"],
