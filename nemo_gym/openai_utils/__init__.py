@@ -12,16 +12,15 @@ the code lives in three modules:
   status lists ``RATE_LIMIT_ERROR_CODES`` / ``RETRY_ERROR_CODES``.
 
 See each module's docstring for its contract.
+
+The Chat Completions names and the client load on first use (PEP 562 ``__getattr__``): the chat
+types subclass the ``openai`` SDK's models (importing the SDK costs ~1 s and ~35 MB per process) and
+the client imports aiohttp (~0.2 s); servers that use neither should not pay for them at start-up.
 """
 
-from nemo_gym.openai_utils.chat import *  # noqa: F403
-from nemo_gym.openai_utils.chat import __all__ as _chat_names
-from nemo_gym.openai_utils.client import (
-    MAX_NUM_TRIES,
-    RATE_LIMIT_ERROR_CODES,
-    RETRY_ERROR_CODES,
-    NeMoGymAsyncOpenAI,
-)
+from typing import Any
+
+from nemo_gym.openai_utils.chat_names import CHAT_NAMES as _chat_names
 from nemo_gym.openai_utils.responses import (
     REQUIRED_TOKEN_METADATA_FIELDS,
     RESPONSES_TO_TRAIN,
@@ -32,6 +31,7 @@ from nemo_gym.openai_utils.responses import (
     NeMoGymEasyInputMessage,
     NeMoGymEasyInputMessageForTraining,
     NeMoGymFunctionCallOutput,
+    NeMoGymFunctionToolParam,
     NeMoGymImageGenerationCall,
     NeMoGymInputVideoPart,
     NeMoGymLocalShellCall,
@@ -98,6 +98,7 @@ __all__ = [
     "NeMoGymEasyInputMessage",
     "NeMoGymEasyInputMessageForTraining",
     "NeMoGymFunctionCallOutput",
+    "NeMoGymFunctionToolParam",
     "NeMoGymImageGenerationCall",
     "NeMoGymInputVideoPart",
     "NeMoGymLocalShellCall",
@@ -148,3 +149,23 @@ __all__ = [
     "text_of_message",
     "training_variant_of",
 ]
+
+
+_CLIENT_NAMES = ("MAX_NUM_TRIES", "RATE_LIMIT_ERROR_CODES", "RETRY_ERROR_CODES", "NeMoGymAsyncOpenAI")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _chat_names or name in _CLIENT_NAMES:
+        import importlib
+
+        module = importlib.import_module(
+            "nemo_gym.openai_utils.chat" if name in _chat_names else "nemo_gym.openai_utils.client"
+        )
+        value = getattr(module, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -30,8 +30,8 @@ from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, with_config
 from typing_extensions import TypedDict
 
+from nemo_gym.openai_utils.chat_names import CHAT_NAMES
 from nemo_gym.openai_utils.responses import (
-    NeMoGymFunctionToolParam,
     TokenIDLogProbMixin,
     TokenIDLogProbTypedDictMixin,
     _has_all_token_fields,
@@ -39,40 +39,7 @@ from nemo_gym.openai_utils.responses import (
     check_token_fields,
 )
 
-__all__ = [
-    "NeMoGymChatCompletion",
-    "NeMoGymChatCompletionAssistantMessageForTrainingParam",
-    "NeMoGymChatCompletionAssistantMessageParam",
-    "NeMoGymChatCompletionContentPartFileParam",
-    "NeMoGymChatCompletionContentPartImageParam",
-    "NeMoGymChatCompletionContentPartInputAudioParam",
-    "NeMoGymChatCompletionContentPartParam",
-    "NeMoGymChatCompletionContentPartTextParam",
-    "NeMoGymChatCompletionContentPartVideoUrlParam",
-    "NeMoGymChatCompletionCreateParamsNonStreaming",
-    "NeMoGymChatCompletionCustomToolParam",
-    "NeMoGymChatCompletionDeveloperMessageParam",
-    "NeMoGymChatCompletionMessage",
-    "NeMoGymChatCompletionMessageCustomToolCall",
-    "NeMoGymChatCompletionMessageCustomToolCallParam",
-    "NeMoGymChatCompletionMessageForTraining",
-    "NeMoGymChatCompletionMessageParam",
-    "NeMoGymChatCompletionMessageToolCall",
-    "NeMoGymChatCompletionMessageToolCallFunctionParam",
-    "NeMoGymChatCompletionMessageToolCallParam",
-    "NeMoGymChatCompletionMessageToolCallUnion",
-    "NeMoGymChatCompletionMessageToolCallUnionParam",
-    "NeMoGymChatCompletionOutputMessage",
-    "NeMoGymChatCompletionSystemMessageParam",
-    "NeMoGymChatCompletionToolMessageParam",
-    "NeMoGymChatCompletionToolParam",
-    "NeMoGymChatCompletionToolUnionParam",
-    "NeMoGymChatCompletionUserMessageParam",
-    "NeMoGymChoice",
-    "NeMoGymFunction",
-    "NeMoGymFunctionDefinition",
-    "NeMoGymFunctionToolParam",
-]
+__all__ = list(CHAT_NAMES)
 
 _KEEP_EXTRA = ConfigDict(extra="allow")
 
