@@ -136,6 +136,7 @@ def _measure(
     result["concurrency"] = concurrency
     result["cpu_ms_per_rollout_servers"] = server_cpu * 1000 / done
     result["cpu_ms_per_rollout_collector"] = (after["collector"] - before["collector"]) * 1000 / done
+    result["cpu_ms_per_rollout_by_server"] = {k: round((after[k] - before[k]) * 1000 / done, 3) for k in pids}
     result["peak_rss_mb"] = {k: round(v / 2**20, 1) for k, v in rss.peak.items()}
     return result
 
