@@ -23,6 +23,7 @@ token in constant time, so it costs a few microseconds on the hot path.
 
 from __future__ import annotations
 
+import functools
 import hmac
 import ipaddress
 import logging
@@ -199,6 +200,7 @@ def server_token_from_env() -> tuple[str | None, bool]:
     return (None if disabled else os.environ.get(AUTH_TOKEN_ENV_VAR_NAME) or None), disabled
 
 
+@functools.lru_cache(maxsize=4096)  # called per request on servers without a token: parse each peer once
 def is_local_client(host: str | None) -> bool:
     """Whether a client (the host ASGI reports) is on this machine: a loopback address, or no network
     peer at all (an in-process test transport such as starlette's ``TestClient`` reports
