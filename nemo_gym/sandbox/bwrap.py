@@ -1,0 +1,596 @@
+"""Sandbox backends: bubblewrap (isolated) and unsafe_local_subprocess (explicit opt-in, NOT isolated).
+
+Contract
+--------
+* ``BubblewrapBackend.run(argv, ...)`` runs ``argv`` under ``bwrap`` with: every namespace unshared (no
+  network: only a down-or-empty loopback of its own; its own pid namespace, so it sees and can signal only
+  its own processes), a user namespace in which it is uid/gid 65534 with no capabilities and no further
+  user namespaces, ``/usr`` (and the merged-usr links, ``/etc/alternatives``, ``/etc/ld.so.cache``) bound
+  READ-ONLY and nothing else of the host (no repo, no /root, no /home, no /etc/passwd), a fresh /proc and
+  /dev, a size-capped tmpfs /tmp, the work dir bound read-write at ``spec.workdir``, and an environment of
+  only PATH/HOME/LANG/TMPDIR/thread-count variables plus what the caller passes.
+* Limits: RLIMIT_CPU (then SIGXCPU/SIGKILL), RLIMIT_FSIZE, RLIMIT_NOFILE, no core files; the process count
+  and memory through per-run cgroups (v1 ``pids`` and ``memory`` hierarchies, found from
+  /proc/self/cgroup; a memory cgroup OOM-kills the tree and we read ``oom_kill`` to report it). Without a
+  writable cgroup: RLIMIT_AS for memory, RLIMIT_NPROC for processes (which the kernel ignores for root: a
+  warning says so once).
+* The whole tree dies at the end, always: the outer ``bwrap`` is SIGKILLed on wall timeout / output cap /
+  cancellation, its inner init dies with it (``--die-with-parent``), and the kernel kills every process of
+  the pid namespace; then every pid left in the run's cgroups is SIGKILLed and the cgroups removed.
+* The program's exit status comes from bwrap's ``--json-status-fd`` (written by bwrap, not reachable from
+  the sandbox). No ``child-pid`` status = the sandbox never started: :class:`SandboxError` with bwrap's
+  message (an infrastructure failure, not the program's).
+* ``UnsafeLocalBackend`` runs ``argv`` as this user in the work dir with an empty environment, the same
+  rlimits/cgroups and process-group + cgroup kill, but NO isolation (network, files, other processes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import itertools
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from nemo_gym.sandbox.api import (
+    SandboxError,
+    SandboxExecResult,
+    SandboxProviderConfig,
+    SandboxResources,
+    SandboxUnavailableError,
+)
+
+LOG = logging.getLogger("nemo_gym.sandbox")
+
+SANDBOX_UID = 65534
+_JOIN_FAILED = 121  # exit code of the cgroup-joining shell when it cannot join
+_RUN_IDS = itertools.count()
+_READ_CHUNK = 1 << 16
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-run cgroups (v1 hierarchies).
+
+
+def _own_cgroup_dirs() -> dict[str, Path]:
+    dirs: dict[str, Path] = {}
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return dirs
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        for controller in parts[1].split(","):
+            if controller in ("pids", "memory"):
+                dirs[controller] = Path("/sys/fs/cgroup") / controller / parts[2].lstrip("/")
+    return dirs
+
+
+class _CgroupRoots:
+    """This process's parent dirs for per-run cgroups, made on first use and removed at exit."""
+
+    def __init__(self) -> None:
+        self.roots: dict[str, Path] = {}
+        for controller, own in _own_cgroup_dirs().items():
+            root = own / f"nemo_gym_sandbox_{os.getpid()}"
+            try:
+                root.mkdir(exist_ok=True)
+                probe = root / "probe"
+                probe.mkdir(exist_ok=True)
+                probe.rmdir()
+            except OSError:
+                continue
+            self.roots[controller] = root
+        atexit.register(self.remove)
+
+    def remove(self) -> None:
+        for root in self.roots.values():
+            for child in root.glob("run_*"):
+                _kill_and_remove(child)
+            with contextlib.suppress(OSError):
+                root.rmdir()
+
+
+def _pids_in(cgroup: Path) -> list[int]:
+    try:
+        return [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _kill_and_remove(cgroup: Path, within: float = 5.0) -> bool:
+    """SIGKILL everything in ``cgroup`` until it is empty, then rmdir it. True when it got empty."""
+    deadline = time.monotonic() + within
+    while True:
+        pids = _pids_in(cgroup)
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            LOG.error("sandbox cgroup %s still has processes %s after SIGKILL", cgroup, pids)
+            return False
+        time.sleep(0.005)
+    for _ in range(200):
+        try:
+            cgroup.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:  # a just-killed task is still leaving
+            time.sleep(0.005)
+    return True
+
+
+@dataclass
+class _RunCgroups:
+    pids: Path | None
+    memory: Path | None
+
+    @classmethod
+    def create(cls, roots: dict[str, Path], limits: SandboxResources) -> _RunCgroups:
+        name = f"run_{next(_RUN_IDS)}"
+        made = cls(pids=None, memory=None)
+        try:
+            if "pids" in roots:
+                made.pids = roots["pids"] / name
+                made.pids.mkdir()
+                (made.pids / "pids.max").write_text(str(limits.processes))
+            if "memory" in roots and limits.memory_mib is not None:
+                made.memory = roots["memory"] / name
+                made.memory.mkdir()
+                limit = str(limits.memory_mib << 20)
+                (made.memory / "memory.limit_in_bytes").write_text(limit)
+                with contextlib.suppress(OSError):  # only with swap accounting
+                    (made.memory / "memory.memsw.limit_in_bytes").write_text(limit)
+        except OSError as exc:
+            made.destroy()
+            raise SandboxError(f"cannot set up the sandbox's cgroups: {exc}") from exc
+        return made
+
+    def procs_files(self) -> list[str]:
+        return [str(d / "cgroup.procs") for d in (self.pids, self.memory) if d is not None]
+
+    def oom_killed(self) -> bool:
+        if self.memory is None:
+            return False
+        with contextlib.suppress(OSError, ValueError):
+            for line in (self.memory / "memory.oom_control").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value) > 0
+        return False
+
+    def pids_limit_hit(self) -> bool:
+        if self.pids is None:
+            return False
+        with contextlib.suppress(OSError, ValueError):
+            for line in (self.pids / "pids.events").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "max":
+                    return int(value) > 0
+        return False
+
+    def destroy(self) -> bool:
+        ok = True
+        for d in (self.pids, self.memory):
+            if d is not None:
+                ok = _kill_and_remove(d) and ok
+        return ok
+
+
+# ------------------------------------------------------------------------------------------------
+# Running one process with caps, limits and a guaranteed kill.
+
+
+def _prlimit_args(limits: SandboxResources, *, memory_by_cgroup: bool, pids_by_cgroup: bool) -> list[str]:
+    cpu = max(1, math.ceil(limits.cpu_time_s))
+    args = [
+        "prlimit",
+        f"--cpu={cpu}:{cpu + 1}",
+        f"--fsize={limits.file_size_bytes}",
+        f"--nofile={limits.open_files}",
+        "--core=0",
+    ]
+    if not memory_by_cgroup and limits.memory_mib is not None:
+        args.append(f"--as={limits.memory_mib << 20}")
+    if not pids_by_cgroup:
+        args.append(f"--nproc={limits.processes}")
+    return [*args, "--"]
+
+
+def _join_cgroups_args(procs_files: list[str]) -> list[str]:
+    if not procs_files:
+        return []
+    script = (
+        'while [ "$1" != -- ]; do echo $$ > "$1" || exit '
+        + str(_JOIN_FAILED)
+        + '; shift; done; shift; exec "$@"'
+    )
+    return ["/bin/sh", "-c", script, "sandbox-join", *procs_files, "--"]
+
+
+async def _read_capped(stream: asyncio.StreamReader, cap: int, overflow: callable) -> tuple[bytes, bool]:
+    buf = bytearray()
+    while True:
+        chunk = await stream.read(_READ_CHUNK)
+        if not chunk:
+            return bytes(buf), False
+        room = cap - len(buf)
+        if len(chunk) > room:
+            buf += chunk[:room]
+            overflow()
+            return bytes(buf), True
+        buf += chunk
+
+
+def _parse_status(raw: bytes) -> dict[str, int]:
+    out: dict[str, int] = {}
+    text = raw.decode(errors="replace")
+    decoder, pos = json.JSONDecoder(), 0
+    while pos < len(text):
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if pos >= len(text):
+            break
+        try:
+            doc, pos = decoder.raw_decode(text, pos)
+        except ValueError:
+            break
+        if isinstance(doc, dict):
+            out.update({k: v for k, v in doc.items() if isinstance(v, int)})
+    return out
+
+
+def _signal_name(code: int) -> str:
+    if code > 128:
+        with contextlib.suppress(ValueError):
+            return signal.Signals(code - 128).name
+    return ""
+
+
+class _BackendBase:
+    _shared: dict[tuple, _BackendBase] = {}
+    _cgroup_roots: _CgroupRoots | None = None
+    _warned_no_pids = False
+
+    def __init__(self, config: SandboxProviderConfig) -> None:
+        self.config = config
+
+    @classmethod
+    def shared(cls, config: SandboxProviderConfig) -> _BackendBase:
+        key = (cls.__name__, config.model_dump_json())
+        if key not in _BackendBase._shared:
+            _BackendBase._shared[key] = cls(config)
+        return _BackendBase._shared[key]
+
+    @classmethod
+    def cgroup_roots(cls) -> dict[str, Path]:
+        if _BackendBase._cgroup_roots is None:
+            _BackendBase._cgroup_roots = _CgroupRoots()
+            roots = _BackendBase._cgroup_roots.roots
+            if "pids" not in roots and os.geteuid() == 0:
+                LOG.warning(
+                    "sandbox: no writable pids cgroup, and RLIMIT_NPROC does not apply to root: "
+                    "the process-count limit is NOT enforced"
+                )
+        return _BackendBase._cgroup_roots.roots
+
+    def check(self) -> None:
+        if shutil.which("prlimit") is None:
+            raise SandboxUnavailableError(
+                "the sandbox needs `prlimit` (Debian package util-linux): apt-get install util-linux"
+            )
+
+    def _command(
+        self,
+        argv: list[str],
+        *,
+        host_dir: Path,
+        workdir: str,
+        cwd: str | None,
+        env: dict[str, str],
+        status_fd: int,
+    ) -> tuple[list[str], dict[str, str] | None, str | None]:
+        raise NotImplementedError
+
+    def _base_env(self, home: str) -> dict[str, str]:
+        return {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": home,
+            "LANG": "C.UTF-8",
+            "TMPDIR": "/tmp",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+        }
+
+    async def run(
+        self,
+        argv: list[str],
+        *,
+        host_dir: Path,
+        workdir: str,
+        cwd: str | None,
+        env: dict[str, str],
+        stdin: bytes | None,
+        limits: SandboxResources,
+    ) -> SandboxExecResult:
+        roots = self.cgroup_roots()
+        cgroups = await asyncio.to_thread(_RunCgroups.create, roots, limits)
+        status_r, status_w = os.pipe()
+        os.set_blocking(status_r, False)
+        proc: asyncio.subprocess.Process | None = None
+        kill_reason: list[str] = []
+        try:
+            inner, proc_env, proc_cwd = self._command(
+                argv, host_dir=host_dir, workdir=workdir, cwd=cwd, env=env, status_fd=status_w
+            )
+            full = [
+                *_join_cgroups_args(cgroups.procs_files()),
+                *_prlimit_args(
+                    limits,
+                    memory_by_cgroup=cgroups.memory is not None,
+                    pids_by_cgroup=cgroups.pids is not None,
+                ),
+                *inner,
+            ]
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *full,
+                    stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    env=proc_env if proc_env is not None else {"PATH": "/usr/bin:/bin"},
+                    cwd=proc_cwd,
+                    pass_fds=(status_w,),
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise SandboxError(f"cannot start the sandbox ({full[0]}): {exc}") from exc
+            finally:
+                os.close(status_w)
+                status_w = -1
+
+            def kill(reason: str) -> None:
+                if not kill_reason:
+                    kill_reason.append(reason)
+                if proc is not None and proc.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+
+            async def feed() -> None:
+                if stdin is None or proc is None or proc.stdin is None:
+                    return
+                try:
+                    proc.stdin.write(stdin)
+                    await proc.stdin.drain()
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+                finally:
+                    with contextlib.suppress(Exception):
+                        proc.stdin.close()
+
+            cap = limits.output_limit_bytes
+            assert proc.stdout is not None and proc.stderr is not None
+            out_task = asyncio.ensure_future(_read_capped(proc.stdout, cap, lambda: kill("output_limit")))
+            err_task = asyncio.ensure_future(_read_capped(proc.stderr, cap, lambda: kill("output_limit")))
+            everything = asyncio.gather(out_task, err_task, feed(), proc.wait())
+            try:
+                await asyncio.wait_for(asyncio.shield(everything), limits.wall_time_s)
+            except TimeoutError:
+                kill("timeout")
+            if proc.returncode is None or not everything.done():
+                # Killed: the pid namespace goes with bwrap; the cgroup sweep gets anything else.
+                await asyncio.to_thread(cgroups.destroy)
+                try:
+                    await asyncio.wait_for(asyncio.shield(everything), 10)
+                except TimeoutError:
+                    everything.cancel()
+                    raise SandboxError(
+                        "the sandboxed program's output pipes stayed open after it was killed"
+                    ) from None
+            (stdout, out_trunc), (stderr, err_trunc), _, outer_rc = everything.result()
+            status = b""
+            with contextlib.suppress(BlockingIOError, OSError):
+                while chunk := os.read(status_r, 65536):
+                    status += chunk
+            return self._result(
+                status=_parse_status(status),
+                outer_rc=outer_rc,
+                stdout=stdout,
+                stderr=stderr,
+                out_trunc=out_trunc,
+                err_trunc=err_trunc,
+                kill_reason=kill_reason[0] if kill_reason else None,
+                cgroups=cgroups,
+            )
+        finally:
+            if proc is not None and proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            if status_w >= 0:
+                os.close(status_w)
+            os.close(status_r)
+            await asyncio.shield(asyncio.to_thread(cgroups.destroy))
+            if proc is not None and proc.returncode is None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(proc.wait(), 5)
+
+    def _program_rc(
+        self, status: dict[str, int], outer_rc: int, stderr: bytes, kill_reason: str | None
+    ) -> int:
+        raise NotImplementedError
+
+    def _result(
+        self,
+        *,
+        status: dict[str, int],
+        outer_rc: int,
+        stdout: bytes,
+        stderr: bytes,
+        out_trunc: bool,
+        err_trunc: bool,
+        kill_reason: str | None,
+        cgroups: _RunCgroups,
+    ) -> SandboxExecResult:
+        if outer_rc == _JOIN_FAILED and "child-pid" not in status and kill_reason is None:
+            raise SandboxError(
+                f"the sandbox could not join its cgroups: {stderr.decode(errors='replace')[-500:]}"
+            )
+        rc = self._program_rc(status, outer_rc, stderr, kill_reason)
+        oom = cgroups.oom_killed() or (
+            cgroups.memory is None and b"MemoryError" in stderr[-4000:] and rc != 0
+        )
+        cpu_out = rc == 128 + signal.SIGXCPU
+        timed_out = kill_reason == "timeout" or cpu_out
+        error_type = None
+        if timed_out:
+            error_type = "timeout"
+        elif oom:
+            error_type = "oom"
+        elif kill_reason == "output_limit":
+            error_type = "output_limit"
+        return SandboxExecResult(
+            stdout=stdout.decode(errors="replace"),
+            stderr=stderr.decode(errors="replace"),
+            return_code=rc,
+            error_type=error_type,
+            timed_out=timed_out,
+            oom_killed=oom,
+            pids_limit_hit=cgroups.pids_limit_hit(),
+            stdout_truncated=out_trunc,
+            stderr_truncated=err_trunc,
+        )
+
+
+class BubblewrapBackend(_BackendBase):
+    _binds_cache: list[str] | None = None
+
+    def check(self) -> None:
+        if shutil.which("bwrap") is None:
+            raise SandboxUnavailableError(
+                "the sandbox needs bubblewrap, which is not installed: install the Debian package `bubblewrap` "
+                "(apt-get install bubblewrap; .ci/run does it). Running model code WITHOUT a sandbox needs the "
+                "explicit opt-in `sandbox: {backend: unsafe_local_subprocess}`."
+            )
+        super().check()
+        if not Path(self.config.python).exists():
+            raise SandboxUnavailableError(
+                f"the sandbox's Python {self.config.python!r} does not exist: install Debian's python3 with "
+                "apt-get install python3 python3-numpy python3-sympy python3-scipy, or set sandbox.python"
+            )
+
+    @classmethod
+    def _system_binds(cls) -> list[str]:
+        if cls._binds_cache is None:
+            args = ["--ro-bind", "/usr", "/usr"]
+            for top in ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"):
+                p = Path(top)
+                if p.is_symlink():
+                    args += ["--symlink", os.readlink(p), top]
+                elif p.is_dir():
+                    args += ["--ro-bind", top, top]
+            for etc in ("/etc/alternatives", "/etc/ld.so.cache", "/etc/localtime"):
+                if Path(etc).exists():
+                    args += ["--ro-bind", etc, etc]
+            cls._binds_cache = args
+        return cls._binds_cache
+
+    def _command(self, argv, *, host_dir, workdir, cwd, env, status_fd):
+        home = workdir
+        setenv: list[str] = []
+        for key, value in {**self._base_env(home), **env}.items():
+            setenv += ["--setenv", key, value]
+        extra: list[str] = []
+        for path in self.config.ro_binds:
+            extra += ["--ro-bind", path, path]
+        program = list(argv)
+        if program[0] in ("python", "python3"):
+            program[0] = self.config.python
+        command = [
+            "bwrap",
+            "--unshare-all",
+            "--unshare-user",
+            "--disable-userns",
+            "--uid",
+            str(SANDBOX_UID),
+            "--gid",
+            str(SANDBOX_UID),
+            "--die-with-parent",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+            "--hostname",
+            "sandbox",
+            *self._system_binds(),
+            *extra,
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--size",
+            str(self._tmp_bytes),
+            "--tmpfs",
+            "/tmp",
+            "--bind",
+            str(host_dir),
+            workdir,
+            "--chdir",
+            cwd or workdir,
+            "--clearenv",
+            *setenv,
+            "--json-status-fd",
+            str(status_fd),
+            "--",
+            *program,
+        ]
+        return command, None, None
+
+    _tmp_bytes = 64 << 20
+
+    async def run(self, argv, *, host_dir, workdir, cwd, env, stdin, limits):
+        self._tmp_bytes = limits.tmp_size_mib << 20
+        return await super().run(
+            argv, host_dir=host_dir, workdir=workdir, cwd=cwd, env=env, stdin=stdin, limits=limits
+        )
+
+    def _program_rc(self, status, outer_rc, stderr, kill_reason):
+        if "exit-code" in status:
+            return status["exit-code"]
+        if kill_reason is not None:
+            return 128 + signal.SIGKILL  # we killed it (timeout / output cap)
+        if "child-pid" not in status:
+            raise SandboxError(
+                f"bubblewrap could not start the sandbox (exit {outer_rc}): {stderr.decode(errors='replace')[-800:]}"
+            )
+        # bwrap itself died without reporting: the memory cgroup's OOM killer or the CPU limit got it.
+        return 128 - outer_rc if outer_rc < 0 else outer_rc
+
+
+class UnsafeLocalBackend(_BackendBase):
+    """NO ISOLATION. Only for machines without bubblewrap, by explicit opt-in."""
+
+    def _command(self, argv, *, host_dir, workdir, cwd, env, status_fd):
+        program = list(argv)
+        if program[0] in ("python", "python3"):
+            program[0] = self.config.python
+        run_cwd = str(host_dir / cwd.removeprefix(workdir).lstrip("/")) if cwd else str(host_dir)
+        return program, {**self._base_env(str(host_dir)), "TMPDIR": str(host_dir), **env}, run_cwd
+
+    def _program_rc(self, status, outer_rc, stderr, kill_reason):
+        if kill_reason is not None and outer_rc < 0:
+            return 128 - outer_rc
+        return 128 - outer_rc if outer_rc < 0 else outer_rc
