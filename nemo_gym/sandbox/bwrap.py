@@ -6,8 +6,9 @@ Contract
   network: only a down-or-empty loopback of its own; its own pid namespace, so it sees and can signal only
   its own processes), a user namespace in which it is uid/gid 65534 with no capabilities and no further
   user namespaces, ``/usr`` (and the merged-usr links, ``/etc/alternatives``, ``/etc/ld.so.cache``) bound
-  READ-ONLY and nothing else of the host (no repo, no /root, no /home, no /etc/passwd), a fresh /proc and
-  /dev, a size-capped tmpfs /tmp, the work dir bound read-write at ``spec.workdir``, and an environment of
+  READ-ONLY and nothing else of the host (no repo, no /root, no /home, no /etc/passwd), a read-only root,
+  a fresh /proc and /dev, a size-capped tmpfs /tmp, the work dir bound read-write at ``spec.workdir`` (the
+  only writable places), its own hostname (UTS namespace), and an environment of
   only PATH/HOME/LANG/TMPDIR/thread-count variables plus what the caller passes.
 * Limits: RLIMIT_CPU (then SIGXCPU/SIGKILL), RLIMIT_FSIZE, RLIMIT_NOFILE, no core files; the process count
   and memory through per-run cgroups (v1 ``pids`` and ``memory`` hierarchies, found from
@@ -108,8 +109,8 @@ def _pids_in(cgroup: Path) -> list[int]:
         return []
 
 
-def _kill_and_remove(cgroup: Path, within: float = 5.0) -> bool:
-    """SIGKILL everything in ``cgroup`` until it is empty, then rmdir it. True when it got empty."""
+def _kill_and_remove(cgroup: Path, within: float = 5.0, remove: bool = True) -> bool:
+    """SIGKILL everything in ``cgroup`` until it is empty, then (``remove``) rmdir it. True when it got empty."""
     deadline = time.monotonic() + within
     while True:
         pids = _pids_in(cgroup)
@@ -122,6 +123,8 @@ def _kill_and_remove(cgroup: Path, within: float = 5.0) -> bool:
             LOG.error("sandbox cgroup %s still has processes %s after SIGKILL", cgroup, pids)
             return False
         time.sleep(0.005)
+    if not remove:
+        return True
     for _ in range(200):
         try:
             cgroup.rmdir()
@@ -182,11 +185,26 @@ class _RunCgroups:
                     return int(value) > 0
         return False
 
-    def destroy(self) -> bool:
+    def try_remove_empty(self) -> bool:
+        """Remove the cgroups if they are already empty (the common case, without blocking). True if done."""
+        for attr in ("pids", "memory"):
+            d = getattr(self, attr)
+            if d is None:
+                continue
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                return False
+            setattr(self, attr, None)
+        return True
+
+    def destroy(self, remove: bool = True) -> bool:
         ok = True
         for d in (self.pids, self.memory):
             if d is not None:
-                ok = _kill_and_remove(d) and ok
+                ok = _kill_and_remove(d, remove=remove) and ok
         return ok
 
 
@@ -329,7 +347,7 @@ class _BackendBase:
         limits: SandboxResources,
     ) -> SandboxExecResult:
         roots = self.cgroup_roots()
-        cgroups = await asyncio.to_thread(_RunCgroups.create, roots, limits)
+        cgroups = _RunCgroups.create(roots, limits)  # a few cgroupfs writes: microseconds
         status_r, status_w = os.pipe()
         os.set_blocking(status_r, False)
         proc: asyncio.subprocess.Process | None = None
@@ -394,7 +412,7 @@ class _BackendBase:
                 kill("timeout")
             if proc.returncode is None or not everything.done():
                 # Killed: the pid namespace goes with bwrap; the cgroup sweep gets anything else.
-                await asyncio.to_thread(cgroups.destroy)
+                await asyncio.to_thread(cgroups.destroy, False)
                 try:
                     await asyncio.wait_for(asyncio.shield(everything), 10)
                 except TimeoutError:
@@ -424,7 +442,8 @@ class _BackendBase:
             if status_w >= 0:
                 os.close(status_w)
             os.close(status_r)
-            await asyncio.shield(asyncio.to_thread(cgroups.destroy))
+            if not cgroups.try_remove_empty():
+                await asyncio.shield(asyncio.to_thread(cgroups.destroy))
             if proc is not None and proc.returncode is None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(proc.wait(), 5)
@@ -548,6 +567,8 @@ class BubblewrapBackend(_BackendBase):
             "--bind",
             str(host_dir),
             workdir,
+            "--remount-ro",
+            "/",
             "--chdir",
             cwd or workdir,
             "--clearenv",
@@ -557,7 +578,7 @@ class BubblewrapBackend(_BackendBase):
             "--",
             *program,
         ]
-        return command, None, None
+        return command, None, "/"
 
     _tmp_bytes = 64 << 20
 
