@@ -19,8 +19,10 @@ Contract
   cancellation, its inner init dies with it (``--die-with-parent``), and the kernel kills every process of
   the pid namespace; then every pid left in the run's cgroups is SIGKILLed and the cgroups removed.
 * The program's exit status comes from bwrap's ``--json-status-fd`` (written by bwrap, not reachable from
-  the sandbox). No ``child-pid`` status = the sandbox never started: :class:`SandboxError` with bwrap's
-  message (an infrastructure failure, not the program's).
+  the sandbox). A sandbox that never started (no ``child-pid`` status, or bwrap's own ``bwrap: ...`` set-up
+  error while the run's pids cgroup never held more than bwrap's two processes) raises
+  :class:`SandboxError` with bwrap's message: an infrastructure failure, not the program's. A program
+  printing ``bwrap: ...`` itself is still the program's failure.
 * ``UnsafeLocalBackend`` runs ``argv`` as this user in the work dir with an empty environment, the same
   rlimits/cgroups and process-group + cgroup kill, but NO isolation (network, files, other processes).
 """
@@ -174,6 +176,14 @@ class _RunCgroups:
                 if key == "oom_kill":
                     return int(value) > 0
         return False
+
+    def peak_processes(self) -> int | None:
+        if self.pids is None:
+            return None
+        try:
+            return int((self.pids / "pids.peak").read_text())
+        except (OSError, ValueError):
+            return None
 
     def pids_limit_hit(self) -> bool:
         if self.pids is None:
@@ -453,6 +463,9 @@ class _BackendBase:
     ) -> int:
         raise NotImplementedError
 
+    def _check_started(self, rc: int, stderr: bytes, cgroups: _RunCgroups, kill_reason: str | None) -> None:
+        """Raise SandboxError if the sandbox failed before the program started (backend-specific)."""
+
     def _result(
         self,
         *,
@@ -470,6 +483,7 @@ class _BackendBase:
                 f"the sandbox could not join its cgroups: {stderr.decode(errors='replace')[-500:]}"
             )
         rc = self._program_rc(status, outer_rc, stderr, kill_reason)
+        self._check_started(rc, stderr, cgroups, kill_reason)
         oom = cgroups.oom_killed() or (
             cgroups.memory is None and b"MemoryError" in stderr[-4000:] and rc != 0
         )
@@ -587,6 +601,18 @@ class BubblewrapBackend(_BackendBase):
         return await super().run(
             argv, host_dir=host_dir, workdir=workdir, cwd=cwd, env=env, stdin=stdin, limits=limits
         )
+
+    def _check_started(self, rc, stderr, cgroups, kill_reason):
+        # bwrap reports a set-up failure (e.g. a bind source missing) as exit code 1 with "bwrap: ..." on
+        # stderr, which a program could print too. Only bwrap's two processes ever existed in the run's
+        # pids cgroup if the program never started (outer bwrap + namespace init; the program is a third).
+        if rc != 1 or not stderr.startswith(b"bwrap: ") or kill_reason is not None:
+            return
+        peak = cgroups.peak_processes()
+        if peak is None or peak <= 2:
+            raise SandboxError(
+                f"bubblewrap could not start the sandbox: {stderr.decode(errors='replace')[:800]}"
+            )
 
     def _program_rc(self, status, outer_rc, stderr, kill_reason):
         if "exit-code" in status:
