@@ -173,3 +173,25 @@ async def test_cancelled_exec_leaves_nothing_running() -> None:
         await asyncio.sleep(0.1)
     assert not [c.cmdline() for c in me.children(recursive=True) if c.name() in ("bwrap", "sleep")]
     assert os.getpid() == me.pid
+
+
+def test_a_sandboxed_environment_refuses_to_start_without_bubblewrap(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    from nemo_gym.supervisor import StartupError
+    from nemo_gym.testing import running_servers
+
+    bin_dir = tmp_path / "bin"  # this machine's PATH minus bwrap
+    bin_dir.mkdir()
+    for directory in os.environ["PATH"].split(os.pathsep):
+        if os.path.isdir(directory):
+            for name in os.listdir(directory):
+                if name != "bwrap" and not (bin_dir / name).exists():
+                    (bin_dir / name).symlink_to(os.path.join(directory, name))
+    monkeypatch.setenv("PATH", str(bin_dir))
+    with pytest.raises(StartupError) as info:
+        with running_servers(["resources_servers/code_gen/configs/code_gen.yaml"]):
+            pass
+    assert "'code_gen'" in str(info.value) and "apt-get install bubblewrap" in str(info.value), str(
+        info.value
+    )

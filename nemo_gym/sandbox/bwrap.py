@@ -85,6 +85,7 @@ class _CgroupRoots:
     def __init__(self) -> None:
         self.roots: dict[str, Path] = {}
         for controller, own in _own_cgroup_dirs().items():
+            _remove_stale_roots(own)
             root = own / f"nemo_gym_sandbox_{os.getpid()}"
             try:
                 root.mkdir(exist_ok=True)
@@ -102,6 +103,18 @@ class _CgroupRoots:
                 _kill_and_remove(child)
             with contextlib.suppress(OSError):
                 root.rmdir()
+
+
+def _remove_stale_roots(parent: Path) -> None:
+    """Remove the per-process cgroup dirs of processes that died without cleaning up (killed servers)."""
+    for root in parent.glob("nemo_gym_sandbox_*"):
+        pid = root.name.rsplit("_", 1)[1]
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue
+        for child in root.glob("run_*"):
+            _kill_and_remove(child, within=1.0)
+        with contextlib.suppress(OSError):
+            root.rmdir()
 
 
 def _pids_in(cgroup: Path) -> list[int]:
