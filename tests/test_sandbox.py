@@ -48,6 +48,7 @@ async def test_cpu_time_limit_stops_a_busy_program() -> None:
         ["python3", "-c", "while True: pass"], resources={"cpu_time_s": 1, "wall_time_s": 20}
     )
     assert result.timed_out and result.error_type == "timeout" and result.return_code == 152  # SIGXCPU
+    assert result.cpu_time_s is not None and result.cpu_time_s >= 0.9  # the tree's CPU time, from its cgroup
 
 
 async def test_wall_time_limit_stops_a_sleeping_program() -> None:

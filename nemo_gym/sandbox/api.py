@@ -14,7 +14,8 @@ Contract
 * The result (:class:`SandboxExecResult`): ``stdout``/``stderr`` (decoded, each capped at
   ``output_limit_bytes``; ``stdout_truncated``/``stderr_truncated`` say so, and a program that writes past
   the cap is killed), ``return_code`` (the program's exit code; ``128 + n`` if it died of signal ``n``),
-  ``timed_out`` (wall clock or CPU time limit), ``oom_killed``, ``pids_limit_hit``, ``wall_time_s`` and
+  ``timed_out`` (wall clock or CPU time limit), ``oom_killed``, ``pids_limit_hit``, ``wall_time_s``,
+  ``cpu_time_s`` (the whole process tree's, when a cpuacct cgroup is available) and
   ``error_type`` (``"timeout" | "oom" | "output_limit" | None``). These are the PROGRAM's outcomes.
 * Failures of the sandbox itself (backend missing, set-up failed, work dir unwritable, the queue wait
   bound passed) raise :class:`SandboxError` subclasses: callers report them as infrastructure failures,
@@ -166,6 +167,7 @@ class SandboxExecResult:
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     wall_time_s: float = 0.0
+    cpu_time_s: float | None = None  # the whole tree's CPU seconds (None without a cpuacct cgroup)
 
     @property
     def ok(self) -> bool:

@@ -11,7 +11,8 @@ Contract
   only writable places), its own hostname (UTS namespace), and an environment of
   only PATH/HOME/LANG/TMPDIR/thread-count variables plus what the caller passes.
 * Limits: RLIMIT_CPU (then SIGXCPU/SIGKILL), RLIMIT_FSIZE, RLIMIT_NOFILE, no core files; the process count
-  and memory through per-run cgroups (v1 ``pids`` and ``memory`` hierarchies, found from
+  and memory through per-run cgroups (v1 ``pids`` and ``memory`` hierarchies, plus ``cpuacct`` to report
+  the tree's CPU time, found from
   /proc/self/cgroup; a memory cgroup OOM-kills the tree and we read ``oom_kill`` to report it). Without a
   writable cgroup: RLIMIT_AS for memory, RLIMIT_NPROC for processes (which the kernel ignores for root: a
   warning says so once).
@@ -74,7 +75,7 @@ def _own_cgroup_dirs() -> dict[str, Path]:
         if len(parts) != 3:
             continue
         for controller in parts[1].split(","):
-            if controller in ("pids", "memory"):
+            if controller in ("pids", "memory", "cpuacct"):
                 dirs[controller] = Path("/sys/fs/cgroup") / controller / parts[2].lstrip("/")
     return dirs
 
@@ -155,6 +156,7 @@ def _kill_and_remove(cgroup: Path, within: float = 5.0, remove: bool = True) -> 
 class _RunCgroups:
     pids: Path | None
     memory: Path | None
+    cpuacct: Path | None = None
 
     @classmethod
     def create(cls, roots: dict[str, Path], limits: SandboxResources) -> _RunCgroups:
@@ -172,13 +174,28 @@ class _RunCgroups:
                 (made.memory / "memory.limit_in_bytes").write_text(limit)
                 with contextlib.suppress(OSError):  # only with swap accounting
                     (made.memory / "memory.memsw.limit_in_bytes").write_text(limit)
+            if "cpuacct" in roots:
+                made.cpuacct = roots["cpuacct"] / name
+                made.cpuacct.mkdir()
         except OSError as exc:
             made.destroy()
             raise SandboxError(f"cannot set up the sandbox's cgroups: {exc}") from exc
         return made
 
+    def _dirs(self) -> tuple[Path | None, ...]:
+        return (self.pids, self.memory, self.cpuacct)
+
     def procs_files(self) -> list[str]:
-        return [str(d / "cgroup.procs") for d in (self.pids, self.memory) if d is not None]
+        return [str(d / "cgroup.procs") for d in self._dirs() if d is not None]
+
+    def cpu_time_s(self) -> float | None:
+        """CPU seconds used by every process of the run (cpuacct), or None without that cgroup."""
+        if self.cpuacct is None:
+            return None
+        try:
+            return int((self.cpuacct / "cpuacct.usage").read_text()) / 1e9
+        except (OSError, ValueError):
+            return None
 
     def oom_killed(self) -> bool:
         if self.memory is None:
@@ -210,7 +227,7 @@ class _RunCgroups:
 
     def try_remove_empty(self) -> bool:
         """Remove the cgroups if they are already empty (the common case, without blocking). True if done."""
-        for attr in ("pids", "memory"):
+        for attr in ("pids", "memory", "cpuacct"):
             d = getattr(self, attr)
             if d is None:
                 continue
@@ -225,7 +242,7 @@ class _RunCgroups:
 
     def destroy(self, remove: bool = True) -> bool:
         ok = True
-        for d in (self.pids, self.memory):
+        for d in self._dirs():
             if d is not None:
                 ok = _kill_and_remove(d, remove=remove) and ok
         return ok
@@ -519,6 +536,7 @@ class _BackendBase:
             pids_limit_hit=cgroups.pids_limit_hit(),
             stdout_truncated=out_trunc,
             stderr_truncated=err_trunc,
+            cpu_time_s=cgroups.cpu_time_s(),
         )
 
 

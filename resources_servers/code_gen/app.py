@@ -16,8 +16,8 @@ Contract
 * reward = 1.0 iff every test passes (``reasoning_format_penalty`` instead when the answer breaks the
   <think> format, as upstream). ``result`` = per-test booleans, ``pass_fraction`` = passed / total,
   ``failure_reason`` = the first failing test's reason (``compile_error``, ``runtime_error``,
-  ``wrong_answer``, ``timeout``, ``memory``, ``output_limit``), ``metadata.tests`` = each test's reason and
-  (capped) stderr tail. All of these are the program's fault: reward 0 with the reason recorded.
+  ``wrong_answer``, ``timeout``, ``memory``, ``output_limit``), ``metadata.tests`` = each test's reason,
+  CPU seconds and (capped) stderr tail. All of these are the program's fault: reward 0 with the reason recorded.
 * A sandbox that cannot run (bubblewrap missing, set-up failure, the queue bound passed) is an
   infrastructure failure: ``/verify`` answers 503, never a reward of 0. A row without valid unit tests is a
   422 naming the field. At most ``num_processes`` verifications run at once (each may run many tests).
@@ -227,7 +227,9 @@ class CompCodingResourcesServer(SimpleResourcesServer):
             output_limit_bytes=self.config.max_output_bytes,
         )
 
-    async def _run_tests(self, code: str, tests: UnitTests) -> list[tuple[bool, str | None, str]]:
+    async def _run_tests(
+        self, code: str, tests: UnitTests
+    ) -> list[tuple[bool, str | None, str, float | None]]:
         files: dict[str, str] = {"solution.py": code}
         if tests.fn_name:
             files["call_driver.py"] = _CALL_DRIVER
@@ -236,7 +238,7 @@ class CompCodingResourcesServer(SimpleResourcesServer):
             argv = ["python3", "-I", "solution.py"]
         spec = SandboxSpec(files=files, resources=self._limits())
 
-        async def one(stdin: str, expected: str) -> tuple[bool, str | None, str]:
+        async def one(stdin: str, expected: str) -> tuple[bool, str | None, str, float | None]:
             # One work dir per test: parallel tests never see each other's files.
             async with AsyncSandbox(provider=self.config.sandbox, spec=spec) as sandbox:
                 run = await sandbox.exec(argv, stdin=stdin)
@@ -248,7 +250,7 @@ class CompCodingResourcesServer(SimpleResourcesServer):
                 )
             else:
                 passed = False
-            return passed, _reason(run, passed), run.stderr[-1000:]
+            return passed, _reason(run, passed), run.stderr[-1000:], run.cpu_time_s
 
         return await asyncio.gather(*(one(i, o) for i, o in zip(tests.inputs, tests.outputs, strict=True)))
 
@@ -275,18 +277,19 @@ class CompCodingResourcesServer(SimpleResourcesServer):
                     status_code=503, detail=f"the code sandbox could not run (not scored): {exc}"
                 ) from exc
             taken = time.monotonic() - start
-        result = [passed for passed, _, _ in outcomes]
-        reasons = [reason for _, reason, _ in outcomes]
+        result = [o[0] for o in outcomes]
+        reasons = [o[1] for o in outcomes]
         has_violation = self._has_reasoning_format_violation(body.response)
         all_passed = all(result)
         reward = self.config.reasoning_format_penalty if has_violation else (1.0 if all_passed else 0.0)
         tests_meta = [
             {
-                "passed": p,
-                "reason": r,
-                **({"stderr": e} if (r and r != "wrong_answer") or self.config.debug else {}),
+                "passed": passed,
+                "reason": reason,
+                "cpu_time_s": cpu,
+                **({"stderr": err} if (reason and reason != "wrong_answer") or self.config.debug else {}),
             }
-            for p, r, e in outcomes
+            for passed, reason, err, cpu in outcomes
         ]
         return CompCodingVerifyResponse(
             **body.model_dump(),
