@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -198,6 +199,17 @@ class SandboxProviderConfig(BaseModel):
     ro_binds: list[str] = Field(
         default_factory=list, description="Extra host paths bound read-only at the same path (e.g. a venv)"
     )
+
+
+def _small_flat_dir(path: Path, max_entries: int = 16) -> bool:
+    try:
+        with os.scandir(path) as entries:
+            for n, entry in enumerate(entries):
+                if n >= max_entries or entry.is_dir(follow_symlinks=False):
+                    return False
+    except OSError:
+        return False
+    return True
 
 
 def _safe_relative(path: str) -> PurePosixPath:
@@ -386,7 +398,10 @@ class AsyncSandbox:
     async def stop(self) -> None:
         if self._host_dir is not None:
             host_dir, self._host_dir = self._host_dir, None
-            await asyncio.to_thread(shutil.rmtree, host_dir, True)
+            if _small_flat_dir(host_dir):
+                shutil.rmtree(host_dir, ignore_errors=True)  # a few files: quicker than a thread hop
+            else:
+                await asyncio.to_thread(shutil.rmtree, host_dir, True)
 
     async def __aenter__(self) -> AsyncSandbox:
         return await self.start()

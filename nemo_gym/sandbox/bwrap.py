@@ -55,9 +55,10 @@ from nemo_gym.sandbox.api import (
 LOG = logging.getLogger("nemo_gym.sandbox")
 
 SANDBOX_UID = 65534
-_JOIN_FAILED = 121  # exit code of the cgroup-joining shell when it cannot join
+_JOIN_FAILED = 121  # exit code of the launching shell when it cannot join the cgroups or set a limit
 _RUN_IDS = itertools.count()
 _READ_CHUNK = 1 << 16
+_BACKGROUND: set[asyncio.Future] = set()  # cgroup sweeps still running after their run returned
 
 
 # ------------------------------------------------------------------------------------------------
@@ -252,9 +253,35 @@ class _RunCgroups:
 # Running one process with caps, limits and a guaranteed kill.
 
 
-def _prlimit_args(limits: SandboxResources, *, memory_by_cgroup: bool, pids_by_cgroup: bool) -> list[str]:
+DASH = "/bin/dash"
+
+
+def _launcher_args(
+    limits: SandboxResources, procs_files: list[str], *, memory_by_cgroup: bool, pids_by_cgroup: bool
+) -> list[str]:
+    """argv prefix that joins the run's cgroups, sets the rlimits, then execs the rest.
+
+    With dash (Debian's /bin/sh) one shell does both (``ulimit``: -f counts 512-byte blocks, -v KiB);
+    elsewhere the shell joins the cgroups and util-linux ``prlimit`` sets the limits (one exec more)."""
     cpu = max(1, math.ceil(limits.cpu_time_s))
-    args = [
+    join = f'for f in {" ".join(_sh_quote(p) for p in procs_files)}; do echo $$ > "$f" || exit {_JOIN_FAILED}; done; '
+    if not procs_files:
+        join = ""
+    if os.path.exists(DASH):
+        ulimits = [
+            f"ulimit -S -t {cpu}",
+            f"ulimit -H -t {cpu + 1}",
+            f"ulimit -f {-(-limits.file_size_bytes // 512)}",
+            f"ulimit -n {limits.open_files}",
+            "ulimit -c 0",
+        ]
+        if not memory_by_cgroup and limits.memory_mib is not None:
+            ulimits.append(f"ulimit -v {limits.memory_mib << 10}")
+        if not pids_by_cgroup:
+            ulimits.append(f"ulimit -p {limits.processes}")
+        script = join + " && ".join(ulimits) + f' || exit {_JOIN_FAILED}; exec "$@"'
+        return [DASH, "-c", script, "sandbox-launch"]
+    prlimit = [
         "prlimit",
         f"--cpu={cpu}:{cpu + 1}",
         f"--fsize={limits.file_size_bytes}",
@@ -262,21 +289,14 @@ def _prlimit_args(limits: SandboxResources, *, memory_by_cgroup: bool, pids_by_c
         "--core=0",
     ]
     if not memory_by_cgroup and limits.memory_mib is not None:
-        args.append(f"--as={limits.memory_mib << 20}")
+        prlimit.append(f"--as={limits.memory_mib << 20}")
     if not pids_by_cgroup:
-        args.append(f"--nproc={limits.processes}")
-    return [*args, "--"]
+        prlimit.append(f"--nproc={limits.processes}")
+    return ["/bin/sh", "-c", join + 'exec "$@"', "sandbox-launch", *prlimit, "--"]
 
 
-def _join_cgroups_args(procs_files: list[str]) -> list[str]:
-    if not procs_files:
-        return []
-    script = (
-        'while [ "$1" != -- ]; do echo $$ > "$1" || exit '
-        + str(_JOIN_FAILED)
-        + '; shift; done; shift; exec "$@"'
-    )
-    return ["/bin/sh", "-c", script, "sandbox-join", *procs_files, "--"]
+def _sh_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
 
 
 async def _read_capped(stream: asyncio.StreamReader, cap: int, overflow: callable) -> tuple[bytes, bool]:
@@ -346,7 +366,7 @@ class _BackendBase:
         return _BackendBase._cgroup_roots.roots
 
     def check(self) -> None:
-        if shutil.which("prlimit") is None:
+        if not os.path.exists(DASH) and shutil.which("prlimit") is None:
             raise SandboxUnavailableError(
                 "the sandbox needs `prlimit` (Debian package util-linux): apt-get install util-linux"
             )
@@ -397,9 +417,9 @@ class _BackendBase:
                 argv, host_dir=host_dir, workdir=workdir, cwd=cwd, env=env, status_fd=status_w
             )
             full = [
-                *_join_cgroups_args(cgroups.procs_files()),
-                *_prlimit_args(
+                *_launcher_args(
                     limits,
+                    cgroups.procs_files(),
                     memory_by_cgroup=cgroups.memory is not None,
                     pids_by_cgroup=cgroups.pids is not None,
                 ),
@@ -483,7 +503,11 @@ class _BackendBase:
                 os.close(status_w)
             os.close(status_r)
             if not cgroups.try_remove_empty():
-                await asyncio.shield(asyncio.to_thread(cgroups.destroy))
+                # The tree is dead or dying (bwrap is gone, so is its pid namespace); its last tasks may
+                # still be exiting. Sweep and remove the cgroups in the background: the result is ready.
+                task = asyncio.ensure_future(asyncio.to_thread(cgroups.destroy))
+                _BACKGROUND.add(task)
+                task.add_done_callback(_BACKGROUND.discard)
             if proc is not None and proc.returncode is None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(proc.wait(), 5)
@@ -510,7 +534,7 @@ class _BackendBase:
     ) -> SandboxExecResult:
         if outer_rc == _JOIN_FAILED and "child-pid" not in status and kill_reason is None:
             raise SandboxError(
-                f"the sandbox could not join its cgroups: {stderr.decode(errors='replace')[-500:]}"
+                f"the sandbox could not join its cgroups or set its limits: {stderr.decode(errors='replace')[-500:]}"
             )
         rc = self._program_rc(status, outer_rc, stderr, kill_reason)
         self._check_started(rc, stderr, cgroups, kill_reason)
@@ -542,8 +566,15 @@ class _BackendBase:
 
 class BubblewrapBackend(_BackendBase):
     _binds_cache: list[str] | None = None
+    _checked_for_path: str | None = None  # the PATH under which check() last passed
 
     def check(self) -> None:
+        if self._checked_for_path is not None and self._checked_for_path == os.environ.get("PATH", ""):
+            return
+        self._check()
+        self._checked_for_path = os.environ.get("PATH", "")
+
+    def _check(self) -> None:
         if shutil.which("bwrap") is None:
             raise SandboxUnavailableError(
                 "the sandbox needs bubblewrap, which is not installed: install the Debian package `bubblewrap` "
