@@ -51,6 +51,14 @@ async def test_cpu_time_limit_stops_a_busy_program() -> None:
     assert result.cpu_time_s is not None and result.cpu_time_s >= 0.9  # the tree's CPU time, from its cgroup
 
 
+async def test_cpu_limit_holds_when_the_program_ignores_sigxcpu() -> None:
+    code = "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True: pass"
+    result = await run_in_sandbox(["python3", "-c", code], resources={"cpu_time_s": 1, "wall_time_s": 20})
+    assert (
+        result.return_code == 137 and result.timed_out and not result.oom_killed
+    )  # SIGKILL at the hard limit
+
+
 async def test_wall_time_limit_stops_a_sleeping_program() -> None:
     result = await run_in_sandbox(
         ["python3", "-c", "import time; time.sleep(60)"], resources={"wall_time_s": 0.5}
@@ -137,8 +145,13 @@ async def test_pool_bounds_programs_at_once_and_queue_wait_is_bounded() -> None:
     async def watch() -> None:
         nonlocal peak
         while not stop.is_set():
-            running = [c for c in me.children(recursive=True) if c.name() == "bwrap" and c.ppid() == me.pid]
-            peak = max(peak, len(running))
+            running = 0
+            for child in me.children():  # our direct children: each run's outer bwrap
+                try:
+                    running += child.name() == "bwrap"
+                except psutil.Error:  # exited meanwhile
+                    pass
+            peak = max(peak, running)
             await asyncio.sleep(0.02)
 
     try:

@@ -494,6 +494,7 @@ class _BackendBase:
                 err_trunc=err_trunc,
                 kill_reason=kill_reason[0] if kill_reason else None,
                 cgroups=cgroups,
+                limits_cpu=math.ceil(limits.cpu_time_s),
             )
         finally:
             if proc is not None and proc.returncode is None:
@@ -531,6 +532,7 @@ class _BackendBase:
         err_trunc: bool,
         kill_reason: str | None,
         cgroups: _RunCgroups,
+        limits_cpu: float,
     ) -> SandboxExecResult:
         if outer_rc == _JOIN_FAILED and "child-pid" not in status and kill_reason is None:
             raise SandboxError(
@@ -541,7 +543,11 @@ class _BackendBase:
         oom = cgroups.oom_killed() or (
             cgroups.memory is None and b"MemoryError" in stderr[-4000:] and rc != 0
         )
-        cpu_out = rc == 128 + signal.SIGXCPU
+        cpu_used = cgroups.cpu_time_s()
+        # SIGXCPU at the soft CPU limit; SIGKILL at the hard one (soft + 1 s) if the program handled SIGXCPU.
+        cpu_out = rc == 128 + signal.SIGXCPU or (
+            rc == 128 + signal.SIGKILL and not oom and cpu_used is not None and cpu_used >= limits_cpu
+        )
         timed_out = kill_reason == "timeout" or cpu_out
         error_type = None
         if timed_out:
@@ -560,7 +566,7 @@ class _BackendBase:
             pids_limit_hit=cgroups.pids_limit_hit(),
             stdout_truncated=out_trunc,
             stderr_truncated=err_trunc,
-            cpu_time_s=cgroups.cpu_time_s(),
+            cpu_time_s=cpu_used,
         )
 
 
