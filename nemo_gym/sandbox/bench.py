@@ -8,7 +8,7 @@ Contract
   through :func:`nemo_gym.sandbox.run_in_sandbox`, interleaved run by run so machine load hits both alike.
   Reported: mean and median milliseconds per run and the ratio sandboxed / bare.
 * Throughput: ``+throughput_runs`` runs of the sorting program with ``+concurrency`` in flight, bare and
-  sandboxed: executions per second, their ratio, and how many cores the programs kept busy (CPU time over
+  sandboxed (in alternating batches): executions per second, their ratio, and how many cores the programs kept busy (CPU time over
   wall time: reaped children for bare runs, the runs' cpuacct cgroups for sandboxed ones, since bwrap's
   namespace init does not pass its children's times up).
 * code_gen verify throughput: starts ``resources_servers/code_gen`` (scripted model, not used) and posts
@@ -105,26 +105,33 @@ async def _overhead(python: str, runs: int) -> dict[str, Any]:
     return out
 
 
-async def _throughput(python: str, n: int, concurrency: int) -> dict[str, Any]:
+async def _throughput(python: str, n: int, concurrency: int, rounds: int = 3) -> dict[str, Any]:
+    """Bare and sandboxed batches alternate (``rounds`` each) so drifting machine load hits both alike."""
     code, stdin = PROGRAMS["sort 200k ints"]
-    out: dict[str, Any] = {}
+    totals = {kind: {"runs": 0, "wall": 0.0, "cpu": 0.0} for kind in ("bare", "sandbox")}
+    per_round = max(1, n // rounds)
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "prog.py").write_text(code)
-        for kind in ("bare", "sandbox"):
-            sem = asyncio.Semaphore(concurrency)
+        for _ in range(rounds):
+            for kind in ("bare", "sandbox"):
+                sem = asyncio.Semaphore(concurrency)
 
-            async def one(kind: str = kind, sem: asyncio.Semaphore = sem) -> None:
-                async with sem:
-                    if kind == "bare":
-                        await _bare(python, tmp, stdin)
-                    else:
-                        await _sandboxed(code, stdin)
+                async def one(kind: str = kind, sem: asyncio.Semaphore = sem) -> None:
+                    async with sem:
+                        if kind == "bare":
+                            await _bare(python, tmp, stdin)
+                        else:
+                            await _sandboxed(code, stdin)
 
-            cpu0, t0 = _children_cpu() + _SANDBOX_CPU[0], time.perf_counter()
-            await asyncio.gather(*(one() for _ in range(n)))
-            wall = time.perf_counter() - t0
-            cpu = _children_cpu() + _SANDBOX_CPU[0] - cpu0
-            out[kind] = {"runs": n, "per_s": n / wall, "cores_busy": cpu / wall}
+                cpu0, t0 = _children_cpu() + _SANDBOX_CPU[0], time.perf_counter()
+                await asyncio.gather(*(one() for _ in range(per_round)))
+                totals[kind]["wall"] += time.perf_counter() - t0
+                totals[kind]["cpu"] += _children_cpu() + _SANDBOX_CPU[0] - cpu0
+                totals[kind]["runs"] += per_round
+    out: dict[str, Any] = {
+        kind: {"runs": t["runs"], "per_s": t["runs"] / t["wall"], "cores_busy": t["cpu"] / t["wall"]}
+        for kind, t in totals.items()
+    }
     out["ratio"] = out["sandbox"]["per_s"] / out["bare"]["per_s"]
     return out
 
