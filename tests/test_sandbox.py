@@ -63,7 +63,7 @@ async def test_wall_time_limit_stops_a_sleeping_program() -> None:
     result = await run_in_sandbox(
         ["python3", "-c", "import time; time.sleep(60)"], resources={"wall_time_s": 0.5}
     )
-    assert result.timed_out and result.return_code == 137 and result.wall_time_s < 30
+    assert result.timed_out and result.return_code == 137 and result.error_type == "timeout"
 
 
 async def test_file_size_limit() -> None:
