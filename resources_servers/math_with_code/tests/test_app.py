@@ -50,7 +50,11 @@ def _scripts() -> list[dict[str, Any]]:
         # Notebook state: the second call uses a variable the first defined.
         {
             "contains": "[two-cells]",
-            "turns": [call("n = 6\nvalues = [k * k for k in range(n)]"), call("sum(values)"), {"text": "\\boxed{55}"}],
+            "turns": [
+                call("n = 6\nvalues = [k * k for k in range(n)]"),
+                call("sum(values)"),
+                {"text": "\\boxed{55}"},
+            ],
         },
         # The program raises; the model then answers wrongly.
         {"contains": "[crash]", "turns": [call("1 / 0"), {"text": "I could not compute it: \\boxed{0}"}]},
@@ -59,8 +63,18 @@ def _scripts() -> list[dict[str, Any]]:
     ]
     for i, (row, program) in enumerate(zip(ROWS, PROGRAMS, strict=True)):
         expected = row["expected_result"]
-        rules.append({"contains": f"[wrong-{i}]", "turns": [call(program), {"text": f"\\boxed{{{int(expected) + 1}}}"}]})
-        rules.append({"contains": _user_text(row), "turns": [call(program), {"text": f"So the answer is \\boxed{{{expected}}}."}]})
+        rules.append(
+            {
+                "contains": f"[wrong-{i}]",
+                "turns": [call(program), {"text": f"\\boxed{{{int(expected) + 1}}}"}],
+            }
+        )
+        rules.append(
+            {
+                "contains": _user_text(row),
+                "turns": [call(program), {"text": f"So the answer is \\boxed{{{expected}}}."}],
+            }
+        )
     return rules
 
 
@@ -135,7 +149,9 @@ def test_verify_equivalent_forms(helper: RunHelper) -> None:
                         "role": "assistant",
                         "id": "m1",
                         "status": "completed",
-                        "content": [{"type": "output_text", "text": f"\\boxed{{{answer}}}", "annotations": []}],
+                        "content": [
+                            {"type": "output_text", "text": f"\\boxed{{{answer}}}", "annotations": []}
+                        ],
                     }
                 ]
             },
