@@ -13,7 +13,8 @@ Contract
   namespace init does not pass its children's times up).
 * code_gen verify throughput: starts ``resources_servers/code_gen`` (scripted model, not used) and posts
   ``+verify_calls`` correct solutions of its example rows to ``/verify`` with ``+concurrency`` in flight:
-  verifies/s, unit tests/s, and cores kept busy by the server process and its tests' sandboxes.
+  verifies/s, unit tests/s, cores kept busy by the server process and its tests' sandboxes, and how full
+  its sandbox slots (one per CPU) were kept (the tests' run time over wall time x slots).
 * Nothing is asserted; the output is a table and ``+output_json_fpath`` (default sandbox_bench.json).
 """
 
@@ -157,11 +158,11 @@ def _code_gen_verify(calls: int, concurrency: int) -> dict[str, Any]:
 
         async def drive() -> tuple[float, int, float]:
             sem = asyncio.Semaphore(concurrency)
-            tests, test_cpu = 0, 0.0
+            tests, test_cpu, test_wall = 0, 0.0, 0.0
             async with httpx.AsyncClient(timeout=120, trust_env=False) as client:
 
                 async def one(i: int) -> None:
-                    nonlocal tests, test_cpu
+                    nonlocal tests, test_cpu, test_wall
                     body = bodies[i % len(bodies)]
                     async with sem:
                         resp = await client.post(url, content=orjson.dumps(body), headers=headers)
@@ -170,14 +171,15 @@ def _code_gen_verify(calls: int, concurrency: int) -> dict[str, Any]:
                         raise RuntimeError(f"verify failed: {resp.status_code} {resp.text[:500]}")
                     tests += len(data["result"])
                     test_cpu += sum(t["cpu_time_s"] or 0.0 for t in data["metadata"]["tests"])
+                    test_wall += sum(t["wall_time_s"] for t in data["metadata"]["tests"])
 
                 t0 = time.perf_counter()
                 await asyncio.gather(*(one(i) for i in range(calls)))
-                return time.perf_counter() - t0, tests, test_cpu
+                return time.perf_counter() - t0, tests, test_cpu, test_wall
 
         asyncio.run(drive())  # warm-up
         before = server.cpu_times()
-        wall, tests, test_cpu = asyncio.run(drive())
+        wall, tests, test_cpu, test_wall = asyncio.run(drive())
         after = server.cpu_times()
     cpu = (after.user + after.system - before.user - before.system) + test_cpu  # the server + its sandboxes
     return {
@@ -185,6 +187,8 @@ def _code_gen_verify(calls: int, concurrency: int) -> dict[str, Any]:
         "verifies_per_s": calls / wall,
         "tests_per_s": tests / wall,
         "cores_busy": cpu / wall,
+        # Fraction of the server's sandbox slots (one per CPU) holding a running test: 1.0 = always full.
+        "sandbox_slots_busy": test_wall / (wall * sandbox_pool_size()),
     }
 
 
@@ -235,7 +239,8 @@ def main(argv: list[str] | None = None) -> None:
     verify = _code_gen_verify(calls, concurrency)
     print(
         f"\ncode_gen /verify, {calls} calls, {concurrency} in flight: {verify['verifies_per_s']:.1f} verifies/s, "
-        f"{verify['tests_per_s']:.1f} unit tests/s, {verify['cores_busy']:.2f} cores busy (server + sandboxes)"
+        f"{verify['tests_per_s']:.1f} unit tests/s, {verify['cores_busy']:.2f} cores busy (server + sandboxes), "
+        f"sandbox slots busy {100 * verify['sandbox_slots_busy']:.0f}%"
     )
     path = Path(opts.get("output_json_fpath", "sandbox_bench.json"))
     path.write_bytes(

@@ -17,7 +17,7 @@ Contract
   <think> format, as upstream). ``result`` = per-test booleans, ``pass_fraction`` = passed / total,
   ``failure_reason`` = the first failing test's reason (``compile_error``, ``runtime_error``,
   ``wrong_answer``, ``timeout``, ``memory``, ``output_limit``), ``metadata.tests`` = each test's reason,
-  CPU seconds and (capped) stderr tail. All of these are the program's fault: reward 0 with the reason recorded.
+  CPU and wall seconds and (capped) stderr tail. All of these are the program's fault: reward 0 with the reason recorded.
 * A sandbox that cannot run (bubblewrap missing, set-up failure, the queue bound passed) is an
   infrastructure failure: ``/verify`` answers 503, never a reward of 0. A row without valid unit tests is a
   422 naming the field. At most ``num_processes`` verifications run at once (each may run many tests).
@@ -229,7 +229,7 @@ class CompCodingResourcesServer(SimpleResourcesServer):
 
     async def _run_tests(
         self, code: str, tests: UnitTests
-    ) -> list[tuple[bool, str | None, str, float | None]]:
+    ) -> list[tuple[bool, str | None, str, float | None, float]]:
         files: dict[str, str] = {"solution.py": code}
         if tests.fn_name:
             files["call_driver.py"] = _CALL_DRIVER
@@ -238,7 +238,7 @@ class CompCodingResourcesServer(SimpleResourcesServer):
             argv = ["python3", "-I", "solution.py"]
         spec = SandboxSpec(files=files, resources=self._limits())
 
-        async def one(stdin: str, expected: str) -> tuple[bool, str | None, str, float | None]:
+        async def one(stdin: str, expected: str) -> tuple[bool, str | None, str, float | None, float]:
             # One work dir per test: parallel tests never see each other's files.
             async with AsyncSandbox(provider=self.config.sandbox, spec=spec) as sandbox:
                 run = await sandbox.exec(argv, stdin=stdin)
@@ -250,7 +250,7 @@ class CompCodingResourcesServer(SimpleResourcesServer):
                 )
             else:
                 passed = False
-            return passed, _reason(run, passed), run.stderr[-1000:], run.cpu_time_s
+            return passed, _reason(run, passed), run.stderr[-1000:], run.cpu_time_s, run.wall_time_s
 
         return await asyncio.gather(*(one(i, o) for i, o in zip(tests.inputs, tests.outputs, strict=True)))
 
@@ -287,9 +287,10 @@ class CompCodingResourcesServer(SimpleResourcesServer):
                 "passed": passed,
                 "reason": reason,
                 "cpu_time_s": cpu,
+                "wall_time_s": round(wall, 4),
                 **({"stderr": err} if (reason and reason != "wrong_answer") or self.config.debug else {}),
             }
-            for passed, reason, err, cpu in outcomes
+            for passed, reason, err, cpu, wall in outcomes
         ]
         return CompCodingVerifyResponse(
             **body.model_dump(),
