@@ -41,6 +41,7 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -299,7 +300,9 @@ def _sh_quote(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
 
 
-async def _read_capped(stream: asyncio.StreamReader, cap: int, overflow: callable) -> tuple[bytes, bool]:
+async def _read_capped(
+    stream: asyncio.StreamReader, cap: int, overflow: Callable[[], None]
+) -> tuple[bytes, bool]:
     buf = bytearray()
     while True:
         chunk = await stream.read(_READ_CHUNK)
@@ -331,17 +334,9 @@ def _parse_status(raw: bytes) -> dict[str, int]:
     return out
 
 
-def _signal_name(code: int) -> str:
-    if code > 128:
-        with contextlib.suppress(ValueError):
-            return signal.Signals(code - 128).name
-    return ""
-
-
 class _BackendBase:
     _shared: dict[tuple, _BackendBase] = {}
     _cgroup_roots: _CgroupRoots | None = None
-    _warned_no_pids = False
 
     def __init__(self, config: SandboxProviderConfig) -> None:
         self.config = config
