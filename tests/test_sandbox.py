@@ -209,3 +209,17 @@ def test_a_sandboxed_environment_refuses_to_start_without_bubblewrap(
     assert "'code_gen'" in str(info.value) and "apt-get install bubblewrap" in str(info.value), str(
         info.value
     )
+
+
+async def test_root_without_a_pids_cgroup_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nemo_gym.sandbox import bwrap
+
+    if os.geteuid() != 0:
+        pytest.skip("the refusal applies to root only (RLIMIT_NPROC limits other users)")
+    roots = {
+        k: v for k, v in bwrap._BackendBase.cgroup_roots().items() if k != "pids"
+    }  # as on a v2-only host
+    monkeypatch.setattr(bwrap._BackendBase, "cgroup_roots", classmethod(lambda cls: roots))
+    backend = bwrap.BubblewrapBackend(SandboxProviderConfig())
+    with pytest.raises(SandboxUnavailableError, match="cannot limit processes"):
+        backend.check()

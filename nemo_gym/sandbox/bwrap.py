@@ -14,8 +14,8 @@ Contract
   and memory through per-run cgroups (v1 ``pids`` and ``memory`` hierarchies, plus ``cpuacct`` to report
   the tree's CPU time, found from
   /proc/self/cgroup; a memory cgroup OOM-kills the tree and we read ``oom_kill`` to report it). Without a
-  writable cgroup: RLIMIT_AS for memory, RLIMIT_NPROC for processes (which the kernel ignores for root: a
-  warning says so once).
+  writable cgroup: RLIMIT_AS for memory, RLIMIT_NPROC for processes; as root (where RLIMIT_NPROC does
+  nothing) the bubblewrap backend then REFUSES to run (:class:`SandboxUnavailableError`).
 * The whole tree dies at the end, always: the outer ``bwrap`` is SIGKILLed on wall timeout / output cap /
   cancellation, its inner init dies with it (``--die-with-parent``), and the kernel kills every process of
   the pid namespace; then every pid left in the run's cgroups is SIGKILLed and the cgroups removed.
@@ -587,6 +587,14 @@ class BubblewrapBackend(_BackendBase):
             raise SandboxUnavailableError(
                 f"the sandbox's Python {self.config.python!r} does not exist: install Debian's python3 with "
                 "apt-get install python3 python3-numpy python3-sympy python3-scipy, or set sandbox.python"
+            )
+        if os.geteuid() == 0 and "pids" not in self.cgroup_roots():
+            # A root-run sandbox without a pids cgroup has no process limit at all (RLIMIT_NPROC does not
+            # apply to root): a fork bomb would take the machine. Refuse rather than run unbounded.
+            raise SandboxUnavailableError(
+                "the sandbox cannot limit processes here: it runs as root and found no writable pids cgroup "
+                "(cgroup v1 /sys/fs/cgroup/pids/...), and RLIMIT_NPROC does not apply to root. Make that "
+                "hierarchy writable, or run the servers as a non-root user"
             )
 
     @classmethod
