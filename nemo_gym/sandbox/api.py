@@ -1,0 +1,431 @@
+"""The sandbox API: run model-written programs isolated, with hard limits, through a bounded pool.
+
+Contract
+--------
+* :class:`SandboxSpec` (files, env, workdir, resources) and :class:`SandboxResources` (limits) describe a
+  sandbox; :class:`AsyncSandbox` owns one throw-away work directory and runs programs in it::
+
+      async with AsyncSandbox(provider={"backend": "bubblewrap"}, spec=SandboxSpec(files={"a.py": code})) as sb:
+          result = await sb.exec(["python3", "a.py"], stdin="1 2\\n", timeout_s=5)
+
+  ``exec`` takes an argv list, or a string run by ``/bin/sh -c``. Every ``exec`` of one sandbox sees the
+  same work directory (files persist between calls, processes never do). ``stop()`` deletes it.
+  :func:`run_in_sandbox` is the one-shot form (fresh work dir, one program, work dir deleted).
+* The result (:class:`SandboxExecResult`): ``stdout``/``stderr`` (decoded, each capped at
+  ``output_limit_bytes``; ``stdout_truncated``/``stderr_truncated`` say so, and a program that writes past
+  the cap is killed), ``return_code`` (the program's exit code; ``128 + n`` if it died of signal ``n``),
+  ``timed_out`` (wall clock or CPU time limit), ``oom_killed``, ``pids_limit_hit``, ``wall_time_s``,
+  ``cpu_time_s`` (the whole process tree's, when a cpuacct cgroup is available) and
+  ``error_type`` (``"timeout" | "oom" | "output_limit" | None``). These are the PROGRAM's outcomes.
+* Failures of the sandbox itself (backend missing, set-up failed, work dir unwritable, the queue wait
+  bound passed) raise :class:`SandboxError` subclasses: callers report them as infrastructure failures,
+  never as a reward of 0.
+* Backends (``provider={"backend": ...}`` or :class:`SandboxProviderConfig`):
+  ``bubblewrap`` (default; :mod:`nemo_gym.sandbox.bwrap`) and ``unsafe_local_subprocess`` (NO isolation:
+  the program runs as this user with this machine's network and files; limits and the process-tree kill
+  still apply). The unsafe one must be named explicitly and logs a warning on every sandbox start. If
+  ``bwrap`` is missing, the sandbox refuses with :class:`SandboxUnavailableError` naming the package.
+* Bounded pool: at most ``max_concurrent`` programs run at once per process (default: the machine's
+  CPUs); further ``exec`` calls queue, each for at most ``queue_timeout_s`` (then :class:`SandboxBusyError`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from nemo_gym.verify_pool import machine_cpu_count
+
+LOG = logging.getLogger("nemo_gym.sandbox")
+
+UNSAFE_BACKEND = "unsafe_local_subprocess"
+BackendName = Literal["bubblewrap", "unsafe_local_subprocess"]
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not run the program (an infrastructure failure, never the program's fault)."""
+
+
+class SandboxUnavailableError(SandboxError):
+    """The sandbox backend is not installed or cannot work on this machine."""
+
+
+class SandboxBusyError(SandboxError):
+    """The program waited longer than ``queue_timeout_s`` for a free slot of the pool."""
+
+
+@dataclass
+class SandboxResources:
+    """Limits for every program run in a sandbox.
+
+    ``cpu``/``memory_mib``/``disk_gib``/``gpu``/``gpu_type`` keep upstream's keys: ``memory_mib`` is the
+    memory cap of the program's whole process tree; ``disk_gib`` caps each written file (RLIMIT_FSIZE) when
+    ``file_size_mib`` is not given; ``cpu`` (cores) is accepted and not enforced (the CPU-time limit and
+    the pool bound are); a GPU cannot be requested.
+    """
+
+    cpu: float | None = None
+    memory_mib: int | None = 512
+    disk_gib: int | None = None
+    gpu: int | None = None
+    gpu_type: str | None = None
+    cpu_time_s: float = 10.0
+    wall_time_s: float = 20.0
+    file_size_mib: int | None = None
+    open_files: int = 256
+    processes: int = 64
+    output_limit_bytes: int = 1_000_000
+    tmp_size_mib: int = 64
+
+    def __post_init__(self) -> None:
+        if self.gpu:
+            raise ValueError("SandboxResources.gpu: the bubblewrap sandbox cannot give a program a GPU")
+        for name in (
+            "cpu_time_s",
+            "wall_time_s",
+            "open_files",
+            "processes",
+            "output_limit_bytes",
+            "tmp_size_mib",
+        ):
+            if getattr(self, name) is None or getattr(self, name) <= 0:
+                raise ValueError(f"SandboxResources.{name} must be > 0, got {getattr(self, name)!r}")
+        if self.memory_mib is not None and self.memory_mib <= 0:
+            raise ValueError(f"SandboxResources.memory_mib must be > 0 or None, got {self.memory_mib!r}")
+
+    @classmethod
+    def from_mapping(cls, resources: Mapping[str, Any] | SandboxResources | None) -> SandboxResources:
+        if resources is None:
+            return cls()
+        if isinstance(resources, SandboxResources):
+            return resources
+        allowed = set(cls.__dataclass_fields__)
+        unknown = sorted(set(resources) - allowed)
+        if unknown:
+            raise ValueError(f"Unknown sandbox resource keys: {unknown}. Expected keys: {sorted(allowed)}")
+        return cls(**dict(resources))
+
+    @property
+    def file_size_bytes(self) -> int:
+        if self.file_size_mib is not None:
+            return self.file_size_mib << 20
+        if self.disk_gib is not None:
+            return self.disk_gib << 30
+        return 64 << 20
+
+
+@dataclass
+class SandboxSpec:
+    """What a sandbox starts with. ``files`` maps paths relative to the work dir to their text.
+    ``image`` exists for upstream's container providers; this backend runs the host's read-only /usr."""
+
+    image: str | None = None
+    workdir: str = "/sandbox"
+    env: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str | bytes] = field(default_factory=dict)
+    metadata: dict[str, str] = field(default_factory=dict)
+    resources: SandboxResources | Mapping[str, Any] = field(default_factory=SandboxResources)
+
+    def __post_init__(self) -> None:
+        self.resources = SandboxResources.from_mapping(self.resources)
+        if self.image is not None:
+            raise ValueError(
+                f"SandboxSpec.image={self.image!r}: the bubblewrap sandbox runs the host's read-only /usr, "
+                "not container images; leave image unset"
+            )
+        if not PurePosixPath(self.workdir).is_absolute() or PurePosixPath(self.workdir).parts[1:2] in (
+            ("usr",),
+            ("proc",),
+            ("dev",),
+            ("tmp",),
+        ):
+            raise ValueError(
+                f"SandboxSpec.workdir must be an absolute path outside /usr /proc /dev /tmp: {self.workdir!r}"
+            )
+        for path in self.files:
+            _safe_relative(path)
+
+
+@dataclass
+class SandboxExecResult:
+    stdout: str
+    stderr: str
+    return_code: int
+    error_type: str | None = None
+    timed_out: bool = False
+    oom_killed: bool = False
+    pids_limit_hit: bool = False
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    wall_time_s: float = 0.0
+    cpu_time_s: float | None = None  # the whole tree's CPU seconds (None without a cpuacct cgroup)
+
+    @property
+    def ok(self) -> bool:
+        return self.return_code == 0 and self.error_type is None
+
+
+ExecResult = SandboxExecResult
+
+
+class SandboxProviderConfig(BaseModel):
+    """How programs are sandboxed (a server config's ``sandbox:`` block)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: BackendName = Field(
+        default="bubblewrap",
+        description="bubblewrap, or unsafe_local_subprocess to run model code WITHOUT isolation (never in training)",
+    )
+    python: str = Field(
+        default="/usr/bin/python3",
+        description="The interpreter programs see as `python3` (Debian's, with apt python3-numpy/-sympy/-scipy)",
+    )
+    max_concurrent: int | None = Field(default=None, ge=1, description="Programs run at once; default: CPUs")
+    queue_timeout_s: float = Field(default=600.0, gt=0, description="Longest wait for a free pool slot")
+    workdir_root: str | None = Field(
+        default=None, description="Where work dirs are made; default: the temp dir"
+    )
+    ro_binds: list[str] = Field(
+        default_factory=list, description="Extra host paths bound read-only at the same path (e.g. a venv)"
+    )
+
+
+def _small_flat_dir(path: Path, max_entries: int = 16) -> bool:
+    try:
+        with os.scandir(path) as entries:
+            for n, entry in enumerate(entries):
+                if n >= max_entries or entry.is_dir(follow_symlinks=False):
+                    return False
+    except OSError:
+        return False
+    return True
+
+
+def _safe_relative(path: str) -> PurePosixPath:
+    p = PurePosixPath(path)
+    if p.is_absolute() or ".." in p.parts or not p.parts:
+        raise ValueError(f"sandbox file path must be relative and stay inside the work dir: {path!r}")
+    return p
+
+
+class _Slots:
+    """The process-wide bound on programs running at once (one semaphore per event loop)."""
+
+    def __init__(self) -> None:
+        self.limit = machine_cpu_count()
+        self._sems: dict[int, asyncio.Semaphore] = {}
+
+    def set_limit(self, limit: int) -> None:
+        if limit != self.limit:
+            self.limit = limit
+            self._sems.clear()
+
+    def semaphore(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        sem = self._sems.get(id(loop))
+        if sem is None:
+            self._sems = {id(loop): asyncio.Semaphore(self.limit)}
+            sem = self._sems[id(loop)]
+        return sem
+
+
+_SLOTS = _Slots()
+
+
+def sandbox_pool_size() -> int:
+    return _SLOTS.limit
+
+
+def _backend_for(config: SandboxProviderConfig):  # -> backend object with async run(...)
+    if config.backend == "bubblewrap":
+        from nemo_gym.sandbox.bwrap import BubblewrapBackend
+
+        return BubblewrapBackend.shared(config)
+    from nemo_gym.sandbox.bwrap import UnsafeLocalBackend
+
+    return UnsafeLocalBackend.shared(config)
+
+
+def check_sandbox_available(provider: Mapping[str, Any] | SandboxProviderConfig | None = None) -> None:
+    """Raise :class:`SandboxUnavailableError` (naming what to install) unless the backend can run here.
+    Servers call this at start so a missing bwrap fails the server, not every request."""
+    config = _provider_config(provider)
+    _backend_for(config).check()
+
+
+def _provider_config(provider: Mapping[str, Any] | SandboxProviderConfig | None) -> SandboxProviderConfig:
+    if provider is None:
+        return SandboxProviderConfig()
+    if isinstance(provider, SandboxProviderConfig):
+        return provider
+    return SandboxProviderConfig.model_validate(dict(provider))
+
+
+class AsyncSandbox:
+    """One throw-away work directory; programs run in it one ``exec`` at a time or concurrently."""
+
+    def __init__(
+        self,
+        provider: Mapping[str, Any] | SandboxProviderConfig | None = None,
+        spec: SandboxSpec | None = None,
+    ) -> None:
+        self._config = _provider_config(provider)
+        self._spec = spec or SandboxSpec()
+        self._backend = _backend_for(self._config)
+        self._host_dir: Path | None = None
+        if self._config.max_concurrent is not None:
+            _SLOTS.set_limit(self._config.max_concurrent)
+
+    @property
+    def spec(self) -> SandboxSpec:
+        return self._spec
+
+    @property
+    def host_workdir(self) -> Path:
+        if self._host_dir is None:
+            raise RuntimeError("Sandbox has not been started")
+        return self._host_dir
+
+    async def start(self, spec: SandboxSpec | None = None) -> AsyncSandbox:
+        if self._host_dir is not None:
+            raise RuntimeError("Sandbox is already started")
+        if spec is not None:
+            self._spec = spec
+        self._backend.check()
+        if self._config.backend == UNSAFE_BACKEND:
+            LOG.warning(
+                "SANDBOX DISABLED (backend=unsafe_local_subprocess): model-written code runs WITHOUT isolation, "
+                "as this user, with this machine's network and files"
+            )
+        root = self._config.workdir_root
+        try:
+            self._host_dir = Path(tempfile.mkdtemp(prefix="nemo-gym-sandbox-", dir=root))
+            for rel, content in self._spec.files.items():
+                self._write(rel, content)
+        except OSError as exc:
+            await self.stop()
+            raise SandboxError(
+                f"cannot create the sandbox work dir under {root or tempfile.gettempdir()}: {exc}"
+            ) from exc
+        return self
+
+    def _write(self, rel: str, content: str | bytes) -> None:
+        target = self.host_workdir / _safe_relative(rel)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content.encode() if isinstance(content, str) else content)
+
+    async def write_file(self, path: str, content: str | bytes) -> None:
+        self._write(path, content)
+
+    async def read_file(self, path: str, max_bytes: int = 10_000_000) -> bytes:
+        target = self.host_workdir / _safe_relative(path)
+        if target.is_symlink():
+            raise ValueError(f"{path!r} is a symlink; not followed out of the sandbox")
+        with open(target, "rb") as f:
+            return f.read(max_bytes)
+
+    async def upload(self, local_path: Path | str, remote_path: str) -> None:
+        self._write(self._relative_to_workdir(remote_path), Path(local_path).read_bytes())
+
+    async def download(self, remote_path: str, local_path: Path | str) -> None:
+        Path(local_path).write_bytes(await self.read_file(self._relative_to_workdir(remote_path)))
+
+    def _relative_to_workdir(self, remote_path: str) -> str:
+        p = PurePosixPath(remote_path)
+        if p.is_absolute():
+            p = p.relative_to(self._spec.workdir)
+        return str(p)
+
+    async def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        stdin: str | bytes | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+        user: str | int | None = None,
+        resources: SandboxResources | Mapping[str, Any] | None = None,
+    ) -> SandboxExecResult:
+        """Run one program; see the module docstring. ``timeout_s`` overrides the wall-clock limit."""
+        if user is not None:
+            raise ValueError("AsyncSandbox.exec(user=...): programs always run as the unprivileged uid 65534")
+        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+        if not argv:
+            raise ValueError("AsyncSandbox.exec: empty command")
+        limits = SandboxResources.from_mapping(resources) if resources is not None else self._spec.resources
+        assert isinstance(limits, SandboxResources)
+        if timeout_s is not None:
+            limits = SandboxResources(**{**limits.__dict__, "wall_time_s": float(timeout_s)})
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        host_dir = self.host_workdir
+        sem = _SLOTS.semaphore()
+        try:
+            async with asyncio.timeout(self._config.queue_timeout_s):
+                await sem.acquire()
+        except TimeoutError:
+            raise SandboxBusyError(
+                f"no sandbox slot became free within queue_timeout_s={self._config.queue_timeout_s:g} s "
+                f"({_SLOTS.limit} programs run at once)"
+            ) from None
+        try:
+            start = time.monotonic()
+            result = await self._backend.run(
+                argv,
+                host_dir=host_dir,
+                workdir=self._spec.workdir,
+                cwd=cwd,
+                env={**self._spec.env, **(env or {})},
+                stdin=data,
+                limits=limits,
+            )
+            result.wall_time_s = time.monotonic() - start
+            return result
+        finally:
+            sem.release()
+
+    async def stop(self) -> None:
+        if self._host_dir is not None:
+            host_dir, self._host_dir = self._host_dir, None
+            if _small_flat_dir(host_dir):
+                shutil.rmtree(host_dir, ignore_errors=True)  # a few files: quicker than a thread hop
+            else:
+                await asyncio.to_thread(shutil.rmtree, host_dir, True)
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+async def run_in_sandbox(
+    command: str | Sequence[str],
+    *,
+    files: Mapping[str, str | bytes] | None = None,
+    stdin: str | bytes | None = None,
+    resources: SandboxResources | Mapping[str, Any] | None = None,
+    provider: Mapping[str, Any] | SandboxProviderConfig | None = None,
+    env: dict[str, str] | None = None,
+) -> SandboxExecResult:
+    """One program in a fresh sandbox (work dir made, used once, deleted)."""
+    spec = SandboxSpec(files=dict(files or {}), resources=SandboxResources.from_mapping(resources))
+    sandbox = AsyncSandbox(provider=provider, spec=spec)
+    async with sandbox:
+        return await sandbox.exec(command, stdin=stdin, env=env)
+
+
+def python_argv(config: Mapping[str, Any] | SandboxProviderConfig | None, script: str) -> list[str]:
+    """argv that runs ``script`` (a work-dir path) with the sandbox's Python, isolated mode."""
+    return [_provider_config(config).python, "-I", script]

@@ -1,0 +1,176 @@
+"""math_with_code against real servers: rollouts with a scripted model, notebook state, verify errors.
+
+The escape tests (model-written code trying to get out of the sandbox) are in test_escape.py.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from nemo_gym.cli import RunHelper
+from nemo_gym.server_utils import cookie_name_for
+from nemo_gym.testing import example_rows, post_json, run_rollout, running_servers, server_url
+
+ENV = "math_with_code"
+CONFIG = f"resources_servers/{ENV}/configs/{ENV}.yaml"
+AGENT = f"{ENV}_simple_agent"
+ROWS = example_rows(ENV)
+
+# Programs that compute each example row's answer (same order as data/example.jsonl).
+PROGRAMS = [
+    "print(sum(i for i in range(1, 251) if i % 7 == 0))",
+    "import sympy\nprint(len(list(sympy.primerange(1, 200))))",
+    "x = sympy.symbols('x')\nroots = sympy.solve(x**2 - 13*x + 40, x)\nprint(max(roots))",
+    "from math import comb\nprint(comb(15, 4))",
+    "print(pow(3, 100, 17))",
+]
+
+
+def _user_text(row: dict[str, Any]) -> str:
+    return next(m["content"] for m in row["responses_create_params"]["input"] if m["role"] == "user")
+
+
+def _tagged(row: dict[str, Any], tag: str) -> dict[str, Any]:
+    out = copy.deepcopy(row)
+    for m in out["responses_create_params"]["input"]:
+        if m["role"] == "user":
+            m["content"] += f" [{tag}]"
+    return out
+
+
+def _scripts() -> list[dict[str, Any]]:
+    def call(code: str) -> dict[str, Any]:
+        return {"tool_calls": [{"name": "execute_python", "arguments": {"code": code}}]}
+
+    rules = [
+        # Notebook state: the second call uses a variable the first defined.
+        {
+            "contains": "[two-cells]",
+            "turns": [
+                call("n = 6\nvalues = [k * k for k in range(n)]"),
+                call("sum(values)"),
+                {"text": "\\boxed{55}"},
+            ],
+        },
+        # The program raises; the model then answers wrongly.
+        {"contains": "[crash]", "turns": [call("1 / 0"), {"text": "I could not compute it: \\boxed{0}"}]},
+        # Right number but no box: nothing to grade.
+        {"contains": "[no-box]", "turns": [{"text": "The answer is 46."}]},
+    ]
+    for i, (row, program) in enumerate(zip(ROWS, PROGRAMS, strict=True)):
+        expected = row["expected_result"]
+        rules.append(
+            {
+                "contains": f"[wrong-{i}]",
+                "turns": [call(program), {"text": f"\\boxed{{{int(expected) + 1}}}"}],
+            }
+        )
+        rules.append(
+            {
+                "contains": _user_text(row),
+                "turns": [call(program), {"text": f"So the answer is \\boxed{{{expected}}}."}],
+            }
+        )
+    return rules
+
+
+@pytest.fixture(scope="module")
+def helper() -> Iterator[RunHelper]:
+    extra = {"policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": _scripts()}}}}
+    with running_servers([CONFIG], extra) as h:
+        yield h
+
+
+def _tool_outputs(result: dict[str, Any]) -> list[str]:
+    return [o["output"] for o in result["response"]["output"] if o["type"] == "function_call_output"]
+
+
+def test_every_row_right_program_scores_one(helper: RunHelper) -> None:
+    assert len(ROWS) == 5
+    for row in ROWS:
+        result = run_rollout(helper, AGENT, row, timeout=120)
+        assert result["reward"] == 1.0, result
+        assert result["accuracy"] is True and result["used_python"] is True
+        assert result["extracted_answer"] == row["expected_result"]
+        # The sandboxed program really ran: its stdout carries the answer.
+        assert row["expected_result"] in _tool_outputs(result)[0]
+        assert result["expected_result"] == row["expected_result"]  # task fields survive /run
+
+
+def test_every_row_wrong_answer_scores_zero(helper: RunHelper) -> None:
+    for i, row in enumerate(ROWS):
+        result = run_rollout(helper, AGENT, _tagged(row, f"wrong-{i}"), timeout=120)
+        assert result["reward"] == 0.0 and result["accuracy"] is False
+        assert result["extracted_answer"] == str(int(row["expected_result"]) + 1)
+
+
+def test_state_carries_over_between_calls(helper: RunHelper) -> None:
+    row = copy.deepcopy(ROWS[0])
+    row["expected_result"] = "55"
+    result = run_rollout(helper, AGENT, _tagged(row, "two-cells"), timeout=120)
+    outputs = _tool_outputs(result)
+    assert '"result":"55"' in outputs[1].replace(" ", ""), outputs
+    assert result["reward"] == 1.0
+
+
+def test_a_crashing_program_is_shown_to_the_model(helper: RunHelper) -> None:
+    result = run_rollout(helper, AGENT, _tagged(ROWS[0], "crash"), timeout=120)
+    output = _tool_outputs(result)[0]
+    assert "ZeroDivisionError" in output and '"success":false' in output.replace(" ", "")
+    assert "driver.py" not in output  # only the model's own frames
+    assert result["reward"] == 0.0
+
+
+def test_no_boxed_answer_scores_zero(helper: RunHelper) -> None:
+    result = run_rollout(helper, AGENT, _tagged(ROWS[1], "no-box"), timeout=120)
+    assert result["reward"] == 0.0 and result["extracted_answer"] is None
+
+
+def test_verify_equivalent_forms(helper: RunHelper) -> None:
+    url = server_url(helper, ENV) + "/verify"
+    row = {k: v for k, v in ROWS[0].items()}
+    for expected, answer, reward in [
+        ("\\frac{1}{2}", "0.5", 1.0),
+        ("\\(\\sqrt{2}\\)", "2^{1/2}", 1.0),
+        ("4410", "4,410", 1.0),
+        ("4410", "4411", 0.0),
+    ]:
+        body = {
+            **row,
+            "expected_result": expected,
+            "response": {
+                "output": [
+                    {
+                        "type": "message",
+                        "role": "assistant",
+                        "id": "m1",
+                        "status": "completed",
+                        "content": [
+                            {"type": "output_text", "text": f"\\boxed{{{answer}}}", "annotations": []}
+                        ],
+                    }
+                ]
+            },
+        }
+        resp = post_json(url, body, timeout=60)
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["reward"] == reward, (expected, answer, resp.json())
+
+
+def test_session_state_is_per_session_and_ends(helper: RunHelper) -> None:
+    url = server_url(helper, ENV)
+    cookie = cookie_name_for(ENV)
+    first = post_json(url + "/execute_python", {"code": "secret_value = 41"})
+    assert first.status_code == 200 and first.json()["success"] is True
+    jar = {cookie: first.cookies[cookie]}
+    same = post_json(url + "/execute_python", {"code": "secret_value + 1"}, cookies=jar)
+    assert same.json()["result"] == "42"
+    other = post_json(url + "/execute_python", {"code": "secret_value"})  # another session
+    assert other.json()["success"] is False and "NameError" in other.json()["error_message"]
+    assert post_json(url + "/end_session", {}, cookies=jar).status_code == 200
+    after = post_json(url + "/execute_python", {"code": "secret_value"}, cookies=jar)
+    assert "NameError" in after.json()["error_message"]
