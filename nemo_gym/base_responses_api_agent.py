@@ -16,6 +16,7 @@ Contract
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import Body as Body
@@ -24,6 +25,12 @@ from pydantic import Field
 
 from nemo_gym.config_types import AnyDatasetConfig
 from nemo_gym.reward_profile import AggregateMetricsMixin
+from nemo_gym.rollout_correlation import (
+    apply_rollout_prefix,
+    current_rollout_id,
+    maybe_rollout_id_from_run_body,
+    rollout_path_prefix,
+)
 from nemo_gym.server_utils import BaseRunServerInstanceConfig, SimpleServer
 
 
@@ -49,6 +56,49 @@ class SimpleResponsesAPIAgent(SimpleServer, AggregateMetricsMixin):
             "timeout_s": getattr(self.config, setting),
             "timeout_setting": f"{setting} of agent '{self.config.name}'",
         }
+
+    # -- rollout ids in downstream paths (upstream's API; see nemo_gym.rollout_correlation) -------------
+    # Upstream prefixes downstream calls with /ng-rollout/<id> only when observability or training-token
+    # capture is on. Neither exists here, so these leave paths unchanged; every server still answers a
+    # prefixed path, so an agent that prefixes by itself works too.
+    def _token_id_capture_enabled(self) -> bool:
+        return False
+
+    def _capture_correlation_enabled(self) -> bool:
+        return False
+
+    def rollout_id_from_run(self, body: Any) -> str | None:
+        """The rollout id to put into downstream paths for this run (``None``: no prefix)."""
+        if not self._capture_correlation_enabled():
+            return None
+        return maybe_rollout_id_from_run_body(body)
+
+    def url_path_for_run(self, url_path: str, body: Any) -> str:
+        """``url_path`` with this run's rollout prefix (unchanged when there is none)."""
+        prefix = rollout_path_prefix(
+            self.rollout_id_from_run(body), token_capture=self._token_id_capture_enabled()
+        )
+        return prefix + url_path
+
+    def base_url_for_run(self, base_url: str, body: Any) -> str:
+        """A model server's root URL with this run's rollout prefix (add ``/v1`` after)."""
+        return apply_rollout_prefix(
+            base_url, self.rollout_id_from_run(body), token_capture=self._token_id_capture_enabled()
+        )
+
+    def url_path_for_request(self, url_path: str, request: Request | None) -> str:
+        """``url_path`` carrying the rollout prefix the inbound ``request`` came with, if any."""
+        params = getattr(request, "path_params", None)
+        rollout_id = params.get("rollout_id") if isinstance(params, Mapping) else None
+        rollout_id = rollout_id or (current_rollout_id() if request is not None else None)
+        return rollout_path_prefix(rollout_id) + url_path
+
+    def resolve_model_base_url(self, model_server_name: str, rollout_id: str | None = None) -> str:
+        """``http://host:port[/ng-rollout/<id>]/v1`` of a configured model server."""
+        base_url = self.server_client.base_url(model_server_name)
+        return (
+            apply_rollout_prefix(base_url, rollout_id, token_capture=self._token_id_capture_enabled()) + "/v1"
+        )
 
     def setup_webserver(self) -> FastAPI:
         app = super().setup_webserver()

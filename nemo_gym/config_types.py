@@ -21,6 +21,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 AGENT_REF_KEY = "agent_ref"
+# Request paths that carry a rollout id: /ng-rollout/<id>/... (see nemo_gym.rollout_correlation).
+ROLLOUT_PATH_PREFIX = "ng-rollout"
+TOKEN_CAPTURE_PATH_SEGMENT = "training-token-capture"
 
 
 class BaseServerConfig(BaseModel):

@@ -121,7 +121,7 @@ UPSTREAM_NO_EFFECT_KEYS = frozenset(
         "nemo_gym_log_dir", "verbose", "observability_enabled", "global_aiohttp_client_request_debug",
         "global_aiohttp_tcp_keepalive_idle_seconds", "global_aiohttp_tcp_keepalive_interval_seconds",
         "global_aiohttp_tcp_keepalive_probes", "uvicorn_logging_show_200_ok", "profiling_enabled",
-        "profiling_results_dirpath",
+        "profiling_results_dirpath", "error_on_almost_servers",
     }
 )  # fmt: skip
 # Upstream keys that do have an effect here without being launcher options (read where they are used).

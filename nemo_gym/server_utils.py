@@ -70,6 +70,9 @@ from nemo_gym.redaction import (
     config_secret_values,
     process_scrubber,
 )
+from nemo_gym.rollout_correlation import RolloutContextMiddleware
+from nemo_gym.rollout_correlation import apply_rollout_prefix as apply_rollout_prefix
+from nemo_gym.rollout_correlation import rollout_path_prefix as rollout_path_prefix
 from nemo_gym.server_client import (  # re-exported: the client is importable from here too
     DEFAULT_REQUEST_TIMEOUT_S as DEFAULT_REQUEST_TIMEOUT_S,
 )
@@ -375,6 +378,8 @@ class BaseServer(BaseModel):
         self.setup_exception_middleware(app)
         if self.uses_sessions:
             self.setup_session_middleware(app)
+        # /ng-rollout/<id>/<path> answers as /<path> (upstream's rollout correlation), behind the guard.
+        app.add_middleware(RolloutContextMiddleware)
         # Outermost: nothing runs for a request without the run token, or with too large a body.
         token, disabled = server_token_from_env()
         app.add_middleware(

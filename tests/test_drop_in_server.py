@@ -192,7 +192,7 @@ def test_set_up_steps_are_idempotent_and_a_self_built_app_still_gets_the_guard(
     server.setup_session_middleware(app)
     server.setup_liveness(app)
     assert [r.path for r in app.router.routes].count("/") == 1
-    assert len(app.user_middleware) == 3  # errors, sessions, guard: nothing added twice
+    assert len(app.user_middleware) == 4  # errors, sessions, rollout prefix, guard: nothing added twice
     assert server.get_session_middleware_key() == "CounterServer___counter"
 
     class OwnAppServer(SimpleServer):
@@ -430,3 +430,40 @@ def test_environment_tests_import_app_both_ways_from_inside_their_folder(tmp_pat
         timeout=120,
     )
     assert both.returncode == 0 and "2 passed" in both.stdout, both.stdout + both.stderr
+
+
+def test_rollout_prefixed_paths_answer_as_plain_ones_and_expose_the_id() -> None:
+    """Upstream's rollout correlation: ``/ng-rollout/<id>/<path>`` is ``/<path>`` with ``<id>`` current."""
+    from nemo_gym.base_responses_api_agent import SimpleResponsesAPIAgent
+    from nemo_gym.rollout_correlation import (
+        RolloutContextMiddleware,
+        current_rollout_id,
+        maybe_rollout_id_from_run_body,
+        rollout_path_prefix,
+    )
+
+    server = hosted_server()
+    app = hosted_app(server)
+    app.add_middleware(RolloutContextMiddleware)  # as upstream's Gymnasium servers do: harmless twice
+
+    @app.post("/whoami")
+    async def whoami(request: Request) -> dict[str, Any]:
+        return {"rollout_id": current_rollout_id(), "path": request.url.path}
+
+    with serve(app) as url:
+        c = _NoJar(url)
+        assert c.post("/ng-rollout/4-2/whoami").json() == {"rollout_id": "4-2", "path": "/whoami"}
+        assert c.post("/whoami").json() == {"rollout_id": None, "path": "/whoami"}
+        seeded = c.post("/ng-rollout/7-0/seed_session", json={**ROW, "initial_count": 2})
+        cookies = dict(seeded.cookies)
+        assert c.post("/ng-rollout/7-0/increment", cookies=cookies).json() == {"count": 3}
+        assert c.post("/ng-rollout/bad id/whoami").status_code == 404  # not a prefix: routed as is
+    assert maybe_rollout_id_from_run_body({"_ng_task_index": 3, "_ng_rollout_index": 1}) == "3-1"
+    assert maybe_rollout_id_from_run_body({"_ng_rollout_id": "x.1", "_ng_attempt_index": 2}) == "x.1-a2"
+    assert maybe_rollout_id_from_run_body({"responses_create_params": {}}) is None
+    with pytest.raises(ValueError, match="_ng_rollout_id"):
+        maybe_rollout_id_from_run_body({"_ng_rollout_id": "../etc"})
+    assert rollout_path_prefix("3-1") == "/ng-rollout/3-1" and rollout_path_prefix(None) == ""
+    # Agents: upstream's path helpers exist; with no capture configured they leave paths unchanged.
+    for name in ("url_path_for_run", "base_url_for_run", "url_path_for_request", "rollout_id_from_run"):
+        assert callable(getattr(SimpleResponsesAPIAgent, name))

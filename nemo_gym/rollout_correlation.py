@@ -1,0 +1,130 @@
+"""Rollout ids in request paths: ``/ng-rollout/<id>/<path>`` (NVIDIA NeMo Gym's names and semantics).
+
+Contract
+--------
+* A rollout's id is ``_ng_rollout_id`` when a row carries one (letters, digits, ``.``, ``_``, ``-``,
+  not starting with a dot or dash; anything else is a ``ValueError``), else ``"<task>-<rollout>"``
+  from ``_ng_task_index`` / ``_ng_rollout_index``; a re-dispatch attempt ``n > 0`` appends ``-a<n>``
+  (:func:`maybe_rollout_id_from_run_body`). No identity: ``None``.
+* :class:`RolloutContextMiddleware` (installed on every server of ours, and harmless when an
+  environment adds it again) answers ``/ng-rollout/<id>/<path>`` exactly as ``/<path>`` and exposes
+  ``<id>`` to the handler and to anything it awaits through :func:`current_rollout_id`. A request
+  without the prefix costs one ``str.startswith``.
+* Upstream uses the prefix to correlate model calls with rollouts when observability or token
+  capture is on. Neither prefixes anything here unless a caller does so itself: agents'
+  ``url_path_for_run`` / ``base_url_for_run`` leave paths unchanged (see
+  :class:`nemo_gym.base_responses_api_agent.SimpleResponsesAPIAgent`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from pydantic import BaseModel
+
+from nemo_gym.config_types import ROLLOUT_PATH_PREFIX, TOKEN_CAPTURE_PATH_SEGMENT
+from nemo_gym.global_config import (
+    ATTEMPT_INDEX_KEY_NAME,
+    ROLLOUT_ID_KEY_NAME,
+    ROLLOUT_INDEX_KEY_NAME,
+    TASK_INDEX_KEY_NAME,
+)
+
+__all__ = [
+    "ROLLOUT_ID_PATTERN",
+    "RolloutContextMiddleware",
+    "apply_rollout_prefix",
+    "current_rollout_id",
+    "maybe_rollout_id_from_run_body",
+    "rollout_context",
+    "rollout_path_prefix",
+]
+
+ROLLOUT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_CURRENT: ContextVar[str | None] = ContextVar("nemo_gym_rollout_id", default=None)
+_PATH_START = f"/{ROLLOUT_PATH_PREFIX}/"
+
+
+def maybe_rollout_id_from_run_body(body: BaseModel | Mapping[str, Any] | None) -> str | None:
+    """The rollout id of a run row (see the module docstring), or ``None`` without an identity."""
+    if isinstance(body, Mapping):
+        get = body.get
+    elif isinstance(body, BaseModel):
+
+        def get(key: str) -> Any:
+            value = getattr(body, key, None)
+            return value if value is not None else (body.model_extra or {}).get(key)
+    else:
+        return None
+    explicit = get(ROLLOUT_ID_KEY_NAME)
+    if explicit is not None:
+        if not isinstance(explicit, str) or not ROLLOUT_ID_PATTERN.match(explicit):
+            raise ValueError(
+                f"{ROLLOUT_ID_KEY_NAME} must be a string of letters, digits, '.', '_' or '-' starting with a "
+                f"letter or digit, got {explicit!r}"
+            )
+        rollout_id = explicit
+    else:
+        task, rollout = get(TASK_INDEX_KEY_NAME), get(ROLLOUT_INDEX_KEY_NAME)
+        if task is None or rollout is None:
+            return None
+        rollout_id = f"{task}-{rollout}"
+    attempt = get(ATTEMPT_INDEX_KEY_NAME)
+    if attempt is not None and int(attempt) > 0:
+        rollout_id = f"{rollout_id}-a{int(attempt)}"
+    return rollout_id
+
+
+def rollout_path_prefix(rollout_id: str | None, *, token_capture: bool = False) -> str:
+    """``/ng-rollout/<id>`` (plus ``/training-token-capture`` when asked), or ``""`` without an id."""
+    if not rollout_id:
+        return ""
+    return f"/{ROLLOUT_PATH_PREFIX}/{rollout_id}" + (
+        f"/{TOKEN_CAPTURE_PATH_SEGMENT}" if token_capture else ""
+    )
+
+
+def apply_rollout_prefix(base_url: str, rollout_id: str | None, *, token_capture: bool = False) -> str:
+    """``base_url`` with the rollout's path prefix appended (unchanged without an id)."""
+    if not rollout_id:
+        return base_url
+    return base_url.rstrip("/") + rollout_path_prefix(rollout_id, token_capture=token_capture)
+
+
+def current_rollout_id() -> str | None:
+    """The rollout id of the request being handled (from its path prefix), else ``None``."""
+    return _CURRENT.get()
+
+
+@contextmanager
+def rollout_context(rollout_id: str | None) -> Iterator[None]:
+    """Make ``rollout_id`` the :func:`current_rollout_id` inside the block."""
+    token = _CURRENT.set(rollout_id)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
+class RolloutContextMiddleware:
+    """Pure ASGI middleware: strips ``/ng-rollout/<id>`` from the path and sets the current rollout id."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not path.startswith(_PATH_START):
+            await self.app(scope, receive, send)
+            return
+        rollout_id, slash, rest = path[len(_PATH_START) :].partition("/")
+        if not slash or not ROLLOUT_ID_PATTERN.match(rollout_id):
+            await self.app(scope, receive, send)  # not a well-formed prefix: routed (and 404'd) as is
+            return
+        rest = "/" + rest
+        with rollout_context(rollout_id):
+            await self.app({**scope, "path": rest, "raw_path": rest.encode()}, receive, send)
