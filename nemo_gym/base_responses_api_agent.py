@@ -58,14 +58,20 @@ class SimpleResponsesAPIAgent(SimpleServer, AggregateMetricsMixin):
         }
 
     # -- rollout ids in downstream paths (upstream's API; see nemo_gym.rollout_correlation) -------------
-    # Upstream prefixes downstream calls with /ng-rollout/<id> only when observability or training-token
-    # capture is on. Neither exists here, so these leave paths unchanged; every server still answers a
-    # prefixed path, so an agent that prefixes by itself works too.
+    # As upstream: downstream calls carry /ng-rollout/<id> when the run sets ``observability_enabled``
+    # (training-token capture is not offered, so never for that). Every server of ours answers a
+    # prefixed path exactly like the plain one, so the prefix changes no answer.
     def _token_id_capture_enabled(self) -> bool:
         return False
 
+    def _model_call_capture_enabled(self) -> bool:
+        global_config = getattr(self.server_client, "global_config_dict", None)
+        if not isinstance(global_config, Mapping):
+            return False
+        return bool(global_config.get("observability_enabled", False))
+
     def _capture_correlation_enabled(self) -> bool:
-        return False
+        return self._model_call_capture_enabled() or self._token_id_capture_enabled()
 
     def rollout_id_from_run(self, body: Any) -> str | None:
         """The rollout id to put into downstream paths for this run (``None``: no prefix)."""

@@ -483,8 +483,21 @@ def raise_for_status(resp: Any, server_name: str | None = None, url_path: str | 
 
 
 async def _raise_for_foreign_response(resp: Any, server_name: str, url_path: str) -> None:
+    """Upstream's order for a response that is not ours: read the body, then let the object raise its
+    own error (aiohttp's ``ClientResponseError``, a test double's) with ``response_content`` attached;
+    an object that does not raise gets our :class:`UpstreamError`."""
     content = getattr(resp, "content", None)
     body = await (content.read() if content is not None and hasattr(content, "read") else resp.read())
+    own = getattr(resp, "raise_for_status", None)
+    if callable(own):
+        try:
+            own()
+        except Exception as exc:
+            try:
+                exc.response_content = body  # type: ignore[attr-defined]
+            except AttributeError:
+                pass
+            raise
     _raise_http_error(getattr(resp, "status", None), body, server_name, url_path)
 
 
