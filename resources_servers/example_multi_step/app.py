@@ -23,7 +23,7 @@ Contract
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, ClassVar
 
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
@@ -32,6 +32,7 @@ from nemo_gym.base_resources_server import (
     BaseResourcesServerConfig,
     BaseVerifyRequest,
     BaseVerifyResponse,
+    ReverifyMode,
     SimpleResourcesServer,
     function_calls,
 )
@@ -46,7 +47,9 @@ def synonym_value(word: str) -> int:
 
 
 class ExampleMultiStepConfig(BaseResourcesServerConfig):
-    pass
+    REVERIFY_MODE: ClassVar[ReverifyMode] = (
+        ReverifyMode.STATELESS
+    )  # verify reads only the row and the response
 
 
 class GetSynonymValueRequest(BaseModel):

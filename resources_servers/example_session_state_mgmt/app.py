@@ -21,6 +21,8 @@ Contract
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, Field, PrivateAttr
 
@@ -30,12 +32,16 @@ from nemo_gym.base_resources_server import (
     BaseSeedSessionResponse,
     BaseVerifyRequest,
     BaseVerifyResponse,
+    ReverifyMode,
     SimpleResourcesServer,
 )
 from nemo_gym.server_utils import get_session_id
 
 
 class ExampleSessionStateMgmtConfig(BaseResourcesServerConfig):
+    REVERIFY_MODE: ClassVar[ReverifyMode] = (
+        ReverifyMode.UNSUPPORTED
+    )  # verify reads the session's counter, which a stored rollout does not carry
     max_sessions: int = Field(default=100_000, ge=1)
 
 

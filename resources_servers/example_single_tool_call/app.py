@@ -7,6 +7,7 @@ Reward 1.0 iff the response contains a ``get_weather`` call for the task's ``exp
 from __future__ import annotations
 
 import hashlib
+from typing import ClassVar
 
 import orjson
 from fastapi import FastAPI
@@ -16,6 +17,7 @@ from nemo_gym.base_resources_server import (
     BaseResourcesServerConfig,
     BaseVerifyRequest,
     BaseVerifyResponse,
+    ReverifyMode,
     SimpleResourcesServer,
     function_calls,
 )
@@ -24,7 +26,9 @@ CONDITIONS = ("sunny", "cloudy", "rainy", "windy", "snowy", "foggy")
 
 
 class ExampleSingleToolCallConfig(BaseResourcesServerConfig):
-    pass
+    REVERIFY_MODE: ClassVar[ReverifyMode] = (
+        ReverifyMode.STATELESS
+    )  # verify reads only the row and the response
 
 
 class GetWeatherRequest(BaseModel):

@@ -1,0 +1,131 @@
+"""ng_reverify end to end: rollouts collected from real servers, then scored again from the saved file.
+
+Proven here: payloads are the task rows (materialized inputs) plus the recorded response; a changed
+verdict shows as ``previous_reward`` -> ``reward`` in a new file, in input order; ``+where`` limits what
+is re-verified; the input is never touched; bad options and lines are refused (exit 2) before anything
+is posted; a verifier that cannot score a line sends it to the failures file (exit 1), never reward 0;
+a server whose verify needs live session state is refused unless ``+force=true``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from nemo_gym.reverify import main as reverify_main
+from nemo_gym.rollout_collection import collect_main
+from nemo_gym.testing import running_servers
+
+WEATHER = "example_single_tool_call"
+COUNTER = "example_session_state_mgmt"
+CONFIGS = [f"resources_servers/{e}/configs/{e}.yaml" for e in (WEATHER, COUNTER)]
+
+
+def _run(main: Any, argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = 0
+    try:
+        main(argv)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(x) for x in path.read_bytes().splitlines() if x.strip()]
+
+
+def _write(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+
+
+def test_reverify_saved_rollouts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with running_servers(CONFIGS) as helper:
+        port = ["+head_server.port=" + str(helper.head_server_config.port)]
+        rollouts = tmp_path / "rollouts.jsonl"
+        code, out, err = _run(
+            collect_main,
+            [f"+agent_name={WEATHER}_simple_agent", f"+input_jsonl_fpath=resources_servers/{WEATHER}/data/example.jsonl",
+             f"+output_jsonl_fpath={rollouts}", "+num_repeats=2", "+progress=false", *port],
+            capsys,
+        )  # fmt: skip
+        assert code == 0, err
+        collected = sorted(_lines(rollouts), key=lambda r: (r["_ng_task_index"], r["_ng_rollout_index"]))
+        assert len(collected) == 10
+        # A verifier "fix" seen from the data side: the stored verdicts of two lines are not what the
+        # verifier says today; re-verifying must bring back the verifier's reward.
+        stored = [dict(r) for r in collected]
+        stored[1]["reward"], stored[6]["reward"] = 0.25, -1.0
+        _write(rollouts, stored)
+        before = rollouts.read_bytes()
+
+        out_path = tmp_path / "reverified.jsonl"
+        code, out, err = _run(
+            reverify_main,
+            [f"+input_jsonl_fpath={rollouts}", f"+output_jsonl_fpath={out_path}", *port],
+            capsys,
+        )
+        assert code == 0, err
+        assert rollouts.read_bytes() == before  # the input is never rewritten
+        new = _lines(out_path)
+        assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in new] == [
+            (r["_ng_task_index"], r["_ng_rollout_index"]) for r in stored
+        ]
+        assert [r["reward"] for r in new] == [r["reward"] for r in collected]
+        assert [r["previous_reward"] for r in new] == [r["reward"] for r in stored]
+        assert new[0]["expected_city"] == collected[0]["expected_city"]  # task fields kept
+        assert "2 reward(s) changed" in out and "line 2: 0.25 -> " in out and "line 7: -1.0 -> " in out
+
+        # +where: only the matching line is scored again; the others are copied as they are.
+        only = tmp_path / "only.jsonl"
+        code, out, err = _run(reverify_main, [f"+input_jsonl_fpath={rollouts}", f"+output_jsonl_fpath={only}", "+where.reward=0.25", *port], capsys)  # fmt: skip
+        assert code == 0, err
+        new = _lines(only)
+        assert [("previous_reward" in r) for r in new] == [i == 1 for i in range(10)]
+        assert new[6]["reward"] == -1.0 and new[1]["reward"] == collected[1]["reward"]
+
+        # A task row the verifier refuses (its expected_city was lost): a failure, left out, never 0.
+        inputs = tmp_path / "rollouts_materialized_inputs.jsonl"
+        rows = _lines(inputs)
+        broken = next(r for r in rows if (r["_ng_task_index"], r["_ng_rollout_index"]) == (0, 1))
+        del broken["expected_city"]
+        _write(inputs, rows)
+        failed_out = tmp_path / "failed.jsonl"
+        code, out, err = _run(reverify_main, [f"+input_jsonl_fpath={rollouts}", f"+output_jsonl_fpath={failed_out}", *port], capsys)  # fmt: skip
+        assert code == 1 and "1 line(s) failed" in err
+        assert len(_lines(failed_out)) == 9 and all(
+            (r["_ng_task_index"], r["_ng_rollout_index"]) != (0, 1) for r in _lines(failed_out)
+        )
+        failures = _lines(tmp_path / "failed_failures.jsonl")
+        assert [(f["_ng_task_index"], f["_ng_rollout_index"], f["line"]) for f in failures] == [(0, 1, 2)]
+        assert "422" in failures[0]["error"]
+
+        # Bad options and lines: exit 2, nothing posted or written.
+        code, _, err = _run(reverify_main, [f"+input_jsonl_fpath={rollouts}", f"+output_jsonl_fpath={rollouts}", *port], capsys)  # fmt: skip
+        assert code == 2 and "must differ" in err
+        code, _, err = _run(reverify_main, [f"+input_jsonl_fpath={rollouts}", f"+output_jsonl_fpath={out_path}", *port], capsys)  # fmt: skip
+        assert code == 2 and "+overwrite=true" in err
+        code, _, err = _run(reverify_main, [f"+input_jsonl_fpath={rollouts}", f"+output_jsonl_fpath={tmp_path / 'x.jsonl'}", "+wher.reward=1", *port], capsys)  # fmt: skip
+        assert code == 2 and "+wher" in err
+        no_agent = tmp_path / "no_agent.jsonl"
+        _write(no_agent, [{k: v for k, v in stored[0].items() if k != "agent_ref"}])
+        code, _, err = _run(reverify_main, [f"+input_jsonl_fpath={no_agent}", f"+output_jsonl_fpath={tmp_path / 'y.jsonl'}", *port], capsys)  # fmt: skip
+        assert code == 2 and f"{no_agent}: line 1" in err and "agent_ref" in err
+        assert not (tmp_path / "x.jsonl").exists() and not (tmp_path / "y.jsonl").exists()
+
+        # A verifier that needs the rollout's live session: refused unless forced.
+        counter = tmp_path / "counter.jsonl"
+        code, _, err = _run(
+            collect_main,
+            [f"+agent_name={COUNTER}_simple_agent", f"+input_jsonl_fpath=resources_servers/{COUNTER}/data/example.jsonl",
+             f"+output_jsonl_fpath={counter}", "+progress=false", *port],
+            capsys,
+        )  # fmt: skip
+        assert code == 0, err
+        code, _, err = _run(reverify_main, [f"+input_jsonl_fpath={counter}", f"+output_jsonl_fpath={tmp_path / 'c.jsonl'}", *port], capsys)  # fmt: skip
+        assert code == 2 and "unsupported" in err and "+force=true" in err
+        assert not (tmp_path / "c.jsonl").exists()
