@@ -129,6 +129,10 @@ class WorkbenchResourcesServer(SimpleResourcesServer):
         """Every tool as a Responses API function tool (what rows offer the model, and what MCP lists)."""
         return [tool_schema(name) for name in TOOLS]
 
+    def mcp_tool_schemas(self) -> list[dict[str, Any]]:
+        """The tools listed over MCP (``expose_tools_over_mcp: true``): the same 27 function tools."""
+        return self.tool_schemas()
+
     def call_session_tool(self, session_id: str, name: str, arguments: dict[str, Any]) -> Any:
         """Run tool ``name`` on the session's data; a tool error becomes ``"Error: ..."`` output."""
         world = self._worlds.get(session_id)
