@@ -19,11 +19,13 @@ Contract
   the session's cookie and the caller's token): the same validation, state and errors as the HTTP
   route, so effects show up in that session's ``/verify``. A 2xx answer is the result (its JSON as
   text, and as structured content when it is an object); any other answer, or a missing or forged
-  session token, is an MCP tool error (``isError``) with the reason.
+  session token, is an MCP tool error (``isError``) with the reason; so is a call that takes longer
+  than ``MCP_TOOL_TIMEOUT_S``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import logging
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
     from nemo_gym.base_resources_server import SimpleResourcesServer
 
 MCP_URL_PATH = "/mcp"
+MCP_TOOL_TIMEOUT_S = 180.0  # one tools/call, as the agents' default tool_timeout_s
 # Routes that belong to the protocol, never offered as tools.
 RESERVED_PATHS = frozenset(
     {
@@ -192,9 +195,15 @@ def install_mcp(server: SimpleResourcesServer, app: FastAPI) -> None:
         headers = {"cookie": f"{cookie_name}={token}", "content-type": "application/json"}
         if request.headers.get("authorization"):
             headers["authorization"] = request.headers["authorization"]
-        resp = await internal.post(
-            f"/{params.name}", content=orjson.dumps(params.arguments or {}), headers=headers
-        )
+        try:
+            resp = await asyncio.wait_for(
+                internal.post(
+                    f"/{params.name}", content=orjson.dumps(params.arguments or {}), headers=headers
+                ),
+                MCP_TOOL_TIMEOUT_S,
+            )
+        except TimeoutError:
+            return error(f"tool {params.name!r} did not answer within {MCP_TOOL_TIMEOUT_S:g} s")
         text = resp.text
         if resp.status_code >= 300:
             return error(f"HTTP {resp.status_code}: {text}")
