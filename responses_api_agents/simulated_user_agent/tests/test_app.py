@@ -18,7 +18,9 @@ CONFIGS = [
     "responses_api_agents/simulated_user_agent/configs/simulated_user_agent.yaml",
 ]
 AGENT = "calendar_simulated_user_agent"
-ROW = json.loads(open("responses_api_agents/simulated_user_agent/data/example.jsonl").readline())
+ROW_WITH_OPENING = json.loads(open("responses_api_agents/simulated_user_agent/data/example.jsonl").readline())
+ROW = copy.deepcopy(ROW_WITH_OPENING)  # the same task, but the simulator writes the opening
+ROW["responses_create_params"]["input"].pop()
 
 OPEN = 'Please add "Budget sync with finance" for 30 minutes. (event id: 0)'
 ASK_2 = 'Also add "Interview: backend candidate", 60 minutes. (event id: 1)'
@@ -120,9 +122,8 @@ def test_user_that_never_finishes_is_cut_at_max_turns_and_a_wrong_calendar_score
 
 
 def test_an_opening_message_in_the_row_is_the_users_first_turn(helper: RunHelper) -> None:
-    row = copy.deepcopy(ROW)
-    row["responses_create_params"]["input"].append({"role": "user", "content": OPEN})
-    result = run_rollout(helper, AGENT, row)
+    assert ROW_WITH_OPENING["responses_create_params"]["input"][-1] == {"role": "user", "content": OPEN}
+    result = run_rollout(helper, AGENT, ROW_WITH_OPENING)
     # The simulator continues from its second line; the conversation is the same from there on.
     users = [o["content"] for o in result["response"]["output"] if o.get("role") == "user"]
     assert users == [ASK_2, ASK_3, "Perfect, thanks!"] and result["reward"] == 1.0
