@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +19,8 @@ CONFIGS = [
     "responses_api_agents/simulated_user_agent/configs/simulated_user_agent.yaml",
 ]
 AGENT = "calendar_simulated_user_agent"
-ROW_WITH_OPENING = json.loads(open("responses_api_agents/simulated_user_agent/data/example.jsonl").readline())
+DATA = Path(__file__).resolve().parents[1] / "data" / "example.jsonl"
+ROW_WITH_OPENING = json.loads(DATA.read_text().splitlines()[0])
 ROW = copy.deepcopy(ROW_WITH_OPENING)  # the same task, but the simulator writes the opening
 ROW["responses_create_params"]["input"].pop()
 
