@@ -21,6 +21,11 @@ Contract
   text, and as structured content when it is an object); any other answer, or a missing or forged
   session token, is an MCP tool error (``isError``) with the reason; so is a call that takes longer
   than ``MCP_TOOL_TIMEOUT_S``.
+* Differences from NVIDIA NeMo Gym (same config key, seed-response key and header name): the session
+  token is the session's signed cookie value rather than a separately signed payload; tools are chosen
+  by ``mcp_tool_schemas()`` or harvesting, not upstream's ``mcp_tools(harvested, catchall)`` hook; there
+  is no per-session tool allow-list (``mcp_allowed_tools_for_session``) and no renaming of
+  ``mcp__<server>__`` tool names before ``/verify``.
 """
 
 from __future__ import annotations
