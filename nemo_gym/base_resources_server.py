@@ -19,7 +19,7 @@ Contract
   ``REVERIFY_MODE`` (whether ``/verify`` can be re-run later from a stored rollout alone).
 * ``BaseMultiRewardVerifyResponse`` adds ``reward_components``; ``reward`` must equal their sum.
 * Names follow NVIDIA NeMo Gym's ``nemo_gym.base_resources_server`` so its environments import them
-  unchanged. Difference: MCP exposure of tools (``expose_tools_over_mcp``) is not offered.
+  unchanged. ``expose_tools_over_mcp: true`` also serves the tools over MCP at ``/mcp`` (:mod:`nemo_gym.mcp`).
 * ``GET /row_schema`` publishes the JSON schema of what a task row must carry for this environment:
   the fields of the ``/seed_session`` and ``/verify`` request bodies, without ``response`` (the
   agent adds it). ``ng_collect_rollouts`` checks every row against it before sending anything.
@@ -36,7 +36,7 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, create_model, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, create_model, model_validator
 
 from nemo_gym.config_types import AggregateMetrics as AggregateMetrics
 from nemo_gym.config_types import AggregateMetricsRequest as AggregateMetricsRequest
@@ -76,19 +76,10 @@ class ReverifyMode(StrEnum):
 
 
 class BaseResourcesServerConfig(BaseRunServerInstanceConfig):
-    # Upstream serves a resources server's tools over MCP when set; not offered here, so true is an error.
+    # Also serve the tools over MCP at /mcp, bound to the session /seed_session announces (nemo_gym/mcp).
     expose_tools_over_mcp: bool = False
     # Servers override it on their config class: ``REVERIFY_MODE: ClassVar[ReverifyMode] = ReverifyMode.STATELESS``.
     REVERIFY_MODE: ClassVar[ReverifyMode] = ReverifyMode.UNKNOWN
-
-    @field_validator("expose_tools_over_mcp")
-    @classmethod
-    def _no_mcp(cls, value: bool) -> bool:
-        if value:
-            raise ValueError(
-                "exposing tools over MCP is not supported by this NeMo Gym; remove the key or set false"
-            )
-        return value
 
 
 class MCPServerMetadata(BaseModel):
@@ -211,6 +202,10 @@ class SimpleResourcesServer(BaseResourcesServer, AggregateMetricsMixin):
         app.post("/aggregate_metrics")(self.aggregate_metrics)
         app.get("/reverify_mode")(self.get_reverify_mode)
         app.get(ROW_SCHEMA_PATH)(self.row_schema)
+        if self.config.expose_tools_over_mcp:
+            from nemo_gym.mcp import install_mcp  # the mcp package is needed only then
+
+            install_mcp(self, app)
         return app
 
     async def get_reverify_mode(self) -> ReverifyMode:

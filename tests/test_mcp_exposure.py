@@ -1,0 +1,50 @@
+"""nemo_gym.mcp on a server that declares no MCP hook: its typed tool routes are harvested and served
+over MCP (the mcp package's own client), bound to the seeded session, and /verify sees the effects."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx2
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from nemo_gym.server_utils import cookie_name_for
+from nemo_gym.testing import post_json, running_servers, server_url
+
+ENV = "example_session_state_mgmt"
+STUB = {"responses_create_params": {"input": "direct"}, "response": {"output": []}}
+
+
+async def _drive(url: str, headers: dict[str, str]) -> tuple[dict[str, dict], list[str]]:
+    async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
+        async with streamable_http_client(url, http_client=http) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                tools = {t.name: t.input_schema for t in (await session.list_tools()).tools}
+                texts = []
+                for name, args in (
+                    ("increment_counter", {"count": 5}),
+                    ("increment_counter", {"count": "x"}),
+                ):
+                    result = await session.call_tool(name, args)
+                    texts.append(("error: " if result.is_error else "") + result.content[0].text)
+                texts.append((await session.call_tool("get_counter_value", {})).content[0].text)
+    return tools, texts
+
+
+def test_harvested_routes_are_served_over_mcp_for_the_session() -> None:
+    instance = {ENV: {"resources_servers": {ENV: {"entrypoint": "app.py", "expose_tools_over_mcp": True}}}}
+    with running_servers([], instance, with_scripted_model=False) as helper:
+        base = server_url(helper, ENV)
+        seeded = post_json(base + "/seed_session", {**STUB, "initial_count": 10})
+        cookies = {cookie_name_for(ENV): seeded.cookies[cookie_name_for(ENV)]}
+        meta = seeded.json()["mcp"]
+        tools, texts = asyncio.run(asyncio.wait_for(_drive(base + meta["url_path"], meta["headers"]), 60))
+        assert sorted(tools) == ["get_counter_value", "increment_counter"]  # no seed_session, verify, ...
+        assert tools["increment_counter"]["required"] == ["count"]
+        assert texts[0] == '{"success":true}'
+        assert texts[1].startswith("error: HTTP 422") and "count" in texts[1]
+        assert texts[2] == '{"count":15}'
+        verify = post_json(base + "/verify", {**STUB, "expected_count": 15}, cookies=cookies)
+        assert verify.json()["reward"] == 1.0
