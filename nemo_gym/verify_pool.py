@@ -1,0 +1,281 @@
+"""CPU-heavy verification off the event loop: a bounded pool of worker processes.
+
+Contract
+--------
+* ``await run_in_verify_pool(fn, *args, timeout=seconds, **kwargs)`` runs ``fn(*args, **kwargs)`` in a
+  worker process of the process-wide pool (:func:`get_verify_pool`) and returns its result. ``fn``,
+  its arguments and its result must be picklable; ``fn`` must be importable by the worker (a module-level
+  function; one defined in a server's ``app.py`` works, since workers are started with ``spawn`` and
+  re-import the main module the way :mod:`multiprocessing` does).
+* ``fn`` runs on the worker process's MAIN thread, one call at a time per worker, so libraries that use
+  ``signal.alarm`` / ``signal.signal`` (math-verify) work there. Never in a thread pool.
+* The pool is bounded: at most ``max_workers`` calls run at once (default: the CPUs this process may
+  use, :func:`machine_cpu_count`); further calls wait their turn. Workers start lazily and are reused.
+* Every call has a bound: past ``timeout`` seconds the worker running it is killed (SIGKILL) and replaced,
+  and the call raises :class:`VerifyTimeoutError`. A worker that dies during a call (segfault, OOM kill,
+  ``os._exit``) raises :class:`VerifyWorkerCrashedError` naming its exit status. Both are
+  :class:`VerifyPoolError` subclasses: infrastructure failures for the caller to report, NEVER a reward
+  of 0. An exception raised by ``fn`` itself is re-raised in the caller unchanged (its traceback from the
+  worker is attached as a note); one that cannot be pickled becomes a :class:`VerifyPoolError` with it.
+* Cancelling the awaiting coroutine kills the worker running the call (its state is unknown).
+* Workers die with their parent: they are daemonic, and each asks the kernel for SIGKILL when the process
+  that started it dies (``PR_SET_PDEATHSIG``), so a killed server leaves no worker behind.
+* :class:`VerifyPool` can also be used directly (its own size, ``await pool.aclose()``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import traceback
+from collections import deque
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+__all__ = [
+    "VerifyPool",
+    "VerifyPoolError",
+    "VerifyTimeoutError",
+    "VerifyWorkerCrashedError",
+    "get_verify_pool",
+    "machine_cpu_count",
+    "run_in_verify_pool",
+]
+
+
+class VerifyPoolError(RuntimeError):
+    """The verification could not be carried out (infrastructure failure, never a reward of 0)."""
+
+
+class VerifyTimeoutError(VerifyPoolError):
+    """The call ran past its timeout; its worker was killed."""
+
+
+class VerifyWorkerCrashedError(VerifyPoolError):
+    """The worker process died while running the call."""
+
+
+def machine_cpu_count() -> int:
+    """CPUs this process may run on (its affinity mask), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _worker_main(conn: multiprocessing.connection.Connection, parent_pid: int) -> None:
+    _die_with_parent()
+    if os.getppid() != parent_pid:  # the parent died before the death signal was armed
+        os._exit(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the server; it stops us
+    while True:
+        try:
+            fn, args, kwargs = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            reply: tuple[Any, ...] = ("ok", fn(*args, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - everything goes back to the caller
+            reply = ("err", exc, traceback.format_exc())
+        try:
+            conn.send(reply)
+        except Exception as exc:  # the result or exception does not pickle
+            detail = reply[2] if reply[0] == "err" else ""
+            conn.send(
+                (
+                    "err",
+                    VerifyPoolError(
+                        f"{fn!r} returned a value that cannot be sent back (not picklable): {exc}"
+                    ),
+                    detail,
+                )
+            )
+
+
+class _Worker:
+    def __init__(self, ctx: multiprocessing.context.BaseContext) -> None:
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(
+            target=_worker_main, args=(child, os.getpid()), daemon=True, name="nemo-gym-verify"
+        )
+        self.process.start()
+        child.close()
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def kill(self) -> None:
+        with contextlib.suppress(Exception):
+            self.process.kill()
+        with contextlib.suppress(Exception):
+            self.process.join(timeout=5)
+        with contextlib.suppress(Exception):
+            self.conn.close()
+
+
+def _exit_description(code: int | None) -> str:
+    if code is None:
+        return "an unknown status"
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+class VerifyPool:
+    """A bounded pool of worker processes; see the module docstring."""
+
+    def __init__(self, max_workers: int | None = None, *, mp_context: str = "spawn") -> None:
+        if max_workers is not None and max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
+        self._max_workers = max_workers or machine_cpu_count()
+        self._ctx = multiprocessing.get_context(mp_context)
+        self._idle: deque[_Worker] = deque()
+        self._busy: set[_Worker] = set()
+        self._slots: asyncio.Semaphore | None = None
+        self._slots_loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    @property
+    def max_workers(self) -> int:
+        return self._max_workers
+
+    def worker_pids(self) -> list[int]:
+        """Pids of the live worker processes (idle and busy)."""
+        return [w.process.pid for w in [*self._idle, *self._busy] if w.process.pid is not None]
+
+    async def run(self, fn: Callable[..., T], /, *args: Any, timeout: float, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` in a worker; see the module docstring for the errors it raises."""
+        if self._closed:
+            raise VerifyPoolError("the verify pool is closed")
+        if not timeout or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots_loop is not loop:  # a semaphore belongs to one loop
+            self._slots, self._slots_loop = asyncio.Semaphore(self._max_workers), loop
+        async with self._slots:
+            worker = self._take_worker()
+            self._busy.add(worker)
+            keep = False
+            try:
+                result, keep = await self._call(worker, fn, args, kwargs, timeout)
+                return result
+            finally:
+                self._busy.discard(worker)
+                if keep and not self._closed:
+                    self._idle.append(worker)
+                else:
+                    worker.kill()
+
+    def _take_worker(self) -> _Worker:
+        while self._idle:
+            worker = self._idle.popleft()
+            if worker.alive():
+                return worker
+            worker.kill()
+        return _Worker(self._ctx)
+
+    async def _call(
+        self,
+        worker: _Worker,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        timeout: float,
+    ) -> tuple[Any, bool]:
+        """Returns (result, worker reusable). Raises on failure (the worker is then discarded)."""
+        try:
+            worker.conn.send((fn, args, kwargs))
+        except (BrokenPipeError, EOFError, ConnectionResetError) as exc:
+            worker.process.join(timeout=1)
+            raise VerifyWorkerCrashedError(
+                f"verify worker (pid {worker.process.pid}) died before it got the call "
+                f"({_exit_description(worker.process.exitcode)})"
+            ) from exc
+        except Exception as exc:  # pickling the call failed
+            raise VerifyPoolError(
+                f"cannot send {fn!r} and its arguments to a worker (not picklable): {exc}"
+            ) from exc
+
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        conn_fd, sentinel = worker.conn.fileno(), worker.process.sentinel
+        loop.add_reader(conn_fd, wake)
+        loop.add_reader(sentinel, wake)
+        try:
+            async with asyncio.timeout(timeout):
+                await ready
+        except TimeoutError:
+            raise VerifyTimeoutError(
+                f"{getattr(fn, '__qualname__', fn)!r} ran past its {timeout:g} s timeout; its worker was killed"
+            ) from None
+        finally:
+            loop.remove_reader(conn_fd)
+            loop.remove_reader(sentinel)
+
+        if worker.conn.poll():
+            try:
+                reply = worker.conn.recv()
+            except (EOFError, OSError):
+                reply = None
+            if reply is not None:
+                if reply[0] == "ok":
+                    return reply[1], True
+                exc, tb = reply[1], reply[2]
+                if tb:
+                    with contextlib.suppress(Exception):
+                        exc.add_note(f"in the verify worker (pid {worker.process.pid}):\n{tb}")
+                raise exc
+        worker.process.join(timeout=5)
+        raise VerifyWorkerCrashedError(
+            f"verify worker (pid {worker.process.pid}) died while running "
+            f"{getattr(fn, '__qualname__', fn)!r} ({_exit_description(worker.process.exitcode)})"
+        )
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Kill every worker. Calls in flight fail with VerifyWorkerCrashedError."""
+        self._closed = True
+        for worker in [*self._idle, *self._busy]:
+            worker.kill()
+        self._idle.clear()
+
+
+_default_pool: VerifyPool | None = None
+
+
+def get_verify_pool() -> VerifyPool:
+    """The process-wide pool, sized to the machine, created on first use."""
+    global _default_pool
+    if _default_pool is None or _default_pool._closed:
+        _default_pool = VerifyPool()
+    return _default_pool
+
+
+async def run_in_verify_pool(fn: Callable[..., T], /, *args: Any, timeout: float, **kwargs: Any) -> T:
+    """``await get_verify_pool().run(fn, *args, timeout=timeout, **kwargs)``."""
+    return await get_verify_pool().run(fn, *args, timeout=timeout, **kwargs)
