@@ -260,7 +260,7 @@ class MCQAResourcesServer(SimpleResourcesServer):
         mode = self.config.grading_mode or body.grading_mode
         predicted = extract_answer(body.response.output_text, body.options, mode, regex)
         return MCQAVerifyResponse(
-            **body.model_dump(exclude={"expected_answer"}),
+            **body.model_dump(exclude={"expected_answer", "extracted_answer", "reward"}),
             expected_answer=gold,
             extracted_answer=predicted,
             reward=1.0 if predicted is not None and predicted == gold else 0.0,
