@@ -324,8 +324,13 @@ def _allowed_types(prop: Any, defs: dict[str, Any], depth: int = 0) -> set[str] 
     return {_json_type(prop["const"])} if "const" in prop else None
 
 
+def _not_null(options: list[Any]) -> list[Any]:
+    return [o for o in options if not (isinstance(o, dict) and o.get("type") == "null")]
+
+
 def _resolve(prop: Any, defs: dict[str, Any]) -> dict[str, Any]:
-    """``prop`` with a top-level ``$ref`` (or a single ``allOf``) followed into ``defs``."""
+    """``prop`` with a top-level ``$ref``, a single ``allOf`` or an optional's ``anyOf`` [X, null]
+    followed to X."""
     for _ in range(20):
         if not isinstance(prop, dict):
             return {}
@@ -334,6 +339,8 @@ def _resolve(prop: Any, defs: dict[str, Any]) -> dict[str, Any]:
             prop = defs.get(ref.rsplit("/", 1)[-1])
         elif isinstance(prop.get("allOf"), list) and len(prop["allOf"]) == 1:
             prop = prop["allOf"][0]
+        elif isinstance(prop.get("anyOf"), list) and len(_not_null(prop["anyOf"])) == 1:
+            prop = _not_null(prop["anyOf"])[0]  # an optional field: its value's schema
         else:
             return prop
     return {}
