@@ -17,13 +17,16 @@ Contract
   :class:`~nemo_gym.judge.JudgeError` (the server answers 502; the collector records a failure).
   A judge reply without a verdict label is, by ``unparseable_verdict``: ``error`` (default) the same
   JudgeError, or ``metric`` a reward of 0.0 with ``judge_verdict_unparseable: true`` in the
-  response (counted in aggregate metrics). A math-verify call that outlives
-  ``library_verifier_timeout_seconds`` or crashes its worker, and an ``expected_answer`` math-verify
-  cannot parse, are server errors (HTTP 500), not a 0. (Upstream scores all of these 0.0.)
+  response (counted in aggregate metrics). A math-verify parse or comparison past its own
+  ``math_verify_timeout_seconds`` (on a loaded machine a right answer can time out), a check past
+  ``library_verifier_timeout_seconds`` or one that crashes its worker, and an ``expected_answer``
+  math-verify cannot parse, are server errors (HTTP 500), not a 0. (Upstream scores all of these 0.0.) The pool's
+  workers import math-verify in the background when the server starts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import logging
@@ -47,7 +50,7 @@ from nemo_gym.openai_utils import (
     NeMoGymResponseCreateParamsNonStreaming,
 )
 from nemo_gym.reward_profile import compute_pass_majority_metrics, highest_k_metrics
-from nemo_gym.verify_pool import run_in_verify_pool
+from nemo_gym.verify_pool import get_verify_pool, run_in_verify_pool
 
 JUDGE_SYSTEM_MESSAGE = (
     "You are a strict grader of math answers. You are shown a problem and two answers, A and B. "
@@ -71,7 +74,10 @@ class LibraryJudgeMathResourcesServerConfig(BaseResourcesServerConfig):
         default_factory=lambda: NeMoGymResponseCreateParamsNonStreaming(input=[])
     )
     should_use_judge: bool = False
-    library_verifier_timeout_seconds: PositiveFloat = 10.0
+    # Bound on one whole check in the pool (a hung worker is killed: HTTP 500).
+    library_verifier_timeout_seconds: PositiveFloat = 30.0
+    # math-verify's own bound on each parse / comparison (a timeout is an error, not a 0).
+    math_verify_timeout_seconds: int = Field(default=5, ge=1)
     unparseable_verdict: Literal["error", "metric"] = "error"
     judge_system_message: str = JUDGE_SYSTEM_MESSAGE
     judge_prompt_template: str = JUDGE_PROMPT_TEMPLATE
@@ -116,45 +122,80 @@ def strip_math_delimiters(s: str) -> str:
     return s
 
 
-def math_verify_answer(expected_answer: str, generated_answer: str) -> tuple[float, str | None]:
+def math_verify_answer(
+    expected_answer: str, generated_answer: str, timeout_seconds: int = 5
+) -> tuple[float, str | None]:
     """(1.0 or 0.0, the extracted answer or None). Runs in a verify-pool worker (main thread).
 
-    An ``expected_answer`` math-verify cannot parse raises (bad data is not a wrong answer); what it
-    cannot read in the model's text, or times out on (its ``signal.alarm``), is no answer / no match.
+    An ``expected_answer`` math-verify cannot parse raises (bad data is not a wrong answer). What it
+    cannot read in the model's text is no answer; an error while comparing is no match. A parse or
+    comparison that outlives ``timeout_seconds`` (math-verify's own ``signal.alarm``) raises: on a
+    loaded machine a right answer can time out, and that must not become a 0.
     """
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
     from math_verify.errors import TimeoutException
 
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    quiet = (contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()))
+    with quiet[0], quiet[1]:
+        try:
             gold = parse(
                 "\\boxed{" + strip_math_delimiters(expected_answer) + "}",
                 extraction_config=[LatexExtractionConfig()],
+                parsing_timeout=timeout_seconds,
                 raise_on_error=True,
             )
-            if not gold:
-                raise ValueError(f"math-verify cannot parse expected_answer {expected_answer!r}")
-    except TimeoutException as e:  # a BaseException: turn it into an error the caller reports
-        raise RuntimeError(
-            f"math-verify timed out parsing expected_answer {expected_answer!r}: {e}"
-        ) from None
-    # The model's text: what math-verify cannot read (or times out on) is no answer / no match.
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        pred = parse(generated_answer, extraction_config=[ExprExtractionConfig(), LatexExtractionConfig()])
-        ok = bool(pred) and verify(gold, pred)
+        except TimeoutException as e:  # a BaseException: turn it into an error the caller reports
+            raise RuntimeError(
+                f"math-verify timed out parsing expected_answer {expected_answer!r}: {e}"
+            ) from None
+        if not gold:
+            raise ValueError(f"math-verify cannot parse expected_answer {expected_answer!r}")
+        try:
+            pred = parse(
+                generated_answer,
+                extraction_config=[ExprExtractionConfig(), LatexExtractionConfig()],
+                parsing_timeout=timeout_seconds,
+                raise_on_error=True,
+            )
+        except TimeoutException as e:
+            raise RuntimeError(f"math-verify timed out parsing the answer: {e}") from None
+        except Exception:  # text math-verify cannot turn into math: no answer
+            pred = []
+        try:
+            ok = bool(pred) and verify(gold, pred, timeout_seconds=timeout_seconds, raise_on_error=True)
+        except TimeoutException as e:
+            raise RuntimeError(
+                f"math-verify timed out comparing {pred[-1]!s:.200} with the expected answer: {e}"
+            ) from None
+        except Exception:  # sympy could not compare them: not shown equal
+            ok = False
     extracted = str(pred[-1]) if pred else None
     return (1.0 if ok else 0.0), extracted
+
+
+def warm_up_worker() -> float:
+    """Import math-verify (sympy, the LaTeX grammar) in a pool worker before the first real answer."""
+    return math_verify_answer("1", "\\boxed{1}")[0]
 
 
 # Fields verify writes; dropped from the body first so a stored rollout can be verified again.
 _VERIFY_OUTPUT_FIELDS = set(LibraryJudgeMathVerifyResponse.model_fields) - set(
     LibraryJudgeMathVerifyRequest.model_fields
 )
+_WARMUPS: list[asyncio.Task[float]] = []  # kept referenced until done
 
 
 class LibraryJudgeMathResourcesServer(SimpleResourcesServer):
     config: LibraryJudgeMathResourcesServerConfig
+
+    async def on_startup(self) -> None:
+        # A cold worker spends seconds importing sympy; warm every worker now, in the background, so
+        # the first answers' library_verifier_timeout_seconds measures verification, not imports.
+        pool = get_verify_pool()
+        _WARMUPS[:] = [
+            asyncio.create_task(pool.run(warm_up_worker, timeout=300)) for _ in range(pool.max_workers)
+        ]
 
     @judge_failsafe
     async def verify(self, body: LibraryJudgeMathVerifyRequest) -> LibraryJudgeMathVerifyResponse:
@@ -169,6 +210,7 @@ class LibraryJudgeMathResourcesServer(SimpleResourcesServer):
             math_verify_answer,
             body.expected_answer,
             text,
+            self.config.math_verify_timeout_seconds,
             timeout=self.config.library_verifier_timeout_seconds,
         )
         reward, evaluations, unparseable = library_reward, None, False
