@@ -7,7 +7,7 @@ Contract
   layouts; ``verifier_metadata`` wins), plus optional ``grading_mode`` (``binary``, default, or
   ``fraction``) and ``id``.
 * The text checked is that of the last assistant message of the response. Each instruction is
-  checked by :mod:`instructions` (IFEval's 25 instructions and three of IFBench's, written here).
+  checked by :mod:`instructions` (IFEval's 25 instructions and five of IFBench's, written here).
   ``follow_instruction_list`` holds one bool per instruction; ``follow_all_instructions`` their AND.
   Reward: ``binary`` 1.0 iff all are followed, ``fraction`` the fraction followed.
 * An unknown instruction id, or kwargs an instruction cannot use, is bad data, never a failed

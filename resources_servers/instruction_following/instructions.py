@@ -1,4 +1,4 @@
-"""Verifiable instructions (IFEval's set, plus three from IFBench), written for this project.
+"""Verifiable instructions (IFEval's set, plus five from IFBench), written for this project.
 
 ``check(instruction_id, kwargs, response)`` says whether ``response`` follows the
 instruction ``instruction_id`` with its arguments ``kwargs`` (the row's entry for it; ``None`` values
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -68,11 +67,15 @@ def _number_paragraphs(r: str, num_paragraphs: int) -> bool:
 
 
 def _nth_paragraph_first_word(r: str, num_paragraphs: int, nth_paragraph: int, first_word: str) -> bool:
+    """Paragraphs split on blank lines; the first whitespace token of the nth, without quotes and
+    ``. , ? ! ' "``, must be ``first_word`` (so "Crash—emotion" is not "crash", as in IFEval)."""
     paragraphs = [p for p in re.split(r"\n\n", r) if p.strip()]
     if len(paragraphs) != num_paragraphs or not 1 <= nth_paragraph <= len(paragraphs):
         return False
-    found = words(paragraphs[nth_paragraph - 1].lstrip(" \"'*#_-"))
-    return bool(found) and found[0].lower() == first_word.lower()
+    tokens = paragraphs[nth_paragraph - 1].split()
+    word = tokens[0].lstrip("'\"") if tokens else ""
+    word = "".join(ch for ch in word if ch not in ".,?!'\"")
+    return bool(word) and word.lower() == first_word.strip().lower()
 
 
 def _highlights(r: str) -> int:
@@ -146,18 +149,28 @@ def _bullets(r: str) -> int:
 
 
 def _lowercase_counting(r: str, N: int) -> bool:
-    counts = Counter(w for w in words(r) if w.islower())
-    return all(c <= N for c in counts.values())
+    """At most ``N`` all-lowercase words in the whole response (IFBench's rule: a total, not per word)."""
+    return len(re.findall(r"\b[a-z]+\b", r)) <= N
+
+
+def _letter_counting(r: str, N: int, relation: str) -> bool:
+    return _compare(len(re.findall(r"[A-Za-z]", r)), relation, N)
+
+
+def _two_markdown_paragraphs(r: str) -> bool:
+    return _number_paragraphs(r, 2)
 
 
 def _last_word(r: str, last_word: str) -> bool:
-    found = words(r)
-    return bool(found) and found[-1].lower() == last_word.lower()
+    tokens = r.split()
+    return bool(tokens) and re.sub(r"[^\w]", "", tokens[-1]).lower() == last_word.strip().lower()
 
 
 def _first_word_each_sentence(r: str, first_word: str) -> bool:
-    found = [words(s) for s in sentences(r)]
-    return bool(found) and all(w and w[0].lower() == first_word.lower() for w in found)
+    """The first whitespace token of every sentence is ``first_word`` (case-insensitive; a token such
+    as "Relationship-driven" is not "relationship", as in IFBench)."""
+    found = sentences(r)
+    return bool(found) and all(s.split()[0].strip().lower() == first_word.strip().lower() for s in found)
 
 
 def _repeat_prompt(r: str, prompt_to_repeat: str) -> bool:
@@ -253,10 +266,12 @@ _CHECKERS: dict[str, tuple[Callable[..., bool], tuple[str, ...], tuple[str, ...]
     "change_case:english_capital": (lambda r: r.isupper() and _is_english(r), (), ()),
     "change_case:english_lowercase": (lambda r: r.islower() and _is_english(r), (), ()),
     "punctuation:no_comma": (lambda r: "," not in r, (), ()),
-    # From IFBench (used in upstream's example data).
+    # From IFBench (those used in upstream's example data).
     "count:lowercase_counting": (_lowercase_counting, ("N",), ()),
     "last_word:last_word_answer": (_last_word, ("last_word",), ()),
     "first_word:first_word_sent": (_first_word_each_sentence, ("first_word",), ()),
+    "letters:letter_counting": (_letter_counting, ("N", "relation"), ()),
+    "paragraphs:paragraphs": (_two_markdown_paragraphs, (), ()),
 }
 
 INSTRUCTION_IDS: tuple[str, ...] = tuple(sorted(_CHECKERS))

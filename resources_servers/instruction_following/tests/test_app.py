@@ -138,7 +138,9 @@ def test_scripted_answers_follow_or_break_the_instructions(tmp_path: Path) -> No
             "Very GOOD",
         ),
         ("change_case:english_capital", {}, "THIS IS ALL IN CAPITAL LETTERS, AS ASKED.", "This is not."),
-        ("count:lowercase_counting", {"N": 1}, "the cat sat", "the cat and the hat"),
+        ("count:lowercase_counting", {"N": 3}, "The Cat sat on it", "the cat sat on it"),  # a total
+        ("letters:letter_counting", {"N": 5, "relation": "less than"}, "Yes 1234!", "Certainly"),
+        ("paragraphs:paragraphs", {}, "One.\n***\nTwo.", "One.\n***\n***\nTwo."),
         (
             "last_word:last_word_answer",
             {"last_word": "contest"},
@@ -159,7 +161,7 @@ def test_checkers(instruction: str, kwargs: dict, good: str, bad: str) -> None:
 
 
 def test_unknown_or_unusable_instructions_are_bad_data() -> None:
-    assert len(INSTRUCTION_IDS) == 28
+    assert len(INSTRUCTION_IDS) == 30
     with pytest.raises(BadInstruction, match="unknown instruction id"):
         check("vibes:good", {}, "x")
     with pytest.raises(BadInstruction, match="needs kwargs"):
