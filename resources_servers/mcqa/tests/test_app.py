@@ -1,5 +1,6 @@
 """mcqa against real servers (scripted model) and its answer extraction, mode by mode."""
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -33,22 +34,42 @@ def _script(rows: list[dict], pick) -> dict:
     return {"policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": rules}}}}
 
 
+def _marked(row: dict, marker: str) -> dict:
+    out = copy.deepcopy(row)
+    out["responses_create_params"]["input"][0]["content"] += f" {marker}"
+    return out
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("right", [True, False])
-def test_collect_rollouts_scores_scripted_answers(tmp_path: Path, right: bool) -> None:
+def test_collect_rollouts_scores_scripted_answers(tmp_path: Path) -> None:
     rows = example_rows("mcqa")
-    want = (lambda r: r["expected_answer"]) if right else (lambda r: _wrong(r["expected_answer"]))
-    with running_servers([CONFIG], _script(rows, lambda r: _answer_text(r, want(r)))) as helper:
-        code, out, err = collect_rollouts(helper, rows, tmp_path, AGENT, "+num_repeats=2")
+    wrong_rows = [_marked(r, "[wrong]") for r in rows]
+    rules = [
+        {
+            "contains": f"{r['responses_create_params']['input'][0]['content'][-40:]}",
+            "turns": [{"text": _answer_text(r, _wrong(r["expected_answer"]))}],
+        }
+        for r in wrong_rows
+    ]
+    rules += [
+        {
+            "contains": r["responses_create_params"]["input"][0]["content"][-40:],
+            "turns": [{"text": _answer_text(r, r["expected_answer"])}],
+        }
+        for r in rows
+    ]
+    extra = {"policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": rules}}}}
+    with running_servers([CONFIG], extra) as helper:
+        code, out, err = collect_rollouts(helper, rows + wrong_rows, tmp_path, AGENT, "+num_repeats=2")
         assert code == 0, err[-3000:]
-        assert len(out) == 10
+        assert len(out) == 20
         for result in out:
-            row = rows[result["_ng_task_index"]]
+            row = (rows + wrong_rows)[result["_ng_task_index"]]
+            right = result["_ng_task_index"] < 5
             assert result["reward"] == (1.0 if right else 0.0)
-            assert result["extracted_answer"] == want(row)
+            want = row["expected_answer"] if right else _wrong(row["expected_answer"])
+            assert result["extracted_answer"] == want
             assert result["expected_answer"] == row["expected_answer"] and result["options"] == row["options"]
-        if right:
-            return
         # Rows the verifier cannot grade are refused, with file, line and field, before any rollout.
         bad = [
             rows[0],
