@@ -190,6 +190,7 @@ class LibraryJudgeMathResourcesServer(SimpleResourcesServer):
     config: LibraryJudgeMathResourcesServerConfig
 
     async def on_startup(self) -> None:
+        await super().on_startup()
         # A cold worker spends seconds importing sympy; warm every worker now, in the background, so
         # the first answers' library_verifier_timeout_seconds measures verification, not imports.
         pool = get_verify_pool()

@@ -97,6 +97,7 @@ class ReasoningGymResourcesServer(SimpleResourcesServer):
     config: ReasoningGymResourcesServerConfig
 
     async def on_startup(self) -> None:
+        await super().on_startup()
         # Warm every pool worker in the background (reasoning_gym imports matplotlib, sympy, ...).
         pool = get_verify_pool()
         _WARMUPS[:] = [
