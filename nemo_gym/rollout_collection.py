@@ -8,8 +8,8 @@ Contract
   row is checked against the row schema its agent's resources server publishes (``GET
   /row_schema``): a missing required field, a top-level field of the wrong JSON type, a value outside
   a field's enum (or its items' enum) and a ``contentMediaType: application/json`` string that is not
-  JSON are reported the same way. An agent without a resources server, or a schema that cannot be fetched, gets one
-  warning and no check.
+  JSON are reported the same way. An agent without a resources server, or a schema that cannot be
+  fetched, gets one warning and no check.
 * Rows are expanded in place (``num_repeats``: abc -> aabbcc) with ``_ng_task_index`` and
   ``_ng_rollout_index``; the expanded rows are written to ``<stem>_materialized_inputs.jsonl``.
 * At most ``num_samples_in_parallel`` rollouts are in flight; rows are read lazily, so memory does
@@ -380,7 +380,8 @@ class RowSchema:
         return f"{self.server}{where}"
 
     def problems(self, row: dict[str, Any]) -> list[str]:
-        """One message per missing required field and per top-level field of the wrong JSON type."""
+        """One message per missing required field, top-level field of the wrong JSON type, value outside
+        its enum, and JSON-text field that is not JSON."""
         out = [f"missing field `{f}`, needed by {self._needed_by(f)}" for f in self.required if f not in row]
         mistyped: set[str] = set()
         for field, allowed in self.types.items():
