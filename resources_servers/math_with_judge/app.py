@@ -55,15 +55,17 @@ from nemo_gym.verify_pool import get_verify_pool, run_in_verify_pool
 JUDGE_SYSTEM_MESSAGE = (
     "You are a strict grader of math answers. You are shown a problem and two answers, A and B. "
     "Decide only whether A and B are mathematically the same answer (the same value, set or "
-    "expression, in any notation); ignore formatting, working and wording.\n\n"
-    "End your reply with exactly one verdict label:\n"
-    "[[A=B]] if the answers are equivalent\n"
-    "[[A!=B]] if they differ\n"
+    "expression, in any notation); ignore formatting, working and wording. Your reply must end with "
+    "a verdict label: the label of equivalent answers is [[A=B]] and the label of different answers "
+    "is [[A!=B]]."
 )
+# The request for the verdict comes last, in prose: a small judge given a list of labels to end
+# with tends to echo the first one whatever the answers.
 JUDGE_PROMPT_TEMPLATE = (
     "<|Problem|>\n{question}\n\n"
     "<|Start of Answer A|>\n{first_answer}\n<|End of Answer A|>\n\n"
-    "<|Start of Answer B|>\n{second_answer}\n<|End of Answer B|>"
+    "<|Start of Answer B|>\n{second_answer}\n<|End of Answer B|>\n\n"
+    "Compare A and B in one sentence, then give the single label that applies."
 )
 
 
