@@ -6,9 +6,10 @@ Contract
   not a JSON object, whose ``responses_create_params`` fails validation, or that names no agent is
   reported with its line number and field, all at once, and nothing is sent or written. Then each
   row is checked against the row schema its agent's resources server publishes (``GET
-  /row_schema``): a missing required field or a top-level field of the wrong JSON type is reported
-  the same way. An agent without a resources server, or a schema that cannot be fetched, gets one
-  warning and no check.
+  /row_schema``): a missing required field, a top-level field of the wrong JSON type, a value outside
+  a field's enum (or its items' enum) and a ``contentMediaType: application/json`` string that is not
+  JSON are reported the same way. An agent without a resources server, or a schema that cannot be
+  fetched, gets one warning and no check.
 * Rows are expanded in place (``num_repeats``: abc -> aabbcc) with ``_ng_task_index`` and
   ``_ng_rollout_index``; the expanded rows are written to ``<stem>_materialized_inputs.jsonl``.
 * At most ``num_samples_in_parallel`` rollouts are in flight; rows are read lazily, so memory does
@@ -323,8 +324,31 @@ def _allowed_types(prop: Any, defs: dict[str, Any], depth: int = 0) -> set[str] 
     return {_json_type(prop["const"])} if "const" in prop else None
 
 
+def _not_null(options: list[Any]) -> list[Any]:
+    return [o for o in options if not (isinstance(o, dict) and o.get("type") == "null")]
+
+
+def _resolve(prop: Any, defs: dict[str, Any]) -> dict[str, Any]:
+    """``prop`` with a top-level ``$ref``, a single ``allOf`` or an optional's ``anyOf`` [X, null]
+    followed to X."""
+    for _ in range(20):
+        if not isinstance(prop, dict):
+            return {}
+        ref = prop.get("$ref")
+        if isinstance(ref, str):
+            prop = defs.get(ref.rsplit("/", 1)[-1])
+        elif isinstance(prop.get("allOf"), list) and len(prop["allOf"]) == 1:
+            prop = prop["allOf"][0]
+        elif isinstance(prop.get("anyOf"), list) and len(_not_null(prop["anyOf"])) == 1:
+            prop = _not_null(prop["anyOf"])[0]  # an optional field: its value's schema
+        else:
+            return prop
+    return {}
+
+
 class RowSchema:
-    """The checks one environment's published row schema asks for: required fields and top-level JSON types."""
+    """The checks one environment's published row schema asks for: required fields, top-level JSON types,
+    enums (of a field or of an array field's items) and JSON-text strings (``contentMediaType``)."""
 
     def __init__(self, server: str, schema: dict[str, Any]) -> None:
         self.server = server
@@ -334,6 +358,21 @@ class RowSchema:
         self.required = [f for f in schema.get("required") or [] if isinstance(f, str)]
         types = {name: _allowed_types(prop, defs) for name, prop in props.items()}
         self.types = {name: t for name, t in types.items() if t is not None}
+        # Value checks: a top-level enum (or one on an array's items), and strings declared
+        # ``contentMediaType: application/json`` (a schema carried as text) must parse as JSON.
+        self.enums: dict[str, tuple[list[Any], bool]] = {}
+        self.json_strings: set[str] = set()
+        for name, prop in props.items():
+            if not isinstance(prop, dict):
+                continue
+            prop = _resolve(prop, defs)
+            items = _resolve(prop.get("items"), defs) if isinstance(prop.get("items"), dict) else {}
+            if isinstance(prop.get("enum"), list):
+                self.enums[name] = (prop["enum"], False)
+            elif isinstance(items.get("enum"), list):
+                self.enums[name] = (items["enum"], True)
+            if prop.get("contentMediaType") == "application/json":
+                self.json_strings.add(name)
 
     def _needed_by(self, field: str) -> str:
         paths = self.used_by.get(field)
@@ -341,8 +380,10 @@ class RowSchema:
         return f"{self.server}{where}"
 
     def problems(self, row: dict[str, Any]) -> list[str]:
-        """One message per missing required field and per top-level field of the wrong JSON type."""
+        """One message per missing required field, top-level field of the wrong JSON type, value outside
+        its enum, and JSON-text field that is not JSON."""
         out = [f"missing field `{f}`, needed by {self._needed_by(f)}" for f in self.required if f not in row]
+        mistyped: set[str] = set()
         for field, allowed in self.types.items():
             if field not in row:
                 continue
@@ -352,6 +393,25 @@ class RowSchema:
                 continue
             want = " or ".join(sorted(allowed))
             out.append(f"field `{field}` must be {want} for {self._needed_by(field)}, got {got}")
+            mistyped.add(field)
+        for field, (choices, per_item) in self.enums.items():
+            values = row.get(field) if per_item else [row.get(field)]
+            if field not in row or field in mistyped or not isinstance(values, list):
+                continue
+            unknown = [v for v in values if v not in choices and not (v is None and not per_item)]
+            if unknown:
+                shown = ", ".join(orjson.dumps(c).decode() for c in choices[:40])
+                more = f" (and {len(choices) - 40} more)" if len(choices) > 40 else ""
+                out.append(
+                    f"field `{field}` has unknown value(s) {orjson.dumps(unknown).decode()} for "
+                    f"{self._needed_by(field)}; known: {shown}{more}"
+                )
+        for field in self.json_strings:
+            if isinstance(row.get(field), str):
+                try:
+                    orjson.loads(row[field])
+                except orjson.JSONDecodeError as e:
+                    out.append(f"field `{field}` must be JSON text for {self._needed_by(field)}: {e}")
         return out
 
 

@@ -103,3 +103,36 @@ def example_rows(env_folder: str) -> list[dict[str, Any]]:
     relative = Path("resources_servers") / env_folder / "data" / "example.jsonl"
     path = relative if relative.is_file() else PACKAGE_PARENT_DIR / relative
     return [orjson.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def collect_rollouts(
+    helper: RunHelper, rows: list[dict[str, Any]], workdir: Path, agent_name: str, *extra_args: str
+) -> tuple[int, list[dict[str, Any]], str]:
+    """Run ``ng_collect_rollouts`` (its entry point, in this process) on ``rows`` against the run of
+    ``helper``; returns (exit status, the output rows in input order, what it printed to stderr)."""
+    import contextlib as _contextlib
+    import io
+
+    from nemo_gym.rollout_collection import collect_main
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    inputs, output = workdir / "input.jsonl", workdir / "output.jsonl"
+    inputs.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    argv = [
+        f"+input_jsonl_fpath={inputs}",
+        f"+output_jsonl_fpath={output}",
+        f"+agent_name={agent_name}",
+        "+progress=false",
+        f"+head_server.port={helper.head_server_config.port}",
+        *extra_args,
+    ]
+    err = io.StringIO()
+    code = 0
+    with _contextlib.redirect_stderr(err):
+        try:
+            collect_main(argv)
+        except SystemExit as e:
+            code = int(e.code or 0) if not isinstance(e.code, str) else 1
+    out = [orjson.loads(line) for line in output.read_bytes().splitlines()] if output.exists() else []
+    out.sort(key=lambda r: (r.get("_ng_task_index", 0), r.get("_ng_rollout_index", 0)))
+    return code, out, err.getvalue()

@@ -185,3 +185,23 @@ def test_json_type_rules_of_the_row_check() -> None:
         "field `meta` must be object for env, got array",
         "field `label` must be string for env, got integer",
     ]
+
+
+def test_enum_and_json_text_rules_of_the_row_check() -> None:
+    schema = {
+        "properties": {
+            "mode": {"enum": ["a", "b"], "type": "string"},
+            "ids": {"type": "array", "items": {"$ref": "#/$defs/Id"}},
+            "schema_str": {"type": "string", "contentMediaType": "application/json"},
+        },
+        "$defs": {"Id": {"enum": ["x:1", "y:2"], "type": "string"}},
+    }
+    check = RowSchema("env", schema)
+    assert check.problems({"mode": "a", "ids": ["y:2", "x:1"], "schema_str": '{"type": "object"}'}) == []
+    problems = check.problems({"mode": "c", "ids": ["x:1", "z:9"], "schema_str": "{not json"})
+    assert len(problems) == 3, problems
+    assert problems[0].startswith('field `mode` has unknown value(s) ["c"] for env; known: "a", "b"')
+    assert problems[1].startswith('field `ids` has unknown value(s) ["z:9"]')
+    assert problems[2].startswith("field `schema_str` must be JSON text for env")
+    # A field of the wrong type is reported once, as such.
+    assert check.problems({"mode": 1}) == ["field `mode` must be string for env, got integer"]

@@ -1,0 +1,170 @@
+"""instruction_following against real servers (scripted answers that follow / break each row) and the
+instruction checkers one by one."""
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from nemo_gym.testing import collect_rollouts, example_rows, post_json, running_servers, server_url
+from resources_servers.instruction_following.instructions import INSTRUCTION_IDS, BadInstruction, check
+
+CONFIG = "resources_servers/instruction_following/configs/instruction_following.yaml"
+AGENT = "instruction_following_simple_agent"
+SERVER = "instruction_following"
+
+# Per example row: (an answer following both instructions, one breaking only the second).
+ANSWERS = [
+    (
+        "Hi Sam! I am away from Friday to Monday. Could you water my plants on Saturday? Thank you so much.",
+        "Hi Sam! " + "I will be away for a while and would be grateful for help with the plants. " * 6,
+    ),
+    (
+        "* Stronger legs\n* Better heart health\n* No waiting for the lift\nAny other questions?",
+        "* Stronger legs\n* Better heart health\n* No waiting for the lift\nThat is all.",
+    ),
+    (
+        "the beam sweeps slowly over the dark water, and the waves break white on the rocks below.",
+        "the light sweeps slowly over the dark water, and the waves break white on the shore below.",
+    ),
+    (
+        "<<The Patient Loaf>>\nA name for bakers who wait for the dough.\nP.S. It suits a corner shop.",
+        "<<The Patient Loaf>>\nA name for bakers who wait for the dough.",
+    ),
+    (
+        "Air molecules scatter short blue wavelengths more than red ones.\n***\nSo blue reaches our eyes from every direction.",
+        "Air molecules scatter the blue part of the sun's rays more.\n***\nSo the sky glows blue in daylight.",
+    ),
+]
+
+
+def _marked(row: dict, marker: str) -> dict:
+    out = copy.deepcopy(row)
+    out["responses_create_params"]["input"][-1]["content"] += f" {marker}"
+    return out
+
+
+@pytest.mark.slow
+def test_scripted_answers_follow_or_break_the_instructions(tmp_path: Path) -> None:
+    rows = example_rows("instruction_following")
+    broken = [_marked(r, f"[break-{i}]") for i, r in enumerate(rows)]
+    fraction = [{**_marked(r, f"[break-{i}]"), "grading_mode": "fraction"} for i, r in enumerate(rows)]
+    rules = [{"contains": f"[break-{i}]", "turns": [{"text": bad}]} for i, (_, bad) in enumerate(ANSWERS)]
+    rules += [
+        {"contains": r["prompt"], "turns": [{"text": good}]}
+        for r, (good, _) in zip(rows, ANSWERS, strict=True)
+    ]
+    extra = {"policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": rules}}}}
+    with running_servers([CONFIG], extra) as helper:
+        code, out, err = collect_rollouts(helper, rows + broken + fraction, tmp_path, AGENT)
+        assert code == 0, err[-3000:]
+        assert [r["follow_instruction_list"] for r in out] == [[True, True]] * 5 + [[True, False]] * 10
+        assert [r["reward"] for r in out] == [1.0] * 5 + [0.0] * 5 + [0.5] * 5
+        assert out[0]["verifier_metadata"]["instruction_id_list"] == rows[0]["instruction_id_list"]
+
+        # Upstream's nested layout verifies the same; bad kwargs there are a 422, not a failed instruction.
+        nested = {k: v for k, v in out[1].items() if k not in ("instruction_id_list", "kwargs", "prompt")}
+        nested["verifier_metadata"] = {k: rows[1][k] for k in ("instruction_id_list", "kwargs", "prompt")}
+        resp = post_json(server_url(helper, SERVER) + "/verify", nested)
+        assert resp.status_code == 200 and resp.json()["reward"] == 1.0
+        nested["verifier_metadata"]["kwargs"] = [{"num_bullets": 3}, {"phrase": "x"}]
+        resp = post_json(server_url(helper, SERVER) + "/verify", nested)
+        assert resp.status_code == 422 and "startend:end_checker" in resp.text and "end_phrase" in resp.text
+
+        # Unknown ids and bad grading modes are refused before any rollout.
+        bad = [rows[0], {**rows[1], "instruction_id_list": ["punctuation:no_comma", "vibes:good"]}]
+        bad.append({**rows[2], "grading_mode": "most"})
+        code, out, err = collect_rollouts(helper, bad, tmp_path / "bad", AGENT)
+        assert code == 2 and out == []
+        assert 'input.jsonl:2: field `instruction_id_list` has unknown value(s) ["vibes:good"]' in err
+        assert "input.jsonl:3: field `grading_mode` has unknown value(s)" in err
+
+
+@pytest.mark.parametrize(
+    ("instruction", "kwargs", "good", "bad"),
+    [
+        (
+            "keywords:frequency",
+            {"keyword": "tea", "frequency": 2, "relation": "at least"},
+            "Tea, then tea.",
+            "Tea.",
+        ),
+        (
+            "keywords:letter_frequency",
+            {"letter": "z", "let_frequency": 2, "let_relation": "less than"},
+            "zoo",
+            "zzz",
+        ),
+        (
+            "language:response_language",
+            {"language": "de"},
+            "Das Wetter ist heute sehr schön und warm.",
+            "The weather is nice today and warm.",
+        ),
+        (
+            "length_constraints:number_sentences",
+            {"num_sentences": 2, "relation": "less than"},
+            "One. ",
+            "One. Two. Three.",
+        ),
+        (
+            "length_constraints:nth_paragraph_first_word",
+            {"num_paragraphs": 2, "nth_paragraph": 2, "first_word": "then"},
+            "First.\n\nThen more.",
+            "First.\n\nAfter that.",
+        ),
+        (
+            "detectable_content:number_placeholders",
+            {"num_placeholders": 2},
+            "Dear [name] at [address]",
+            "Dear [name]",
+        ),
+        ("detectable_format:constrained_response", {}, "My answer is yes.", "Yes."),
+        ("detectable_format:number_highlighted_sections", {"num_highlights": 2}, "*a* and **b**", "*a* only"),
+        (
+            "detectable_format:multiple_sections",
+            {"section_spliter": "Section", "num_sections": 2},
+            "Section 1 a\nSection 2 b",
+            "Section 1 a",
+        ),
+        ("detectable_format:json_format", {}, '```json\n{"a": 1}\n```', "{a: 1}"),
+        ("combination:two_responses", {}, "First answer.\n******\nSecond answer.", "Same.\n******\nSame."),
+        ("combination:repeat_prompt", {"prompt_to_repeat": "Say hi."}, "Say hi. Hi!", "Hi! Say hi."),
+        ("startend:quotation", {}, '"All quoted."', "Not quoted."),
+        (
+            "change_case:capital_word_frequency",
+            {"capital_frequency": 2, "capital_relation": "at least"},
+            "VERY GOOD",
+            "Very GOOD",
+        ),
+        ("change_case:english_capital", {}, "THIS IS ALL IN CAPITAL LETTERS, AS ASKED.", "This is not."),
+        ("count:lowercase_counting", {"N": 3}, "The Cat sat on it", "the cat sat on it"),  # a total
+        ("letters:letter_counting", {"N": 5, "relation": "less than"}, "Yes 1234!", "Certainly"),
+        ("paragraphs:paragraphs", {}, "One.\n***\nTwo.", "One.\n***\n***\nTwo."),
+        (
+            "last_word:last_word_answer",
+            {"last_word": "contest"},
+            "We won the contest.",
+            "The contest was won.",
+        ),
+        (
+            "first_word:first_word_sent",
+            {"first_word": "so"},
+            "So it goes. So be it.",
+            "So it goes. Then it ends.",
+        ),
+    ],
+)
+def test_checkers(instruction: str, kwargs: dict, good: str, bad: str) -> None:
+    assert check(instruction, kwargs, good) is True
+    assert check(instruction, kwargs, bad) is False
+
+
+def test_unknown_or_unusable_instructions_are_bad_data() -> None:
+    assert len(INSTRUCTION_IDS) == 30
+    with pytest.raises(BadInstruction, match="unknown instruction id"):
+        check("vibes:good", {}, "x")
+    with pytest.raises(BadInstruction, match="needs kwargs"):
+        check("keywords:frequency", {"keyword": "a", "frequency": None, "relation": "at least"}, "x")
+    with pytest.raises(BadInstruction, match="relation"):
+        check("length_constraints:number_words", {"num_words": 3, "relation": "about"}, "x")

@@ -1,0 +1,120 @@
+"""math_with_judge against real servers: math-verify in the pool, the judge fallback scripted both ways,
+and judge / verifier failures reported as failures, never as reward 0."""
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from nemo_gym.testing import collect_rollouts, example_rows, post_json, running_servers, server_url
+from resources_servers.math_with_judge.app import math_verify_answer
+
+CONFIG = "resources_servers/math_with_judge/configs/math_with_judge.yaml"
+AGENT = "math_with_judge_simple_agent"
+SERVER = "math_with_judge"
+
+
+def _rule(contains: str, text: str | None = None, http_error: int | None = None) -> dict:
+    turn = {"text": text} if text is not None else {"http_error": http_error}
+    return {"contains": contains, "turns": [turn]}
+
+
+def _models(rules: list[dict], **server: object) -> dict:
+    out: dict = {"policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": rules}}}}
+    if server:
+        out[SERVER] = {"resources_servers": {SERVER: server}}
+    return out
+
+
+def _with_question(row: dict, question: str) -> dict:
+    return {
+        **row,
+        "question": question,
+        "responses_create_params": {"input": [{"role": "user", "content": f"Solve: {question}"}]},
+    }
+
+
+def _failures(workdir: Path) -> list[dict]:
+    path = workdir / "output_failures.jsonl"
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
+
+
+@pytest.mark.slow
+def test_scripted_right_and_wrong_answers(tmp_path: Path) -> None:
+    rows = example_rows("math_with_judge")
+    wrong = [_with_question(r, r["question"] + " (wrong)") for r in rows]
+    rules = [_rule(r["question"], "Let me work it out... so it is \\boxed{999}.") for r in wrong]
+    rules += [
+        _rule(r["question"], f"Working... The answer is \\boxed{{{r['expected_answer']}}}.") for r in rows
+    ]
+    with running_servers([CONFIG], _models(rules)) as helper:
+        code, out, err = collect_rollouts(helper, rows + wrong, tmp_path, AGENT)
+        assert code == 0, err[-3000:]
+        assert [r["reward"] for r in out] == [1.0] * 5 + [0.0] * 5
+        assert [r["library_reward"] for r in out] == [1.0] * 5 + [0.0] * 5
+        assert all(r["judge_evaluations"] is None for r in out)
+        assert out[5]["extracted_answer"] == "999"
+        # An expected_answer math-verify cannot read is a server error, not a 0.
+        body = {**out[0], "expected_answer": "   "}
+        resp = post_json(server_url(helper, SERVER) + "/verify", body)
+        assert resp.status_code == 500 and "cannot parse expected_answer" in resp.text
+        # A row without expected_answer never reaches a rollout.
+        bad = [rows[0], {k: v for k, v in rows[1].items() if k != "expected_answer"}]
+        code, out, err = collect_rollouts(helper, bad, tmp_path / "bad", AGENT)
+        assert code == 2 and out == [] and "input.jsonl:2: missing field `expected_answer`" in err
+
+
+JUDGE_RULES = [
+    # The judge's prompt holds the policy's answer; listed first so they win over the question rules.
+    _rule("two (a-yes)", "Both are the number two. [[A=B]]"),
+    _rule("two (a-no)", "These differ. [[A!=B]]"),
+    _rule("two (a-garbage)", "Hard to say, honestly."),
+    _rule("two (a-down)", http_error=503),
+    _rule("[q-yes]", "It is two (a-yes)"),
+    _rule("[q-no]", "It is two (a-no)"),
+    _rule("[q-garbage]", "It is two (a-garbage)"),
+    _rule("[q-down]", "It is two (a-down)"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("unparseable", ["error", "metric"])
+def test_judge_fallback_scripted_both_ways(tmp_path: Path, unparseable: str) -> None:
+    base = example_rows("math_with_judge")[0]
+    rows = [
+        _with_question({**base, "expected_answer": "2"}, f"What is 1+1? {m}")
+        for m in ("[q-yes]", "[q-no]", "[q-garbage]", "[q-down]")
+    ]
+    extra = _models(JUDGE_RULES, should_use_judge=True, unparseable_verdict=unparseable)
+    with running_servers([CONFIG], extra) as helper:
+        code, out, err = collect_rollouts(helper, rows, tmp_path, AGENT, "+max_attempts=1")
+    by_q = {r["question"].split()[-1]: r for r in out}
+    yes, no = by_q["[q-yes]"], by_q["[q-no]"]
+    assert yes["reward"] == 1.0 and yes["library_reward"] == 0.0 and len(yes["judge_evaluations"]) == 2
+    assert "[[A=B]]" in yes["judge_evaluations"][1]["response"]["output"][0]["content"][0]["text"]
+    assert no["reward"] == 0.0 and len(no["judge_evaluations"]) == 1 and not no["judge_verdict_unparseable"]
+    markers = [r["question"].split()[-1] for r in rows]
+    failures = {markers[f["_ng_task_index"]]: orjson.dumps(f).decode() for f in _failures(tmp_path)}
+    # An unreachable (here: always 503) judge is a failed rollout naming the judge, never a reward.
+    assert "[q-down]" not in by_q and "[q-down]" in failures, (out, err[-2000:])
+    assert "judge_failed" in failures["[q-down]"] and "HTTP 503" in failures["[q-down]"]
+    if unparseable == "error":
+        assert "[q-garbage]" not in by_q and "no verdict label" in failures["[q-garbage]"]
+    else:
+        garbage = by_q["[q-garbage]"]
+        assert garbage["reward"] == 0.0 and garbage["judge_verdict_unparseable"] is True
+
+
+@pytest.mark.parametrize(
+    ("expected", "answer", "reward"),
+    [
+        ("\\frac{7}{12}", "so \\boxed{7/12}", 1.0),
+        ("$x^2$", "\\boxed{x \\cdot x}", 1.0),
+        ("\\(\\sqrt{2}\\)", "\\boxed{\\sqrt 2}", 1.0),
+        ("2, 3", "the roots are \\boxed{3, 2}", 1.0),
+        ("13", "\\boxed{12}", 0.0),
+        ("13", "I could not solve it", 0.0),
+    ],
+)
+def test_math_verify_equivalence(expected: str, answer: str, reward: float) -> None:
+    assert math_verify_answer(expected, answer)[0] == reward

@@ -1,0 +1,111 @@
+"""mcqa against real servers (scripted model) and its answer extraction, mode by mode."""
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from nemo_gym.testing import collect_rollouts, example_rows, running_servers
+from resources_servers.mcqa.app import extract_answer
+
+CONFIG = "resources_servers/mcqa/configs/mcqa.yaml"
+AGENT = "mcqa_simple_agent"
+OPTS = [{"A": "Venus"}, {"B": "Mercury"}, {"C": "Mars"}, {"D": "Earth"}]
+
+
+def _answer_text(row: dict, letter: str) -> str:
+    if row["grading_mode"] == "lenient_answer_colon":
+        return f"Let me think it through.\nAnswer: {letter}"
+    return f"Reasoning first: option {letter} fits. \\boxed{{{letter}}}"
+
+
+def _wrong(letter: str) -> str:
+    return "A" if letter != "A" else "B"
+
+
+def _script(rows: list[dict], pick) -> dict:
+    rules = [
+        {
+            "contains": row["responses_create_params"]["input"][0]["content"][-40:],
+            "turns": [{"text": pick(row)}],
+        }
+        for row in rows
+    ]
+    return {"policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": rules}}}}
+
+
+def _marked(row: dict, marker: str) -> dict:
+    out = copy.deepcopy(row)
+    out["responses_create_params"]["input"][0]["content"] += f" {marker}"
+    return out
+
+
+@pytest.mark.slow
+def test_collect_rollouts_scores_scripted_answers(tmp_path: Path) -> None:
+    rows = example_rows("mcqa")
+    wrong_rows = [_marked(r, "[wrong]") for r in rows]
+    rules = [
+        {
+            "contains": f"{r['responses_create_params']['input'][0]['content'][-40:]}",
+            "turns": [{"text": _answer_text(r, _wrong(r["expected_answer"]))}],
+        }
+        for r in wrong_rows
+    ]
+    rules += [
+        {
+            "contains": r["responses_create_params"]["input"][0]["content"][-40:],
+            "turns": [{"text": _answer_text(r, r["expected_answer"])}],
+        }
+        for r in rows
+    ]
+    extra = {"policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": rules}}}}
+    with running_servers([CONFIG], extra) as helper:
+        code, out, err = collect_rollouts(helper, rows + wrong_rows, tmp_path, AGENT, "+num_repeats=2")
+        assert code == 0, err[-3000:]
+        assert len(out) == 20
+        for result in out:
+            row = (rows + wrong_rows)[result["_ng_task_index"]]
+            right = result["_ng_task_index"] < 5
+            assert result["reward"] == (1.0 if right else 0.0)
+            want = row["expected_answer"] if right else _wrong(row["expected_answer"])
+            assert result["extracted_answer"] == want
+            assert result["expected_answer"] == row["expected_answer"] and result["options"] == row["options"]
+        # Rows the verifier cannot grade are refused, with file, line and field, before any rollout.
+        bad = [
+            rows[0],
+            {k: v for k, v in rows[1].items() if k != "expected_answer"},
+            {**rows[2], "grading_mode": "vibes"},
+        ]
+        code, out, err = collect_rollouts(helper, bad, tmp_path / "bad", AGENT)
+        assert code == 2 and out == []
+        assert "input.jsonl:2: missing field `expected_answer`" in err
+        assert "input.jsonl:3: field `grading_mode`" in err and "vibes" in err
+        assert "input.jsonl:1:" not in err
+
+
+@pytest.mark.parametrize(
+    ("text", "mode", "want"),
+    [
+        ("so \\boxed{B}", "strict_single_letter_boxed", "B"),
+        ("\\boxed{A} first, then \\boxed{\\text{(C)}}", "strict_single_letter_boxed", "C"),
+        ("\\boxed{D: Earth}", "strict_single_letter_boxed", "D"),
+        ("\\boxed{Mercury}", "strict_single_letter_boxed", None),
+        ("\\boxed{Z}", "strict_single_letter_boxed", None),  # not an option letter
+        ("the answer is B", "strict_single_letter_boxed", None),  # no box
+        ("\\boxed{Mercury}", "lenient_boxed", "B"),
+        ("\\boxed{Mars or Earth}", "lenient_boxed", None),  # two options' texts: ambiguous
+        ("Answer: c", "lenient_answer_colon", "C"),
+        ("Answer:  venus ", "lenient_answer_colon", "A"),
+        ("Answer: Jupiter", "lenient_answer_colon", None),
+        ("**Answer:** B because it is closest", "lenient_answer_colon_md", "B"),
+        ("Answer: A, C", "lenient_answer_colon_md", None),
+        ("", "strict_single_letter_boxed", None),
+    ],
+)
+def test_extraction_by_grading_mode(text: str, mode: str, want: str | None) -> None:
+    assert extract_answer(text, OPTS, mode) == want
+
+
+def test_output_regex_is_tried_first() -> None:
+    assert extract_answer("Final choice -> [d]", OPTS, "strict_single_letter_boxed", r"\[([A-J])\]") == "D"
+    assert extract_answer("\\boxed{B}", OPTS, "strict_single_letter_boxed", [r"\[([A-J])\]"]) == "B"

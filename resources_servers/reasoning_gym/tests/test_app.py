@@ -1,0 +1,89 @@
+"""reasoning_gym against real servers (scripted right and wrong answers scored by each task's own
+scorer in the verify pool), failures as failures, and offline row generation."""
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nemo_gym.testing import collect_rollouts, example_rows, running_servers
+from resources_servers.reasoning_gym.app import extract_model_answer
+from resources_servers.reasoning_gym.scripts.create_dataset import generate_rows
+
+CONFIG = "resources_servers/reasoning_gym/configs/reasoning_gym.yaml"
+AGENT = "reasoning_gym_simple_agent"
+SCRIPT = "resources_servers/reasoning_gym/scripts/create_dataset.py"
+
+
+def _marked(row: dict, marker: str) -> dict:
+    out = copy.deepcopy(row)
+    out["responses_create_params"]["input"][-1]["content"] += f" {marker}"
+    return out
+
+
+@pytest.mark.slow
+def test_scripted_right_and_wrong_answers(tmp_path: Path) -> None:
+    rows = example_rows("reasoning_gym")
+    wrong = [_marked(r, "[wrong]") for r in rows]
+    unknown = {
+        **_marked(rows[1], "[unknown]"),
+        "metadata": {**rows[1]["metadata"], "source_dataset": "no_such_task"},
+    }
+    rules = [{"contains": "[wrong]", "turns": [{"text": "I am not sure. <answer>zzz</answer>"}]}]
+    rules += [{"contains": "[unknown]", "turns": [{"text": f"<answer>{rows[1]['answer']}</answer>"}]}]
+    rules += [
+        {"contains": r["question"][-80:], "turns": [{"text": f"Thinking... <answer>{r['answer']}</answer>"}]}
+        for r in rows
+    ]
+    extra = {"policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": rules}}}}
+    with running_servers([CONFIG], extra) as helper:
+        code, out, err = collect_rollouts(
+            helper, rows + wrong + [unknown], tmp_path, AGENT, "+max_attempts=1"
+        )
+        assert [r["reward"] for r in out] == [1.0] * 5 + [0.0] * 5, err[-3000:]
+        assert [r["task_name"] for r in out[:5]] == [r["metadata"]["source_dataset"] for r in rows]
+        assert out[5]["extracted_answer"] == "zzz" and out[0]["score"] == out[0]["reward"]
+        # A task the package does not know fails the rollout (naming it); it is not a 0.
+        failures = (tmp_path / "output_failures.jsonl").read_text()
+        assert len(out) == 10 and "no_such_task" in failures and code != 0
+
+        bad = [rows[0], {k: v for k, v in rows[1].items() if k != "metadata"}, {**rows[2], "answer": 3}]
+        code, out, err = collect_rollouts(helper, bad, tmp_path / "bad", AGENT)
+        assert code == 2 and out == []
+        assert "input.jsonl:2: missing field `metadata`" in err
+        assert "input.jsonl:3: field `answer` must be" in err
+
+
+def test_answer_extraction() -> None:
+    assert extract_model_answer("a <answer>1</answer> b <answer> 2 </answer>") == "2"
+    assert extract_model_answer("so \\boxed{7} and \\boxed{8}") == "7"
+    assert extract_model_answer("  just 9 ") == "just 9"
+
+
+def test_generation_is_offline_and_reproducible(tmp_path: Path) -> None:
+    rows = generate_rows(["gcd", "basic_arithmetic"], size=3, seed=11, instruction="")
+    assert [r["metadata"]["source_dataset"] for r in rows] == ["gcd", "basic_arithmetic"] * 3
+    assert rows == generate_rows(["gcd", "basic_arithmetic"], size=3, seed=11, instruction="")
+    assert rows != generate_rows(["gcd", "basic_arithmetic"], size=3, seed=12, instruction="")
+    assert all(r["responses_create_params"]["input"][0]["content"] == r["question"] for r in rows)
+
+    out = tmp_path / "rows.jsonl"
+    done = subprocess.run(
+        [sys.executable, SCRIPT, "--tasks", "gcd", "--size", "2", "--seed", "1", "--output", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(written) == 2 and "<answer>" in written[0]["responses_create_params"]["input"][0]["content"]
+    done = subprocess.run(
+        [sys.executable, SCRIPT, "--tasks", "gcd,nope", "--size", "2", "--output", str(tmp_path / "x.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2 and "unknown reasoning_gym task(s) ['nope']" in done.stderr

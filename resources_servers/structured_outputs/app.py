@@ -1,0 +1,334 @@
+"""structured_outputs: the answer must be a document in a given format that follows a given schema.
+
+Contract
+--------
+* A row carries ``schema_str`` (a JSON Schema, as JSON text) and ``schema_type`` (the format the answer
+  must be written in: ``json``, ``yaml``, ``xml``, ``toml`` or ``csv``; default ``json``), plus
+  upstream NeMo Gym's optional descriptive fields (``problem_type``, ``schema_repr``, ...), which are
+  kept and used only to break down metrics. Field names follow upstream's ``structured_outputs``.
+* ``response_mode: text`` (default): the answer is the concatenated ``output_text`` of the assistant
+  messages, parsed in ``schema_type`` (XML leaf strings and CSV cells are coerced to the schema's
+  types first, as upstream). ``response_mode: tool_call``: the answer is the arguments of the single
+  function call (of ``tool_name`` when given), or their ``tool_payload_key`` entry.
+* The schema is made strict (every declared property required, no others), then the answer is
+  validated with ``jsonschema`` (Draft 2020-12). Reward 1.0 when it parses and validates, else 0.0,
+  with ``error_type`` (``empty_response``, ``parse_error``, ``validation_error``, ``missing_tool_call``,
+  ``multiple_tool_calls``, ``wrong_tool_name``, ``tool_arguments_parse_error``,
+  ``missing_tool_payload_key``) and ``error_message``.
+* Parsing and validation of large answers or schemas (over ``pool_threshold_chars``) run in
+  :mod:`nemo_gym.verify_pool`, off the event loop.
+* A malformed ``schema_str`` is bad data, not a wrong answer: ``ng_collect_rollouts`` refuses a row
+  whose ``schema_str`` is not JSON (file, line, field) before any rollout, and ``/verify`` answers 422
+  for one that is JSON but not a valid schema. (Upstream scores both 0.0 with ``schema_error``.)
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import tomllib
+from collections import defaultdict
+from enum import StrEnum
+from statistics import mean
+from typing import Any, ClassVar
+
+import xmltodict
+import yaml
+from fastapi import HTTPException
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import Field
+
+from nemo_gym.base_resources_server import (
+    BaseResourcesServerConfig,
+    BaseVerifyRequest,
+    BaseVerifyResponse,
+    ReverifyMode,
+    SimpleResourcesServer,
+)
+from nemo_gym.verify_pool import run_in_verify_pool
+
+
+class SchemaType(StrEnum):
+    JSON = "json"
+    YAML = "yaml"
+    XML = "xml"
+    TOML = "toml"
+    CSV = "csv"
+
+
+class StructuredOutputsResourcesServerConfig(BaseResourcesServerConfig):
+    REVERIFY_MODE: ClassVar[ReverifyMode] = ReverifyMode.STATELESS
+    xml_coerce_types: bool = True
+    # Answers or schemas longer than this are checked in the verify pool (a worker process).
+    pool_threshold_chars: int = 20_000
+    pool_timeout_seconds: float = 30.0
+
+
+# Descriptive fields of upstream's datasets: kept in the verify response, used to break down metrics.
+_BREAKDOWN_FIELDS = (
+    "problem_type",
+    "schema_repr",
+    "response_mode",
+    "tool_schema_mode",
+    "tool_choice",
+    "parallel_tool_calls",
+    "num_tools",
+    "has_distractors",
+    "instruction_layout",
+    "instruction_detail_level",
+    "system_instruction_style",
+    "tool_name_style",
+    "distractor_style",
+    "tool_union_mode",
+)
+
+
+class StructuredOutputsVerifyRequest(BaseVerifyRequest):
+    schema_str: str = Field(
+        json_schema_extra={"contentMediaType": "application/json"},
+        description="The JSON Schema the answer must follow, as JSON text.",
+    )
+    schema_type: SchemaType = SchemaType.JSON
+    response_mode: str | None = "text"
+    tool_name: str | None = None
+    tool_payload_key: str | None = None
+    problem_type: str | None = None
+    schema_repr: str | None = None
+    source_format: str | None = None
+    num_turns: int | None = None
+    source_record_id: str | None = None
+    tool_schema_mode: str | None = None
+    tool_choice: str | None = None
+    parallel_tool_calls: bool | None = None
+    source_schema_type: str | None = None
+    num_tools: int | None = None
+    num_distractors: int | None = None
+    has_distractors: bool | None = None
+    instruction_layout: str | None = None
+    instruction_detail_level: str | None = None
+    system_instruction_style: str | None = None
+    tool_name_style: str | None = None
+    distractor_style: str | None = None
+    tool_union_mode: str | None = None
+
+
+class StructuredOutputsVerifyResponse(StructuredOutputsVerifyRequest, BaseVerifyResponse):
+    error_type: str | None = None
+    error_message: str | None = None
+
+
+class InvalidSchema(ValueError):
+    """``schema_str`` is not a usable JSON Schema (bad data, not a wrong answer)."""
+
+
+def strictify_schema(schema: Any) -> None:
+    """In place: every object schema with ``properties`` requires all of them and allows no others."""
+    if isinstance(schema, dict):
+        if isinstance(schema.get("properties"), dict):
+            schema["required"] = list(schema["properties"])
+            schema["additionalProperties"] = False
+        for value in schema.values():
+            strictify_schema(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            strictify_schema(value)
+
+
+def load_schema(schema_str: str) -> dict[str, Any]:
+    """The strict form of the schema in ``schema_str``; raises :class:`InvalidSchema`."""
+    try:
+        schema = json.loads(schema_str)
+    except json.JSONDecodeError as e:
+        raise InvalidSchema(f"schema_str is not JSON: {e}") from None
+    if not isinstance(schema, dict):
+        raise InvalidSchema(f"schema_str must be a JSON object, got {type(schema).__name__}")
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as e:
+        raise InvalidSchema(f"schema_str is not a valid JSON Schema: {e.message}") from None
+    strictify_schema(schema)
+    return schema
+
+
+def _coerce_scalar(value: Any, kind: Any) -> Any:
+    if isinstance(kind, list):
+        if value in (None, "") and "null" in kind:
+            return None
+        for k in kind:
+            if k == "null":
+                continue
+            out = _coerce_scalar(value, k)
+            if k == "string" or not isinstance(out, str):
+                return out
+        return value
+    if not isinstance(value, str) or value == "":
+        return value
+    try:
+        if kind == "integer":
+            return int(value)
+        if kind == "number":
+            return float(value)
+    except ValueError:
+        return value
+    if kind == "boolean" and value.lower() in ("true", "1", "false", "0"):
+        return value.lower() in ("true", "1")
+    return value
+
+
+def coerce_xml(data: Any, schema: Any) -> Any:
+    """xmltodict gives strings (and single-child dicts for lists): reshape ``data`` to the schema's types."""
+    if not isinstance(schema, dict) or "type" not in schema:
+        return data
+    kind = schema["type"]
+    if kind == "object" and isinstance(data, dict):
+        props = schema.get("properties", {})
+        return {k: coerce_xml(v, props[k]) if k in props else v for k, v in data.items()}
+    if kind == "array":
+        if isinstance(data, dict) and len(data) == 1:
+            data = next(iter(data.values()))
+        if not isinstance(data, list):
+            data = [] if data is None else [data]
+        return [coerce_xml(item, schema.get("items", {})) for item in data]
+    if data is None and kind == "string":
+        return ""
+    return _coerce_scalar(data, kind)
+
+
+def coerce_csv(rows: list[dict[str, Any]], schema: dict[str, Any]) -> list[dict[str, Any]]:
+    """CSV cells are strings: convert each to its column's type in the (array-of-objects) schema."""
+    props = schema.get("items", schema).get("properties", {})
+    return [
+        {k: _coerce_scalar(v, props.get(k, {}).get("type", "string")) for k, v in row.items()} for row in rows
+    ]
+
+
+def parse_document(schema_type: str, text: str) -> Any:
+    match SchemaType(schema_type):
+        case SchemaType.JSON:
+            return json.loads(text)
+        case SchemaType.YAML:
+            return yaml.safe_load(text)
+        case SchemaType.XML:
+            return xmltodict.parse(text)
+        case SchemaType.TOML:
+            return tomllib.loads(text)
+        case SchemaType.CSV:
+            return list(csv.DictReader(io.StringIO(text)))
+
+
+def _first_error(validator: Draft202012Validator, document: Any) -> str | None:
+    error = next(iter(sorted(validator.iter_errors(document), key=lambda e: list(e.path))), None)
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+    return f"at {where}: {error.message}"[:300]
+
+
+def check_document(
+    schema_str: str, schema_type: str, text: str | None, obj: Any = None, coerce_xml_types: bool = True
+) -> tuple[float, str | None, str | None]:
+    """(reward, error_type, error_message) of a text answer (``text``) or an already parsed one (``obj``).
+
+    Raises :class:`InvalidSchema` for a bad ``schema_str``. Pure and picklable: runs in the verify pool.
+    """
+    schema = load_schema(schema_str)
+    if text is not None:
+        if not text.strip():
+            return 0.0, "empty_response", "No assistant response text"
+        try:
+            obj = parse_document(schema_type, text)
+        except Exception as e:  # any parser's error: the answer is not a document of that format
+            return 0.0, "parse_error", f"{type(e).__name__}: {str(e)[:200]}"
+        if schema_type == SchemaType.XML and coerce_xml_types:
+            obj = coerce_xml(obj, schema)
+        elif schema_type == SchemaType.CSV:
+            obj = coerce_csv(obj, schema)
+    problem = _first_error(Draft202012Validator(schema), obj)
+    return (0.0, "validation_error", problem) if problem else (1.0, None, None)
+
+
+class StructuredOutputsResourcesServer(SimpleResourcesServer):
+    config: StructuredOutputsResourcesServerConfig
+
+    async def verify(self, body: StructuredOutputsVerifyRequest) -> StructuredOutputsVerifyResponse:
+        text: str | None = None
+        obj: Any = None
+        if body.response_mode == "tool_call":
+            obj, error_type, message = self._tool_call_payload(body)
+            if error_type is not None:
+                return self._answer(body, 0.0, error_type, message)
+            size = len(json.dumps(obj))
+        else:
+            text = body.response.output_text
+            size = len(text)
+        args = (body.schema_str, body.schema_type.value, text, obj, self.config.xml_coerce_types)
+        try:
+            if size + len(body.schema_str) > self.config.pool_threshold_chars:
+                result = await run_in_verify_pool(
+                    check_document, *args, timeout=self.config.pool_timeout_seconds
+                )
+            else:
+                result = check_document(*args)
+        except InvalidSchema as e:
+            raise HTTPException(status_code=422, detail=f"bad row: {e}") from None
+        return self._answer(body, *result)
+
+    @staticmethod
+    def _answer(
+        body: StructuredOutputsVerifyRequest, reward: float, error_type: str | None, message: str | None
+    ) -> StructuredOutputsVerifyResponse:
+        fields = body.model_dump(exclude={"reward", "error_type", "error_message"})
+        return StructuredOutputsVerifyResponse(
+            **fields, reward=reward, error_type=error_type, error_message=message
+        )
+
+    @staticmethod
+    def _tool_call_payload(body: StructuredOutputsVerifyRequest) -> tuple[Any, str | None, str | None]:
+        calls = [item for item in body.response.output if item.type == "function_call"]
+        if not calls:
+            return None, "missing_tool_call", "No function_call item in the response"
+        names = ", ".join(c.name for c in calls)
+        if len(calls) > 1:
+            return None, "multiple_tool_calls", f"Expected exactly one function_call, got: {names}"
+        call = calls[0]
+        if body.tool_name and call.name != body.tool_name:
+            return None, "wrong_tool_name", f"Expected tool '{body.tool_name}', got: {names}"
+        try:
+            arguments = json.loads(call.arguments)
+        except json.JSONDecodeError as e:
+            return None, "tool_arguments_parse_error", f"JSONDecodeError: {str(e)[:200]}"
+        if body.tool_payload_key:
+            if not isinstance(arguments, dict) or body.tool_payload_key not in arguments:
+                return None, "missing_tool_payload_key", f"Missing tool payload key: {body.tool_payload_key}"
+            return arguments[body.tool_payload_key], None, None
+        return arguments, None, None
+
+    def compute_metrics(self, tasks: list[list[dict[str, Any]]]) -> dict[str, Any]:
+        """Mean reward per format (``mean/reward_json``...) and per value of each descriptive field."""
+        groups: dict[str, list[float]] = defaultdict(list)
+        for rollouts in tasks:
+            for r in rollouts:
+                reward = float(r.get("reward", 0.0))
+                groups[f"mean/reward_{r.get('schema_type', 'unknown')}"].append(reward)
+                if r.get("problem_type"):
+                    groups[f"mean/reward_{r['problem_type']}"].append(reward)
+                if r.get("schema_repr"):
+                    groups[f"mean/reward_repr_{r['schema_repr']}"].append(reward)
+                for name in _BREAKDOWN_FIELDS[2:]:
+                    value = r.get(name)
+                    if value is None or value == "":
+                        continue
+                    shown = str(value).lower() if isinstance(value, bool) else str(value)
+                    groups[f"mean/reward_{name}_{shown}"].append(reward)
+                if r.get("error_type"):
+                    groups[f"rate/error_{r['error_type']}"].append(1.0)
+        total = sum(len(rollouts) for rollouts in tasks) or 1
+        out = {k: mean(v) for k, v in groups.items() if not k.startswith("rate/")}
+        out |= {k: len(v) / total for k, v in groups.items() if k.startswith("rate/")}
+        return out
+
+
+if __name__ == "__main__":
+    StructuredOutputsResourcesServer.run_webserver()

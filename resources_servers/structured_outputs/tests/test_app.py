@@ -1,0 +1,121 @@
+"""structured_outputs against real servers: each format right and wrong, tool-call mode, bad schemas."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from nemo_gym.testing import collect_rollouts, example_rows, post_json, running_servers, server_url
+from resources_servers.structured_outputs.app import check_document
+
+CONFIG = "resources_servers/structured_outputs/configs/structured_outputs.yaml"
+AGENT = "structured_outputs_simple_agent"
+SERVER = "structured_outputs"
+
+# Scripted answers for the five example rows, in row order: (right, wrong, wrong's error_type).
+RIGHT_WRONG = [
+    (
+        '{"title": "The Left Hand of Darkness", "author": "Ursula K. Le Guin", "year": 1969, "genres": ["science fiction"]}',
+        '{"title": "The Left Hand of Darkness", "author": "Ursula K. Le Guin", "year": "1969", "genres": []}',
+        "validation_error",
+    ),
+    (
+        "dish: tomato salad\nservings: 2\nvegetarian: true\ningredients:\n  - {name: tomato, grams: 300}\n"
+        "  - {name: red onion, grams: 50}\n  - {name: basil, grams: 10}\n",
+        "dish: tomato salad\nservings: [2\n",
+        "parse_error",
+    ),
+    (
+        "<station><name>Sonnblick Observatory</name><elevation_m>3106</elevation_m><staffed>true</staffed></station>",
+        "<station><name>Sonnblick Observatory</name><elevation_m>high</elevation_m><staffed>true</staffed></station>",
+        "validation_error",
+    ),
+    (
+        "planet,moons,gas_giant\nMars,2,false\nJupiter,95,true\nNeptune,16,true\n",
+        "planet,moons\nMars,2\n",
+        "validation_error",
+    ),
+    (
+        {
+            "ticket": {
+                "summary": "Login page crashes after auth deploy",
+                "priority": "high",
+                "component": "auth",
+            }
+        },
+        {"ticket": {"summary": "Login page crashes", "priority": "urgent", "component": "auth"}},
+        "validation_error",
+    ),
+]
+
+
+def _turn(answer) -> dict:
+    if isinstance(answer, dict):
+        return {"tool_calls": [{"name": "file_ticket", "arguments": answer}]}
+    return {"text": answer}
+
+
+def _marked(row: dict, marker: str) -> dict:
+    out = copy.deepcopy(row)
+    out["responses_create_params"]["input"][-1]["content"] += f" {marker}"
+    return out
+
+
+@pytest.mark.slow
+def test_right_and_wrong_answers_in_every_format(tmp_path: Path) -> None:
+    rows = example_rows("structured_outputs")
+    wrong_rows = [_marked(r, f"[wrong-{i}]") for i, r in enumerate(rows)]
+    rules = [{"contains": f"[wrong-{i}]", "turns": [_turn(w)]} for i, (_, w, _) in enumerate(RIGHT_WRONG)]
+    rules += [
+        {"contains": r["responses_create_params"]["input"][-1]["content"][-60:], "turns": [_turn(right)]}
+        for r, (right, _, _) in zip(rows, RIGHT_WRONG, strict=True)
+    ]
+    extra = {
+        "policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": rules}}},
+        # Every answer goes through the verify pool here (the small-answer inline path is the same function).
+        SERVER: {"resources_servers": {SERVER: {"pool_threshold_chars": 0}}},
+    }
+    with running_servers([CONFIG], extra) as helper:
+        code, out, err = collect_rollouts(helper, rows + wrong_rows, tmp_path, AGENT)
+        assert code == 0, err[-3000:]
+        assert [r["reward"] for r in out] == [1.0] * 5 + [0.0] * 5, [r["error_message"] for r in out]
+        assert [r["error_type"] for r in out] == [None] * 5 + [e for _, _, e in RIGHT_WRONG]
+        assert [r["schema_type"] for r in out[:5]] == ["json", "yaml", "xml", "csv", "json"]
+
+        # A schema that is JSON but not a JSON Schema: 422 naming it, not a 0.
+        body = {**out[0], "schema_str": json.dumps({"type": "object", "properties": 5})}
+        resp = post_json(server_url(helper, SERVER) + "/verify", body)
+        assert resp.status_code == 422 and "not a valid JSON Schema" in resp.text
+
+        # Rows with a schema_str that is not JSON, an unknown format or no schema are refused up front.
+        bad = [rows[0], {**rows[1], "schema_str": "{type: object"}, {**rows[2], "schema_type": "ini"}]
+        bad.append({k: v for k, v in rows[3].items() if k != "schema_str"})
+        code, out, err = collect_rollouts(helper, bad, tmp_path / "bad", AGENT)
+        assert code == 2 and out == []
+        assert "input.jsonl:2: field `schema_str` must be JSON text" in err
+        assert "input.jsonl:3: field `schema_type` has unknown value(s)" in err
+        assert "input.jsonl:4: missing field `schema_str`" in err
+
+
+SCHEMA = json.dumps(
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": ["string", "null"]}}}
+)
+
+
+@pytest.mark.parametrize(
+    ("schema_type", "text", "want"),
+    [
+        ("json", '{"a": 1, "b": null}', (1.0, None)),
+        ("json", '{"a": 1}', (0.0, "validation_error")),  # strict: every property is required
+        ("json", '{"a": 1, "b": "x", "c": 2}', (0.0, "validation_error")),  # and no others
+        ("json", "   ", (0.0, "empty_response")),
+        ("toml", 'a = 3\nb = "x"\n', (1.0, None)),
+        ("toml", "a = \n", (0.0, "parse_error")),
+        ("yaml", "a: 2\nb: null\n", (1.0, None)),
+        ("xml", "<r><a>7</a><b>x</b></r>", (0.0, "validation_error")),  # the root element wraps the object
+    ],
+)
+def test_check_document(schema_type: str, text: str, want: tuple) -> None:
+    reward, error_type, _ = check_document(SCHEMA, schema_type, text)
+    assert (reward, error_type) == want

@@ -1,0 +1,77 @@
+"""xlam_fc against real servers: scripted right and wrong calls, and the matching rules."""
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from nemo_gym.testing import collect_rollouts, example_rows, running_servers
+from resources_servers.xlam_fc.app import grade_calls
+
+CONFIG = "resources_servers/xlam_fc/configs/xlam_fc.yaml"
+AGENT = "xlam_fc_simple_agent"
+
+
+def _marked(row: dict, marker: str) -> dict:
+    out = copy.deepcopy(row)
+    out["responses_create_params"]["input"][-1]["content"] += f" {marker}"
+    return out
+
+
+def _calls(expected: list[dict]) -> list[dict]:
+    return [{"name": c["name"], "arguments": dict(c["arguments"])} for c in expected]
+
+
+@pytest.mark.slow
+def test_scripted_right_and_wrong_calls(tmp_path: Path) -> None:
+    rows = example_rows("xlam_fc")
+    # Right: the expected calls, in reverse order (order does not matter) plus an extra argument.
+    right = [list(reversed(_calls(r["expected_answers"]))) for r in rows]
+    right[0][0]["arguments"] = {**right[0][0]["arguments"], "note": "extra arguments are fine"}
+    # Wrong, one way each: a wrong value, a missing call, an extra call, a wrong name, a missing argument.
+    wrong = [_calls(r["expected_answers"]) for r in rows]
+    wrong[0][0]["arguments"]["to_currency"] = "USD"
+    wrong[1] = wrong[1][:1]
+    wrong[2] = wrong[2] + [{"name": "is_prime", "arguments": {"n": 7}}]
+    wrong[3][0]["name"] = "is_prime"
+    wrong[4][0]["arguments"] = {"ingredient": "lentils"}
+    wrong_rows = [_marked(r, f"[wrong-{i}]") for i, r in enumerate(rows)]
+    rules = [{"contains": f"[wrong-{i}]", "turns": [{"tool_calls": w}]} for i, w in enumerate(wrong)]
+    rules += [
+        {"contains": r["responses_create_params"]["input"][-1]["content"], "turns": [{"tool_calls": c}]}
+        for r, c in zip(rows, right, strict=True)
+    ]
+    extra = {"policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": rules}}}}
+    with running_servers([CONFIG], extra) as helper:
+        code, out, err = collect_rollouts(helper, rows + wrong_rows, tmp_path, AGENT)
+        assert code == 0, err[-3000:]
+        assert [r["reward"] for r in out] == [1.0] * 5 + [0.0] * 5
+        assert [r["num_correct"] for r in out[5:]] == [0, 1, 2, 0, 0]
+        assert [r["num_predicted"] for r in out[5:]] == [1, 1, 3, 1, 1]
+        # The tools are not run: each call gets the fixed note, and there is one model turn.
+        outputs = [i for i in out[1]["response"]["output"] if i["type"] == "function_call_output"]
+        assert len(outputs) == 2 and all("recorded" in o["output"] for o in outputs)
+        assert [i["type"] for i in out[1]["response"]["output"]].count("function_call") == 2
+
+        bad = [rows[0], {k: v for k, v in rows[1].items() if k != "expected_answers"}]
+        bad.append({**rows[2], "expected_answers": {"name": "is_prime"}})
+        code, out, err = collect_rollouts(helper, bad, tmp_path / "bad", AGENT)
+        assert code == 2 and out == []
+        assert "input.jsonl:2: missing field `expected_answers`" in err
+        assert "input.jsonl:3: field `expected_answers` must be array" in err
+
+
+def test_grading_rules() -> None:
+    want = [{"name": "f", "arguments": {"a": 1}}, {"name": "f", "arguments": {"a": 2}}]
+    assert grade_calls(
+        [{"name": "f", "arguments": {"a": 2}}, {"name": "f", "arguments": {"a": 1}}], want
+    ) == (1.0, 2)
+    # One predicted call cannot match two expected ones.
+    assert grade_calls(
+        [{"name": "f", "arguments": {"a": 1}}, {"name": "f", "arguments": {"a": 1}}], want
+    ) == (0.0, 1)
+    assert grade_calls(
+        [{"name": "f", "arguments": '{"a": 1}'}], [{"name": "f", "arguments": '{"a": 1}'}]
+    ) == (1.0, 1)
+    assert grade_calls([{"name": "f", "arguments": {"a": "1"}}], want[:1]) == (0.0, 0)  # types matter
+    assert grade_calls([], []) == (1.0, 0) and grade_calls([{"name": "f", "arguments": {}}], []) == (0.0, 0)
