@@ -45,6 +45,9 @@ from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Generic, TypeVar  # noqa: E402
 
+from fastapi import FastAPI, HTTPException  # noqa: E402
+from pydantic import ConfigDict, PrivateAttr  # noqa: E402
+
 from aviary.core import (  # noqa: E402
     Environment,
     Message,
@@ -55,9 +58,6 @@ from aviary.core import (  # noqa: E402
     ToolRequestMessage,
     ToolResponseMessage,
 )
-from fastapi import FastAPI, HTTPException  # noqa: E402
-from pydantic import ConfigDict, PrivateAttr  # noqa: E402
-
 from nemo_gym.base_resources_server import SimpleResourcesServer  # noqa: E402
 from nemo_gym.global_config import PACKAGE_PARENT_DIR  # noqa: E402
 from resources_servers.aviary.schemas import (  # noqa: E402
@@ -97,7 +97,9 @@ def resolve_data_path(path: str | None, default_name: str) -> Path:
     alt = PACKAGE_PARENT_DIR / p
     if alt.exists():
         return alt
-    raise FileNotFoundError(f"dataset file not found: {path} (looked in {Path.cwd()} and {PACKAGE_PARENT_DIR})")
+    raise FileNotFoundError(
+        f"dataset file not found: {path} (looked in {Path.cwd()} and {PACKAGE_PARENT_DIR})"
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -192,7 +194,13 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
     _slots: asyncio.Semaphore | None = PrivateAttr(default=None)
     _reaper: asyncio.Task | None = PrivateAttr(default=None)
     _stats: dict[str, int] = PrivateAttr(
-        default_factory=lambda: {"seeded": 0, "closed": 0, "closed_idle": 0, "peak_live": 0, "seed_rejected": 0}
+        default_factory=lambda: {
+            "seeded": 0,
+            "closed": 0,
+            "closed_idle": 0,
+            "peak_live": 0,
+            "seed_rejected": 0,
+        }
     )
 
     # -- app -----------------------------------------------------------------------------------------
@@ -278,28 +286,42 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
                     bad.append(f"the arguments of {call.name!r} are not valid JSON ({e})")
                     continue
                 if not isinstance(args, dict):
-                    bad.append(f"the arguments of {call.name!r} must be a JSON object, got {type(args).__name__}")
+                    bad.append(
+                        f"the arguments of {call.name!r} must be a JSON object, got {type(args).__name__}"
+                    )
                     continue
-                calls.append(ToolCall(id=call.call_id, function=ToolCallFunction(name=call.name, arguments=args)))
+                calls.append(
+                    ToolCall(id=call.call_id, function=ToolCallFunction(name=call.name, arguments=args))
+                )
             step_no = len(live.step_rewards) + 1
             if bad:
                 # Aviary cannot take calls it cannot parse: nothing is run, the model reads why.
-                msg = "Error: " + "; ".join(bad) + ". No call of this turn was run; send JSON object arguments."
+                msg = (
+                    "Error: " + "; ".join(bad) + ". No call of this turn was run; send JSON object arguments."
+                )
                 live.step_rewards.append(0.0)
-                return AviaryStepResponse(obs=_error_outputs(body.action, msg), reward=0.0, done=False, step=step_no)
+                return AviaryStepResponse(
+                    obs=_error_outputs(body.action, msg), reward=0.0, done=False, step=step_no
+                )
             try:
                 async with asyncio.timeout(self.config.step_timeout_s):
                     obs, reward, done, truncated = await live.env.step(ToolRequestMessage(tool_calls=calls))
             except TimeoutError:
                 live.step_rewards.append(0.0)
                 live.done = True
-                msg = f"Error: the environment did not finish this step within {self.config.step_timeout_s:g} s"
-                return AviaryStepResponse(obs=_error_outputs(body.action, msg), reward=0.0, done=True, step=step_no)
+                msg = (
+                    f"Error: the environment did not finish this step within {self.config.step_timeout_s:g} s"
+                )
+                return AviaryStepResponse(
+                    obs=_error_outputs(body.action, msg), reward=0.0, done=True, step=step_no
+                )
             except Exception as e:  # the env raising mid-step: a tool error the model reads
                 logger.warning("env %s step raised %s: %s", body.env_id, type(e).__name__, e)
                 live.step_rewards.append(0.0)
                 msg = f"Error: {type(e).__name__}: {e}"
-                return AviaryStepResponse(obs=_error_outputs(body.action, msg), reward=0.0, done=False, step=step_no)
+                return AviaryStepResponse(
+                    obs=_error_outputs(body.action, msg), reward=0.0, done=False, step=step_no
+                )
             live.last_used = time.monotonic()
             reward = float(reward)
             live.step_rewards.append(reward)

@@ -7,7 +7,9 @@ from resources_servers.aviary.offline import CalculatorEnv, GSM8kFileDataset
 
 
 class GSM8kResourcesServer(AviaryResourcesServer[CalculatorEnv, GSM8kFileDataset]):
-    dataset: GSM8kFileDataset = Field(default_factory=lambda data: GSM8kFileDataset.from_config(data["config"]))
+    dataset: GSM8kFileDataset = Field(
+        default_factory=lambda data: GSM8kFileDataset.from_config(data["config"])
+    )
 
 
 if __name__ == "__main__":

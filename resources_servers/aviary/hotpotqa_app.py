@@ -7,7 +7,9 @@ from resources_servers.aviary.offline import HotPotQAFileDataset, OfflineHotPotQ
 
 
 class HotPotQAResourcesServer(AviaryResourcesServer[OfflineHotPotQAEnv, HotPotQAFileDataset]):
-    dataset: HotPotQAFileDataset = Field(default_factory=lambda data: HotPotQAFileDataset.from_config(data["config"]))
+    dataset: HotPotQAFileDataset = Field(
+        default_factory=lambda data: HotPotQAFileDataset.from_config(data["config"])
+    )
 
 
 if __name__ == "__main__":

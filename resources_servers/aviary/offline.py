@@ -29,7 +29,6 @@ from aviary.core import TaskDataset
 from aviary.envs.gsm8k import CalculatorEnv, CalculatorEnvConfig
 from aviary.envs.hotpotqa import HotPotQAEnv, HotPotQAEnvConfig
 from aviary.envs.hotpotqa.env import normalize_answer
-
 from resources_servers.aviary.app import resolve_data_path
 from resources_servers.aviary.schemas import AviaryResourcesServerConfig
 
@@ -73,14 +72,18 @@ class GSM8kFileDataset(TaskDataset[CalculatorEnv]):
 
     def __init__(self, jsonl_fpath: str | Path, config: CalculatorEnvConfig | dict | None = None):
         self.path = Path(jsonl_fpath)
-        self.config = CalculatorEnvConfig(**config) if isinstance(config, dict) else config or CalculatorEnvConfig()
+        self.config = (
+            CalculatorEnvConfig(**config) if isinstance(config, dict) else config or CalculatorEnvConfig()
+        )
         self.problems: list[tuple[str, str, float]] = []
         for line_no, obj in _jsonl(self.path):
             q, a = obj.get("question"), obj.get("answer")
             if not isinstance(q, str) or not q.strip():
                 raise DatasetFileError(f"{self.path}:{line_no}: field 'question' must be a non-empty string")
             if not isinstance(a, str | int | float) or isinstance(a, bool):
-                raise DatasetFileError(f"{self.path}:{line_no}: field 'answer' must be a string like '... #### 42'")
+                raise DatasetFileError(
+                    f"{self.path}:{line_no}: field 'answer' must be a string like '... #### 42'"
+                )
             try:
                 num = float(a) if not isinstance(a, str) else parse_gsm8k_answer(a)
             except ValueError as e:
@@ -161,11 +164,18 @@ class HotPotQAFileDataset(TaskDataset[OfflineHotPotQAEnv]):
 
     def __init__(self, fpath: str | Path, config: HotPotQAEnvConfig | dict | None = None):
         self.path = Path(fpath)
-        self.config = HotPotQAEnvConfig(**config) if isinstance(config, dict) else config or HotPotQAEnvConfig()
+        self.config = (
+            HotPotQAEnvConfig(**config) if isinstance(config, dict) else config or HotPotQAEnvConfig()
+        )
         self.corpus = HotPotQACorpus()
         self.items: list[tuple[str, str, str]] = []
         for where, obj in self._read():
-            qid, q, a, ctx = obj.get("_id", obj.get("id")), obj.get("question"), obj.get("answer"), obj.get("context")
+            qid, q, a, ctx = (
+                obj.get("_id", obj.get("id")),
+                obj.get("question"),
+                obj.get("answer"),
+                obj.get("context"),
+            )
             if not isinstance(q, str) or not q.strip():
                 raise DatasetFileError(f"{where}: field 'question' must be a non-empty string")
             if not isinstance(a, str) or not a.strip():

@@ -58,7 +58,10 @@ class AviaryResourcesServerConfig(BaseResourcesServerConfig):
     )
     max_live_envs: int = Field(default=64, ge=1, description="Environments alive at once.")
     seed_wait_timeout_s: float = Field(
-        default=60.0, ge=0, description="How long /seed_session waits for a free slot before a 503."
+        default=30.0,
+        ge=0,
+        description="How long /seed_session waits (first come, first served) for a free slot before a 503; "
+        "aviary_agent retries a 503 until its seed_session_timeout_s.",
     )
     idle_timeout_s: float = Field(
         default=900.0, gt=0, description="An env untouched this long is closed (abandoned rollouts)."
@@ -67,7 +70,9 @@ class AviaryResourcesServerConfig(BaseResourcesServerConfig):
     reset_timeout_s: float = Field(default=300.0, gt=0, description="Bound on env.reset().")
     close_timeout_s: float = Field(default=60.0, gt=0, description="Bound on env.close().")
     max_finished_records: int = Field(
-        default=100_000, ge=1, description="Closed envs whose rewards /verify can still read (oldest dropped)."
+        default=100_000,
+        ge=1,
+        description="Closed envs whose rewards /verify can still read (oldest dropped).",
     )
 
 

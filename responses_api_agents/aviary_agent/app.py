@@ -29,6 +29,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
+import time
 from typing import Any
 
 import orjson
@@ -39,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
-from nemo_gym.server_utils import UpstreamError, validated_body
+from nemo_gym.server_utils import UpstreamError, raise_for_status, response_body, validated_body
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +53,9 @@ _USAGE_KEYS = ("input_tokens", "output_tokens", "total_tokens")
 class AviaryAgentConfig(BaseResponsesAPIAgentConfig):
     resources_server: ResourcesServerRef
     model_server: ModelServerRef
-    max_steps: int = Field(default=20, ge=1, description="Model turns per rollout (a bound, never unlimited).")
+    max_steps: int = Field(
+        default=20, ge=1, description="Model turns per rollout (a bound, never unlimited)."
+    )
     done_if_no_tool_calls: bool = Field(
         default=True, description="End the rollout when the model answers without a tool call (else nudge)."
     )
@@ -63,7 +67,9 @@ class AviaryAgentConfig(BaseResponsesAPIAgentConfig):
     )
     old_env_state_message: str = Field(default="[Previous environment state - hidden]")
     max_total_sequence_length: int | None = Field(
-        default=None, ge=1, description="Stop once a model turn's total tokens reach this (model context limit)."
+        default=None,
+        ge=1,
+        description="Stop once a model turn's total tokens reach this (model context limit).",
     )
     close_timeout_s: float = Field(default=60.0, gt=0)
 
@@ -167,16 +173,33 @@ class AviaryAgent(SimpleResponsesAPIAgent):
         except UpstreamError as e:  # the server's idle reaper closes it eventually
             logger.warning("could not close env %s: %s", env_id, e)
 
+    async def _seed(self, row: dict[str, Any]) -> dict[str, Any]:
+        """``/seed_session``; a 503 (every env slot busy) is retried with backoff until
+        ``seed_session_timeout_s`` has passed, then fails the rollout like any other error."""
+        resources = self.config.resources_server.name
+        body = {"task_idx": row["task_idx"], "responses_create_params": row["responses_create_params"]}
+        deadline = time.monotonic() + self.config.seed_session_timeout_s
+        delay = 0.02
+        while True:
+            left = deadline - time.monotonic()
+            resp = await self.server_client.post(
+                resources,
+                "/seed_session",
+                json=body,
+                timeout_s=max(left, 0.001),
+                timeout_setting=f"seed_session_timeout_s of agent '{self.config.name}'",
+            )
+            if resp.status != 503 or time.monotonic() + delay >= deadline:
+                raise_for_status(resp, resources, "/seed_session")
+                return orjson.loads(response_body(resp))
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 1.0)
+
     async def run_episode(self, row: dict[str, Any], request: Request | None = None) -> dict[str, Any]:
         """Seed, loop, close; the trajectory as an ``AviaryNeMoGymResponse`` dict."""
         cfg = self.config
         resources, model = cfg.resources_server.name, cfg.model_server.name
-        seed, _ = await self.server_client.post_json(
-            resources,
-            "/seed_session",
-            json={"task_idx": row["task_idx"], "responses_create_params": row["responses_create_params"]},
-            **self.timeout("seed_session_timeout_s"),
-        )
+        seed = await self._seed(row)
         env_id: str = seed["env_id"]
         try:
             return await self._loop(row, seed, request, model, resources)
@@ -202,7 +225,9 @@ class AviaryAgent(SimpleResponsesAPIAgent):
             if request is not None and await _disconnected(request):
                 stop_reason = "client_disconnected"
                 break
-            model_input = render_context(prefix + output, cfg.collapse_old_env_states, cfg.old_env_state_message, keep_ids)
+            model_input = render_context(
+                prefix + output, cfg.collapse_old_env_states, cfg.old_env_state_message, keep_ids
+            )
             body = {**params, "input": model_input, "tools": tools}
             response, _ = await self.server_client.post_json(
                 model, "/v1/responses", json=body, **self.timeout("model_timeout_s")
