@@ -83,7 +83,9 @@ class AviarySeedSessionRequest(BaseSeedSessionRequest):
 class AviaryEnvStateEasyInputMessage(NeMoGymEasyInputMessage):
     """An observation message that shows the environment's current state (collapsible by agents)."""
 
-    is_env_state: Literal[True] = True
+    # Required (upstream defaults it to True): with a default, every plain message validating against
+    # the observation union would come out marked as environment state.
+    is_env_state: Literal[True]
 
 
 ObsItem = AviaryEnvStateEasyInputMessage | NeMoGymEasyInputMessage | NeMoGymFunctionCallOutput
