@@ -20,12 +20,16 @@ Contract
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
-import logging
 import os
-import resource
+
+# Aviary imports LiteLLM, which fetches a price list over the network at import unless told not to.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import asyncio  # noqa: E402
+import contextlib  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import resource  # noqa: E402
 import shutil
 import signal
 from pathlib import Path
@@ -35,7 +39,7 @@ from jupyter_client.kernelspec import NATIVE_KERNEL_NAME
 from jupyter_client.manager import AsyncKernelManager
 from pydantic import BaseModel, Field
 
-from aviary.core import Message, Messages, TaskDataset, Tool  # noqa: I001 (after the package sets LiteLLM offline)
+from aviary.core import Message, Messages, TaskDataset, Tool
 from aviary.envs.notebook import NBEnvironment
 from aviary.envs.notebook.env import NBEnvironmentState
 from resources_servers.aviary.app import AviaryResourcesServer, resolve_data_path

@@ -40,13 +40,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
+from nemo_gym.export_transitions import render_step_context
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.server_utils import UpstreamError, raise_for_status, response_body, validated_body
 
 logger = logging.getLogger(__name__)
 
-ENV_STATE_KEY = "is_env_state"
-TOKEN_KEYS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 _USAGE_KEYS = ("input_tokens", "output_tokens", "total_tokens")
 
 
@@ -83,25 +82,6 @@ class AviaryAgentRunRequest(BaseModel):
     responses_create_params: NeMoGymResponseCreateParamsNonStreaming = Field(
         default_factory=lambda: NeMoGymResponseCreateParamsNonStreaming(input=[])
     )
-
-
-def render_context(
-    items: list[dict[str, Any]], collapse: bool, placeholder: str, keep_token_ids: bool
-) -> list[dict[str, Any]]:
-    """The model input for ``items``: env-state markers stripped; with ``collapse``, every env-state
-    message but the last replaced by ``placeholder``; token ids dropped unless ``keep_token_ids``."""
-    last_state = max((i for i, it in enumerate(items) if it.get(ENV_STATE_KEY)), default=-1)
-    out = []
-    for i, it in enumerate(items):
-        if it.get(ENV_STATE_KEY):
-            if collapse and i != last_state:
-                out.append({"type": "message", "role": "user", "content": placeholder})
-                continue
-            it = {k: v for k, v in it.items() if k != ENV_STATE_KEY}
-        if not keep_token_ids and any(k in it for k in TOKEN_KEYS):
-            it = {k: v for k, v in it.items() if k not in TOKEN_KEYS}
-        out.append(it)
-    return out
 
 
 def _token_fields(items: list[dict[str, Any]]) -> dict[str, Any]:
@@ -225,7 +205,7 @@ class AviaryAgent(SimpleResponsesAPIAgent):
             if request is not None and await _disconnected(request):
                 stop_reason = "client_disconnected"
                 break
-            model_input = render_context(
+            model_input = render_step_context(
                 prefix + output, cfg.collapse_old_env_states, cfg.old_env_state_message, keep_ids
             )
             body = {**params, "input": model_input, "tools": tools}

@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from nemo_gym.cli import RunHelper
+from nemo_gym.export_transitions import transitions
 from nemo_gym.testing import get, post_json, run_rollout, running_servers, server_url
 
 pytestmark = pytest.mark.slow
@@ -160,6 +161,17 @@ def test_bounded_context_shows_only_the_latest_notebook_view(helper: RunHelper) 
     assert prompts[2].count("11046.0") == 1
     assert "list_workdir" in prompts[2] and "edit_cell" in prompts[2]
     assert result["response"]["context_policy"]["collapse_old_env_states"] is True
+    # The step export rebuilds the same collapsed prompts: each text of a rebuilt prompt is in the
+    # prompt the model was sent, in order, with the same number of placeholders.
+    for exported, prompt in zip(transitions(result), prompts, strict=True):
+        items = exported["responses_create_params"]["input"]
+        texts = [str(i.get("content") or i.get("output") or i.get("arguments")) for i in items]
+        assert texts.count(placeholder) == prompt.count(placeholder)
+        pos = 0
+        for text in texts:
+            pos = prompt.find(text, pos)
+            assert pos >= 0, text[:200]
+            pos += len(text)
 
 
 def test_kernel_has_rlimits_and_no_server_environment(helper: RunHelper) -> None:
