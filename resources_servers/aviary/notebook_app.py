@@ -32,8 +32,9 @@ import logging  # noqa: E402
 import resource  # noqa: E402
 import shutil
 import signal
+import tempfile
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from jupyter_client.kernelspec import NATIVE_KERNEL_NAME
 from jupyter_client.manager import AsyncKernelManager
@@ -47,6 +48,39 @@ from resources_servers.aviary.offline import DatasetFileError
 from resources_servers.aviary.schemas import AviaryResourcesServerConfig
 
 logger = logging.getLogger(__name__)
+
+
+class SandboxedKernelManager(AsyncKernelManager):
+    """A kernel manager whose kernel command can be wrapped (in bubblewrap)."""
+
+    def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
+        cmd = super().format_kernel_cmd(extra_arguments)
+        return [*getattr(self, "wrapper_argv", []), *cmd]
+
+
+def bwrap_argv(work_dir: Path, ipc_dir: Path) -> list[str]:
+    """bubblewrap around the kernel: read-only system, no network (ZMQ over Unix sockets in
+    ``ipc_dir``, where the connection file is too), private /tmp, writable ``work_dir`` only, dies
+    with its parent."""
+    return [
+        shutil.which("bwrap") or "bwrap",
+        "--ro-bind", "/", "/",
+        "--dev", "/dev",
+        "--proc", "/proc",
+        "--tmpfs", "/tmp",
+        "--bind", str(work_dir), str(work_dir),
+        "--bind", str(ipc_dir), str(ipc_dir),
+        # Every namespace but the pid one: ipykernel exits when its parent pid is 1, as it would be there.
+        "--unshare-user",
+        "--unshare-ipc",
+        "--unshare-net",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--new-session",
+        "--chdir", str(work_dir),
+        "--",
+    ]  # fmt: skip
 
 
 class KernelLimits(BaseModel):
@@ -80,11 +114,20 @@ class LimitedNBEnvironmentState(NBEnvironmentState):
     """Aviary's notebook state, with a kernel that is limited, killable and tied to the server."""
 
     limits: KernelLimits = Field(default_factory=KernelLimits)
+    sandbox: bool = True
     kernel_pid: int | None = None
+    ipc_dir: Path | None = None
 
     async def start_kernel(self) -> None:
-        self._kernel_manager = AsyncKernelManager(kernel_name=NATIVE_KERNEL_NAME)
-        await self._kernel_manager.start_kernel(
+        km = SandboxedKernelManager(kernel_name=NATIVE_KERNEL_NAME)
+        if self.sandbox:
+            self.ipc_dir = Path(tempfile.mkdtemp(prefix="ng-kernel-ipc-"))
+            km.transport = "ipc"
+            km.ip = str(self.ipc_dir / "k")
+            km.connection_file = str(self.ipc_dir / "kernel.json")  # visible inside (/tmp is private there)
+            km.wrapper_argv = bwrap_argv(self.work_dir, self.ipc_dir)
+        self._kernel_manager = km
+        await km.start_kernel(
             cwd=str(self.work_dir), preexec_fn=_kernel_preexec(self.limits), env=_kernel_env(self.work_dir)
         )
         provisioner = self._kernel_manager.provisioner
@@ -101,6 +144,8 @@ class LimitedNBEnvironmentState(NBEnvironmentState):
 
     def kill_kernel(self) -> None:
         """Kill the kernel's process group (it runs in its own session), whatever state it is in."""
+        if self.ipc_dir is not None:
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
         if self.kernel_pid is None:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -135,6 +180,7 @@ class CSVAnalysisEnv(NBEnvironment[LimitedNBEnvironmentState]):
         rel_tol: float = 1e-3,
         limits: KernelLimits | None = None,
         cell_timeout_s: int = 120,
+        sandbox: bool = True,
     ):
         super().__init__(
             work_dir=files_dir, use_tmp_work_dir=True, use_docker=False, cell_execution_timeout=cell_timeout_s
@@ -143,11 +189,17 @@ class CSVAnalysisEnv(NBEnvironment[LimitedNBEnvironmentState]):
         self.answer = answer
         self.rel_tol = rel_tol
         self.limits = limits or KernelLimits()
+        self.sandbox = sandbox
 
     async def reset(self) -> tuple[Messages, list[Tool]]:
         nb_path, work_dir = self._set_work_dir()
         self.state = await LimitedNBEnvironmentState.create(
-            nb_path=nb_path, work_dir=work_dir, language=self.language, use_docker=False, limits=self.limits
+            nb_path=nb_path,
+            work_dir=work_dir,
+            language=self.language,
+            use_docker=False,
+            limits=self.limits,
+            sandbox=self.sandbox,
         )
         self.tools = [
             Tool.from_function(self.edit_cell),
@@ -197,6 +249,9 @@ class NotebookServerConfig(AviaryResourcesServerConfig):
     files_dir: str | None = Field(default=None, description="Directory copied into each kernel's work dir.")
     kernel_limits: KernelLimits = Field(default_factory=KernelLimits)
     cell_timeout_s: int = Field(default=120, gt=0)
+    kernel_sandbox: Literal["auto", "bwrap", "none"] = Field(
+        default="auto", description="Run the kernel in bubblewrap (auto: when bwrap is installed)."
+    )
     rel_tol: float = Field(default=1e-3, ge=0)
     max_live_envs: int = Field(default=8, ge=1, description="Live kernels at once.")
     idle_timeout_s: float = Field(default=300.0, gt=0)
@@ -223,6 +278,16 @@ class NotebookTaskDataset(TaskDataset[CSVAnalysisEnv]):
             self.tasks.append((q, a))
         if not files_dir.is_dir():
             raise DatasetFileError(f"files_dir {files_dir} is not a directory")
+        have_bwrap = shutil.which("bwrap") is not None
+        if config.kernel_sandbox == "bwrap" and not have_bwrap:
+            raise DatasetFileError(
+                "kernel_sandbox: bwrap, but bubblewrap is not installed (apt-get install bubblewrap)"
+            )
+        self.sandbox = config.kernel_sandbox == "bwrap" or (config.kernel_sandbox == "auto" and have_bwrap)
+        if not self.sandbox:
+            logger.warning(
+                "notebook kernels run WITHOUT a sandbox (kernel_sandbox=%s)", config.kernel_sandbox
+            )
 
     @classmethod
     def from_config(cls, config: NotebookServerConfig) -> Self:
@@ -242,6 +307,7 @@ class NotebookTaskDataset(TaskDataset[CSVAnalysisEnv]):
             rel_tol=c.rel_tol,
             limits=c.kernel_limits,
             cell_timeout_s=c.cell_timeout_s,
+            sandbox=self.sandbox,
         )
 
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,6 +35,27 @@ LIMIT_AS = 1024**3
 REVENUE = "import pandas as pd\ndf = pd.read_csv('sales.csv')\nprint((df.units * df.price).sum())"
 
 
+# A port that listens on this machine's loopback: reachable from an unsandboxed kernel, not from one in
+# its own network namespace (there, 127.0.0.1 is a different, empty loopback).
+_LISTENER = socket.socket()
+_LISTENER.bind(("127.0.0.1", 0))
+_LISTENER.listen()
+SANDBOX_PROBE = f"""import socket
+s = socket.socket()
+s.settimeout(2)
+try:
+    s.connect(("127.0.0.1", {_LISTENER.getsockname()[1]}))
+    print("NET open")
+except OSError as e:
+    print("NET blocked", e.errno)
+try:
+    open({str(Path(__file__).resolve().parent / "escape.txt")!r}, "w")
+    print("FS writable")
+except OSError as e:
+    print("FS blocked", e.errno)
+"""
+
+
 def _cell(code: str) -> dict[str, Any]:
     return {"tool_calls": [{"name": "edit_cell", "arguments": {"contents": code}}]}
 
@@ -47,6 +70,7 @@ SCRIPTS = [
         "turns": [
             _cell("x = bytearray(3 * 1024**3)"),
             _cell("import os\nprint(sorted(os.environ))"),
+            _cell(SANDBOX_PROBE),
             _submit("0"),
         ],
     },
@@ -117,7 +141,8 @@ def _kernels(server_pid: int) -> list[psutil.Process]:
     out = []
     for p in children:
         try:
-            if any("ipykernel" in part for part in p.cmdline()):
+            # The kernel's python (bubblewrap's own processes, which wrap it, name it in their command line).
+            if p.name() != "bwrap" and any("ipykernel" in part for part in p.cmdline()):
                 out.append(p)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             pass
@@ -181,13 +206,17 @@ def test_kernel_has_rlimits_and_no_server_environment(helper: RunHelper) -> None
         (kernel,) = _kernels(_pid(helper, SHORT))
         assert kernel.rlimit(psutil.RLIMIT_AS) == (LIMIT_AS, LIMIT_AS)
         assert kernel.rlimit(psutil.RLIMIT_CPU)[0] > 0
-        assert os.getpgid(kernel.pid) == kernel.pid  # its own process group: killed as a whole
+        # Sandboxed: no network, read-only filesystem outside its work dir (checked from inside below).
+        assert any(p.name() == "bwrap" for p in kernel.parents())
     finally:
         post_json(base + "/close", {"env_id": seeded["env_id"]})
     result = run_rollout(helper, SHORT_AGENT, _row(0, "[limits]"), timeout=180)
     views = [o["content"] for o in result["response"]["output"] if o.get("is_env_state")]
     assert "MemoryError" in views[1]
-    assert "NEMO_GYM" not in views[-1] and "HOME" in views[-1]
+    assert "NEMO_GYM" not in views[2] and "HOME" in views[2]
+    # 111 (ECONNREFUSED): the host's listening port is not there; 30 (EROFS): read-only outside the work dir.
+    assert "NET blocked 111" in views[3] and "FS blocked 30" in views[3], views[3][-600:]
+    assert not (Path(__file__).resolve().parent / "escape.txt").exists()
 
 
 def test_closed_abandoned_and_dropped_sessions_leave_no_kernel(helper: RunHelper) -> None:
