@@ -11,7 +11,8 @@ Contract
   observation ends with Aviary's Markdown view of the notebook, marked as environment state
   (``is_env_state``), which ``aviary_agent``'s ``collapse_old_env_states`` can collapse.
 * The kernel (an ipykernel of this interpreter) runs model-written code in its own process, never
-  in the server: in a throw-away working directory (a fresh copy of ``files_dir``, removed on close),
+  in the server: inside bubblewrap when available (``kernel_sandbox``; no network, read-only system,
+  private /tmp), in a throw-away working directory (a fresh copy of ``files_dir``, removed on close),
   in its own process group, with rlimits (address space, CPU seconds, file size, open files) and
   ``PR_SET_PDEATHSIG`` so it dies with the server process however that dies. Closing the env (or
   the server's idle reaper, or server shutdown) shuts the kernel down and then kills its process
