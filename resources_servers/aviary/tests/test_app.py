@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from nemo_gym.cli import RunHelper
-from nemo_gym.server_utils import request
+from nemo_gym.server_utils import close_shared_session, request
 from nemo_gym.testing import get, post_json, run_rollout, running_servers, server_url
 
 HERE = Path(__file__).resolve().parents[1]
@@ -294,7 +294,12 @@ def test_a_thousand_concurrent_sessions_stay_bounded_and_all_close(helper: RunHe
         return step["reward"]
 
     async def main() -> list[float]:
-        return await asyncio.gather(*(one(i) for i in range(n)))
+        try:
+            return await asyncio.gather(*(one(i) for i in range(n)))
+        finally:
+            # Close the ~1,000 pooled connections: later tests in this process start servers, and
+            # the launcher waits on descriptors with select(), which cannot take fds above 1023.
+            await close_shared_session()
 
     rewards = asyncio.run(main())
     assert rewards == [1.0] * n
