@@ -149,7 +149,7 @@ def _kernels(server_pid: int) -> list[psutil.Process]:
     return out
 
 
-def _wait_until(predicate: Any, bound_s: float = 30.0) -> bool:
+def _wait_until(predicate: Any, bound_s: float = 60.0) -> bool:
     deadline = time.monotonic() + bound_s
     while time.monotonic() < deadline:
         if predicate():
@@ -225,14 +225,17 @@ def test_closed_abandoned_and_dropped_sessions_leave_no_kernel(helper: RunHelper
     # Abandoned: seeded, never closed -> the idle reaper (1 s) stops the kernel.
     post_json(base + "/seed_session", {"task_idx": 1})
     assert len(_kernels(server_pid)) == 1
-    assert _wait_until(lambda: not _kernels(server_pid))
+    assert _wait_until(lambda: not _kernels(server_pid)), get(base + "/env_stats").json()
     assert get(base + "/env_stats").json()["closed_idle"] >= 1
     # Dropped: the client gives up mid-rollout (the model's second turn takes 4 s); the agent stops
     # after that turn and closes the env.
     with pytest.raises(httpx.ReadTimeout):
         post_json(server_url(helper, SHORT_AGENT) + "/run", _row(2, "[slow]"), timeout=1.5)
     assert _wait_until(lambda: len(_kernels(server_pid)) == 1)  # the rollout goes on without its caller
-    assert _wait_until(lambda: not _kernels(server_pid) and get(base + "/env_stats").json()["live"] == 0)
+    assert _wait_until(lambda: not _kernels(server_pid) and get(base + "/env_stats").json()["live"] == 0), (
+        get(base + "/env_stats").json(),
+        [k.cmdline() for k in _kernels(server_pid)],
+    )
 
 
 def test_kernel_dies_with_a_killed_server(helper: RunHelper) -> None:
