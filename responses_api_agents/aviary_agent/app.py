@@ -36,7 +36,7 @@ from typing import Any
 import orjson
 from fastapi import Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
@@ -71,6 +71,21 @@ class AviaryAgentConfig(BaseResponsesAPIAgentConfig):
         description="Stop once a model turn's total tokens reach this (model context limit).",
     )
     close_timeout_s: float = Field(default=60.0, gt=0)
+    return_transitions: bool = Field(
+        default=False,
+        description="Upstream's nested per-transition output; not offered: the output stays one flat "
+        "trajectory with per-step records, and ng_export_transitions writes one row per step.",
+    )
+
+    @field_validator("return_transitions")
+    @classmethod
+    def _no_nested_transitions(cls, value: bool) -> bool:
+        if value:
+            raise ValueError(
+                "return_transitions: true (a list of transitions as the output) is not offered; the output is "
+                "the flat trajectory with `steps` records: use ng_export_transitions for one row per step"
+            )
+        return value
 
 
 class AviaryAgentRunRequest(BaseModel):
