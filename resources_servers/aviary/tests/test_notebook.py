@@ -203,6 +203,7 @@ def test_kernel_has_rlimits_and_no_server_environment(helper: RunHelper) -> None
     base = server_url(helper, SHORT)
     seeded = post_json(base + "/seed_session", {"task_idx": 0}).json()
     try:
+        assert _wait_until(lambda: len(_kernels(_pid(helper, SHORT))) == 1)
         (kernel,) = _kernels(_pid(helper, SHORT))
         assert kernel.rlimit(psutil.RLIMIT_AS) == (LIMIT_AS, LIMIT_AS)
         assert kernel.rlimit(psutil.RLIMIT_CPU)[0] > 0
@@ -224,14 +225,15 @@ def test_closed_abandoned_and_dropped_sessions_leave_no_kernel(helper: RunHelper
     base = server_url(helper, SHORT)
     # Abandoned: seeded, never closed -> the idle reaper (1 s) stops the kernel.
     post_json(base + "/seed_session", {"task_idx": 1})
-    assert len(_kernels(server_pid)) == 1
+    assert _wait_until(lambda: len(_kernels(server_pid)) == 1)
     assert _wait_until(lambda: not _kernels(server_pid)), get(base + "/env_stats").json()
     assert get(base + "/env_stats").json()["closed_idle"] >= 1
-    # Dropped: the client gives up mid-rollout (the model's second turn takes 4 s); the agent stops
-    # after that turn and closes the env.
+    # Dropped: the client gives up mid-rollout (the model's second turn takes 4 s); the agent stops at
+    # its next check (after that turn, or before the first one on a slow machine) and closes the env.
+    seeded = get(base + "/env_stats").json()["seeded"]
     with pytest.raises(httpx.ReadTimeout):
         post_json(server_url(helper, SHORT_AGENT) + "/run", _row(2, "[slow]"), timeout=1.5)
-    assert _wait_until(lambda: len(_kernels(server_pid)) == 1)  # the rollout goes on without its caller
+    assert _wait_until(lambda: get(base + "/env_stats").json()["seeded"] == seeded + 1)
     assert _wait_until(lambda: not _kernels(server_pid) and get(base + "/env_stats").json()["live"] == 0), (
         get(base + "/env_stats").json(),
         [k.cmdline() for k in _kernels(server_pid)],
@@ -242,6 +244,8 @@ def test_kernel_dies_with_a_killed_server(helper: RunHelper) -> None:
     """Last in the module: it kills one server of the run."""
     server_pid = _pid(helper, SHORT)
     post_json(server_url(helper, SHORT) + "/seed_session", {"task_idx": 3})
+    # The kernel's python appears once bubblewrap has exec'ed it (bounded wait).
+    assert _wait_until(lambda: len(_kernels(server_pid)) == 1)
     (kernel,) = _kernels(server_pid)
     os.kill(server_pid, signal.SIGKILL)
     assert _wait_until(lambda: not kernel.is_running() or kernel.status() == psutil.STATUS_ZOMBIE, 30)
