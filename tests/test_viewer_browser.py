@@ -321,3 +321,54 @@ def test_page_works_with_the_token_off_loopback(
     page.click("#rows-box tbody tr >> nth=0")  # the page's own requests carry the cookie
     expect(page.locator("#verify .reward-big")).to_be_visible()
     assert page.evaluate("() => document.cookie") == ""  # not readable by scripts
+
+
+def test_per_step_rewards_of_multi_step_rollouts(page: Any, launch: Launcher, tmp_path: Path) -> None:
+    """Rollouts with ``response.steps`` (aviary_agent) show each step's reward after its items and a table."""
+    call = {"type": "function_call", "name": "submit_answer", "arguments": '{"answer": "x"}'}
+    row = {
+        "_ng_task_index": 0,
+        "_ng_rollout_index": 0,
+        "reward": -1.0,
+        "task_idx": 0,
+        "step_rewards": [0.0, -1.0],
+        "responses_create_params": {"input": []},
+        "response": {
+            "output": [
+                {"type": "message", "role": "user", "content": "What is 2+3?"},
+                {**call, "name": "calculator", "call_id": "c1", "arguments": '{"expr": "2+3"}'},
+                {"type": "function_call_output", "call_id": "c1", "output": "5"},
+                {**call, "call_id": "c2"},
+                {"type": "function_call_output", "call_id": "c2", "output": "False"},
+            ],
+            "steps": [
+                {
+                    "step": 1,
+                    "output_start": 1,
+                    "action_end": 2,
+                    "output_end": 3,
+                    "reward": 0.0,
+                    "done": False,
+                },
+                {
+                    "step": 2,
+                    "output_start": 3,
+                    "action_end": 4,
+                    "output_end": 5,
+                    "reward": -1.0,
+                    "done": True,
+                },
+            ],
+        },
+    }
+    path = tmp_path / "steps.jsonl"
+    path.write_bytes(orjson.dumps(row) + b"\n")
+    _, url = start_viewer(launch, f"+jsonl_fpath={path}", f"+index_dir={tmp_path}")
+    page.goto(url + "/")
+    page.click("#rows-box tbody tr")
+    lines = page.locator("#conversation .step-reward")
+    expect(lines).to_have_count(2)
+    expect(lines.nth(0)).to_contain_text("step 1 reward")
+    expect(lines.nth(1).locator(".badge").first).to_have_text("-1")
+    expect(page.locator("#steps-panel h3")).to_have_text("Per-step rewards (2 steps, sum -1)")
+    expect(page.locator("#steps-panel tbody tr")).to_have_count(2)

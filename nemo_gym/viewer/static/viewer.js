@@ -677,7 +677,10 @@
     const nodes = [];
     let turn = 0;
     let inTurn = false;
-    for (const item of items) {
+    const stepAfter = opts.stepAfter || new Map();
+    for (let idx = 0; idx < items.length; idx++) {
+      const item = items[idx];
+      if (stepAfter.has(idx - 1)) nodes.push(stepRewardLine(stepAfter.get(idx - 1), opts.th));
       if (!item || typeof item !== "object") { nodes.push(jsonPre(item)); continue; }
       const type = item.type || "message";
       if (opts.turns && type !== "function_call_output" && !inTurn) {
@@ -703,7 +706,40 @@
         nodes.push(h("div", { class: "msg" }, h("div", { class: "who" }, type), jsonPre(item)));
       }
     }
+    if (stepAfter.has(items.length - 1)) nodes.push(stepRewardLine(stepAfter.get(items.length - 1), opts.th));
     return nodes;
+  }
+
+  /** Per-step records (multi-step environments such as Aviary's): one line after each step's items. */
+  function stepRewardLine(step, th) {
+    const reward = typeof step.reward === "number" ? step.reward : null;
+    return h("div", { class: "step-reward row", dataset: { step: String(step.step) } },
+      h("span", { class: "muted" }, "step " + step.step + " reward"), rewardBadge(reward, th, false),
+      step.done ? h("span", { class: "badge none" }, "done") : null,
+      step.stepped_env === false ? h("span", { class: "muted small" }, "no tool call") : null);
+  }
+
+  function stepsMap(resp) {
+    const m = new Map();
+    if (!Array.isArray(resp.steps)) return m;
+    for (const st of resp.steps) {
+      if (st && typeof st === "object" && Number.isInteger(st.output_end) && st.output_end > 0) m.set(st.output_end - 1, st);
+    }
+    return m;
+  }
+
+  function stepsCard(resp, th) {
+    if (!Array.isArray(resp.steps) || !resp.steps.length) return null;
+    const rows = resp.steps.map((st) => h("tr", { dataset: { step: String(st.step) } },
+      h("td", null, String(st.step)),
+      h("td", null, rewardBadge(typeof st.reward === "number" ? st.reward : null, th, false)),
+      h("td", null, st.done ? "yes" : "no"),
+      h("td", null, st.stepped_env === false ? "no tool call" : "")));
+    const total = resp.steps.reduce((a, st) => a + (typeof st.reward === "number" ? st.reward : 0), 0);
+    return h("div", { class: "card", id: "steps-panel" },
+      h("h3", null, "Per-step rewards (" + resp.steps.length + " steps, sum " + fmtNum(total) + ")"),
+      h("table", null, h("thead", null, h("tr", null, h("th", null, "step"), h("th", null, "reward"), h("th", null, "done"), h("th", null, ""))),
+        h("tbody", null, rows)));
   }
 
   const HIDDEN_VERIFY_FIELDS = new Set(["responses_create_params", "response", "reward"]);
@@ -831,8 +867,10 @@
     append(convo, [h("div", { class: "section-label" }, "Model response" + (resp.model ? " — " + resp.model : "") + (resp.status && resp.status !== "completed" ? " (" + resp.status + ")" : ""))]);
     if (resp.error) convo.appendChild(errorBox("Response error: " + JSON.stringify(resp.error)));
     if (resp.incomplete_details) convo.appendChild(h("div", { class: "banner warn" }, "Incomplete: " + JSON.stringify(resp.incomplete_details)));
-    const outNodes = renderItems(output, outputsById, shown, { input: false, turns: true });
+    const outNodes = renderItems(output, outputsById, shown, { input: false, turns: true, stepAfter: stepsMap(resp), th });
     append(convo, outNodes.length ? outNodes : [h("div", { class: "muted" }, "The response has no output items.")]);
+    const steps = stepsCard(resp, th);
+    if (steps) convo.appendChild(steps);
     convo.appendChild(verifyBlock(data, th));
 
     const raw = h("div", { class: "card raw", id: "raw", hidden: true });

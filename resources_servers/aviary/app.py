@@ -1,0 +1,422 @@
+"""A NeMo Gym resources server over any Aviary environment (``aviary.core.Environment``).
+
+Contract
+--------
+* ``AviaryResourcesServer[EnvT, DatasetT]``: a subclass names its environment and dataset types and
+  sets ``dataset: DatasetT = Field(default_factory=...)`` (the factory may take the validated fields,
+  ``lambda data: MyDataset.from_config(data["config"])``). ``gsm8k_app.py``, ``hotpotqa_app.py`` and
+  ``notebook_app.py`` are such subclasses.
+* A task row is ``{"task_idx": N, "responses_create_params": {"input": []}}``.
+  ``POST /seed_session {task_idx}`` builds the env for that task, resets it and answers
+  ``{env_id, obs, tools}`` (tools as Responses function tools). ``POST /step {env_id, action}``
+  steps the env once with every function call of a model turn and answers ``{obs, reward, done,
+  truncated, step}``: a ``function_call_output`` per call (Aviary's tool responses) plus any other
+  observation messages. ``POST /verify`` answers the rollout's total reward (the sum of the env's
+  per-step rewards, which may be negative) with ``step_rewards``. ``POST /close {env_id}`` closes it.
+* Bounds: at most ``max_live_envs`` envs live at once (``/seed_session`` waits up to
+  ``seed_wait_timeout_s`` for a slot, then answers 503); an env untouched for ``idle_timeout_s`` is
+  closed by a reaper; reset/step/close are bounded by their timeouts; every live env is closed when
+  the server stops. ``GET /env_stats`` reports live/peak counts.
+* Errors: a ``task_idx`` outside the dataset is a 422 naming the range; an unknown ``env_id`` is a
+  404, a closed one a 409 saying why it closed; a malformed body a 422. A call whose ``arguments`` are
+  not a JSON object, and an env raising inside ``step()``, become ``function_call_output`` error text
+  the model reads (the env stays usable). A step that exceeds ``step_timeout_s`` ends the episode with
+  an error output. ``/verify`` for an env this server never saw (or forgot) is a 404, never reward 0.
+* Upstream's server kept a total-reward entry per env forever; here finished envs are kept in a
+  bounded record (``max_finished_records``).
+"""
+
+from __future__ import annotations
+
+import os
+
+# Aviary imports LiteLLM, which fetches a price list over the network at import unless told not to.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import asyncio  # noqa: E402
+import contextlib  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import time  # noqa: E402
+import uuid  # noqa: E402
+from abc import ABC  # noqa: E402
+from collections import OrderedDict  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, Generic, TypeVar  # noqa: E402
+
+from fastapi import FastAPI, HTTPException  # noqa: E402
+from pydantic import ConfigDict, PrivateAttr  # noqa: E402
+
+from aviary.core import (  # noqa: E402
+    Environment,
+    Message,
+    TaskDataset,
+    Tool,
+    ToolCall,
+    ToolCallFunction,
+    ToolRequestMessage,
+    ToolResponseMessage,
+)
+from nemo_gym.base_resources_server import SimpleResourcesServer  # noqa: E402
+from nemo_gym.global_config import PACKAGE_PARENT_DIR  # noqa: E402
+from resources_servers.aviary.schemas import (  # noqa: E402
+    ENV_STATE_KEY,
+    AviaryAgentVerifyRequest,
+    AviaryAgentVerifyResponse,
+    AviaryCloseRequest,
+    AviaryCloseResponse,
+    AviaryResourcesServerConfig,
+    AviarySeedSessionRequest,
+    AviarySeedSessionResponse,
+    AviaryStepRequest,
+    AviaryStepResponse,
+)
+
+logger = logging.getLogger(__name__)
+
+EnvT = TypeVar("EnvT", bound=Environment)
+DatasetT = TypeVar("DatasetT", bound=TaskDataset)
+# Upstream's names for the type variables.
+TEnv = EnvT
+TDataset = DatasetT
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+
+def resolve_data_path(path: str | None, default_name: str) -> Path:
+    """The dataset file: ``path`` relative to the working directory (else to the repository), or the
+    server's default file in ``data/``. A missing file is a ``FileNotFoundError`` naming both tries."""
+    if path is None:
+        return DATA_DIR / default_name
+    p = Path(path).expanduser()
+    if p.is_absolute() or p.exists():
+        if not p.exists():
+            raise FileNotFoundError(f"dataset file not found: {p}")
+        return p
+    alt = PACKAGE_PARENT_DIR / p
+    if alt.exists():
+        return alt
+    raise FileNotFoundError(
+        f"dataset file not found: {path} (looked in {Path.cwd()} and {PACKAGE_PARENT_DIR})"
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Aviary <-> Responses conversions.
+
+
+def tool_to_function_tool_param(tool: Tool) -> dict[str, Any]:
+    """An Aviary tool as a Responses API function tool (strict only when every parameter is required)."""
+    info = tool.info.model_dump(mode="json", exclude_none=True)
+    params = dict(info.get("parameters") or {"type": "object", "properties": {}})
+    params.setdefault("additionalProperties", False)
+    props = params.get("properties") or {}
+    strict = set(params.get("required") or []) == set(props)
+    out: dict[str, Any] = {"type": "function", "name": info["name"], "parameters": params, "strict": strict}
+    if info.get("description"):
+        out["description"] = info["description"]
+    return out
+
+
+def _message_text(msg: Message) -> str:
+    """The text of an Aviary message; multimodal content (a JSON list of parts) keeps its text parts."""
+    content = msg.content
+    if content is None:
+        return ""
+    if getattr(msg, "content_is_json_str", False) or (content.startswith("[") and content.endswith("]")):
+        try:
+            parts = json.loads(content)
+        except json.JSONDecodeError:
+            return content
+        if isinstance(parts, list) and all(isinstance(p, dict) for p in parts):
+            texts = [p.get("text", "") for p in parts if p.get("type") == "text"]
+            dropped = len(parts) - len(texts)
+            text = "\n".join(texts)
+            return text + (f"\n[{dropped} non-text part(s) not shown]" if dropped else "")
+    return content
+
+
+def obs_to_items(obs: list[Message]) -> list[dict[str, Any]]:
+    """Aviary observations as Responses input items: tool responses become ``function_call_output``;
+    other messages become messages (role user unless system), env-state ones marked ``is_env_state``."""
+    items: list[dict[str, Any]] = []
+    for msg in obs:
+        if isinstance(msg, ToolResponseMessage):
+            items.append(
+                {"type": "function_call_output", "call_id": msg.tool_call_id, "output": _message_text(msg)}
+            )
+            continue
+        role = "system" if msg.role == "system" else "user"
+        item: dict[str, Any] = {"type": "message", "role": role, "content": _message_text(msg)}
+        if (msg.info or {}).get(ENV_STATE_KEY):
+            item[ENV_STATE_KEY] = True
+        items.append(item)
+    return items
+
+
+def _error_outputs(calls: list[Any], message: str) -> list[dict[str, Any]]:
+    return [{"type": "function_call_output", "call_id": c.call_id, "output": message} for c in calls]
+
+
+# ------------------------------------------------------------------------------------------------
+# Live envs.
+
+
+@dataclass
+class _LiveEnv:
+    env: Environment
+    task_idx: int
+    last_used: float
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    step_rewards: list[float] = field(default_factory=list)
+    done: bool = False
+
+
+@dataclass
+class _Finished:
+    task_idx: int
+    step_rewards: list[float]
+    done: bool
+    reason: str
+
+
+class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC):
+    """Serves the envs of ``dataset`` (see the module docstring)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    config: AviaryResourcesServerConfig
+    dataset: DatasetT
+
+    _live: dict[str, _LiveEnv] = PrivateAttr(default_factory=dict)
+    _finished: OrderedDict[str, _Finished] = PrivateAttr(default_factory=OrderedDict)
+    _slots: asyncio.Semaphore | None = PrivateAttr(default=None)
+    _reaper: asyncio.Task | None = PrivateAttr(default=None)
+    _stats: dict[str, int] = PrivateAttr(
+        default_factory=lambda: {
+            "seeded": 0,
+            "closed": 0,
+            "closed_idle": 0,
+            "peak_live": 0,
+            "seed_rejected": 0,
+        }
+    )
+
+    # -- app -----------------------------------------------------------------------------------------
+    def setup_webserver(self) -> FastAPI:
+        app = super().setup_webserver()
+        app.post("/step")(self.step)
+        app.post("/close")(self.close)
+        app.get("/env_stats")(self.env_stats)
+        return app
+
+    def _slots_sem(self) -> asyncio.Semaphore:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.config.max_live_envs)
+        return self._slots
+
+    async def on_startup(self) -> None:
+        await super().on_startup()
+        self._slots_sem()
+        self._reaper = asyncio.create_task(self._reap_idle_forever())
+
+    async def on_shutdown(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        await asyncio.gather(
+            *(self._close_env(env_id, "server shutdown") for env_id in list(self._live)),
+            return_exceptions=True,
+        )
+        await super().on_shutdown()
+
+    # -- endpoints -----------------------------------------------------------------------------------
+    async def seed_session(self, body: AviarySeedSessionRequest) -> AviarySeedSessionResponse:
+        """Make and reset the env for ``task_idx`` (waits, bounded, for a free slot)."""
+        n = len(self.dataset)
+        if not 0 <= body.task_idx < n:
+            raise HTTPException(
+                422, f"task_idx {body.task_idx} is out of range: this dataset has {n} tasks (0..{n - 1})"
+            )
+        slots = self._slots_sem()
+        try:
+            await asyncio.wait_for(slots.acquire(), timeout=self.config.seed_wait_timeout_s)
+        except TimeoutError:
+            self._stats["seed_rejected"] += 1
+            raise HTTPException(
+                503,
+                f"all {self.config.max_live_envs} env slots stayed busy for {self.config.seed_wait_timeout_s:g} s "
+                "(max_live_envs / seed_wait_timeout_s)",
+            ) from None
+        env: Environment | None = None
+        try:
+            env = self.dataset.get_new_env_by_idx(body.task_idx)
+            async with asyncio.timeout(self.config.reset_timeout_s):
+                obs, tools = await env.reset()
+        except BaseException:
+            slots.release()
+            if env is not None:
+                await self._safe_close(env, "reset failed")
+            raise
+        env_id = str(uuid.uuid4())
+        self._live[env_id] = _LiveEnv(env=env, task_idx=body.task_idx, last_used=time.monotonic())
+        self._stats["seeded"] += 1
+        self._stats["peak_live"] = max(self._stats["peak_live"], len(self._live))
+        return AviarySeedSessionResponse(
+            env_id=env_id, obs=obs_to_items(obs), tools=[tool_to_function_tool_param(t) for t in tools]
+        )
+
+    async def step(self, body: AviaryStepRequest) -> AviaryStepResponse:
+        """Step the env once with every call of the turn."""
+        live = self._get_live(body.env_id)
+        async with live.lock:
+            if body.env_id not in self._live:  # closed while this request waited
+                self._get_live(body.env_id)
+            live.last_used = time.monotonic()
+            if live.done:
+                raise HTTPException(409, f"env_id {body.env_id!r} is done; close it")
+            calls: list[ToolCall] = []
+            bad: list[str] = []
+            for call in body.action:
+                try:
+                    args = json.loads(call.arguments or "{}")
+                except json.JSONDecodeError as e:
+                    bad.append(f"the arguments of {call.name!r} are not valid JSON ({e})")
+                    continue
+                if not isinstance(args, dict):
+                    bad.append(
+                        f"the arguments of {call.name!r} must be a JSON object, got {type(args).__name__}"
+                    )
+                    continue
+                calls.append(
+                    ToolCall(id=call.call_id, function=ToolCallFunction(name=call.name, arguments=args))
+                )
+            step_no = len(live.step_rewards) + 1
+            if bad:
+                # Aviary cannot take calls it cannot parse: nothing is run, the model reads why.
+                msg = (
+                    "Error: " + "; ".join(bad) + ". No call of this turn was run; send JSON object arguments."
+                )
+                live.step_rewards.append(0.0)
+                return AviaryStepResponse(
+                    obs=_error_outputs(body.action, msg), reward=0.0, done=False, step=step_no
+                )
+            try:
+                async with asyncio.timeout(self.config.step_timeout_s):
+                    obs, reward, done, truncated = await live.env.step(ToolRequestMessage(tool_calls=calls))
+            except TimeoutError:
+                live.step_rewards.append(0.0)
+                live.done = True
+                msg = (
+                    f"Error: the environment did not finish this step within {self.config.step_timeout_s:g} s"
+                )
+                return AviaryStepResponse(
+                    obs=_error_outputs(body.action, msg), reward=0.0, done=True, step=step_no
+                )
+            except Exception as e:  # the env raising mid-step: a tool error the model reads
+                logger.warning("env %s step raised %s: %s", body.env_id, type(e).__name__, e)
+                live.step_rewards.append(0.0)
+                msg = f"Error: {type(e).__name__}: {e}"
+                return AviaryStepResponse(
+                    obs=_error_outputs(body.action, msg), reward=0.0, done=False, step=step_no
+                )
+            live.last_used = time.monotonic()
+            reward = float(reward)
+            live.step_rewards.append(reward)
+            live.done = bool(done)
+            return AviaryStepResponse(
+                obs=obs_to_items(obs), reward=reward, done=bool(done), truncated=bool(truncated), step=step_no
+            )
+
+    async def verify(self, body: AviaryAgentVerifyRequest) -> AviaryAgentVerifyResponse:
+        """The rollout's reward: the sum of the env's per-step rewards."""
+        env_id = body.response.env_id
+        record: _LiveEnv | _Finished | None = self._live.get(env_id) or self._finished.get(env_id)
+        if record is None:
+            raise HTTPException(
+                404,
+                f"env_id {env_id!r} is unknown to this server (never seeded here, or its record was dropped: "
+                f"max_finished_records={self.config.max_finished_records})",
+            )
+        if record.task_idx != body.task_idx:
+            raise HTTPException(
+                422, f"env_id {env_id!r} ran task_idx {record.task_idx}, but the row says {body.task_idx}"
+            )
+        rewards = list(record.step_rewards)
+        return AviaryAgentVerifyResponse(
+            **body.model_dump(),
+            reward=float(sum(rewards)),
+            step_rewards=rewards,
+            num_steps=len(rewards),
+            env_done=record.done,
+        )
+
+    async def close(self, body: AviaryCloseRequest) -> AviaryCloseResponse:
+        """Close and forget ``env_id`` (closing a closed env again is a success)."""
+        if body.env_id in self._finished and body.env_id not in self._live:
+            return AviaryCloseResponse(
+                message=f"already closed ({self._finished[body.env_id].reason})", success=True
+            )
+        if body.env_id not in self._live:
+            raise HTTPException(404, f"unknown env_id {body.env_id!r}")
+        error = await self._close_env(body.env_id, "closed by client")
+        if error:
+            return AviaryCloseResponse(message=error, success=False)
+        return AviaryCloseResponse(message="Success", success=True)
+
+    async def env_stats(self) -> dict[str, Any]:
+        """``GET /env_stats``: live and peak env counts and totals (for tests and operators)."""
+        return {
+            "live": len(self._live),
+            "max_live_envs": self.config.max_live_envs,
+            "finished_records": len(self._finished),
+            **self._stats,
+        }
+
+    # -- internals -----------------------------------------------------------------------------------
+    def _get_live(self, env_id: str) -> _LiveEnv:
+        live = self._live.get(env_id)
+        if live is not None:
+            return live
+        done = self._finished.get(env_id)
+        if done is not None:
+            raise HTTPException(409, f"env_id {env_id!r} is closed ({done.reason})")
+        raise HTTPException(404, f"unknown env_id {env_id!r} (seed a session first)")
+
+    async def _safe_close(self, env: Environment, why: str) -> str | None:
+        try:
+            async with asyncio.timeout(self.config.close_timeout_s):
+                await env.close()
+        except BaseException as e:  # noqa: BLE001 - a close failing must not leak the slot
+            logger.warning("closing an env (%s) failed: %s: %s", why, type(e).__name__, e)
+            return f"{type(e).__name__}: {e}"
+        return None
+
+    async def _close_env(self, env_id: str, reason: str) -> str | None:
+        live = self._live.pop(env_id, None)
+        if live is None:
+            return None
+        try:
+            self._finished[env_id] = _Finished(live.task_idx, live.step_rewards, live.done, reason)
+            while len(self._finished) > self.config.max_finished_records:
+                self._finished.popitem(last=False)
+            return await self._safe_close(live.env, reason)
+        finally:
+            self._slots_sem().release()
+            self._stats["closed"] += 1
+
+    async def _reap_idle_forever(self) -> None:
+        period = max(0.05, min(self.config.idle_timeout_s / 4, 5.0))
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            idle = [
+                env_id
+                for env_id, live in list(self._live.items())
+                if now - live.last_used > self.config.idle_timeout_s and not live.lock.locked()
+            ]
+            for env_id in idle:
+                self._stats["closed_idle"] += 1
+                await self._close_env(env_id, f"idle for more than {self.config.idle_timeout_s:g} s")

@@ -1,0 +1,16 @@
+"""GSM8K with a calculator (Aviary's ``CalculatorEnv``) over a local GSM8K-format JSONL file."""
+
+from pydantic import Field
+
+from resources_servers.aviary.app import AviaryResourcesServer
+from resources_servers.aviary.offline import CalculatorEnv, GSM8kFileDataset
+
+
+class GSM8kResourcesServer(AviaryResourcesServer[CalculatorEnv, GSM8kFileDataset]):
+    dataset: GSM8kFileDataset = Field(
+        default_factory=lambda data: GSM8kFileDataset.from_config(data["config"])
+    )
+
+
+if __name__ == "__main__":
+    GSM8kResourcesServer.run_webserver()

@@ -1,0 +1,323 @@
+"""A notebook data-analysis environment on ``aviary-notebook`` (``NBEnvironment``) with a local kernel.
+
+Contract
+--------
+* Tasks come from a JSONL file (default ``data/notebook_tasks.jsonl``) of ``{"id", "question",
+  "answer"}``; the CSV files the questions name live in ``files_dir`` (default
+  ``data/notebook_files/``). The answer is a number (checked with relative tolerance ``rel_tol``,
+  default 1e-3) or a string (checked case- and space-insensitively).
+* Tools: Aviary's ``edit_cell`` (write a code cell; it runs at once) and ``list_workdir``, plus
+  ``submit_answer(answer)``, which ends the episode: reward 1.0 if right, 0.0 if not. Every
+  observation ends with Aviary's Markdown view of the notebook, marked as environment state
+  (``is_env_state``), which ``aviary_agent``'s ``collapse_old_env_states`` can collapse.
+* The kernel (an ipykernel of this interpreter) runs model-written code in its own process, never
+  in the server: inside bubblewrap when available (``kernel_sandbox``; no network, read-only system,
+  private /tmp), in a throw-away working directory (a fresh copy of ``files_dir``, removed on close),
+  in its own process group, with rlimits (address space, CPU seconds, file size, open files) and
+  ``PR_SET_PDEATHSIG`` so it dies with the server process however that dies. Closing the env (or
+  the server's idle reaper, or server shutdown) shuts the kernel down and then kills its process
+  group. A cell running longer than ``cell_timeout_s`` becomes a tool error.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Aviary imports LiteLLM, which fetches a price list over the network at import unless told not to.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import asyncio  # noqa: E402
+import contextlib  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import resource  # noqa: E402
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+from typing import Any, Literal, Self
+
+from jupyter_client.kernelspec import NATIVE_KERNEL_NAME
+from jupyter_client.manager import AsyncKernelManager
+from pydantic import BaseModel, Field
+
+from aviary.core import Message, Messages, TaskDataset, Tool
+from aviary.envs.notebook import NBEnvironment
+from aviary.envs.notebook.env import NBEnvironmentState
+from resources_servers.aviary.app import AviaryResourcesServer, resolve_data_path
+from resources_servers.aviary.offline import DatasetFileError
+from resources_servers.aviary.schemas import AviaryResourcesServerConfig
+
+logger = logging.getLogger(__name__)
+
+
+class SandboxedKernelManager(AsyncKernelManager):
+    """A kernel manager whose kernel command can be wrapped (in bubblewrap)."""
+
+    def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
+        cmd = super().format_kernel_cmd(extra_arguments)
+        return [*getattr(self, "wrapper_argv", []), *cmd]
+
+
+def bwrap_argv(work_dir: Path, ipc_dir: Path) -> list[str]:
+    """bubblewrap around the kernel: read-only system, no network (ZMQ over Unix sockets in
+    ``ipc_dir``, where the connection file is too), private /tmp, writable ``work_dir`` only, dies
+    with its parent."""
+    return [
+        shutil.which("bwrap") or "bwrap",
+        "--ro-bind", "/", "/",
+        "--dev", "/dev",
+        "--proc", "/proc",
+        "--tmpfs", "/tmp",
+        "--bind", str(work_dir), str(work_dir),
+        "--bind", str(ipc_dir), str(ipc_dir),
+        # Every namespace but the pid one: ipykernel exits when its parent pid is 1, as it would be there.
+        "--unshare-user",
+        "--unshare-ipc",
+        "--unshare-net",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--new-session",
+        "--chdir", str(work_dir),
+        "--",
+    ]  # fmt: skip
+
+
+class KernelLimits(BaseModel):
+    """Limits applied to each kernel process (``setrlimit`` before it starts)."""
+
+    address_space_bytes: int = Field(default=2 * 1024**3, gt=0)
+    cpu_seconds: int = Field(default=600, gt=0)
+    file_size_bytes: int = Field(default=256 * 1024**2, gt=0)
+    open_files: int = Field(default=512, gt=0)
+
+
+def _kernel_preexec(limits: KernelLimits) -> Any:
+    """A ``preexec_fn`` for the kernel: die with the server, then apply the rlimits."""
+
+    def apply() -> None:
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+        resource.setrlimit(resource.RLIMIT_AS, (limits.address_space_bytes,) * 2)
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds,) * 2)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_bytes,) * 2)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files,) * 2)
+
+    return apply
+
+
+class LimitedNBEnvironmentState(NBEnvironmentState):
+    """Aviary's notebook state, with a kernel that is limited, killable and tied to the server."""
+
+    limits: KernelLimits = Field(default_factory=KernelLimits)
+    sandbox: bool = True
+    kernel_pid: int | None = None
+    ipc_dir: Path | None = None
+
+    async def start_kernel(self) -> None:
+        km = SandboxedKernelManager(kernel_name=NATIVE_KERNEL_NAME)
+        if self.sandbox:
+            self.ipc_dir = Path(tempfile.mkdtemp(prefix="ng-kernel-ipc-"))
+            km.transport = "ipc"
+            km.ip = str(self.ipc_dir / "k")
+            km.connection_file = str(self.ipc_dir / "kernel.json")  # visible inside (/tmp is private there)
+            km.wrapper_argv = bwrap_argv(self.work_dir, self.ipc_dir)
+        self._kernel_manager = km
+        await km.start_kernel(
+            cwd=str(self.work_dir), preexec_fn=_kernel_preexec(self.limits), env=_kernel_env(self.work_dir)
+        )
+        provisioner = self._kernel_manager.provisioner
+        self.kernel_pid = getattr(provisioner, "pid", None)
+
+    async def close(self) -> None:
+        try:
+            async with asyncio.timeout(10):
+                await self._kernel_manager.shutdown_kernel(now=False)
+        except BaseException as e:  # noqa: BLE001 - the kill below is the guarantee
+            logger.warning("kernel shutdown failed (%s); killing it", type(e).__name__)
+        finally:
+            self.kill_kernel()
+
+    def kill_kernel(self) -> None:
+        """Kill the kernel's process group (it runs in its own session), whatever state it is in."""
+        if self.ipc_dir is not None:
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+        if self.kernel_pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.kernel_pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.kernel_pid, signal.SIGKILL)
+
+
+def _kernel_env(work_dir: Path) -> dict[str, str]:
+    """A small environment for the kernel: no secrets of the server's environment are passed on."""
+    keep = ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "TZ")
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    home = work_dir / ".home"
+    home.mkdir(exist_ok=True)
+    env.update(
+        HOME=str(home), MPLBACKEND="Agg", MPLCONFIGDIR=str(home / ".mpl"), IPYTHONDIR=str(home / ".ipython")
+    )
+    return env
+
+
+class CSVAnalysisEnv(NBEnvironment[LimitedNBEnvironmentState]):
+    """Answer a question about CSV files by writing and running notebook cells, then submit."""
+
+    STATE_CLS = LimitedNBEnvironmentState
+
+    def __init__(
+        self,
+        *,
+        question: str,
+        answer: str | float,
+        files_dir: Path,
+        rel_tol: float = 1e-3,
+        limits: KernelLimits | None = None,
+        cell_timeout_s: int = 120,
+        sandbox: bool = True,
+    ):
+        super().__init__(
+            work_dir=files_dir, use_tmp_work_dir=True, use_docker=False, cell_execution_timeout=cell_timeout_s
+        )
+        self.question = question
+        self.answer = answer
+        self.rel_tol = rel_tol
+        self.limits = limits or KernelLimits()
+        self.sandbox = sandbox
+
+    async def reset(self) -> tuple[Messages, list[Tool]]:
+        nb_path, work_dir = self._set_work_dir()
+        self.state = await LimitedNBEnvironmentState.create(
+            nb_path=nb_path,
+            work_dir=work_dir,
+            language=self.language,
+            use_docker=False,
+            limits=self.limits,
+            sandbox=self.sandbox,
+        )
+        self.tools = [
+            Tool.from_function(self.edit_cell),
+            Tool.from_function(self.list_workdir),
+            Tool.from_function(self.submit_answer),
+        ]
+        intro = Message(
+            content="Use the notebook to analyse the CSV files in the working directory and answer: "
+            f"{self.question}\nRun code with edit_cell, then call submit_answer with the final answer only."
+        )
+        return [intro, self.get_env_state_msg()], self.tools
+
+    async def submit_answer(self, answer: str) -> str:
+        """Submit the final answer to the question. This ends the episode.
+
+        Args:
+            answer: The answer only (a number or a short text), without explanation.
+        """
+        self.state.done = True
+        self.state.answer = answer
+        correct = answers_match(answer, self.answer, self.rel_tol)
+        self.state.total_reward += 1.0 if correct else 0.0
+        return "Correct." if correct else "Incorrect."
+
+    async def close(self) -> None:
+        try:
+            await super().close()
+        finally:
+            if hasattr(self, "state"):
+                self.state.kill_kernel()
+                shutil.rmtree(self.state.work_dir, ignore_errors=True)
+
+
+def answers_match(proposed: Any, expected: Any, rel_tol: float) -> bool:
+    """Numbers within ``rel_tol`` (relative), else texts equal ignoring case, spaces and a final period."""
+    text = str(proposed).strip().rstrip(".").replace(",", "")
+    if isinstance(expected, int | float) and not isinstance(expected, bool):
+        try:
+            value = float(text)
+        except ValueError:
+            return False
+        return abs(value - float(expected)) <= rel_tol * max(abs(float(expected)), 1e-9)
+    return " ".join(text.lower().split()) == " ".join(str(expected).lower().split())
+
+
+class NotebookServerConfig(AviaryResourcesServerConfig):
+    files_dir: str | None = Field(default=None, description="Directory copied into each kernel's work dir.")
+    kernel_limits: KernelLimits = Field(default_factory=KernelLimits)
+    cell_timeout_s: int = Field(default=120, gt=0)
+    kernel_sandbox: Literal["auto", "bwrap", "none"] = Field(
+        default="auto", description="Run the kernel in bubblewrap (auto: when bwrap is installed)."
+    )
+    rel_tol: float = Field(default=1e-3, ge=0)
+    max_live_envs: int = Field(default=8, ge=1, description="Live kernels at once.")
+    idle_timeout_s: float = Field(default=300.0, gt=0)
+
+
+class NotebookTaskDataset(TaskDataset[CSVAnalysisEnv]):
+    DEFAULT_FILE = "notebook_tasks.jsonl"
+
+    def __init__(self, path: Path, files_dir: Path, config: NotebookServerConfig):
+        self.path, self.files_dir, self.config = path, files_dir, config
+        self.tasks: list[tuple[str, str | float]] = []
+        for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DatasetFileError(f"{path}:{line_no}: not valid JSON ({e})") from None
+            q, a = obj.get("question"), obj.get("answer")
+            if not isinstance(q, str) or not q.strip():
+                raise DatasetFileError(f"{path}:{line_no}: field 'question' must be a non-empty string")
+            if not isinstance(a, str | int | float) or isinstance(a, bool):
+                raise DatasetFileError(f"{path}:{line_no}: field 'answer' must be a number or a string")
+            self.tasks.append((q, a))
+        if not files_dir.is_dir():
+            raise DatasetFileError(f"files_dir {files_dir} is not a directory")
+        have_bwrap = shutil.which("bwrap") is not None
+        if config.kernel_sandbox == "bwrap" and not have_bwrap:
+            raise DatasetFileError(
+                "kernel_sandbox: bwrap, but bubblewrap is not installed (apt-get install bubblewrap)"
+            )
+        self.sandbox = config.kernel_sandbox == "bwrap" or (config.kernel_sandbox == "auto" and have_bwrap)
+        if not self.sandbox:
+            logger.warning(
+                "notebook kernels run WITHOUT a sandbox (kernel_sandbox=%s)", config.kernel_sandbox
+            )
+
+    @classmethod
+    def from_config(cls, config: NotebookServerConfig) -> Self:
+        files = resolve_data_path(config.files_dir, "notebook_files")
+        return cls(resolve_data_path(config.dataset_jsonl_fpath, cls.DEFAULT_FILE), files, config)
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def get_new_env_by_idx(self, idx: int) -> CSVAnalysisEnv:
+        question, answer = self.tasks[idx]
+        c = self.config
+        return CSVAnalysisEnv(
+            question=question,
+            answer=answer,
+            files_dir=self.files_dir,
+            rel_tol=c.rel_tol,
+            limits=c.kernel_limits,
+            cell_timeout_s=c.cell_timeout_s,
+            sandbox=self.sandbox,
+        )
+
+
+class NotebookResourcesServer(AviaryResourcesServer[CSVAnalysisEnv, NotebookTaskDataset]):
+    config: NotebookServerConfig
+    dataset: NotebookTaskDataset = Field(
+        default_factory=lambda data: NotebookTaskDataset.from_config(data["config"])
+    )
+
+
+if __name__ == "__main__":
+    NotebookResourcesServer.run_webserver()

@@ -1,0 +1,251 @@
+"""The notebook env (aviary-notebook, local ipykernel) against real servers and real kernels.
+
+Checks that a rollout runs cells in a kernel and submits; that the agent's bounded context shows only
+the latest notebook view (read back from the scripted model's prompt token ids, which are the UTF-8
+bytes of the prompt it was sent); that the kernel runs with rlimits and without the server's
+environment; and that no kernel outlives its session: closed, abandoned (idle reaper), dropped by the
+client mid-rollout, or orphaned by a server killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from nemo_gym.cli import RunHelper
+from nemo_gym.export_transitions import transitions
+from nemo_gym.testing import get, post_json, run_rollout, running_servers, server_url
+
+pytestmark = pytest.mark.slow
+
+CONFIG = "resources_servers/aviary/configs/notebook_aviary.yaml"
+NB, NB_AGENT = "notebook_aviary_resources_server", "notebook_aviary_agent"
+SHORT, SHORT_AGENT = "notebook_short", "notebook_short_agent"
+LIMIT_AS = 1024**3
+
+REVENUE = "import pandas as pd\ndf = pd.read_csv('sales.csv')\nprint((df.units * df.price).sum())"
+
+
+# A port that listens on this machine's loopback: reachable from an unsandboxed kernel, not from one in
+# its own network namespace (there, 127.0.0.1 is a different, empty loopback).
+_LISTENER = socket.socket()
+_LISTENER.bind(("127.0.0.1", 0))
+_LISTENER.listen()
+SANDBOX_PROBE = f"""import socket
+s = socket.socket()
+s.settimeout(2)
+try:
+    s.connect(("127.0.0.1", {_LISTENER.getsockname()[1]}))
+    print("NET open")
+except OSError as e:
+    print("NET blocked", e.errno)
+try:
+    open({str(Path(__file__).resolve().parent / "escape.txt")!r}, "w")
+    print("FS writable")
+except OSError as e:
+    print("FS blocked", e.errno)
+"""
+
+
+def _cell(code: str) -> dict[str, Any]:
+    return {"tool_calls": [{"name": "edit_cell", "arguments": {"contents": code}}]}
+
+
+def _submit(answer: str) -> dict[str, Any]:
+    return {"tool_calls": [{"name": "submit_answer", "arguments": {"answer": answer}}]}
+
+
+SCRIPTS = [
+    {
+        "contains": "[limits]",
+        "turns": [
+            _cell("x = bytearray(3 * 1024**3)"),
+            _cell("import os\nprint(sorted(os.environ))"),
+            _cell(SANDBOX_PROBE),
+            _submit("0"),
+        ],
+    },
+    {
+        "contains": "[slow]",
+        "turns": [_cell("print(1)"), {"delay_s": 4.0, **_cell("print(2)")}, _cell("print(3)")],
+    },
+    {"contains": "[wrong]", "turns": [_cell(REVENUE), _submit("11100")]},
+    {
+        "contains": "total revenue",
+        "turns": [
+            {"tool_calls": [{"name": "list_workdir", "arguments": {}}]},
+            _cell(REVENUE),
+            _submit("11046"),
+        ],
+    },
+]
+
+
+def _row(task_idx: int, tag: str | None = None) -> dict[str, Any]:
+    items = [{"role": "user", "content": f"Work carefully. {tag}"}] if tag else []
+    return {"task_idx": task_idx, "responses_create_params": {"input": items}}
+
+
+@pytest.fixture(scope="module")
+def helper() -> Iterator[RunHelper]:
+    extra = {
+        "policy_model": {
+            "responses_api_models": {
+                "scripted_model": {"scripts_by_input": SCRIPTS, "return_token_id_information": True}
+            }
+        },
+        SHORT: {
+            "resources_servers": {
+                "aviary": {
+                    "entrypoint": "notebook_app.py",
+                    "idle_timeout_s": 1.0,
+                    "kernel_limits": {"address_space_bytes": LIMIT_AS},
+                }
+            }
+        },
+        SHORT_AGENT: {
+            "responses_api_agents": {
+                "aviary_agent": {
+                    "entrypoint": "app.py",
+                    "resources_server": {"type": "resources_servers", "name": SHORT},
+                    "model_server": {"type": "responses_api_models", "name": "policy_model"},
+                    "max_steps": 6,
+                    "collapse_old_env_states": True,
+                }
+            }
+        },
+    }
+    with running_servers([CONFIG], extra) as h:
+        yield h
+
+
+def _pid(helper: RunHelper, name: str) -> int:
+    return next(r["pid"] for r in helper.server_instances() if r["name"] == name)
+
+
+def _kernels(server_pid: int) -> list[psutil.Process]:
+    """The ipykernel processes started by a server process."""
+    try:
+        children = psutil.Process(server_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    out = []
+    for p in children:
+        try:
+            # The kernel's python (bubblewrap's own processes, which wrap it, name it in their command line).
+            if p.name() != "bwrap" and any("ipykernel" in part for part in p.cmdline()):
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            pass
+    return out
+
+
+def _wait_until(predicate: Any, bound_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return predicate()
+
+
+def _outputs(result: dict[str, Any]) -> list[str]:
+    return [o["output"] for o in result["response"]["output"] if o.get("type") == "function_call_output"]
+
+
+def test_rollout_runs_a_cell_and_submits(helper: RunHelper) -> None:
+    result = run_rollout(helper, NB_AGENT, _row(0), timeout=180)
+    assert result["reward"] == 1.0 and result["step_rewards"] == [0.0, 0.0, 1.0]
+    listing, appended, verdict = _outputs(result)
+    assert "sales.csv" in listing and appended == "Appended new cell (#0)." and verdict == "Correct."
+    views = [o["content"] for o in result["response"]["output"] if o.get("is_env_state")]
+    assert "11046.0" in views[-1]  # the cell ran in the kernel and its output is in the notebook view
+    assert {t["name"] for t in result["response"]["tools"]} == {"edit_cell", "list_workdir", "submit_answer"}
+    wrong = run_rollout(helper, NB_AGENT, _row(0, "[wrong]"), timeout=180)
+    assert wrong["reward"] == 0.0 and _outputs(wrong)[-1] == "Incorrect."
+    assert _wait_until(lambda: not _kernels(_pid(helper, NB)), 30)
+
+
+def test_bounded_context_shows_only_the_latest_notebook_view(helper: RunHelper) -> None:
+    result = run_rollout(helper, NB_AGENT, _row(0), timeout=180)
+    steps = result["response"]["steps"]
+    prompts = [bytes(s["prompt_token_ids"]).decode() for s in steps]
+    placeholder = "[Previous environment state - hidden]"
+    assert placeholder not in prompts[0]
+    assert prompts[1].count(placeholder) == 1 and prompts[2].count(placeholder) == 2
+    # The last prompt holds the cell's output once (the latest view), and every earlier action.
+    assert prompts[2].count("11046.0") == 1
+    assert "list_workdir" in prompts[2] and "edit_cell" in prompts[2]
+    assert result["response"]["context_policy"]["collapse_old_env_states"] is True
+    # The step export rebuilds the same collapsed prompts: each text of a rebuilt prompt is in the
+    # prompt the model was sent, in order, with the same number of placeholders.
+    for exported, prompt in zip(transitions(result), prompts, strict=True):
+        items = exported["responses_create_params"]["input"]
+        texts = [str(i.get("content") or i.get("output") or i.get("arguments")) for i in items]
+        assert texts.count(placeholder) == prompt.count(placeholder)
+        pos = 0
+        for text in texts:
+            pos = prompt.find(text, pos)
+            assert pos >= 0, text[:200]
+            pos += len(text)
+
+
+def test_kernel_has_rlimits_and_no_server_environment(helper: RunHelper) -> None:
+    base = server_url(helper, SHORT)
+    seeded = post_json(base + "/seed_session", {"task_idx": 0}).json()
+    try:
+        assert _wait_until(lambda: len(_kernels(_pid(helper, SHORT))) == 1)
+        (kernel,) = _kernels(_pid(helper, SHORT))
+        assert kernel.rlimit(psutil.RLIMIT_AS) == (LIMIT_AS, LIMIT_AS)
+        assert kernel.rlimit(psutil.RLIMIT_CPU)[0] > 0
+        # Sandboxed: no network, read-only filesystem outside its work dir (checked from inside below).
+        assert any(p.name() == "bwrap" for p in kernel.parents())
+    finally:
+        post_json(base + "/close", {"env_id": seeded["env_id"]})
+    result = run_rollout(helper, SHORT_AGENT, _row(0, "[limits]"), timeout=180)
+    views = [o["content"] for o in result["response"]["output"] if o.get("is_env_state")]
+    assert "MemoryError" in views[1]
+    assert "NEMO_GYM" not in views[2] and "HOME" in views[2]
+    # 111 (ECONNREFUSED): the host's listening port is not there; 30 (EROFS): read-only outside the work dir.
+    assert "NET blocked 111" in views[3] and "FS blocked 30" in views[3], views[3][-600:]
+    assert not (Path(__file__).resolve().parent / "escape.txt").exists()
+
+
+def test_closed_abandoned_and_dropped_sessions_leave_no_kernel(helper: RunHelper) -> None:
+    server_pid = _pid(helper, SHORT)
+    base = server_url(helper, SHORT)
+    # Abandoned: seeded, never closed -> the idle reaper (1 s) stops the kernel.
+    post_json(base + "/seed_session", {"task_idx": 1})
+    assert _wait_until(lambda: len(_kernels(server_pid)) == 1)
+    assert _wait_until(lambda: not _kernels(server_pid)), get(base + "/env_stats").json()
+    assert get(base + "/env_stats").json()["closed_idle"] >= 1
+    # Dropped: the client gives up mid-rollout (the model's second turn takes 4 s); the agent stops at
+    # its next check (after that turn, or before the first one on a slow machine) and closes the env.
+    seeded = get(base + "/env_stats").json()["seeded"]
+    with pytest.raises(httpx.ReadTimeout):
+        post_json(server_url(helper, SHORT_AGENT) + "/run", _row(2, "[slow]"), timeout=1.5)
+    assert _wait_until(lambda: get(base + "/env_stats").json()["seeded"] == seeded + 1)
+    assert _wait_until(lambda: not _kernels(server_pid) and get(base + "/env_stats").json()["live"] == 0), (
+        get(base + "/env_stats").json(),
+        [k.cmdline() for k in _kernels(server_pid)],
+    )
+
+
+def test_kernel_dies_with_a_killed_server(helper: RunHelper) -> None:
+    """Last in the module: it kills one server of the run."""
+    server_pid = _pid(helper, SHORT)
+    post_json(server_url(helper, SHORT) + "/seed_session", {"task_idx": 3})
+    # The kernel's python appears once bubblewrap has exec'ed it (bounded wait).
+    assert _wait_until(lambda: len(_kernels(server_pid)) == 1)
+    (kernel,) = _kernels(server_pid)
+    os.kill(server_pid, signal.SIGKILL)
+    assert _wait_until(lambda: not kernel.is_running() or kernel.status() == psutil.STATUS_ZOMBIE, 30)
