@@ -32,7 +32,7 @@ import json
 import os
 import queue
 import secrets
-import select
+import selectors
 import signal
 import socket
 import subprocess
@@ -481,10 +481,38 @@ class ServerSupervisor:
         """Collect every child's config verdict; raise ConfigError listing all problems, else let all go."""
         pending = {c.verdict_fd: c for c in self.children if c.verdict_fd is not None}
         silent: list[ChildServer] = []  # closed its pipe without a verdict: it exited (or never checks)
+        # A selector (epoll where there is one), not select.select: a trainer process that starts servers
+        # through RunHelper may hold more than 1,024 open files, and select() refuses descriptors >= 1024.
+        selector = selectors.DefaultSelector()
+        for fd in pending:
+            selector.register(fd, selectors.EVENT_READ)
+        try:
+            self._read_verdicts(pending, silent, selector, deadline)
+        finally:
+            selector.close()
+        problems = [
+            p for c in self.children if c.verdict and not c.verdict.get("ok") for p in self._problems_of(c)
+        ]
+        if problems:
+            raise ConfigError(
+                f"The configuration of {'a server is' if len(problems) == 1 else 'the servers is'} not valid "
+                f"({len(problems)} problem{'s' if len(problems) != 1 else ''}; no server was started):\n"
+                + "\n".join(f"  - {p}" for p in problems)
+            )
+        for child in self.children:
+            self._close_go(child, go=True)
+
+    def _read_verdicts(
+        self,
+        pending: dict[int, ChildServer],
+        silent: list[ChildServer],
+        selector: selectors.BaseSelector,
+        deadline: float,
+    ) -> None:
         while pending:
             if self.stop_event.is_set():
                 raise StartupError("Start-up interrupted.")
-            readable, _, _ = select.select(list(pending), [], [], 0.05)
+            readable = [key.fd for key, _ in selector.select(0.05)]
             for fd in readable:
                 child = pending[fd]
                 data = os.read(fd, 65536)
@@ -497,6 +525,7 @@ class ServerSupervisor:
                         child.verdict = None
                     if child.verdict is None:
                         silent.append(child)
+                    selector.unregister(fd)
                     os.close(fd)
                     child.verdict_fd = None
                     del pending[fd]
@@ -511,17 +540,6 @@ class ServerSupervisor:
                     f"{', '.join(c.name for c in waiting)} to load and check its config "
                     f"(raise +startup_timeout_s=... if it is just slow).\n{details}"
                 )
-        problems = [
-            p for c in self.children if c.verdict and not c.verdict.get("ok") for p in self._problems_of(c)
-        ]
-        if problems:
-            raise ConfigError(
-                f"The configuration of {'a server is' if len(problems) == 1 else 'the servers is'} not valid "
-                f"({len(problems)} problem{'s' if len(problems) != 1 else ''}; no server was started):\n"
-                + "\n".join(f"  - {p}" for p in problems)
-            )
-        for child in self.children:
-            self._close_go(child, go=True)
 
     def _problems_of(self, child: ChildServer) -> list[str]:
         """One line per problem a child reported, with the file:line of the key and "did you mean"."""

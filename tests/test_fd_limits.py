@@ -201,3 +201,26 @@ def test_16k_rollouts_in_flight_under_a_1024_open_file_limit(
             line.startswith(f"[{name}] ") and f"open-file limit {raised} " in line for line in lines
         ), context
     assert run.proc.poll() is None, "ng_run died under load"
+
+
+def test_run_helper_starts_in_a_process_holding_more_than_1024_files() -> None:
+    """A trainer process often holds thousands of descriptors; start-up must not use select(), which
+    refuses descriptors >= 1024 ("filedescriptor out of range in select()")."""
+    import os
+
+    from nemo_gym.testing import run_rollout, running_servers
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2048:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        assert max(held) >= 1024
+        with running_servers(
+            ["resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"]
+        ) as helper:
+            row = example_rows("example_single_tool_call")[0]
+            assert "reward" in run_rollout(helper, "example_single_tool_call_simple_agent", row)
+    finally:
+        for fd in held:
+            os.close(fd)
