@@ -27,6 +27,8 @@ from typing import Any
 
 import orjson
 
+from nemo_gym.jsonl import iter_jsonl_objects
+
 ENV_STATE_KEY = "is_env_state"
 TOKEN_KEYS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 REWARD_MODES = ("return", "step", "trajectory")
@@ -99,17 +101,7 @@ def transitions(
 
 
 def _read(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with path.open("rb") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = orjson.loads(line)
-            except orjson.JSONDecodeError as e:
-                raise ValueError(f"{path}:{line_no}: not valid JSON ({e})") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{line_no}: expected a JSON object")
-            yield line_no, obj
+    return iter_jsonl_objects(path)
 
 
 def export(src: Path, dst: Path, reward_mode: str = "return", group_by: str = "task") -> dict[str, int]:

@@ -28,6 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from nemo_gym.global_config import PACKAGE_PARENT_DIR
+from nemo_gym.jsonl import iter_jsonl_objects
 
 PROMPT_CONFIG_USED_KEY_NAME = "prompt_config_used"
 
@@ -159,18 +160,7 @@ def materialize_prompts(
     path = Path(input_jsonl_fpath)
     config_path = resolve_prompt_config_path(prompt_config)
     config = _load(config_path)
-    rows: list[tuple[int, dict[str, Any]]] = []
-    with open(path, "rb") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON: {e}") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: a row must be a JSON object, got {type(row).__name__}")
-            rows.append((lineno, row))
+    rows = list(iter_jsonl_objects(path))
     try:
         validate_prompt_compatibility([r for _, r in rows], config)
     except ValueError as e:

@@ -29,6 +29,7 @@ from aviary.core import TaskDataset
 from aviary.envs.gsm8k import CalculatorEnv, CalculatorEnvConfig
 from aviary.envs.hotpotqa import HotPotQAEnv, HotPotQAEnvConfig
 from aviary.envs.hotpotqa.env import normalize_answer
+from nemo_gym.jsonl import iter_jsonl_objects
 from resources_servers.aviary.app import resolve_data_path
 from resources_servers.aviary.schemas import AviaryResourcesServerConfig
 
@@ -40,17 +41,7 @@ class DatasetFileError(ValueError):
 
 
 def _jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DatasetFileError(f"{path}:{line_no}: not valid JSON ({e})") from None
-            if not isinstance(obj, dict):
-                raise DatasetFileError(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}")
-            yield line_no, obj
+    return iter_jsonl_objects(path, error=DatasetFileError)
 
 
 def parse_gsm8k_answer(answer: str) -> float:
