@@ -162,6 +162,10 @@ COMMAND_OPTIONS: dict[str, frozenset[str]] = {
         }
     ),
     "ng_collect_rollouts": frozenset({CONFIG_PATHS_KEY_NAME, HEAD_SERVER_KEY_NAME, *_COLLECT_OPTIONS}),
+    # nemo_gym.eval.e2e.E2ECollectionConfig's fields, plus ng_run's (it starts the servers).
+    "ng_e2e_collect_rollouts": frozenset(
+        {*LAUNCHER_KEYS, *_COLLECT_OPTIONS, "split", "agent_num_repeats", "tracker"} - {"input_jsonl_fpath"}
+    ),
     "ng_reward_profile": frozenset(
         {CONFIG_PATHS_KEY_NAME, "jsonl_fpath", "input_jsonl_fpath", "pass_threshold"}
     ),
