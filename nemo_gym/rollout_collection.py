@@ -46,7 +46,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -123,6 +123,8 @@ class RolloutCollectionConfig(BaseModel):
     pass_threshold: float = 1.0
     request_timeout_s: float = 3600.0
     progress: bool = True
+    # Export the metrics to an experiment tracker at the end (nemo_gym.eval.tracking; its keys apart).
+    tracker: Literal["mlflow", "wandb"] | None = None
 
 
 class InputError(Exception):
@@ -1217,6 +1219,11 @@ def collect_main(argv: list[str] | None = None) -> None:
         sys.stderr.write(f"ng_collect_rollouts: {e}\n")
         sys.exit(2)
     print(format_summary(summary), flush=True)
+    if cfg.tracker:
+        from nemo_gym.eval.tracking import track_run
+
+        out = Path(cfg.output_jsonl_fpath)
+        track_run(cfg.tracker, container, summary, out, run_name=out.stem, e2e=False)
     if summary["interrupted"]:
         sys.exit(130)
     if summary["down_servers"]:

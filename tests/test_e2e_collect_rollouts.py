@@ -81,7 +81,10 @@ def test_e2e_collect_interrupt_and_resume(tmp_path: Path, launch: Launcher) -> N
     assert again.wait_exit(BOUND_S) == 2 and "already exist" in again.stderr
     assert "servers ready" not in again.stdout and weather_out.read_bytes() == kept
 
-    done = _e2e(launch, *common, "+resume_from_cache=true")
+    mlruns = tmp_path / "mlruns"
+    done = _e2e(
+        launch, *common, "+resume_from_cache=true", "+tracker=mlflow", f"+mlflow_tracking_uri={mlruns}"
+    )
     assert done.wait_exit(BOUND_S) == 0, done.output
     assert done.wait_no_processes() == []
     assert weather_out.read_bytes().startswith(kept)  # earlier lines kept, the rest appended
@@ -112,6 +115,25 @@ def test_e2e_collect_interrupt_and_resume(tmp_path: Path, launch: Launcher) -> N
     collated = _lines(tmp_path / "eval" / "preprocessed_datasets" / "example.jsonl")
     assert len(collated) == 10 and {r["agent_ref"]["name"] for r in collated} == {WEATHER_AGENT, MULTI_AGENT}
     assert "Overall mean reward 0.0667" in done.stdout
+    # +tracker=mlflow: the overall and per-agent metrics in a local MLflow file store.
+    tracked = mlflow_runs(mlruns)
+    assert len(tracked) == 1 and tracked[0].info.run_name == "eval"
+    assert tracked[0].data.metrics["mean/reward"] == pytest.approx(1 / 15)
+    assert tracked[0].data.metrics[f"{WEATHER_AGENT}/mean/reward"] == pytest.approx(0.2)
+    assert tracked[0].data.params["split"] == "example"
+
+
+def mlflow_runs(mlruns: Path) -> list[Any]:
+    """The runs of the ``nemo_gym`` experiment in a local MLflow store (read with MLflow's own client)."""
+    import os
+
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=mlruns.resolve().as_uri())
+    experiment = client.get_experiment_by_name("nemo_gym")
+    assert experiment is not None, f"no nemo_gym experiment in {mlruns}"
+    return client.search_runs([experiment.experiment_id])
 
 
 def _run_in_process(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:

@@ -454,13 +454,25 @@ def run(
     if opts.tracker:
         from nemo_gym.eval.tracking import track_run
 
-        track_run(opts.tracker, loaded.config, metrics, output, run_name=_stem(output).name)
+        track_run(opts.tracker, tracker_config(loaded, opts), metrics, output, run_name=_stem(output).name)
     if interrupted:
         sys.stderr.write(f"{COMMAND}: interrupted; rerun with +resume_from_cache=true to finish.\n")
         return 130
     if any(s.get("down_servers") for s in summaries.values()):
         return EXIT_SERVER_DOWN
     return 1 if metrics["overall"]["rollouts_missing"] else 0
+
+
+def tracker_config(loaded: LoadedConfig, opts: E2ECollectionConfig) -> dict[str, Any]:
+    """The options and tracker keys to hand to the tracker (never the server configs)."""
+    from nemo_gym.eval.tracking import OPTION_KEYS
+
+    out: dict[str, Any] = opts.model_dump()
+    for key in OPTION_KEYS:
+        value = OmegaConf.select(loaded.config, key, default=None)
+        if value is not None:
+            out[key] = value
+    return out
 
 
 def _install_signal_handlers(stop: threading.Event) -> None:
