@@ -7,7 +7,7 @@ path"):
    (``return_token_id_information: true``: every model turn's last output item carries
    ``prompt_token_ids``, ``generation_token_ids``, ``generation_log_probs``);
 2. run ``--group-size`` rollouts of each of ``--tasks`` task rows through
-   ``RolloutCollectionHelper.run_examples`` (sampling: each rollout of a group has its own seed);
+   ``RolloutCollectionHelper.run_examples`` (sampling at ``--temperature``: each rollout of a group has its own seed);
 3. per group, the advantage of each rollout is ``(reward - mean) / (std + eps)`` (0 when every reward
    of the group is equal: nothing to learn from the group);
 4. each rollout becomes one training sample: ``input_ids`` (the last turn's prompt and generation,
@@ -100,11 +100,11 @@ def step_samples(result: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def task_rows(n_tasks: int, max_output_tokens: int) -> list[dict[str, Any]]:
+def task_rows(n_tasks: int, max_output_tokens: int, temperature: float) -> list[dict[str, Any]]:
     path = PACKAGE_PARENT_DIR / "resources_servers" / ENV / "data" / "example.jsonl"
     rows = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()][:n_tasks]
     for row in rows:
-        row["responses_create_params"].update(max_output_tokens=max_output_tokens, temperature=1.0)
+        row["responses_create_params"].update(max_output_tokens=max_output_tokens, temperature=temperature)
         row["agent_ref"] = {"type": "responses_api_agents", "name": AGENT}
     return rows
 
@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=2)
     parser.add_argument("--group-size", type=int, default=2)
     parser.add_argument("--max-output-tokens", type=int, default=48)
+    parser.add_argument("--temperature", type=float, default=1.0)
     args = parser.parse_args(argv)
     model_config, impl = MODELS[args.model]
     helper = RunHelper()
@@ -175,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         groups = asyncio.run(
-            collect_groups(helper, task_rows(args.tasks, args.max_output_tokens), args.group_size)
+            collect_groups(
+                helper, task_rows(args.tasks, args.max_output_tokens, args.temperature), args.group_size
+            )
         )
     finally:
         helper.shutdown()
