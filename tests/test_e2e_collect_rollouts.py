@@ -184,3 +184,19 @@ def test_e2e_bad_input_is_refused_before_anything(
     code, err = _run_in_process([*base, "+split=example"], capsys)
     assert code == 2 and "already exist" in err and "+resume_from_cache=true" in err
     assert out.read_text() == '{"reward": 1.0}\n' and not (tmp_path / "eval").exists()
+
+
+@pytest.mark.slow
+def test_e2e_sigterm_during_start_up_stops_everything(tmp_path: Path, launch: Launcher) -> None:
+    out = tmp_path / "eval.jsonl"
+    run = _e2e(launch, "+split=example", f"+output_jsonl_fpath={out}")
+    collated = tmp_path / "eval" / "preprocessed_datasets" / "example.jsonl"  # written just before start-up
+    deadline = time.monotonic() + BOUND_S
+    while not collated.is_file():
+        assert run.proc.poll() is None, run.output
+        assert time.monotonic() < deadline, run.output
+        time.sleep(0.02)
+    run.send_signal(signal.SIGTERM)
+    assert run.wait_exit(BOUND_S) == 130, run.output
+    assert run.wait_no_processes() == []  # no server outlives the command
+    assert "interrupted" in run.stderr

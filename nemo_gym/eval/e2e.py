@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
+import os
 import signal
 import sys
 import threading
@@ -374,16 +375,26 @@ def overall_metrics(
 
 
 def write_combined(output: Path, plans: list[AgentPlan]) -> int:
-    """Every agent's rollouts, agent after agent, into ``output`` (written whole, then renamed)."""
+    """Every agent's rollouts, agent after agent, into ``output``: streamed into a temporary file that
+    is then renamed, so a reader never sees half of it; a line cut short by a hard kill is left out."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp{os.getpid()}")
     lines = 0
-    chunks = []
-    for plan in plans:
-        if plan.output_path.is_file():
-            data = plan.output_path.read_bytes()
-            whole = data[: data.rfind(b"\n") + 1]  # never a line cut short
-            chunks.append(whole)
-            lines += whole.count(b"\n")
-    _write_atomic(output, b"".join(chunks))
+    try:
+        with open(tmp, "wb") as out:
+            for plan in plans:
+                if not plan.output_path.is_file():
+                    continue
+                with open(plan.output_path, "rb") as f:
+                    for line in f:
+                        if line.endswith(b"\n"):
+                            out.write(line)
+                            lines += 1
+        os.replace(tmp, output)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     return lines
 
 
