@@ -1175,7 +1175,7 @@ def collect_main(argv: list[str] | None = None) -> None:
             "  [+responses_create_params.temperature=0.7 ...] [+resume_from_cache=true] [+max_attempts=3]\n"
             "  [+overwrite=true] [+pass_threshold=1.0] [+request_timeout_s=3600] [+progress=false]\n"
             "  [+head_server.host=127.0.0.1 +head_server.port=11000]\n"
-            "  [+circuit_breaker_threshold=3]\n"
+            "  [+circuit_breaker_threshold=3] [+tracker=mlflow|wandb (docs/concepts.md: Experiment tracking)]\n"
             "exit status: 0 all done, 1 some rollouts missing (see the failures file), 2 bad input or options,\n"
             "  3 stopped early because a server is down (restart it, then +resume_from_cache=true), 130 interrupted"
         )
