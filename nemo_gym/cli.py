@@ -38,6 +38,7 @@ COMMANDS = {
     "ng_dump_config": "Print the merged, resolved config (secrets redacted) and exit.",
     "ng_test": "Run the tests of one server folder (+entrypoint=<type>/<impl>) or of the whole project.",
     "ng_collect_rollouts": "Run task rows (JSONL) through an agent; write reward-annotated rollouts (JSONL).",
+    "ng_e2e_collect_rollouts": "Start the servers, collect rollouts on a split of every agent's datasets, write metrics, stop.",
     "ng_reward_profile": "Per-task reward statistics of a rollouts file (always / never / sometimes solved).",
     "ng_bench": "Benchmark rollouts/s of an environment on the scripted model against the bare HTTP limit.",
     "ng_init_resources_server": "Scaffold a new environment folder (tool, verifier, config, 5 rows, tests, README).",

@@ -134,7 +134,12 @@ HEAD_SERVER_KEYS = frozenset({"host", "port"})
 _COLLECT_OPTIONS = (
     "input_jsonl_fpath", "output_jsonl_fpath", "agent_name", "limit", "num_repeats", "num_samples_in_parallel",
     "responses_create_params", "num_repeats_add_seed", "resume_from_cache", "overwrite", "max_attempts",
-    "pass_threshold", "request_timeout_s", "progress", "circuit_breaker_threshold",
+    "pass_threshold", "request_timeout_s", "progress", "circuit_breaker_threshold", "tracker",
+)  # fmt: skip
+# Experiment tracking (nemo_gym.eval.tracking.OPTION_KEYS besides ``tracker``; upstream's key names).
+TRACKER_OPTIONS = (
+    "tracker_num_trajectories", "mlflow_tracking_uri", "mlflow_experiment_name", "mlflow_run_name",
+    "wandb_project", "wandb_name", "wandb_mode", "wandb_dir",
 )  # fmt: skip
 COMMAND_OPTIONS: dict[str, frozenset[str]] = {
     "ng_run": frozenset(LAUNCHER_KEYS),
@@ -161,7 +166,13 @@ COMMAND_OPTIONS: dict[str, frozenset[str]] = {
             "overwrite_metrics_conflicts",
         }
     ),
-    "ng_collect_rollouts": frozenset({CONFIG_PATHS_KEY_NAME, HEAD_SERVER_KEY_NAME, *_COLLECT_OPTIONS}),
+    "ng_collect_rollouts": frozenset(
+        {CONFIG_PATHS_KEY_NAME, HEAD_SERVER_KEY_NAME, *_COLLECT_OPTIONS, *TRACKER_OPTIONS}
+    ),
+    # nemo_gym.eval.e2e.E2ECollectionConfig's fields, plus ng_run's (it starts the servers).
+    "ng_e2e_collect_rollouts": frozenset(
+        {*LAUNCHER_KEYS, *_COLLECT_OPTIONS, *TRACKER_OPTIONS, "split", "agent_num_repeats"} - {"input_jsonl_fpath"}
+    ),
     "ng_reward_profile": frozenset(
         {CONFIG_PATHS_KEY_NAME, "jsonl_fpath", "input_jsonl_fpath", "pass_threshold"}
     ),

@@ -46,7 +46,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -123,6 +123,8 @@ class RolloutCollectionConfig(BaseModel):
     pass_threshold: float = 1.0
     request_timeout_s: float = 3600.0
     progress: bool = True
+    # Export the metrics to an experiment tracker at the end (nemo_gym.eval.tracking; its keys apart).
+    tracker: Literal["mlflow", "wandb"] | None = None
 
 
 class InputError(Exception):
@@ -1173,7 +1175,7 @@ def collect_main(argv: list[str] | None = None) -> None:
             "  [+responses_create_params.temperature=0.7 ...] [+resume_from_cache=true] [+max_attempts=3]\n"
             "  [+overwrite=true] [+pass_threshold=1.0] [+request_timeout_s=3600] [+progress=false]\n"
             "  [+head_server.host=127.0.0.1 +head_server.port=11000]\n"
-            "  [+circuit_breaker_threshold=3]\n"
+            "  [+circuit_breaker_threshold=3] [+tracker=mlflow|wandb (docs/concepts.md: Experiment tracking)]\n"
             "exit status: 0 all done, 1 some rollouts missing (see the failures file), 2 bad input or options,\n"
             "  3 stopped early because a server is down (restart it, then +resume_from_cache=true), 130 interrupted"
         )
@@ -1217,6 +1219,11 @@ def collect_main(argv: list[str] | None = None) -> None:
         sys.stderr.write(f"ng_collect_rollouts: {e}\n")
         sys.exit(2)
     print(format_summary(summary), flush=True)
+    if cfg.tracker:
+        from nemo_gym.eval.tracking import track_run
+
+        out = Path(cfg.output_jsonl_fpath)
+        track_run(cfg.tracker, container, summary, out, run_name=out.stem, e2e=False)
     if summary["interrupted"]:
         sys.exit(130)
     if summary["down_servers"]:

@@ -770,12 +770,20 @@ def test_top_level_values_that_are_not_mistyped_options_are_accepted(cfg_dir: Pa
 
 
 def test_every_command_option_registry_matches_the_command(cfg_dir: Path) -> None:
-    from nemo_gym.global_config import COMMAND_OPTIONS, LAUNCHER_KEYS
+    from nemo_gym.eval.e2e import E2ECollectionConfig
+    from nemo_gym.eval.tracking import OPTION_KEYS
+    from nemo_gym.global_config import COMMAND_OPTIONS, LAUNCHER_KEYS, TRACKER_OPTIONS
     from nemo_gym.rollout_collection import RolloutCollectionConfig
     from nemo_gym.viewer.cli import ViewerConfig
 
     base = {"config_paths", "head_server"}
-    assert COMMAND_OPTIONS["ng_collect_rollouts"] == set(RolloutCollectionConfig.model_fields) | base
+    assert COMMAND_OPTIONS["ng_collect_rollouts"] == set(RolloutCollectionConfig.model_fields) | base | set(
+        TRACKER_OPTIONS
+    )
+    assert set(OPTION_KEYS) == {"tracker", *TRACKER_OPTIONS}
+    assert COMMAND_OPTIONS["ng_e2e_collect_rollouts"] == (
+        set(E2ECollectionConfig.model_fields) | LAUNCHER_KEYS | set(TRACKER_OPTIONS)
+    )
     assert COMMAND_OPTIONS["ng_viewer"] == set(ViewerConfig.model_fields) | {"config_paths"}
     assert COMMAND_OPTIONS["ng_run"] == LAUNCHER_KEYS == COMMAND_OPTIONS["ng_dump_config"]
 
