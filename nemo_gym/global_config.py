@@ -171,7 +171,8 @@ COMMAND_OPTIONS: dict[str, frozenset[str]] = {
     ),
     # nemo_gym.eval.e2e.E2ECollectionConfig's fields, plus ng_run's (it starts the servers).
     "ng_e2e_collect_rollouts": frozenset(
-        {*LAUNCHER_KEYS, *_COLLECT_OPTIONS, *TRACKER_OPTIONS, "split", "agent_num_repeats"} - {"input_jsonl_fpath"}
+        {*LAUNCHER_KEYS, *_COLLECT_OPTIONS, *TRACKER_OPTIONS, "split", "agent_num_repeats"}
+        - {"input_jsonl_fpath"}
     ),
     "ng_reward_profile": frozenset(
         {CONFIG_PATHS_KEY_NAME, "jsonl_fpath", "input_jsonl_fpath", "pass_threshold"}
