@@ -274,3 +274,45 @@ def test_ray_start_local_starts_and_stops_exactly_its_cluster(ray_env: None) -> 
         started = _descendants() - before
     assert not ray.is_initialized()
     assert not _wait_gone(started), "the local Ray cluster outlived the run"
+
+
+SO_CONFIG = "resources_servers/structured_outputs/configs/structured_outputs.yaml"
+SO_RIGHT = (
+    '{"title": "The Left Hand of Darkness", "author": "Ursula K. Le Guin", "year": 1969, "genres": ["sf"]}'
+)
+SO_WRONG = '{"title": "The Left Hand of Darkness", "author": "Ursula K. Le Guin", "year": "1969"}'
+
+
+@pytest.mark.slow
+def test_servers_of_a_run_verify_as_ray_tasks_on_the_cluster(cluster: Any, tmp_path: Path) -> None:
+    """ng_run hands the cluster's address to every server; a server's run_in_verify_pool then runs on
+    the cluster (no local pool worker is started) and rewards are the same as locally."""
+    from nemo_gym.testing import collect_rollouts, example_rows
+
+    row = example_rows("structured_outputs")[0]
+    wrong = json_row_with_marker(row, "[wrong]")
+    rules = [
+        {"contains": "[wrong]", "turns": [{"text": SO_WRONG}]},
+        {"contains": "Le Guin", "turns": [{"text": SO_RIGHT}]},
+    ]
+    extra = {
+        "ray_head_node_address": cluster.address,
+        "policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": rules}}},
+        "structured_outputs": {"resources_servers": {"structured_outputs": {"pool_threshold_chars": 0}}},
+    }
+    with running_servers([SO_CONFIG], extra) as helper:
+        code, out, err = collect_rollouts(helper, [row, wrong], tmp_path, "structured_outputs_simple_agent")
+        assert code == 0, err[-3000:]
+        assert [r["reward"] for r in out] == [1.0, 0.0]
+        assert out[1]["error_type"] == "validation_error"
+        pid = next(r["pid"] for r in helper.server_instances() if r["name"] == "structured_outputs")
+        # The local verify pool would have started worker processes under the server: there are none.
+        assert psutil.Process(pid).children(recursive=True) == []
+
+
+def json_row_with_marker(row: dict[str, Any], marker: str) -> dict[str, Any]:
+    import copy
+
+    out = copy.deepcopy(row)
+    out["responses_create_params"]["input"][-1]["content"] += f" {marker}"
+    return out
