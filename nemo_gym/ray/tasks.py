@@ -15,7 +15,8 @@ Contract
 
   All three are infrastructure failures for the caller to report, never a reward of 0.
 * Ray runs a task on its worker process's main thread, so ``signal.alarm`` users (math-verify) work.
-* Each task asks for ``num_cpus`` CPUs (default 1): the cluster's CPUs bound how many run at once.
+* Each task asks for ``num_cpus`` CPUs (default 1) and any custom ``resources`` (to pin it to nodes
+  that offer them): the cluster's CPUs bound how many run at once.
 * Cancelling the awaiting coroutine force-cancels the task.
 * ``fn`` must be picklable by cloudpickle; the modules it uses must be importable on the cluster's nodes.
 """
@@ -33,7 +34,7 @@ import ray.exceptions
 from nemo_gym.verify_pool import VerifyPoolError, VerifyTimeoutError, VerifyWorkerCrashedError
 
 _init_lock = threading.Lock()
-_remote_fns: dict[tuple[Callable[..., Any], float], Any] = {}
+_remote_fns: dict[tuple[Any, ...], Any] = {}
 
 
 def _ensure_connected(address: str) -> None:
@@ -42,11 +43,13 @@ def _ensure_connected(address: str) -> None:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
 
 
-def _remote(fn: Callable[..., Any], num_cpus: float) -> Any:
-    key = (fn, num_cpus)
+def _remote(fn: Callable[..., Any], num_cpus: float, resources: dict[str, float] | None) -> Any:
+    key = (fn, num_cpus, tuple(sorted((resources or {}).items())))
     remote = _remote_fns.get(key)
     if remote is None:
-        remote = _remote_fns[key] = ray.remote(fn).options(num_cpus=num_cpus, max_retries=0)
+        remote = _remote_fns[key] = ray.remote(fn).options(
+            num_cpus=num_cpus, resources=resources or None, max_retries=0
+        )
     return remote
 
 
@@ -57,6 +60,7 @@ async def run_as_ray_task(
     kwargs: dict[str, Any],
     timeout: float,
     num_cpus: float = 1.0,
+    resources: dict[str, float] | None = None,
 ) -> Any:
     """Run ``fn`` as a Ray task; see the module docstring."""
     if not ray.is_initialized():
@@ -68,7 +72,7 @@ async def run_as_ray_task(
             raise VerifyPoolError(f"could not join the Ray cluster at {address}: {e}") from e
     name = getattr(fn, "__qualname__", repr(fn))
     try:
-        ref = _remote(fn, num_cpus).remote(*args, **kwargs)
+        ref = _remote(fn, num_cpus, resources).remote(*args, **kwargs)
     except Exception as e:  # cloudpickle could not serialise the call
         raise VerifyPoolError(f"cannot send {name!r} and its arguments to a Ray task: {e}") from e
     try:
