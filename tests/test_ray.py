@@ -100,6 +100,26 @@ os._exit(0)
     ), out.stdout + out.stderr[-2000:]
 
 
+def test_ng_run_names_a_bad_ray_setting_and_starts_nothing() -> None:
+    """``+ray_head_node_address=...`` on the command line is read (no longer "no effect"); a bad value
+    stops ng_run with an error naming the key, before any server starts."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    base = [
+        sys.executable,
+        "-c",
+        "import sys; from nemo_gym.cli import run_main; run_main(sys.argv[1:])",
+        f"+config_paths=[{ENV_CONFIG},responses_api_models/scripted_model/configs/scripted_model.yaml]",
+        "+head_server.port=0",
+    ]
+    for args, expected in (
+        (["+ray_head_node_address=nonsense"], "'ray_head_node_address' must be host:port"),
+        (["+ray_head_node_address=127.0.0.1:6379", "+ray_start_local=true"], "not both"),
+    ):
+        out = subprocess.run(base + args, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and expected in out.stderr, out.stdout[-2000:] + out.stderr[-2000:]
+        assert "no effect here" not in out.stderr and "servers ready" not in out.stdout
+
+
 # ------------------------------------------------------------------------------------------------
 # The 2-node cluster.
 
