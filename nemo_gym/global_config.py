@@ -108,14 +108,19 @@ LAUNCHER_KEYS = {
     DEFAULT_HOST_KEY_NAME,
     PORT_RANGE_LOW_KEY_NAME,
     PORT_RANGE_HIGH_KEY_NAME,
+    # Ray (nemo_gym.ray): join a cluster, or start a private local one.
+    RAY_HEAD_NODE_ADDRESS_KEY_NAME,
+    "ray_start_local",
+    "ray_local_num_cpus",
+    "ray_local_object_store_mb",
 }
 # Top-level keys upstream NeMo Gym defines that have no effect here, accepted so that configs and
-# trainers written for it (NeMo RL sets uv_cache_dir, ray_head_node_address, ...) start unchanged.
+# trainers written for it (NeMo RL sets uv_cache_dir, uv_venv_dir, ...) start unchanged.
 # They are never typo errors (a near miss of one is); ng_run and RunHelper name the ones set.
 UPSTREAM_NO_EFFECT_KEYS = frozenset(
     {
         DISALLOWED_PORTS_KEY_NAME, "head_server_deps", "python_version", "pip_install_verbose", "use_absolute_ip",
-        "uv_pip_set_python", "skip_venv_if_present", RAY_HEAD_NODE_ADDRESS_KEY_NAME, "dry_run",
+        "uv_pip_set_python", "skip_venv_if_present", "dry_run",
         "uvicorn_timeout_worker_healthcheck", "model_endpoint_readiness_timeout_seconds",
         "allow_openai_version_skew", "uv_cache_dir", "uv_venv_dir", RESULTS_DIR_KEY_NAME, CACHE_DIR_KEY_NAME,
         "nemo_gym_log_dir", "verbose", "observability_enabled", "global_aiohttp_client_request_debug",

@@ -182,6 +182,7 @@ class ServerSupervisor:
         self._head_server: Any = None
         self._head_sock: socket.socket | None = None
         self._head_thread: threading.Thread | None = None
+        self.ray_connection: Any = None  # nemo_gym.ray.cluster.RayConnection when the config uses Ray
         self.head_host = str(
             OmegaConf.select(self.cfg, f"{HEAD_SERVER_KEY_NAME}.host", default=None)
             or self.cfg.get("default_host")
@@ -302,6 +303,7 @@ class ServerSupervisor:
         # 3. Head server (in this process) and the children.
         if self.stop_event.is_set():
             raise StartupError("Start-up interrupted.")
+        self._connect_ray()
         self._publish_token()
         self._start_head_server(head_sock)
         secret = secrets.token_hex(32)
@@ -316,6 +318,25 @@ class ServerSupervisor:
         deadline = time.monotonic() + self.startup_timeout_s
         self._wait_config_verdicts(deadline)
         self._wait_ready(deadline)
+
+    def _connect_ray(self) -> None:
+        """Join (or start) the run's Ray cluster when the config asks for it (only then is ray imported),
+        and hand its address to every server through the config."""
+        from nemo_gym.ray import RAY_START_LOCAL_KEY_NAME, ray_settings
+
+        settings = ray_settings(self.cfg)
+        if settings is None:
+            return
+        from nemo_gym.ray.cluster import RayConnectError, connect
+
+        try:
+            self.ray_connection = connect(settings, timeout_s=min(self.startup_timeout_s, 60.0))
+        except RayConnectError as e:
+            raise StartupError(str(e)) from None
+        how = "started a local Ray cluster" if self.ray_connection.started_local else "joined the Ray cluster"
+        self.echo(f"nemo_gym: {how} at {self.ray_connection.gcs_address}")
+        OmegaConf.update(self.cfg, "ray_head_node_address", self.ray_connection.gcs_address, force_add=True)
+        OmegaConf.update(self.cfg, RAY_START_LOCAL_KEY_NAME, False, force_add=True)
 
     def _check_explicit_ports_distinct(self) -> None:
         """Two entries of this config asking for the same explicit port is a config error naming both."""
@@ -710,6 +731,8 @@ class ServerSupervisor:
         if self._head_sock is not None:
             self._head_sock.close()
             self._head_sock = None
+        if self.ray_connection is not None:
+            self.ray_connection.close()
         if self.auth_token is not None:
             register_in_process(self._run_ports(), None)
             if self.token_file is not None:

@@ -21,6 +21,11 @@ Contract
 * Workers die with their parent: they are daemonic, and each asks the kernel for SIGKILL when the process
   that started it dies (``PR_SET_PDEATHSIG``), so a killed server leaves no worker behind.
 * :class:`VerifyPool` can also be used directly (its own size, ``await pool.aclose()``).
+* On a Ray cluster: when the run's config has ``ray_head_node_address`` (``ng_run`` writes it there for
+  every server when it joins or starts a cluster, see :mod:`nemo_gym.ray`) or
+  :func:`set_verify_ray_address` was called, :func:`run_in_verify_pool` runs each call as a Ray task on
+  the cluster instead (:mod:`nemo_gym.ray.tasks`), with the same API, bounds and errors. Otherwise the
+  local pool runs it and ray is never imported. ``set_verify_ray_address("")`` forces the local pool.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ __all__ = [
     "get_verify_pool",
     "machine_cpu_count",
     "run_in_verify_pool",
+    "set_verify_ray_address",
+    "verify_ray_address",
 ]
 
 
@@ -276,6 +283,35 @@ def get_verify_pool() -> VerifyPool:
     return _default_pool
 
 
+_ray_address_override: str | None = None
+
+
+def set_verify_ray_address(address: str | None) -> None:
+    """Run verification as Ray tasks on the cluster at ``address``; ``""`` forces the local pool;
+    ``None`` goes back to reading ``ray_head_node_address`` from this process's config."""
+    global _ray_address_override
+    _ray_address_override = address
+
+
+def verify_ray_address() -> str | None:
+    """The Ray cluster verification runs on, or None for the local pool."""
+    if _ray_address_override is not None:
+        return _ray_address_override or None
+    from nemo_gym.global_config import RAY_HEAD_NODE_ADDRESS_KEY_NAME, current_global_config_dict
+
+    cfg = current_global_config_dict()
+    address = cfg.get(RAY_HEAD_NODE_ADDRESS_KEY_NAME) if cfg is not None else None
+    return str(address) if address else None
+
+
 async def run_in_verify_pool(fn: Callable[..., T], /, *args: Any, timeout: float, **kwargs: Any) -> T:
-    """``await get_verify_pool().run(fn, *args, timeout=timeout, **kwargs)``."""
+    """Run ``fn`` in the local pool (``get_verify_pool().run(...)``), or as a Ray task when a cluster is
+    configured (see the module docstring); same errors either way."""
+    if not timeout or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    address = verify_ray_address()
+    if address:
+        from nemo_gym.ray.tasks import run_as_ray_task
+
+        return await run_as_ray_task(address, fn, args, kwargs, timeout)
     return await get_verify_pool().run(fn, *args, timeout=timeout, **kwargs)
