@@ -59,16 +59,30 @@ class SandboxedKernelManager(AsyncKernelManager):
         return [*getattr(self, "wrapper_argv", []), *cmd]
 
 
+def _python_and_code_dirs() -> list[str]:
+    """Where the kernel's interpreter, its packages and this repository live (resolved)."""
+    import sys
+
+    import nemo_gym
+
+    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(nemo_gym.__file__).resolve().parents[1])}
+    return [str(Path(d).resolve()) for d in dirs]
+
+
 def bwrap_argv(work_dir: Path, ipc_dir: Path) -> list[str]:
     """bubblewrap around the kernel: read-only system, no network (ZMQ over Unix sockets in
     ``ipc_dir``, where the connection file is too), private /tmp, writable ``work_dir`` only, dies
     with its parent."""
+    # The private /tmp would hide a Python environment or checkout that lives under /tmp (a CI clone):
+    # bind those back, read-only.
+    keep = sorted({str(p) for p in map(Path, _python_and_code_dirs()) if p.is_relative_to("/tmp")})
     return [
         shutil.which("bwrap") or "bwrap",
         "--ro-bind", "/", "/",
         "--dev", "/dev",
         "--proc", "/proc",
         "--tmpfs", "/tmp",
+        *[arg for p in keep for arg in ("--ro-bind", p, p)],
         "--bind", str(work_dir), str(work_dir),
         "--bind", str(ipc_dir), str(ipc_dir),
         # Every namespace but the pid one: ipykernel exits when its parent pid is 1, as it would be there.
