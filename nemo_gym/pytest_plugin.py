@@ -8,6 +8,9 @@ Contract
   (``.ci/run`` sets ``CI=true``) or ``NEMO_GYM_NO_SKIP=1``, every skipped test, and every module
   skipped at collection, is reported as failed with its skip reason. ``CI``/``NEMO_GYM_NO_SKIP`` set
   to ``0``, ``false``, ``no`` or ``off`` count as unset.
+* A test module inside a server folder (``<server type>/<name>/...``) whose ``requirements.txt`` names a
+  distribution that is not installed is skipped at collection, before it is imported, naming what is
+  missing (so a machine with only ``.[test]`` runs everything else instead of stopping on import errors).
 * ``pytest-asyncio`` runs the suite's ``async def`` tests; without it the run stops at once with the
   install command, instead of failing every async test one by one.
 * The runs a test session starts keep their token files (:mod:`nemo_gym.auth`) in a directory of
@@ -17,9 +20,13 @@ Contract
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import tempfile
 from collections.abc import Generator
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -76,3 +83,58 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, A
     if cause and report.skipped:
         _as_failure(report, cause)
     return report
+
+
+SERVER_TYPE_DIRS = ("resources_servers", "responses_api_agents", "responses_api_models")
+_REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+@functools.cache
+def missing_requirements(requirements_file: Path) -> tuple[str, ...]:
+    """The requirement lines of ``requirements_file`` whose distribution is not installed."""
+    if not requirements_file.is_file():
+        return ()
+    missing = []
+    for line in requirements_file.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        match = _REQUIREMENT_NAME.match(line)
+        if not line or line.startswith("-") or match is None:
+            continue
+        try:
+            metadata.distribution(match.group(1))
+        except metadata.PackageNotFoundError:
+            missing.append(line)
+    return tuple(missing)
+
+
+def _server_folder(path: Path) -> Path | None:
+    parts = path.parts
+    for i, part in enumerate(parts[:-2]):
+        if part in SERVER_TYPE_DIRS:
+            return Path(*parts[: i + 2])
+    return None
+
+
+class _MissingRequirementsModule(pytest.Module):
+    """A test module of a server folder whose requirements are not installed: skipped, never imported."""
+
+    skip_reason = ""
+
+    def collect(self) -> list[Any]:
+        pytest.skip(self.skip_reason, allow_module_level=True)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makemodule(module_path: Path, parent: Any) -> pytest.Module | None:
+    folder = _server_folder(Path(module_path))
+    if folder is None:
+        return None
+    missing = missing_requirements(folder / "requirements.txt")
+    if not missing:
+        return None
+    module = _MissingRequirementsModule.from_parent(parent, path=Path(module_path))
+    module.skip_reason = (
+        f"{folder.name} needs {', '.join(missing)} (its requirements.txt), not installed: "
+        f'pip install -r {folder / "requirements.txt"} (or pip install -e ".[dev]" for everything)'
+    )
+    return module

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx2
-from mcp import ClientSession
+import pytest
+
+pytest.importorskip("mcp", reason="the `mcp` extra is not installed (pip install -e '.[mcp]')")
+
+import httpx2  # noqa: E402
+from mcp import ClientSession  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client
 
 from nemo_gym.server_utils import cookie_name_for

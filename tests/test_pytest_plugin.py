@@ -95,3 +95,25 @@ def test_without_pytest_asyncio_the_run_stops_at_once_with_the_fix(tmp_path: Pat
     assert "pytest-asyncio is not installed" in run.stderr and 'pip install -e ".[test]"' in run.stderr, (
         run.stderr
     )
+
+
+@pytest.mark.parametrize("env", [{}, {"CI": "true"}], ids=["unset", "CI=true"])
+def test_a_server_folder_whose_requirements_are_missing_is_skipped_before_import(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """Its test module imports the missing package at the top: it must not even be imported."""
+    folder = tmp_path / "resources_servers" / "needs_extra"
+    (folder / "tests").mkdir(parents=True)
+    (folder / "requirements.txt").write_text("# what this environment needs\nnemo-gym-no-such-dist>=1.0\n")
+    (folder / "tests" / "test_env.py").write_text(
+        "import nemo_gym_no_such_dist\n\ndef test_env():\n    pass\n"
+    )
+    run = _pytest(tmp_path, SKIPPING_TEST.replace("True", "False"), env)
+    reason = "needs_extra needs nemo-gym-no-such-dist>=1.0 (its requirements.txt), not installed"
+    assert reason in run.stdout and "ModuleNotFoundError" not in run.stdout, run.stdout
+    if env:
+        assert (
+            run.returncode == pytest.ExitCode.INTERRUPTED and "skips are failures here" in run.stdout
+        )  # collection
+    else:
+        assert run.returncode == 0 and "3 passed, 1 skipped" in run.stdout, run.stdout

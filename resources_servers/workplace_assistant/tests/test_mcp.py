@@ -10,10 +10,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import httpx2
 import pytest
-from mcp import ClientSession
-from mcp.client.streamable_http import streamable_http_client
+
+pytest.importorskip("mcp", reason="the `mcp` extra is not installed (pip install -e '.[mcp]')")
+
+import httpx2  # noqa: E402
+from mcp import ClientSession  # noqa: E402
+from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 from nemo_gym.base_resources_server import NEMO_GYM_MCP_METADATA_KEY, NEMO_GYM_MCP_SESSION_TOKEN_HEADER
 from nemo_gym.cli import RunHelper
