@@ -41,11 +41,26 @@ def server() -> Iterator[tuple[RunHelper, str, psutil.Process]]:
             proc = next(
                 p
                 for p in psutil.Process().children(recursive=True)
-                if any(f"{ENV}/app.py" in part for part in p.cmdline())
+                if any(f"{ENV}/app.py" in part for part in _cmdline(p))
             )
             yield helper, url, proc
     finally:
         os.environ.pop(SECRET_NAME, None)
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    """A process's command line; [] for one that exited or is a zombie (an earlier test's unreaped child)."""
+    try:
+        return p.cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return []
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
 
 
 def _run(url: str, code: str) -> dict[str, Any]:
@@ -71,7 +86,7 @@ def _assert_contained(url: str, server_proc: psutil.Process, marker: str | None 
         leftovers = [
             c
             for c in server_proc.children(recursive=True)
-            if not any("multiprocessing" in part for part in c.cmdline())  # the verify pool's workers
+            if _alive(c) and not any("multiprocessing" in part for part in _cmdline(c))  # not the verify pool
         ]
         cgroups = [
             d
@@ -82,7 +97,7 @@ def _assert_contained(url: str, server_proc: psutil.Process, marker: str | None 
         if not (leftovers or cgroups or marked) or time.monotonic() > deadline:
             break
         time.sleep(0.1)
-    assert not leftovers, [c.cmdline() for c in leftovers]
+    assert not leftovers, [_cmdline(c) for c in leftovers]
     assert not cgroups, cgroups
     assert not marked, [p.cmdline() for p in marked]
 
