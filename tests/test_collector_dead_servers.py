@@ -116,13 +116,14 @@ def _check_stopped(run: dict[str, Any], down: str, extra_after_kill: int) -> Non
     assert len(done_pairs) == len(set(done_pairs)) and len(failed_pairs) == len(set(failed_pairs))
     assert set(done_pairs).isdisjoint(failed_pairs)
     attempted = set(done_pairs) | set(failed_pairs)
-    # Attempted before the kill: done by then, or one of the PARALLEL in flight. After it: a few more
-    # before the breaker opened. Without the breaker every one of the 2,000 rows is attempted.
-    assert len(attempted) <= run["done_at_kill"] + PARALLEL + extra_after_kill
+    # Every success frees a slot for one more row: so at most one row per success (counted at the end:
+    # a rollout the agent answered just before the kill may be written just after it), plus the PARALLEL
+    # in flight, plus a few started before the breaker opened. Without the breaker all 2,000 are attempted.
+    assert len(attempted) <= len(done_pairs) + PARALLEL + extra_after_kill
     assert len(re.findall(r"Cannot reach", run["stderr"])) <= MAX_WARNING_LINES, run["stderr"][-3000:]
     assert run["code"] == EXIT_SERVER_DOWN, run["stderr"][-3000:]
     not_attempted = EVERYTHING - attempted
-    assert len(not_attempted) >= TOTAL - run["done_at_kill"] - PARALLEL - extra_after_kill > 0
+    assert len(not_attempted) >= TOTAL - len(done_pairs) - PARALLEL - extra_after_kill > 0
     summary = run["summary"]
     assert summary["not_attempted"] == len(not_attempted)
     assert summary["rollouts_missing"] == TOTAL - len(done_pairs)
