@@ -102,16 +102,14 @@ EXIT_SERVER_DOWN = 3
 _KIND_FIELDS = ("kind", "server", "status", "via")
 
 
-class RolloutCollectionConfig(BaseModel):
-    """The options of ``ng_collect_rollouts`` (each is a ``+key=value`` on the command line)."""
+class CollectionOptions(BaseModel):
+    """The collection options ``ng_collect_rollouts`` and ``ng_e2e_collect_rollouts`` share."""
 
     model_config = ConfigDict(extra="forbid")
 
-    input_jsonl_fpath: str
     output_jsonl_fpath: str
     agent_name: str | None = None
     limit: int | None = Field(default=None, ge=0)
-    num_repeats: int = Field(default=1, ge=1)
     num_samples_in_parallel: int = Field(default=256, ge=1)
     responses_create_params: dict[str, Any] = Field(default_factory=dict)
     num_repeats_add_seed: bool = False
@@ -125,6 +123,13 @@ class RolloutCollectionConfig(BaseModel):
     progress: bool = True
     # Export the metrics to an experiment tracker at the end (nemo_gym.eval.tracking; its keys apart).
     tracker: Literal["mlflow", "wandb"] | None = None
+
+
+class RolloutCollectionConfig(CollectionOptions):
+    """The options of ``ng_collect_rollouts`` (each is a ``+key=value`` on the command line)."""
+
+    input_jsonl_fpath: str
+    num_repeats: int = Field(default=1, ge=1)
 
 
 class InputError(Exception):

@@ -46,7 +46,7 @@ from typing import Any, Literal
 
 import orjson
 from omegaconf import DictConfig, OmegaConf
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from nemo_gym.data.metrics import DatasetMetrics
 from nemo_gym.data.prepare import (
@@ -70,6 +70,7 @@ from nemo_gym.global_config import (
 from nemo_gym.redaction import add_secret_values, config_secret_values, scrub
 from nemo_gym.rollout_collection import (
     EXIT_SERVER_DOWN,
+    CollectionOptions,
     InputError,
     RolloutCollectionConfig,
     collect_rollouts,
@@ -94,28 +95,12 @@ exit status: 0 all done, 1 rollouts missing (see the failures files), 2 bad inpu
   130 interrupted (rerun with +resume_from_cache=true)"""
 
 
-class E2ECollectionConfig(BaseModel):
+class E2ECollectionConfig(CollectionOptions):
     """The options of ``ng_e2e_collect_rollouts`` (besides ``ng_run``'s and the server configs)."""
 
-    model_config = ConfigDict(extra="forbid")
-
     split: Literal["train", "validation", "example", "benchmark"]
-    output_jsonl_fpath: str
-    agent_name: str | None = None
     num_repeats: int | None = Field(default=None, ge=1)
     agent_num_repeats: dict[str, int] = Field(default_factory=dict)
-    limit: int | None = Field(default=None, ge=0)
-    num_samples_in_parallel: int = Field(default=256, ge=1)
-    responses_create_params: dict[str, Any] = Field(default_factory=dict)
-    num_repeats_add_seed: bool = False
-    resume_from_cache: bool = False
-    overwrite: bool = False
-    max_attempts: int = Field(default=3, ge=1)
-    circuit_breaker_threshold: int = Field(default=3, ge=1)
-    pass_threshold: float = 1.0
-    request_timeout_s: float = 3600.0
-    progress: bool = True
-    tracker: Literal["mlflow", "wandb"] | None = None
 
 
 # The top-level keys this command reads (registered in nemo_gym.global_config.COMMAND_OPTIONS).
