@@ -278,17 +278,23 @@ class RequestGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        receive = await self.admit(scope, receive, send)
+        if receive is not None:
+            await self.app(scope, receive, send)
+
+    async def admit(self, scope: dict, receive: Any, send: Any) -> Any | None:
+        """The ``receive`` to serve an HTTP request with (counting a body of unknown length as it
+        streams in), or ``None`` when the request was refused here (401 or 413 already sent)."""
         headers = scope["headers"]
         refusal = self._authorized(scope, headers)
         if refusal is not None:
             start, body = _json_error(401, "unauthorized", self.server_name, scope.get("path", ""), refusal)
             await send(start)
             await send({"type": "http.response.body", "body": body})
-            return
+            return None
         limit = self.max_body
         if limit is None:
-            await self.app(scope, receive, send)
-            return
+            return receive
         for k, v in headers:
             if k == b"content-length":
                 try:
@@ -297,11 +303,10 @@ class RequestGuard:
                     break  # not a length the server will frame the body by: count what arrives
                 if declared > limit:
                     await self._too_large(scope, send, declared)
-                    return
+                    return None
                 # The server reads exactly the declared length: nothing more can arrive to count.
-                await self.app(scope, receive, send)
-                return
-        await self.app(scope, self._limited_receive(scope, receive, send, limit), send)
+                return receive
+        return self._limited_receive(scope, receive, send, limit)
 
     def _limited_receive(self, scope: dict, receive: Any, send: Any, limit: int) -> Any:
         seen = 0

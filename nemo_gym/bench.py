@@ -9,13 +9,21 @@ RSS per process. In the same run it measures the bare limit: a minimal FastAPI e
 "agent" process that makes the same number of inner calls per rollout to two echo processes,
 uvicorn + aiohttp like ours) driven the same way, and reports our throughput as a ratio of it.
 Numbers are measured, never asserted; the output is a table and a JSON file.
+
+``+compare_auth=true`` also starts the same servers with ``+server_auth=false`` (no run-token check)
+and measures both in alternating rounds (``+rounds``, default 3; the order flips every round so a
+drift of the machine's speed hits both alike). Each stack's row then holds the medians over its
+rounds, and ``ours`` gets ``ratio_to_no_auth`` (rollouts/s) and ``cpu_ratio_to_no_auth`` (server
+CPU per rollout): what the token check costs, measured in one run. The body limit stays on in both.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -254,16 +262,22 @@ def _inner_calls(result: dict[str, Any]) -> list[str]:
 
 
 def format_table(results: list[dict[str, Any]]) -> str:
-    header = f"{'stack':<6} {'conc':>6} {'n':>6} {'roll/s':>8} {'ratio':>6} {'p50 ms':>8} {'p99 ms':>9} {'srv CPU ms/r':>12} {'coll CPU ms/r':>13}  peak RSS MB"
+    header = f"{'stack':<7} {'conc':>6} {'n':>6} {'roll/s':>8} {'ratio':>6} {'p50 ms':>8} {'p99 ms':>9} {'srv CPU ms/r':>12} {'coll CPU ms/r':>13}  peak RSS MB"
     lines = [header, "-" * len(header)]
     for r in results:
         rss = " ".join(f"{k}={v:.0f}" for k, v in r["peak_rss_mb"].items())
         ratio = f"{r['ratio_to_bare']:.2f}" if "ratio_to_bare" in r else "-"
         lines.append(
-            f"{r['stack']:<6} {r['concurrency']:>6} {r['rollouts']:>6} {r['rollouts_per_s']:>8.1f} {ratio:>6} "
+            f"{r['stack']:<7} {r['concurrency']:>6} {r['rollouts']:>6} {r['rollouts_per_s']:>8.1f} {ratio:>6} "
             f"{r['p50_latency_ms']:>8.1f} {r['p99_latency_ms']:>9.1f} {r['cpu_ms_per_rollout_servers']:>12.2f} "
             f"{r['cpu_ms_per_rollout_collector']:>13.2f}  {rss}"
         )
+    for r in results:
+        if "ratio_to_no_auth" in r:
+            lines.append(
+                f"run-token check at concurrency {r['concurrency']}: rollouts/s x{r['ratio_to_no_auth']:.3f}, "
+                f"server CPU per rollout x{r['cpu_ratio_to_no_auth']:.3f} (medians of {r['rounds']} rounds each)"
+            )
     return "\n".join(lines)
 
 
@@ -277,7 +291,8 @@ def main(argv: list[str] | None = None) -> None:
         print(
             "usage: ng_bench [+env=example_single_tool_call] [+concurrencies=[64,1024,16384]] [+num_rollouts=4096]\n"
             "                [+output_json_fpath=bench_results.json] [+skip_bare=false]\n"
-            "Each concurrency runs max(num_rollouts, concurrency) rollouts."
+            "                [+compare_auth=false] [+rounds=1 (3 with compare_auth)]\n"
+            "Each concurrency runs max(num_rollouts, concurrency) rollouts per round."
         )
         return
     raise_open_file_limit()
@@ -296,18 +311,42 @@ def main(argv: list[str] | None = None) -> None:
     rows = example_rows(env)
     results: list[dict[str, Any]] = []
 
+    compare = bool(cfg.get("compare_auth", False))
+    rounds = int(cfg.get("rounds", 3 if compare else 1))
+    if rounds < 1:
+        sys.exit(f"ng_bench: +rounds must be at least 1, got {rounds}")
+
     print(f"ng_bench: {env} on the scripted model; concurrencies {concurrencies}", flush=True)
-    with running_servers([env_config]) as helper:
-        servers = {r["name"]: r["pid"] for r in helper.server_instances()}
-        client = ServerClient.load_from_global_config(helper.head_server_config)
-        warm = asyncio.run(_one_result(client, agent, rows[0]))
-        plan = _inner_calls(warm)
+    with contextlib.ExitStack() as started:
+        # label -> (client, server pids); "no_auth" is the same servers with the token check off.
+        stacks: dict[str, tuple[ServerClient, dict[str, int]]] = {}
+        for label, extra in (("ours", None), ("no_auth", {"server_auth": False}))[: 2 if compare else 1]:
+            helper = started.enter_context(running_servers([env_config], extra))
+            client = ServerClient.load_from_global_config(helper.head_server_config)
+            stacks[label] = (client, {r["name"]: r["pid"] for r in helper.server_instances()})
+            if compare:
+                _check_token_check(helper, on=label == "ours")
+            plan = _inner_calls(asyncio.run(_one_result(client, agent, rows[0])))
         for c in concurrencies:
             n = max(base_n, c)
-            print(f"  ours: {n} rollouts at concurrency {c} ...", flush=True)
-            r = _measure(client, agent, "/run", rows, n, c, servers)
-            r["stack"] = "ours"
-            results.append(r)
+            measured: dict[str, list[dict[str, Any]]] = {label: [] for label in stacks}
+            for i in range(rounds):
+                for label in list(stacks)[:: 1 if i % 2 == 0 else -1]:
+                    print(
+                        f"  {label}: {n} rollouts at concurrency {c} (round {i + 1}/{rounds}) ...", flush=True
+                    )
+                    client, servers = stacks[label]
+                    measured[label].append(_measure(client, agent, "/run", rows, n, c, servers))
+            combined = {label: _median_of_rounds(rs) for label, rs in measured.items()}
+            for label, r in combined.items():
+                r["stack"] = label
+                results.append(r)
+            if compare:
+                ours, open_ = combined["ours"], combined["no_auth"]
+                ours["ratio_to_no_auth"] = ours["rollouts_per_s"] / open_["rollouts_per_s"]
+                ours["cpu_ratio_to_no_auth"] = (
+                    ours["cpu_ms_per_rollout_servers"] / open_["cpu_ms_per_rollout_servers"]
+                )
     hops = 1 + len(plan)
     bare_results: dict[int, dict[str, Any]] = {}
     if not cfg.get("skip_bare", False):
@@ -322,6 +361,8 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             bare.close()
         for r in results:
+            if r["stack"] != "ours":
+                continue
             b = bare_results[r["concurrency"]]
             r["ratio_to_bare"] = (
                 r["rollouts_per_s"] / b["rollouts_per_s"] if b["rollouts_per_s"] else float("nan")
@@ -338,6 +379,40 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n{env}: {hops} HTTP hops per rollout (collector->agent + {len(plan)} inner calls)")
     print(format_table(results))
     print(f"\nJSON: {out_path}")
+
+
+def _check_token_check(helper: Any, on: bool) -> None:
+    """Make sure a comparison compares what it says: a request without the token is refused (401) by
+    every server of the stack with the check on, and served by every server of the one without."""
+    import httpx
+
+    for row in helper.server_instances():
+        status = httpx.get(row["url"] + "/", timeout=30, trust_env=False).status_code
+        if (status == 401) != on:
+            raise RuntimeError(
+                f"ng_bench: {row['name']} answered {status} to a request without the run token; expected "
+                f"{'401' if on else '200'} in the stack with the token check {'on' if on else 'off'}"
+            )
+
+
+def _median_of_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from several rounds of the same measurement: the median of every number (per
+    server and per process too), the per-round rollouts/s kept beside it."""
+    if len(rounds) == 1:
+        return rounds[0]
+    out: dict[str, Any] = dict(rounds[0])
+    for key, value in rounds[0].items():
+        if isinstance(value, dict):
+            out[key] = {k: statistics.median(r[key][k] for r in rounds) for k in value}
+        elif key == "concurrency":
+            continue
+        elif key in ("rollouts", "errors"):
+            out[key] = sum(r[key] for r in rounds)  # counts add up; rates and times are medians
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = statistics.median(r[key] for r in rounds)
+    out["rounds"] = len(rounds)
+    out["rollouts_per_s_by_round"] = [r["rollouts_per_s"] for r in rounds]
+    return out
 
 
 async def _one_result(client: ServerClient, agent: str, row: dict[str, Any]) -> dict[str, Any]:

@@ -183,7 +183,16 @@ COMMAND_OPTIONS: dict[str, frozenset[str]] = {
         {CONFIG_PATHS_KEY_NAME, "jsonl_fpath", "input_jsonl_fpath", "pass_threshold"}
     ),
     "ng_bench": frozenset(
-        {CONFIG_PATHS_KEY_NAME, "env", "concurrencies", "num_rollouts", "output_json_fpath", "skip_bare"}
+        {
+            CONFIG_PATHS_KEY_NAME,
+            "env",
+            "concurrencies",
+            "num_rollouts",
+            "output_json_fpath",
+            "skip_bare",
+            "compare_auth",
+            "rounds",
+        }
     ),
     "ng_viewer": frozenset(
         {

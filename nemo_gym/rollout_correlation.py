@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import Any
 
 from pydantic import BaseModel
@@ -39,9 +39,12 @@ __all__ = [
     "RolloutContextMiddleware",
     "apply_rollout_prefix",
     "current_rollout_id",
+    "enter_rollout",
+    "leave_rollout",
     "maybe_rollout_id_from_run_body",
     "rollout_context",
     "rollout_path_prefix",
+    "split_rollout_prefix",
 ]
 
 ROLLOUT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -110,6 +113,25 @@ def rollout_context(rollout_id: str | None) -> Iterator[None]:
         _CURRENT.reset(token)
 
 
+def split_rollout_prefix(path: str) -> tuple[str, str] | None:
+    """``(rollout id, rest of the path)`` of a well-formed ``/ng-rollout/<id>/<rest>`` path, else None."""
+    if not path.startswith(_PATH_START):
+        return None
+    rollout_id, slash, rest = path[len(_PATH_START) :].partition("/")
+    if not slash or not ROLLOUT_ID_PATTERN.match(rollout_id):
+        return None  # not a well-formed prefix: routed (and 404'd) as is
+    return rollout_id, "/" + rest
+
+
+def enter_rollout(rollout_id: str | None) -> Token:
+    """Make ``rollout_id`` current; undo with :func:`leave_rollout` (for code that cannot use a ``with``)."""
+    return _CURRENT.set(rollout_id)
+
+
+def leave_rollout(token: Token) -> None:
+    _CURRENT.reset(token)
+
+
 class RolloutContextMiddleware:
     """Pure ASGI middleware: strips ``/ng-rollout/<id>`` from the path and sets the current rollout id."""
 
@@ -117,14 +139,10 @@ class RolloutContextMiddleware:
         self.app = app
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        path = scope.get("path", "")
-        if scope["type"] != "http" or not path.startswith(_PATH_START):
+        split = split_rollout_prefix(scope.get("path", "")) if scope["type"] == "http" else None
+        if split is None:
             await self.app(scope, receive, send)
             return
-        rollout_id, slash, rest = path[len(_PATH_START) :].partition("/")
-        if not slash or not ROLLOUT_ID_PATTERN.match(rollout_id):
-            await self.app(scope, receive, send)  # not a well-formed prefix: routed (and 404'd) as is
-            return
-        rest = "/" + rest
+        rollout_id, rest = split
         with rollout_context(rollout_id):
             await self.app({**scope, "path": rest, "raw_path": rest.encode()}, receive, send)

@@ -17,20 +17,15 @@ Contract
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import difflib
-import hashlib
-import hmac
 import logging
 import os
-import re
 import signal
 import socket
 import sys
 import threading
 import typing
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -42,6 +37,12 @@ from fastapi.responses import Response
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from nemo_gym.asgi import InternalErrorMiddleware as InternalErrorMiddleware
+from nemo_gym.asgi import ServerLayer
+from nemo_gym.asgi import SessionMiddleware as SessionMiddleware
+from nemo_gym.asgi.sessions import SESSION_ID_KEY as SESSION_ID_KEY
+from nemo_gym.asgi.sessions import _session_secret as _session_secret
+from nemo_gym.asgi.sessions import cookie_name_for as cookie_name_for
 from nemo_gym.auth import (
     DEFAULT_MAX_REQUEST_BODY_BYTES,
     MAX_REQUEST_BODY_BYTES_KEY_NAME,
@@ -59,7 +60,6 @@ from nemo_gym.global_config import (
     NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME,
     NEMO_GYM_LISTEN_FD_ENV_VAR_NAME,
     NEMO_GYM_PARENT_PID_ENV_VAR_NAME,
-    NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME,
     NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME,
     current_global_config_dict,
     get_global_config_dict,
@@ -68,9 +68,7 @@ from nemo_gym.redaction import (
     add_secret_values,
     collect_secret_values,
     config_secret_values,
-    process_scrubber,
 )
-from nemo_gym.rollout_correlation import RolloutContextMiddleware
 from nemo_gym.rollout_correlation import apply_rollout_prefix as apply_rollout_prefix
 from nemo_gym.rollout_correlation import rollout_path_prefix as rollout_path_prefix
 from nemo_gym.server_client import (  # re-exported: the client is importable from here too
@@ -87,156 +85,8 @@ from nemo_gym.server_client import response_cookies as response_cookies
 
 logger = logging.getLogger("nemo_gym")
 
-SESSION_ID_KEY = "session_id"
-
-
 # ------------------------------------------------------------------------------------------------
-# Sessions: a signed cookie per server instance carrying a per-rollout session id.
-
-
-_PROCESS_SECRET: bytes | None = None
-
-
-def _session_secret() -> bytes:
-    """The cookie-signing secret: ``NEMO_GYM_SESSION_SECRET`` (``ng_run`` sets a random one per run),
-    else a random secret made once per process (never a constant)."""
-    global _PROCESS_SECRET
-    secret = os.environ.get(NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME)
-    if secret:
-        return secret.encode()
-    if _PROCESS_SECRET is None:
-        _PROCESS_SECRET = os.urandom(32)
-    return _PROCESS_SECRET
-
-
-def cookie_name_for(instance_name: str) -> str:
-    return "ng_session_" + re.sub(r"[^A-Za-z0-9_]", "_", instance_name or "server")
-
-
-class SessionMiddleware:
-    """Pure ASGI middleware: the per-rollout session id, minted and signed when the request has no valid
-    cookie of this instance. Handlers read it as ``request.session[SESSION_ID_KEY]`` (upstream's way) or
-    ``request.state.session_id``; only the id is carried (other keys written to ``request.session``
-    last for the request). Every response sets the cookie."""
-
-    def __init__(self, app: Any, cookie_name: str, secret: bytes):
-        self.app = app
-        self.cookie_name = cookie_name.encode()
-        self.secret = secret
-
-    def _sign(self, sid: str) -> str:
-        # The cookie's name (one per server instance) is part of what is signed, so a cookie one
-        # instance issued is not accepted by another instance of the same run.
-        digest = hmac.new(self.secret, self.cookie_name + b"=" + sid.encode(), hashlib.sha256).digest()[:18]
-        return base64.urlsafe_b64encode(digest).decode()
-
-    def _verify(self, value: str) -> str | None:
-        sid, _, sig = value.partition(".")
-        if sid and sig and hmac.compare_digest(sig, self._sign(sid)):
-            return sid
-        return None
-
-    def _from_headers(self, headers: list[tuple[bytes, bytes]]) -> tuple[str, bytes] | None:
-        """(session id, cookie value) of a valid cookie of this instance in the request, else None."""
-        prefix = self.cookie_name + b"="
-        for k, v in headers:
-            if k != b"cookie":
-                continue
-            for part in v.split(b";"):
-                part = part.strip()
-                if part.startswith(prefix):
-                    value = part[len(prefix) :]
-                    sid = self._verify(value.decode(errors="replace"))
-                    return None if sid is None else (sid, value)
-        return None
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        found = self._from_headers(scope["headers"])
-        if found is None:
-            sid = uuid.uuid4().hex
-            value = f"{sid}.{self._sign(sid)}".encode()
-        else:
-            sid, value = found
-        scope.setdefault("state", {})[SESSION_ID_KEY] = sid
-        # ``request.session[SESSION_ID_KEY]`` (starlette reads ``scope["session"]``), as upstream handlers do.
-        scope["session"] = {SESSION_ID_KEY: sid}
-        # Every answer carries the cookie (as upstream's sessions do), so a client that only ever sends
-        # back the cookies of the last answer keeps its session.
-        cookie = self.cookie_name + b"=" + value + b"; Path=/; HttpOnly; SameSite=Lax"
-
-        async def send_with_cookie(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", ()), (b"set-cookie", cookie)]
-            await send(message)
-
-        await self.app(scope, receive, send_with_cookie)
-
-
-class InternalErrorMiddleware:
-    """Pure ASGI middleware: an unhandled exception becomes a JSON 500 naming the server, the path and
-    the error, and the connection stays usable. Logged with its traceback.
-
-    Error answers (status >= 400) are held until complete and scrubbed of secrets; a success passes
-    straight through (one comparison per response).
-    """
-
-    def __init__(self, app: Any, server_name: str):
-        self.app = app
-        self.server_name = server_name
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-        held: dict | None = None  # the start of an error answer, sent once its body is scrubbed
-        chunks: list[bytes] = []
-
-        async def send_tracking(message: dict) -> None:
-            nonlocal started, held
-            kind = message["type"]
-            if kind == "http.response.start":
-                started = True
-                if message["status"] >= 400:
-                    held = message
-                    return
-            elif held is not None and kind == "http.response.body":
-                chunks.append(message.get("body", b""))
-                if message.get("more_body", False):
-                    return
-                body = process_scrubber().scrub_bytes(b"".join(chunks))
-                headers = [(k, v) for k, v in held.get("headers", ()) if k.lower() != b"content-length"]
-                headers.append((b"content-length", str(len(body)).encode()))
-                start, held = {**held, "headers": headers}, None
-                await send(start)
-                await send({"type": "http.response.body", "body": body})
-                return
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_tracking)
-        except Exception as exc:
-            if started:  # too late for an error response; let the server close the connection
-                raise
-            path = scope.get("path", "")
-            logger.exception("Unhandled error in %s %s", self.server_name, path)
-            body = orjson.dumps(
-                {
-                    "error": {
-                        "kind": "internal_error",
-                        "server": self.server_name,
-                        "path": path,
-                        "type": type(exc).__name__,
-                        "message": process_scrubber().scrub(str(exc)),
-                    }
-                }
-            )
-            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-            await send({"type": "http.response.start", "status": 500, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
+# Request plumbing (one ASGI layer; see :mod:`nemo_gym.asgi`).
 
 
 async def validated_body(request: Request, model: type[BaseModel]) -> dict[str, Any]:
@@ -375,20 +225,25 @@ class BaseServer(BaseModel):
             }
             return Response(orjson.dumps(body), status_code=413, media_type="application/json")
 
-        self.setup_exception_middleware(app)
-        if self.uses_sessions:
-            self.setup_session_middleware(app)
-        # /ng-rollout/<id>/<path> answers as /<path> (upstream's rollout correlation), behind the guard.
-        app.add_middleware(RolloutContextMiddleware)
-        # Outermost: nothing runs for a request without the run token, or with too large a body.
+        # Guard, rollout prefix, sessions and error answers: one layer (nemo_gym.asgi). Sessions and
+        # errors are left out of it when the app installed its own (upstream's set-up steps, called by
+        # a subclass that built its app itself), and the set-up steps become no-ops afterwards.
+        sessions = None
+        if self.uses_sessions and not getattr(app.state, "nemo_gym_session_middleware_installed", False):
+            app.state.nemo_gym_session_middleware_installed = True
+            sessions = SessionMiddleware(None, cookie_name_for(name), _session_secret())
+        errors = not getattr(app.state, "nemo_gym_exception_middleware_installed", False)
+        app.state.nemo_gym_exception_middleware_installed = True
         token, disabled = server_token_from_env()
-        app.add_middleware(
-            RequestGuard,
+        guard = RequestGuard(
+            None,
             server_name=name,
             token=token,
             disabled=disabled,
             max_body_bytes=self._max_request_body_bytes(),
         )
+        # Added last, so outermost: nothing runs for a request without the run token or too large a body.
+        app.add_middleware(ServerLayer, guard=guard, server_name=name, sessions=sessions, errors=errors)
 
     # -- upstream NeMo Gym's set-up steps (each idempotent: our setup_webserver already did them) -------
     def setup_liveness(self, app: FastAPI) -> None:

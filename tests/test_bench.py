@@ -55,3 +55,46 @@ def test_ng_bench_smoke(tmp_path: Path) -> None:
     assert "ratio_to_bare" not in bare
 
     assert "ours" in stdout and "bare" in stdout and "roll/s" in stdout and str(out) in stdout
+
+
+def test_ng_bench_compare_auth_measures_both_stacks_in_alternating_rounds(tmp_path: Path) -> None:
+    """``+compare_auth``: the same servers with and without the token check (the bench checks each
+    stack refuses / serves a tokenless request), medians over rounds, and the ratios between them."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [
+            NG_BENCH,
+            "+concurrencies=[4]",
+            "+num_rollouts=20",
+            "+compare_auth=true",
+            "+rounds=2",
+            "+skip_bare=true",
+            f"+output_json_fpath={out}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = {r["stack"]: r for r in orjson.loads(out.read_bytes())["results"]}
+    assert sorted(results) == ["no_auth", "ours"]
+    for r in results.values():
+        assert r["rounds"] == 2 and r["rollouts"] == 40 and r["errors"] == 0 and r["concurrency"] == 4
+        assert len(r["rollouts_per_s_by_round"]) == 2 and all(x > 0 for x in r["rollouts_per_s_by_round"])
+        assert r["rollouts_per_s"] == sum(r["rollouts_per_s_by_round"]) / 2  # the median of two
+    ours, open_ = results["ours"], results["no_auth"]
+    assert ours["ratio_to_no_auth"] == ours["rollouts_per_s"] / open_["rollouts_per_s"]
+    assert (
+        ours["cpu_ratio_to_no_auth"]
+        == ours["cpu_ms_per_rollout_servers"] / open_["cpu_ms_per_rollout_servers"]
+    )
+    assert "ratio_to_no_auth" not in open_
+    # The rounds alternate their order, so neither stack always runs first.
+    assert proc.stdout.index("ours: 20 rollouts at concurrency 4 (round 1/2)") < proc.stdout.index(
+        "no_auth: 20 rollouts at concurrency 4 (round 1/2)"
+    )
+    assert proc.stdout.index("no_auth: 20 rollouts at concurrency 4 (round 2/2)") < proc.stdout.index(
+        "ours: 20 rollouts at concurrency 4 (round 2/2)"
+    )
+    assert "run-token check at concurrency 4" in proc.stdout

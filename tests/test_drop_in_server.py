@@ -192,7 +192,7 @@ def test_set_up_steps_are_idempotent_and_a_self_built_app_still_gets_the_guard(
     server.setup_session_middleware(app)
     server.setup_liveness(app)
     assert [r.path for r in app.router.routes].count("/") == 1
-    assert len(app.user_middleware) == 4  # errors, sessions, rollout prefix, guard: nothing added twice
+    assert [m.cls.__name__ for m in app.user_middleware] == ["ServerLayer"]  # nothing added twice
     assert server.get_session_middleware_key() == "CounterServer___counter"
 
     class OwnAppServer(SimpleServer):

@@ -1,0 +1,93 @@
+"""Error answers: unhandled exceptions become JSON 500s, and every error answer is scrubbed of secrets.
+
+Contract
+--------
+* An unhandled exception before the answer started becomes a JSON 500 naming the server, the path,
+  the exception's type and its (scrubbed) message, logged with its traceback; the connection stays
+  usable (a handler registered for ``Exception`` would make starlette re-raise, and uvicorn would then
+  close the keep-alive connection under the caller's next request). After the answer started, the
+  exception propagates and the server closes the connection.
+* An answer with status >= 400, whoever built it, is held until its body is complete, scrubbed of the
+  secret values this process knows (:func:`nemo_gym.redaction.process_scrubber`) and sent with a
+  corrected ``Content-Length``. A success passes straight through.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+
+from nemo_gym.redaction import process_scrubber
+
+logger = logging.getLogger("nemo_gym")
+
+
+def internal_error_answer(server_name: str, path: str, exc: BaseException) -> tuple[list, bytes]:
+    """(headers, body) of the JSON 500 for ``exc`` (logged here, with its traceback)."""
+    logger.exception("Unhandled error in %s %s", server_name, path, exc_info=exc)
+    body = orjson.dumps(
+        {
+            "error": {
+                "kind": "internal_error",
+                "server": server_name,
+                "path": path,
+                "type": type(exc).__name__,
+                "message": process_scrubber().scrub(str(exc)),
+            }
+        }
+    )
+    return [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())], body
+
+
+def scrubbed_error_answer(start: dict, chunks: list[bytes]) -> tuple[dict, dict]:
+    """The held start of an error answer and its body, scrubbed, with the length corrected."""
+    body = process_scrubber().scrub_bytes(b"".join(chunks))
+    headers = [(k, v) for k, v in start.get("headers", ()) if k.lower() != b"content-length"]
+    headers.append((b"content-length", str(len(body)).encode()))
+    return {**start, "headers": headers}, {"type": "http.response.body", "body": body}
+
+
+class InternalErrorMiddleware:
+    """Pure ASGI middleware applying this module's contract on its own."""
+
+    def __init__(self, app: Any, server_name: str):
+        self.app = app
+        self.server_name = server_name
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+        held: dict | None = None  # the start of an error answer, sent once its body is scrubbed
+        chunks: list[bytes] = []
+
+        async def send_tracking(message: dict) -> None:
+            nonlocal started, held
+            kind = message["type"]
+            if kind == "http.response.start":
+                started = True
+                if message["status"] >= 400:
+                    held = message
+                    return
+            elif held is not None and kind == "http.response.body":
+                chunks.append(message.get("body", b""))
+                if message.get("more_body", False):
+                    return
+                start, body = scrubbed_error_answer(held, chunks)
+                held = None
+                await send(start)
+                await send(body)
+                return
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracking)
+        except Exception as exc:
+            if started:
+                raise
+            headers, body = internal_error_answer(self.server_name, scope.get("path", ""), exc)
+            await send({"type": "http.response.start", "status": 500, "headers": headers})
+            await send({"type": "http.response.body", "body": body})

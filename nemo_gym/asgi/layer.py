@@ -1,0 +1,121 @@
+"""One ASGI layer for every server of ours: guard, rollout prefix, session cookie, error answers.
+
+Contract
+--------
+Per HTTP request, in this order (other scope types pass straight through):
+
+1. The run token and the body limit (:meth:`nemo_gym.auth.RequestGuard.admit`): a refused request is
+   answered 401 / 413 here, with no session cookie, and nothing behind this layer runs.
+2. ``/ng-rollout/<id>/<path>`` is served as ``/<path>`` with ``<id>`` current for the handler and
+   everything it awaits (:func:`nemo_gym.rollout_correlation.current_rollout_id`).
+3. With sessions: the request's session id goes into the scope and every answer sets the cookie
+   (:mod:`nemo_gym.asgi.sessions`).
+4. With errors: an unhandled exception becomes a JSON 500, and an error answer is scrubbed of secrets
+   before it leaves (:mod:`nemo_gym.asgi.errors`).
+
+The behaviour is exactly that of ``RequestGuard`` > ``RolloutContextMiddleware`` > ``SessionMiddleware`` >
+``InternalErrorMiddleware`` stacked (outermost first), at the cost of one call and at most one ``send``
+wrapper per request instead of four calls and two wrappers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nemo_gym.asgi.errors import internal_error_answer, scrubbed_error_answer
+from nemo_gym.asgi.sessions import SessionMiddleware
+from nemo_gym.auth import RequestGuard
+from nemo_gym.rollout_correlation import enter_rollout, leave_rollout, split_rollout_prefix
+
+
+class ServerLayer:
+    """See the module docstring. ``sessions``: the cookie signer, or ``None`` for a server without
+    sessions. ``errors``: whether this layer answers unhandled errors and scrubs error answers (off when
+    an app installed :class:`nemo_gym.asgi.InternalErrorMiddleware` itself)."""
+
+    def __init__(
+        self,
+        app: Any,
+        guard: RequestGuard,
+        server_name: str,
+        sessions: SessionMiddleware | None = None,
+        errors: bool = True,
+    ):
+        self.app = app
+        self.guard = guard
+        self.server_name = server_name
+        self.sessions = sessions
+        self.errors = errors
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        receive = await self.guard.admit(scope, receive, send)
+        if receive is None:
+            return
+        context = None
+        if scope["path"].startswith("/ng-rollout/"):
+            split = split_rollout_prefix(scope["path"])
+            if split is not None:
+                rollout_id, rest = split
+                scope = {**scope, "path": rest, "raw_path": rest.encode()}
+                context = enter_rollout(rollout_id)
+        try:
+            cookie = self.sessions.enter(scope) if self.sessions is not None else None
+            if not self.errors:
+                if cookie is None:
+                    await self.app(scope, receive, send)
+                else:
+                    await self.app(scope, receive, _with_cookie(send, cookie))
+                return
+            await self._serve(scope, receive, send, cookie)
+        finally:
+            if context is not None:
+                leave_rollout(context)
+
+    async def _serve(self, scope: dict, receive: Any, send: Any, cookie: bytes | None) -> None:
+        started = False
+        held: dict | None = None  # the start of an error answer, sent once its body is scrubbed
+        chunks: list[bytes] = []
+
+        async def send_one(message: dict) -> None:
+            nonlocal started, held
+            kind = message["type"]
+            if kind == "http.response.start":
+                started = True
+                if cookie is not None:
+                    message["headers"] = [*message.get("headers", ()), (b"set-cookie", cookie)]
+                if message["status"] >= 400:
+                    held = message
+                    return
+            elif held is not None and kind == "http.response.body":
+                chunks.append(message.get("body", b""))
+                if message.get("more_body", False):
+                    return
+                start, body = scrubbed_error_answer(held, chunks)
+                held = None
+                await send(start)
+                await send(body)
+                return
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_one)
+        except Exception as exc:
+            if started:  # too late for an error answer; the server closes the connection
+                raise
+            headers, body = internal_error_answer(self.server_name, scope.get("path", ""), exc)
+            if cookie is not None:
+                headers.append((b"set-cookie", cookie))
+            await send({"type": "http.response.start", "status": 500, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+
+
+def _with_cookie(send: Any, cookie: bytes) -> Any:
+    async def send_with_cookie(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", ()), (b"set-cookie", cookie)]
+        await send(message)
+
+    return send_with_cookie
