@@ -70,6 +70,7 @@ from nemo_gym.redaction import (
     config_secret_values,
     process_scrubber,
 )
+from nemo_gym.replicas import install_replica_cookie
 from nemo_gym.rollout_correlation import RolloutContextMiddleware
 from nemo_gym.rollout_correlation import apply_rollout_prefix as apply_rollout_prefix
 from nemo_gym.rollout_correlation import rollout_path_prefix as rollout_path_prefix
@@ -378,6 +379,7 @@ class BaseServer(BaseModel):
         self.setup_exception_middleware(app)
         if self.uses_sessions:
             self.setup_session_middleware(app)
+            install_replica_cookie(app, name)  # replicas only (nemo_gym.replicas); else nothing
         # /ng-rollout/<id>/<path> answers as /<path> (upstream's rollout correlation), behind the guard.
         app.add_middleware(RolloutContextMiddleware)
         # Outermost: nothing runs for a request without the run token, or with too large a body.
