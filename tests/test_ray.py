@@ -333,6 +333,23 @@ def test_servers_of_a_run_verify_as_ray_tasks_on_the_cluster(cluster: Any, tmp_p
 # ------------------------------------------------------------------------------------------------
 # Replicas placed on the cluster's nodes.
 
+
+def test_sealed_secrets_open_only_with_the_actors_key() -> None:
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    from nemo_gym.ray.replicas import seal, unseal
+
+    actor_key, other_key = X25519PrivateKey.generate(), X25519PrivateKey.generate()
+    public = actor_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    secret = b'{"NEMO_GYM_AUTH_TOKEN": "tok-0123456789abcdef"}'
+    ephemeral, nonce, sealed = seal(public, secret)
+    assert b"tok-0123456789abcdef" not in ephemeral + nonce + sealed
+    assert unseal(actor_key, ephemeral, nonce, sealed) == secret
+    with pytest.raises(InvalidTag):
+        unseal(other_key, ephemeral, nonce, sealed)
+
 AGENT = "example_single_tool_call_simple_agent"
 RES = "example_single_tool_call"
 
