@@ -375,6 +375,12 @@ class ServerSupervisor:
 
     # -- replicas ----------------------------------------------------------------------------------------
     def _num_replicas(self, inst: ServerInstance, block: Any) -> int:
+        if block.get(REPLICAS_KEY_NAME) is not None:
+            where = self.loaded.provenance.where(f"{inst.config_key}.{REPLICAS_KEY_NAME}")
+            raise ConfigError(
+                f"'{inst.config_key}.{REPLICAS_KEY_NAME}'{f' ({where})' if where else ''} is filled in by the "
+                f"launcher; set '{NUM_REPLICAS_KEY_NAME}' (and ray_resources) instead."
+            )
         value = block.get(NUM_REPLICAS_KEY_NAME)
         if value is None:
             return 1
@@ -423,10 +429,10 @@ class ServerSupervisor:
         block[REPLICAS_KEY_NAME] = replicas
 
     def _start_ray_replicas(self, run_scrubber: Scrubber, secret: str) -> None:
+        if not self.ray_groups:  # ray is imported only when something runs on it
+            return
         from nemo_gym.ray.replicas import script_spec
 
-        if not self.ray_groups:
-            return
         secrets_env = {
             NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME: secret,
             AUTH_TOKEN_ENV_VAR_NAME: self.auth_token or "",
@@ -459,6 +465,8 @@ class ServerSupervisor:
             group.start(specs, secrets_env)
 
     def _wait_ray_replicas(self, deadline: float) -> None:
+        if not self.ray_groups:
+            return
         from nemo_gym.ray.replicas import RayPlacementError
 
         for group in self.ray_groups.values():

@@ -24,6 +24,7 @@ import yaml
 
 from nemo_gym.global_config import ConfigError
 from nemo_gym.ray import ray_settings
+from nemo_gym.supervisor import StartupError
 from nemo_gym.testing import get, run_rollout, running_servers, server_url
 from nemo_gym.verify_pool import (
     VerifyTimeoutError,
@@ -84,6 +85,7 @@ def test_an_unreachable_cluster_fails_within_the_bound_naming_the_address(tmp_pa
     code = """
 import os, sys
 from nemo_gym.ray import ray_settings
+from nemo_gym.supervisor import StartupError
 from nemo_gym.ray.cluster import RayConnectError, connect
 try:
     connect(ray_settings({"ray_head_node_address": "127.0.0.1:1"}), timeout_s=3)
@@ -350,6 +352,7 @@ def test_sealed_secrets_open_only_with_the_actors_key() -> None:
     with pytest.raises(InvalidTag):
         unseal(other_key, ephemeral, nonce, sealed)
 
+
 AGENT = "example_single_tool_call_simple_agent"
 RES = "example_single_tool_call"
 
@@ -474,7 +477,10 @@ def test_replicas_run_on_their_nodes_require_the_token_and_serve_2000_rollouts(
             assert next(c for c in fresh if c[cookie].startswith("1."))[cookie] != on_1[cookie]
 
         asyncio.run(restart_scenario())
-    # The token went to the actors sealed: it is in no Ray log or session file.
+    # Stopping the run stopped the replicas' servers on both nodes.
+    assert not _wait_gone({r["pid"] for r in rows}), "a replica's server outlived the run"
+    # The token is in no Ray log or session file (it went to the actors sealed, and what they relay
+    # from the servers is scrubbed).
     ray_tmp = Path(os.environ["RAY_TMPDIR"])
     leaked = [
         p
@@ -482,6 +488,14 @@ def test_replicas_run_on_their_nodes_require_the_token_and_serve_2000_rollouts(
         if p.is_file() and p.stat().st_size < 50_000_000 and token.encode() in p.read_bytes()
     ]
     assert not leaked, leaked
+
+
+@pytest.mark.slow
+def test_placement_no_node_can_satisfy_fails_within_the_bound_naming_the_replica(cluster: Any) -> None:
+    extra = {**_placed_extra(cluster.address, [{"node_z": 1}]), "startup_timeout_s": 5}
+    with pytest.raises(StartupError, match=r"Could not place replica example_single_tool_call\[0\].*node_z"):
+        with running_servers([ENV_CONFIG], extra):
+            pass
 
 
 @pytest.mark.slow

@@ -154,6 +154,20 @@ def test_bad_num_replicas_is_a_config_error_naming_the_key() -> None:
             pass
 
 
+def test_ray_placement_without_a_cluster_and_launcher_keys_are_config_errors() -> None:
+    block = {"ray_resources": {"CPU": 1}}
+    with pytest.raises(
+        ConfigError,
+        match=r"\.ray_resources' places 'example_session_state_mgmt' on a Ray cluster, but the run has none",
+    ):
+        with running_servers([CONFIG], {ENV: {"resources_servers": {ENV: block}}}):
+            pass
+    block = {"replicas": [{"host": "127.0.0.1", "port": 1}]}
+    with pytest.raises(ConfigError, match=r"\.replicas' .*is filled in by the launcher"):
+        with running_servers([CONFIG], {ENV: {"resources_servers": {ENV: block}}}):
+            pass
+
+
 def test_a_dead_replica_gets_no_new_sessions_and_its_sessions_fail_as_infrastructure(tmp_path: Path) -> None:
     with running_servers([CONFIG], _extra(resources_replicas=2, agent_replicas=1)) as h:
         client = _client(h)
