@@ -949,7 +949,15 @@ def _signal_group(pgid: int, sig: int) -> None:
 def format_instances_table(rows: list[dict[str, Any]]) -> str:
     """A plain-text table of server rows (name, type/impl, url, pid)."""
     headers = ["name", "type/impl", "url", "pid"]
-    data = [[r["name"], f"{r['server_type']}/{r['impl']}", r["url"], str(r["pid"])] for r in rows]
+    data = [
+        [
+            r["name"] + (f"[{r['replica']}]" if r.get("replica") is not None else ""),
+            f"{r['server_type']}/{r['impl']}",
+            r["url"],
+            str(r["pid"]),
+        ]
+        for r in rows
+    ]
     widths = [max(len(h), *(len(d[i]) for d in data)) if data else len(h) for i, h in enumerate(headers)]
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
     out = [line, "  ".join("-" * w for w in widths)]

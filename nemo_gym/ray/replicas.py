@@ -44,6 +44,17 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from nemo_gym.auth import AUTH_TOKEN_ENV_VAR_NAME
+from nemo_gym.global_config import (
+    NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME,
+    NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME,
+    NEMO_GYM_LISTEN_FD_ENV_VAR_NAME,
+    NEMO_GYM_PARENT_PID_ENV_VAR_NAME,
+    NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME,
+)
+from nemo_gym.redaction import NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME
+from nemo_gym.replicas import REPLICA_ENV_VAR_NAME
+
 RESTART_DELAY_S = 0.5
 HEALTH_POLL_S = 0.1
 STOP_GRACE_S = 3.0
@@ -136,8 +147,8 @@ class ReplicaActor:
         secrets_env = opened["env"]
         self._spec = {**spec, "config_yaml": opened["config_yaml"]}
         self._env = secrets_env
-        values = json.loads(secrets_env.get("NEMO_GYM_SECRET_VALUES", "[]"))
-        token = secrets_env.get("NEMO_GYM_AUTH_TOKEN") or ""
+        values = json.loads(secrets_env.get(NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME, "[]"))
+        token = secrets_env.get(AUTH_TOKEN_ENV_VAR_NAME) or ""
         self._scrub = Scrubber(set(values) | ({token} if token else set())).scrub
         self._spawn(spec["identity"])
         self._wait_healthy(float(spec["startup_timeout_s"]))
@@ -153,16 +164,18 @@ class ReplicaActor:
         env.update(self._env)
         env.update(
             {
-                "NEMO_GYM_CONFIG_DICT": spec["config_yaml"],
-                "NEMO_GYM_CONFIG_PATH": spec["instance"],
-                "NEMO_GYM_LISTEN_FD": str(fd),
-                "NEMO_GYM_PARENT_PID": str(os.getpid()),
-                "NEMO_GYM_REPLICA": identity,
+                NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME: spec["config_yaml"],
+                NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME: spec["instance"],
+                NEMO_GYM_LISTEN_FD_ENV_VAR_NAME: str(fd),
+                NEMO_GYM_PARENT_PID_ENV_VAR_NAME: str(os.getpid()),
+                REPLICA_ENV_VAR_NAME: identity,
                 "PYTHONUNBUFFERED": "1",
                 "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p),
             }
         )
-        env.pop("NEMO_GYM_VALIDATION_FDS", None)
+        env.pop(
+            NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME, None
+        )  # no launcher pipe: the server checks its config alone
         self.info["identity"] = identity
         self._proc = self._spawner.call(
             lambda: subprocess.Popen(
@@ -189,11 +202,8 @@ class ReplicaActor:
     def _wait_healthy(self, bound_s: float) -> None:
         import httpx
 
-        headers = (
-            {"Authorization": f"Bearer {self._env['NEMO_GYM_AUTH_TOKEN']}"}
-            if self._env.get("NEMO_GYM_AUTH_TOKEN")
-            else {}
-        )
+        token = self._env.get(AUTH_TOKEN_ENV_VAR_NAME)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         url = f"http://{self.info['host']}:{self.info['port']}/"
         deadline = time.monotonic() + bound_s
         with httpx.Client(timeout=2.0, trust_env=False, headers=headers) as client:
