@@ -413,6 +413,13 @@ def test_replicas_run_on_their_nodes_require_the_token_and_serve_2000_rollouts(
         assert [r["replica"] for r in rows] == [0, 1]
         assert [r["node"] for r in rows] == [_node_with("node_a"), _node_with("node_b")]
         assert all(r["alive"] for r in rows)
+        # The head server lists the same replicas, and every process's config names their nodes.
+        head = f"http://127.0.0.1:{helper.head_server_config.port}"
+        served = [r for r in get(head + "/server_instances").json() if r["name"] == RES]
+        assert [(r["url"], r["node"]) for r in served] == [(r["url"], r["node"]) for r in rows]
+        config = yaml.safe_load(get(head + "/global_config_dict_yaml").text)
+        listed = config[RES]["resources_servers"][RES]["replicas"]
+        assert [(r["url"], r["node"]) for r in listed] == [(r["url"], r["node"]) for r in rows]
         row = example_rows(RES)[0]
         token = helper.supervisor.auth_token
         for r in rows:

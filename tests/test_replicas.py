@@ -133,6 +133,20 @@ async def test_a_restarted_replicas_old_sessions_fail_as_infrastructure(helper: 
         await client.post_json(ENV, "/get_counter_value", json={}, cookies={REPLICA_COOKIE: "9.x"})
 
 
+def test_round_robin_skips_replicas_marked_down() -> None:
+    from nemo_gym.replicas import ReplicaSet
+
+    rs = ReplicaSet("x", [{"host": "h", "port": p} for p in (1, 2, 3)])
+    assert [rs.next_index() for _ in range(4)] == [0, 1, 2, 0]
+    rs.mark_down(2)
+    assert [rs.next_index() for _ in range(4)] == [1, 0, 1, 0]
+    assert rs.next_index(avoid=1) == 0
+    rs.mark_down(0)
+    rs.mark_down(1)
+    assert rs.next_index() in (0, 1, 2)  # every replica down: try one anyway (it may be back)
+    assert rs.sticky_index({"ng_replica_x": "2.abc"}) == 2 and rs.sticky_index({}) is None
+
+
 def test_replica_cookie_is_absent_without_replicas() -> None:
     extra = {AGENT: {"responses_api_agents": {"simple_agent": {"num_replicas": 1}}}}
     with running_servers([CONFIG], extra) as h:
