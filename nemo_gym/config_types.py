@@ -76,6 +76,13 @@ class BaseRunServerInstanceConfig(BaseModel):
     # Larger request bodies get a 413 naming this setting; unset: the top-level
     # ``max_request_body_bytes``, else 32 MiB.
     max_request_body_bytes: int | None = Field(default=None, gt=0)
+    # Replicas and placement (nemo_gym.replicas, nemo_gym.ray.replicas): how many processes serve this
+    # instance, and where on a Ray cluster they run. ``replicas`` is filled in by the launcher.
+    num_replicas: int = Field(default=1, ge=1)
+    ray_resources: dict[str, float] | list[dict[str, float]] | None = None
+    ray_node_id: str | None = None
+    ray_max_restarts: int = Field(default=3, ge=0)
+    replicas: list[dict[str, Any]] | None = None
 
 
 # Upstream's names for the same shape (it splits where-to-listen and what-to-run into layers).

@@ -8,6 +8,7 @@ name, type/impl, url, pid and liveness of each server.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,7 @@ def build_head_app(
 
     @app.get("/server_instances")
     async def server_instances() -> list[dict[str, Any]]:
-        return supervisor.server_instances_info()
+        # Off the event loop: replicas on a Ray cluster are asked for their status (bounded).
+        return await asyncio.to_thread(supervisor.server_instances_info)
 
     return app

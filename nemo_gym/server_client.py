@@ -44,6 +44,7 @@ from nemo_gym.http_transport import (
     TransportError,
 )
 from nemo_gym.redaction import scrub
+from nemo_gym.replicas import ReplicaSet, replica_set_from_block
 
 logger = logging.getLogger("nemo_gym")
 
@@ -215,7 +216,8 @@ class ServerClient:
         self.max_connections_per_host = max_connections_per_host
         self._limits: tuple[int, int | None] | None = None
         self._urls: dict[str, str] = {}
-        self._host_ports: dict[str, tuple[str, int]] = {}
+        # Per instance: (host, port), or its ReplicaSet when it has several replicas (nemo_gym.replicas).
+        self._host_ports: dict[str, tuple[str, int] | ReplicaSet] = {}
         self._auth_headers: dict[str, str] | None = auth_headers(auth_token) if auth_token else None
 
     # -- construction helpers ------------------------------------------------------------------
@@ -301,11 +303,13 @@ class ServerClient:
             )
         return _shared_session(*limits)
 
-    def _host_port(self, server_name: str) -> tuple[str, int]:
+    def _host_port(self, server_name: str) -> tuple[str, int] | ReplicaSet:
         hp = self._host_ports.get(server_name)
         if hp is None:
             host, _, port = self.base_url(server_name).removeprefix("http://").rpartition(":")
-            hp = self._host_ports[server_name] = (host, int(port))
+            found = _find_instance_block(self.global_config_dict, server_name)
+            replicas = replica_set_from_block(server_name, found[2]) if found is not None else None
+            hp = self._host_ports[server_name] = replicas or (host, int(port))
         return hp
 
     async def request(
@@ -335,7 +339,17 @@ class ServerClient:
             method, server_name, url_path = url_path, method, server_name
         if "timeout" in kwargs:
             timeout_s = timeout_s or _timeout_seconds(kwargs.pop("timeout"))
-        host, port = self._host_port(server_name)
+        endpoint = self._host_ports.get(server_name) or self._host_port(server_name)
+        replicas: ReplicaSet | None = None
+        if endpoint.__class__ is tuple:
+            host, port = endpoint  # type: ignore[misc]
+        else:  # several replicas: the session's own, else the next one (nemo_gym.replicas)
+            replicas = endpoint  # type: ignore[assignment]
+            replica = _pick_replica(replicas, cookies, server_name, url_path)
+            sticky = replica is not None
+            if replica is None:
+                replica = replicas.next_index()
+            host, port = replicas.endpoints[replica]
         headers = {**self.auth_headers(), **(kwargs.pop("headers", None) or {})}
         if cookies:
             headers["Cookie"] = "; ".join(f"{k}={getattr(v, 'value', v)}" for k, v in cookies.items())
@@ -361,11 +375,12 @@ class ServerClient:
             except _RETRYABLE_ERRORS as e:
                 attempt += 1
                 if attempt > self.max_retries:
+                    where = f" ({replicas.describe(replica)})" if replicas is not None else ""
                     raise UpstreamError(
                         server_name,
                         url_path,
                         None,
-                        f"{type(e).__name__}: {e} (gave up after {attempt} attempts)",
+                        f"{type(e).__name__}: {e} (gave up after {attempt} attempts){where}",
                         kind="connection_error",
                     ) from e
                 delay = min(self.backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S)
@@ -383,6 +398,13 @@ class ServerClient:
                     self.max_retries,
                     delay,
                 )
+                if replicas is not None and not sticky:
+                    # Nothing was processed: a new session may go to another replica at once.
+                    replicas.mark_down(replica)
+                    failed, replica = replica, replicas.next_index(avoid=replica)
+                    host, port = replicas.endpoints[replica]
+                    if replica != failed:
+                        delay = 0.0
                 await asyncio.sleep(delay)
             except ResponseTimeout as e:
                 setting = timeout_setting or "the client's timeout_s"
@@ -423,6 +445,13 @@ class ServerClient:
                 kind="bad_response",
             ) from None
         return parsed, response_cookies(resp)
+
+
+def _pick_replica(replicas: ReplicaSet, cookies: Any, server_name: str, url_path: str) -> int | None:
+    try:
+        return replicas.sticky_index(cookies)
+    except ValueError as e:
+        raise UpstreamError(server_name, url_path, None, str(e), kind="replica_unknown") from None
 
 
 def _json_default(o: Any) -> Any:

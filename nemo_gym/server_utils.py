@@ -69,6 +69,7 @@ from nemo_gym.redaction import (
     collect_secret_values,
     config_secret_values,
 )
+from nemo_gym.replicas import install_replica_cookie
 from nemo_gym.rollout_correlation import apply_rollout_prefix as apply_rollout_prefix
 from nemo_gym.rollout_correlation import rollout_path_prefix as rollout_path_prefix
 from nemo_gym.server_client import (  # re-exported: the client is importable from here too
@@ -232,6 +233,8 @@ class BaseServer(BaseModel):
         if self.uses_sessions and not getattr(app.state, "nemo_gym_session_middleware_installed", False):
             app.state.nemo_gym_session_middleware_installed = True
             sessions = SessionMiddleware(None, cookie_name_for(name), _session_secret())
+        if self.uses_sessions:
+            install_replica_cookie(app, name)  # replicas only (nemo_gym.replicas); else nothing
         errors = not getattr(app.state, "nemo_gym_exception_middleware_installed", False)
         app.state.nemo_gym_exception_middleware_installed = True
         token, disabled = server_token_from_env()

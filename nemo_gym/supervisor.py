@@ -88,6 +88,12 @@ from nemo_gym.redaction import (
     process_scrubber,
     redact_config,
 )
+from nemo_gym.replicas import (
+    NUM_REPLICAS_KEY_NAME,
+    REPLICA_ENV_VAR_NAME,
+    REPLICAS_KEY_NAME,
+    new_replica_identity,
+)
 from nemo_gym.server_venvs import check_shared_requirements, ensure_server_venv
 
 LOG_TAIL_LINES = 30
@@ -150,6 +156,8 @@ class ChildServer:
     go_fd: int | None = None  # write end: b"g" lets the child go on once every config is valid
     verdict_buf: bytes = b""
     verdict: dict[str, Any] | None = None
+    replica: int | None = None  # index among the instance's replicas (None: not replicated)
+    identity: str | None = None  # NEMO_GYM_REPLICA of a replica (nemo_gym.replicas)
 
     @property
     def url(self) -> str:
@@ -160,6 +168,11 @@ class ChildServer:
     def name(self) -> str:
         """Instance name (the top-level config key)."""
         return self.instance.name
+
+    @property
+    def label(self) -> str:
+        """The instance name, with ``[<replica>]`` for a replica (log prefixes, messages)."""
+        return self.name if self.replica is None else f"{self.name}[{self.replica}]"
 
 
 class ServerSupervisor:
@@ -183,6 +196,8 @@ class ServerSupervisor:
         self._head_sock: socket.socket | None = None
         self._head_thread: threading.Thread | None = None
         self.ray_connection: Any = None  # nemo_gym.ray.cluster.RayConnection when the config uses Ray
+        # Instances placed on the Ray cluster: name -> nemo_gym.ray.replicas.RayReplicaGroup.
+        self.ray_groups: dict[str, Any] = {}
         self.head_host = str(
             OmegaConf.select(self.cfg, f"{HEAD_SERVER_KEY_NAME}.host", default=None)
             or self.cfg.get("default_host")
@@ -245,8 +260,9 @@ class ServerSupervisor:
         if not self.isolate:
             check_shared_requirements(server_dirs)
 
-        # 1. Every port, before anything starts.
+        # 1. Every port, before anything starts (replicas placed on Ray open theirs on their nodes).
         self._check_explicit_ports_distinct()
+        self._connect_ray()
         head_sock = reserve_listening_socket(
             self.head_host,
             self.head_port,
@@ -261,28 +277,46 @@ class ServerSupervisor:
         try:
             for inst in self.instances:
                 block = OmegaConf.select(self.cfg, inst.config_key)
+                num_replicas = self._num_replicas(inst, block)
+                if self._placed_on_ray(inst, block):
+                    self._reserve_ray_replicas(inst, block, num_replicas)
+                    continue
                 host = str(block.get("host") or self.cfg.get("default_host") or "127.0.0.1")
                 explicit = block.get("port")
                 where = self.loaded.provenance.where(f"{inst.config_key}.port")
                 what = f"server '{inst.name}'" + (f" (port set at {where})" if explicit and where else "")
                 port_range = configured_port_range(self.cfg)
-                if explicit or port_range is None:
-                    sock = reserve_listening_socket(host, int(explicit) if explicit else None, what)
-                else:  # upstream's port_range_low/high: automatically chosen ports come from the range
-                    sock = reserve_listening_socket_in_range(host, *port_range, what, avoid={self.head_port})
-                port = sock.getsockname()[1]
-                block["host"], block["port"] = host, port
-                entry = str(block.get("entrypoint") or "app.py")
-                self.children.append(
-                    ChildServer(
-                        instance=inst,
-                        host=host,
-                        port=port,
-                        python=sys.executable,
-                        script=server_dirs[inst.name] / entry,
-                        sock=sock,
+                replicas = []
+                for index in range(num_replicas):
+                    asked = int(explicit) if explicit and index == 0 else None
+                    if asked or port_range is None:
+                        sock = reserve_listening_socket(host, asked, what)
+                    else:  # upstream's port_range_low/high: automatically chosen ports come from the range
+                        sock = reserve_listening_socket_in_range(
+                            host, *port_range, what, avoid={self.head_port}
+                        )
+                    port = sock.getsockname()[1]
+                    entry = str(block.get("entrypoint") or "app.py")
+                    replicated = num_replicas > 1
+                    self.children.append(
+                        ChildServer(
+                            instance=inst,
+                            host=host,
+                            port=port,
+                            python=sys.executable,
+                            script=server_dirs[inst.name] / entry,
+                            sock=sock,
+                            replica=index if replicated else None,
+                            identity=new_replica_identity(index) if replicated else None,
+                        )
                     )
-                )
+                    replicas.append(
+                        {"host": host, "port": port, "url": f"http://{host}:{port}", "node": None}
+                    )
+                # The first replica's address is the instance's (what clients without routing use).
+                block["host"], block["port"] = host, replicas[0]["port"]
+                if num_replicas > 1:
+                    block[REPLICAS_KEY_NAME] = replicas
         except BaseException:
             head_sock.close()
             raise
@@ -303,7 +337,6 @@ class ServerSupervisor:
         # 3. Head server (in this process) and the children.
         if self.stop_event.is_set():
             raise StartupError("Start-up interrupted.")
-        self._connect_ray()
         self._publish_token()
         self._start_head_server(head_sock)
         secret = secrets.token_hex(32)
@@ -317,7 +350,9 @@ class ServerSupervisor:
         # 4. Every child checks its config, then all go on together; health-poll with a bound.
         deadline = time.monotonic() + self.startup_timeout_s
         self._wait_config_verdicts(deadline)
+        self._start_ray_replicas(run_scrubber, secret)
         self._wait_ready(deadline)
+        self._wait_ray_replicas(deadline)
 
     def _connect_ray(self) -> None:
         """Join (or start) the run's Ray cluster when the config asks for it (only then is ray imported),
@@ -337,6 +372,113 @@ class ServerSupervisor:
         self.echo(f"nemo_gym: {how} at {self.ray_connection.gcs_address}")
         OmegaConf.update(self.cfg, "ray_head_node_address", self.ray_connection.gcs_address, force_add=True)
         OmegaConf.update(self.cfg, RAY_START_LOCAL_KEY_NAME, False, force_add=True)
+
+    # -- replicas ----------------------------------------------------------------------------------------
+    def _num_replicas(self, inst: ServerInstance, block: Any) -> int:
+        if block.get(REPLICAS_KEY_NAME) is not None:
+            where = self.loaded.provenance.where(f"{inst.config_key}.{REPLICAS_KEY_NAME}")
+            raise ConfigError(
+                f"'{inst.config_key}.{REPLICAS_KEY_NAME}'{f' ({where})' if where else ''} is filled in by the "
+                f"launcher; set '{NUM_REPLICAS_KEY_NAME}' (and ray_resources) instead."
+            )
+        value = block.get(NUM_REPLICAS_KEY_NAME)
+        if value is None:
+            return 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            where = self.loaded.provenance.where(f"{inst.config_key}.{NUM_REPLICAS_KEY_NAME}")
+            raise ConfigError(
+                f"'{inst.config_key}.{NUM_REPLICAS_KEY_NAME}'{f' ({where})' if where else ''} must be a "
+                f"positive integer, got {value!r}."
+            )
+        return value
+
+    def _placed_on_ray(self, inst: ServerInstance, block: Any) -> bool:
+        """Whether the instance asks to run on Ray nodes (``ray_resources`` / ``ray_node_id``)."""
+        keys = [k for k in ("ray_resources", "ray_node_id") if block.get(k) is not None]
+        if not keys:
+            return False
+        if self.ray_connection is None:
+            raise ConfigError(
+                f"'{inst.config_key}.{keys[0]}' places '{inst.name}' on a Ray cluster, but the run has none: "
+                "set ray_head_node_address (join a cluster) or +ray_start_local=true."
+            )
+        return True
+
+    def _reserve_ray_replicas(self, inst: ServerInstance, block: Any, num_replicas: int) -> None:
+        from nemo_gym.ray.replicas import RayPlacementError, RayReplicaGroup
+
+        try:
+            group = RayReplicaGroup(inst.name, OmegaConf.to_container(block, resolve=True), num_replicas)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        self.ray_groups[inst.name] = group
+        try:
+            infos = group.reserve(timeout_s=min(self.startup_timeout_s, 60.0))
+        except RayPlacementError as e:
+            raise StartupError(str(e)) from None
+        replicas = [
+            {
+                "host": i["host"],
+                "port": i["port"],
+                "url": f"http://{i['host']}:{i['port']}",
+                "node": i["node"],
+            }
+            for i in infos
+        ]
+        block["host"], block["port"] = replicas[0]["host"], replicas[0]["port"]
+        block[REPLICAS_KEY_NAME] = replicas
+
+    def _start_ray_replicas(self, run_scrubber: Scrubber, secret: str) -> None:
+        if not self.ray_groups:  # ray is imported only when something runs on it
+            return
+        from nemo_gym.ray.replicas import script_spec
+
+        secrets_env = {
+            NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME: secret,
+            AUTH_TOKEN_ENV_VAR_NAME: self.auth_token or "",
+            AUTH_DISABLED_ENV_VAR_NAME: "" if self.auth_enabled else "1",
+            NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME: json.dumps(self.env_secret_values),
+        }
+        for inst in self.instances:
+            group = self.ray_groups.get(inst.name)
+            if group is None:
+                continue
+            folder = find_server_dir(inst, self.loaded.root_dir)
+            assert folder is not None
+            block = OmegaConf.select(self.cfg, inst.config_key)
+            script = folder / str(block.get("entrypoint") or "app.py")
+            specs = []
+            for index, info in enumerate(group.infos):
+                config_yaml = self._config_yaml_for(inst.name, info["host"], info["port"], run_scrubber)
+                identity = new_replica_identity(index)
+                specs.append(
+                    script_spec(
+                        inst.name,
+                        index,
+                        identity,
+                        self.loaded.root_dir,
+                        script,
+                        config_yaml,
+                        self.startup_timeout_s,
+                    )
+                )
+            group.start(specs, secrets_env)
+
+    def _wait_ray_replicas(self, deadline: float) -> None:
+        if not self.ray_groups:
+            return
+        from nemo_gym.ray.replicas import RayPlacementError
+
+        for group in self.ray_groups.values():
+            try:
+                group.wait_started(deadline)
+            except RayPlacementError as e:
+                raise StartupError(str(e)) from None
+            for info in group.infos:
+                self.echo(
+                    f"nemo_gym: replica {group.instance_name}[{group.infos.index(info)}] at "
+                    f"http://{info['host']}:{info['port']} on Ray node {info['node']}"
+                )
 
     def _check_explicit_ports_distinct(self) -> None:
         """Two entries of this config asking for the same explicit port is a config error naming both."""
@@ -378,12 +520,17 @@ class ServerSupervisor:
             )
 
     def _run_ports(self) -> list[int]:
-        return [self.head_port] + [c.port for c in self.children]
+        ray_ports = [i["port"] for g in self.ray_groups.values() for i in g.infos]
+        return [self.head_port] + [c.port for c in self.children] + ray_ports
 
     def _child_config_yaml(self, child: ChildServer, run_scrubber: Scrubber) -> str:
         """The config ``child`` receives: its own block whole (interpolations resolved, its own secrets
         included), every other server's block with secrets redacted (a judge's model name is readable,
-        its API key is not), and the top-level values that are neither secret-looking nor from env.yaml."""
+        its API key is not), and the top-level values that are neither secret-looking nor from env.yaml.
+        A replica's own block names its own address; every block lists the instance's ``replicas``."""
+        return self._config_yaml_for(child.name, child.host, child.port, run_scrubber)
+
+    def _config_yaml_for(self, name: str, host: str, port: int, run_scrubber: Scrubber) -> str:
         cfg = self.cfg
         out: dict[str, Any] = {}
         instance_keys = {inst.name for inst in self.instances}
@@ -398,21 +545,27 @@ class ServerSupervisor:
                 out[key] = run_scrubber.scrub_obj(_resolved(cfg, key))
             except Exception:  # a value only other servers interpolate may be unresolvable here: leave it out
                 continue
-        for other in self.children:
-            if other is child:
+        for other in self.instances:
+            if other.name == name:
                 continue
-            address = {"host": other.host, "port": other.port}
+            impl = OmegaConf.select(cfg, other.config_key)
+            address: dict[str, Any] = {"host": impl.get("host"), "port": impl.get("port")}
+            if impl.get(REPLICAS_KEY_NAME) is not None:
+                address[REPLICAS_KEY_NAME] = OmegaConf.to_container(impl[REPLICAS_KEY_NAME])
             try:
                 block = redact_config(_resolved(cfg, other.name), run_scrubber)
-                impl_block = block[other.instance.server_type][other.instance.impl]
+                impl_block = block[other.server_type][other.impl]
                 impl_block.update(address)
             except Exception:  # unresolvable: the address is all another server needs
-                block = {other.instance.server_type: {other.instance.impl: address}}
+                block = {other.server_type: {other.impl: address}}
             out[other.name] = block
         try:
-            out[child.name] = _resolved(cfg, child.name)
+            own = _resolved(cfg, name)
         except Exception as e:
-            raise StartupError(f"Cannot resolve the config of server '{child.name}': {e}") from None
+            raise StartupError(f"Cannot resolve the config of server '{name}': {e}") from None
+        inst = next(i for i in self.instances if i.name == name)
+        own[inst.server_type][inst.impl].update({"host": host, "port": port})
+        out[name] = own
         return yaml.safe_dump(out, sort_keys=False)
 
     def _head_port_busy_hint(self) -> str:
@@ -453,6 +606,7 @@ class ServerSupervisor:
                 AUTH_DISABLED_ENV_VAR_NAME: "" if self.auth_enabled else "1",
                 NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME: f"{verdict_w},{go_r}",
                 NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME: json.dumps(self.env_secret_values),
+                REPLICA_ENV_VAR_NAME: child.identity or "",
                 "PYTHONUNBUFFERED": "1",
                 "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p),
             }
@@ -479,15 +633,16 @@ class ServerSupervisor:
         child.sock = None
         log_file: IO[str] | None = None
         if self.log_dir:
-            log_file = open(self.log_dir / f"{child.name}.log", "a", buffering=1)
+            suffix = "" if child.replica is None else f".{child.replica}"
+            log_file = open(self.log_dir / f"{child.name}{suffix}.log", "a", buffering=1)
         child.reader = threading.Thread(
-            target=self._pump, args=(child, log_file), name=f"log-{child.name}", daemon=True
+            target=self._pump, args=(child, log_file), name=f"log-{child.label}", daemon=True
         )
         child.reader.start()
 
     def _pump(self, child: ChildServer, log_file: IO[str] | None) -> None:
         assert child.process is not None and child.process.stdout is not None
-        prefix = f"[{child.name}] "
+        prefix = f"[{child.label}] "
         scrubber = process_scrubber()
         for raw in iter(child.process.stdout.readline, b""):
             line = scrubber.scrub(raw.decode(errors="replace").rstrip("\n"))
@@ -511,9 +666,14 @@ class ServerSupervisor:
             self._read_verdicts(pending, silent, selector, deadline)
         finally:
             selector.close()
-        problems = [
-            p for c in self.children if c.verdict and not c.verdict.get("ok") for p in self._problems_of(c)
-        ]
+        problems = list(  # replicas of one instance report the same problems once
+            dict.fromkeys(
+                p
+                for c in self.children
+                if c.verdict and not c.verdict.get("ok")
+                for p in self._problems_of(c)
+            )
+        )
         if problems:
             raise ConfigError(
                 f"The configuration of {'a server is' if len(problems) == 1 else 'the servers is'} not valid "
@@ -648,9 +808,12 @@ class ServerSupervisor:
             raise StartupError(f"The head server did not start on {self.head_host}:{self.head_port}.")
 
     def server_instances_info(self) -> list[dict[str, Any]]:
-        """One row per server (name, type, impl, host, port, url, pid, alive): what ``/server_instances`` serves."""
-        return [
-            {
+        """One row per server process (name, type, impl, host, port, url, pid, alive; a replica also
+        ``replica`` and ``node``): what ``/server_instances`` serves. Replicas on Ray are asked for their
+        status (bounded), so call this off an event loop."""
+        rows = []
+        for c in self.children:
+            row = {
                 "name": c.name,
                 "server_type": c.instance.server_type,
                 "impl": c.instance.impl,
@@ -660,14 +823,42 @@ class ServerSupervisor:
                 "pid": c.process.pid if c.process else None,
                 "alive": c.process is not None and c.process.poll() is None,
             }
-            for c in self.children
-        ]
+            if c.replica is not None:
+                row.update({"replica": c.replica, "node": None})
+            rows.append(row)
+        for inst in self.instances:
+            group = self.ray_groups.get(inst.name)
+            if group is None or not group.infos:
+                continue
+            for index, status in enumerate(group.statuses()):
+                rows.append(
+                    {
+                        "name": inst.name,
+                        "server_type": inst.server_type,
+                        "impl": inst.impl,
+                        "host": status.get("host"),
+                        "port": status.get("port"),
+                        "url": f"http://{status.get('host')}:{status.get('port')}",
+                        "pid": status.get("pid"),
+                        "alive": bool(status.get("alive")),
+                        "replica": index,
+                        "node": status.get("node"),
+                        "restarts": status.get("restarts", 0),
+                    }
+                )
+        return rows
 
     # -- watching ---------------------------------------------------------------------------------------
     def dead_server(self) -> ChildServer | None:
-        """The first child that has exited since start, if any."""
+        """The first child that has exited since start, if any; a dead replica only once every replica
+        of its instance on this machine is dead (clients route around the others)."""
         for child in self.children:
             if child.process is not None and child.process.poll() is not None:
+                if child.replica is not None and any(
+                    c.name == child.name and c.process is not None and c.process.poll() is None
+                    for c in self.children
+                ):
+                    continue
                 return child
         return None
 
@@ -675,7 +866,7 @@ class ServerSupervisor:
         if child.reader is not None:
             child.reader.join(timeout=0.5)
         lines = list(child.tail) or ["(no output)"]
-        return f"--- last log lines of {child.name} ---\n" + "\n".join(lines)
+        return f"--- last log lines of {child.label} ---\n" + "\n".join(lines)
 
     def describe_exit(self, child: ChildServer, during_startup: bool = False) -> str:
         """How ``child`` exited, with its last log lines (for error messages)."""
@@ -687,7 +878,7 @@ class ServerSupervisor:
             else f"exited with code {code}"
         )
         when = " during start-up" if during_startup else ""
-        return f"Server '{child.name}' ({child.instance.folder}, pid {child.process.pid}) {how}{when}.\n{self._tail_text(child)}"
+        return f"Server '{child.label}' ({child.instance.folder}, pid {child.process.pid}) {how}{when}.\n{self._tail_text(child)}"
 
     # -- stop -------------------------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -731,6 +922,8 @@ class ServerSupervisor:
         if self._head_sock is not None:
             self._head_sock.close()
             self._head_sock = None
+        for group in self.ray_groups.values():
+            group.stop()
         if self.ray_connection is not None:
             self.ray_connection.close()
         if self.auth_token is not None:
@@ -756,7 +949,15 @@ def _signal_group(pgid: int, sig: int) -> None:
 def format_instances_table(rows: list[dict[str, Any]]) -> str:
     """A plain-text table of server rows (name, type/impl, url, pid)."""
     headers = ["name", "type/impl", "url", "pid"]
-    data = [[r["name"], f"{r['server_type']}/{r['impl']}", r["url"], str(r["pid"])] for r in rows]
+    data = [
+        [
+            r["name"] + (f"[{r['replica']}]" if r.get("replica") is not None else ""),
+            f"{r['server_type']}/{r['impl']}",
+            r["url"],
+            str(r["pid"]),
+        ]
+        for r in rows
+    ]
     widths = [max(len(h), *(len(d[i]) for d in data)) if data else len(h) for i, h in enumerate(headers)]
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
     out = [line, "  ".join("-" * w for w in widths)]

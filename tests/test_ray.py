@@ -24,6 +24,7 @@ import yaml
 
 from nemo_gym.global_config import ConfigError
 from nemo_gym.ray import ray_settings
+from nemo_gym.supervisor import StartupError
 from nemo_gym.testing import get, run_rollout, running_servers, server_url
 from nemo_gym.verify_pool import (
     VerifyTimeoutError,
@@ -84,6 +85,7 @@ def test_an_unreachable_cluster_fails_within_the_bound_naming_the_address(tmp_pa
     code = """
 import os, sys
 from nemo_gym.ray import ray_settings
+from nemo_gym.supervisor import StartupError
 from nemo_gym.ray.cluster import RayConnectError, connect
 try:
     connect(ray_settings({"ray_head_node_address": "127.0.0.1:1"}), timeout_s=3)
@@ -328,6 +330,252 @@ def test_servers_of_a_run_verify_as_ray_tasks_on_the_cluster(cluster: Any, tmp_p
         pid = next(r["pid"] for r in helper.server_instances() if r["name"] == "structured_outputs")
         # The local verify pool would have started worker processes under the server: there are none.
         assert psutil.Process(pid).children(recursive=True) == []
+
+
+# ------------------------------------------------------------------------------------------------
+# Replicas placed on the cluster's nodes.
+
+
+def test_sealed_secrets_open_only_with_the_actors_key() -> None:
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    from nemo_gym.ray.replicas import seal, unseal
+
+    actor_key, other_key = X25519PrivateKey.generate(), X25519PrivateKey.generate()
+    public = actor_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    secret = b'{"NEMO_GYM_AUTH_TOKEN": "tok-0123456789abcdef"}'
+    ephemeral, nonce, sealed = seal(public, secret)
+    assert b"tok-0123456789abcdef" not in ephemeral + nonce + sealed
+    assert unseal(actor_key, ephemeral, nonce, sealed) == secret
+    with pytest.raises(InvalidTag):
+        unseal(other_key, ephemeral, nonce, sealed)
+
+
+AGENT = "example_single_tool_call_simple_agent"
+RES = "example_single_tool_call"
+
+
+def _weather_scripts() -> list[dict[str, Any]]:
+    from nemo_gym.testing import example_rows
+
+    return [
+        {
+            "contains": row["expected_city"],
+            "turns": [
+                {"tool_calls": [{"name": "get_weather", "arguments": {"city": row["expected_city"]}}]},
+                {"text": f"Here is the weather in {row['expected_city']}."},
+            ],
+        }
+        for row in example_rows(RES)
+    ]
+
+
+def _placed_extra(address: str, resources: list[dict[str, float]], **block: Any) -> dict[str, Any]:
+    return {
+        "ray_head_node_address": address,
+        "policy_model": {
+            "responses_api_models": {"scripted_model": {"scripts_by_input": _weather_scripts()}}
+        },
+        RES: {
+            "resources_servers": {RES: {"num_replicas": len(resources), "ray_resources": resources, **block}}
+        },
+    }
+
+
+def _node_with(resource: str) -> str:
+    return next(n["NodeID"] for n in ray.nodes() if n["Alive"] and resource in n["Resources"])
+
+
+def _replica_rows(helper: Any) -> list[dict[str, Any]]:
+    return [r for r in helper.server_instances() if r["name"] == RES]
+
+
+def _cpu_s(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+@pytest.mark.slow
+def test_replicas_run_on_their_nodes_require_the_token_and_serve_2000_rollouts(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """Replica 0 on node_a, replica 1 on node_b (each started by its actor there, bound to every
+    interface); without the run token a replica refuses; 2,000 rollouts through both, all rewarded 1."""
+    import httpx
+
+    from nemo_gym.testing import collect_rollouts, example_rows
+
+    extra = _placed_extra(cluster.address, [{"node_a": 1}, {"node_b": 1}])
+    with running_servers([ENV_CONFIG], extra) as helper:
+        rows = _replica_rows(helper)
+        assert [r["replica"] for r in rows] == [0, 1]
+        assert [r["node"] for r in rows] == [_node_with("node_a"), _node_with("node_b")]
+        assert all(r["alive"] for r in rows)
+        # The head server lists the same replicas, and every process's config names their nodes.
+        head = f"http://127.0.0.1:{helper.head_server_config.port}"
+        served = [r for r in get(head + "/server_instances").json() if r["name"] == RES]
+        assert [(r["url"], r["node"]) for r in served] == [(r["url"], r["node"]) for r in rows]
+        config = yaml.safe_load(get(head + "/global_config_dict_yaml").text)
+        listed = config[RES]["resources_servers"][RES]["replicas"]
+        assert [(r["url"], r["node"]) for r in listed] == [(r["url"], r["node"]) for r in rows]
+        row = example_rows(RES)[0]
+        token = helper.supervisor.auth_token
+        for r in rows:
+            # Started by its actor (a Ray worker on its node), not by this process; listening on every interface.
+            parent = psutil.Process(r["pid"]).parent()
+            assert parent is not None and parent.pid != os.getpid()
+            assert "ReplicaActor" in " ".join(parent.cmdline()), parent.cmdline()
+            listening = [c for c in psutil.Process(r["pid"]).net_connections("tcp") if c.status == "LISTEN"]
+            assert [(c.laddr.ip, c.laddr.port) for c in listening] == [("0.0.0.0", r["port"])]
+            # A replica off this process requires the run token.
+            refused = httpx.post(r["url"] + "/seed_session", json=row, timeout=10, trust_env=False)
+            assert refused.status_code == 401, refused.text
+            allowed = httpx.post(
+                r["url"] + "/seed_session",
+                json=row,
+                timeout=10,
+                trust_env=False,
+                headers={"Authorization": f"Bearer {token}"},
+            )
+            assert allowed.status_code == 200, allowed.text
+        before = [_cpu_s(r["pid"]) for r in rows]
+        tasks = example_rows(RES)
+        code, out, err = collect_rollouts(
+            helper, tasks, tmp_path, AGENT, "+num_repeats=400", "+num_samples_in_parallel=64"
+        )
+        assert code == 0, err[-3000:]
+        assert len(out) == 2000 and all(r["reward"] == 1.0 for r in out)
+        assert len({(r["_ng_task_index"], r["_ng_rollout_index"]) for r in out}) == 2000
+        # Both replicas did real work (each seeds, serves tools and verifies about half the sessions).
+        used = [_cpu_s(r["pid"]) - b for r, b in zip(rows, before, strict=True)]
+        assert min(used) > 0.25 * max(used), used
+
+        # A replica's server that dies is restarted by its actor on the same address, as a new boot:
+        # sessions of the old boot are refused as infrastructure failures, new ones are served.
+        import asyncio
+
+        from nemo_gym.replicas import replica_cookie_name
+        from nemo_gym.server_client import ServerClient, UpstreamError
+
+        client = ServerClient(global_config_dict=helper.global_config_dict, max_retries=2, backoff_s=0.05)
+        cookie = replica_cookie_name(RES)
+
+        async def seed() -> dict[str, str]:
+            return (await client.post_json(RES, "/seed_session", json=row))[1]
+
+        async def restart_scenario() -> None:
+            old = [await seed() for _ in range(2)]
+            on_1 = next(c for c in old if c[cookie].startswith("1."))
+            os.kill(rows[1]["pid"], signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                status = _replica_rows(helper)[1]
+                if status["alive"] and status["pid"] != rows[1]["pid"]:
+                    break
+                await asyncio.sleep(0.2)
+            assert status["restarts"] == 1 and status["alive"] and status["port"] == rows[1]["port"]
+            with pytest.raises(UpstreamError) as info:
+                await client.post_json(RES, "/verify", json={**row, "response": {"output": []}}, cookies=on_1)
+            assert info.value.status == 503 and info.value.detail["error"]["kind"] == "replica_session_lost"
+            fresh = [await seed() for _ in range(2)]
+            assert {c[cookie].partition(".")[0] for c in fresh} == {"0", "1"}
+            assert next(c for c in fresh if c[cookie].startswith("1."))[cookie] != on_1[cookie]
+
+        asyncio.run(restart_scenario())
+    # Stopping the run stopped the replicas' servers on both nodes.
+    assert not _wait_gone({r["pid"] for r in rows}), "a replica's server outlived the run"
+    # The token is in no Ray log or session file (it went to the actors sealed, and what they relay
+    # from the servers is scrubbed).
+    ray_tmp = Path(os.environ["RAY_TMPDIR"])
+    leaked = [
+        p
+        for p in ray_tmp.rglob("*")
+        if p.is_file() and p.stat().st_size < 50_000_000 and token.encode() in p.read_bytes()
+    ]
+    assert not leaked, leaked
+
+
+@pytest.mark.slow
+def test_placement_no_node_can_satisfy_fails_within_the_bound_naming_the_replica(cluster: Any) -> None:
+    extra = {**_placed_extra(cluster.address, [{"node_z": 1}]), "startup_timeout_s": 5}
+    with pytest.raises(StartupError, match=r"Could not place replica example_single_tool_call\[0\].*node_z"):
+        with running_servers([ENV_CONFIG], extra):
+            pass
+
+
+@pytest.mark.slow
+def test_a_killed_node_loses_no_row_and_resume_completes_the_missing_pairs(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """Replica 1 on a third node that is removed (its raylet, actor and server killed) mid-run: no
+    row is scored 0 or lost, the failed rollouts are infrastructure failures, and a resume completes
+    exactly the missing pairs through the surviving replica."""
+    from nemo_gym.testing import collect_rollouts, example_rows
+
+    node_c = cluster.add_node(
+        num_cpus=1, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False, resources={"node_c": 1}
+    )
+    try:
+        cluster.wait_for_nodes(timeout=60)
+        extra = _placed_extra(cluster.address, [{"node_a": 1}, {"node_c": 1}], ray_max_restarts=1)
+        with running_servers([ENV_CONFIG], extra) as helper:
+            rows = _replica_rows(helper)
+            assert rows[1]["node"] == _node_with("node_c")
+            victim_pid = rows[1]["pid"]
+            tasks = example_rows(RES)
+            output = tmp_path / "output.jsonl"
+            killed = threading.Event()
+
+            def kill_node_mid_run() -> None:
+                # The collector runs on the main thread (signal handlers); the node dies from here.
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline:
+                    if output.exists() and output.read_bytes().count(b"\n") >= 150:
+                        cluster.remove_node(node_c, allow_graceful=False)
+                        killed.set()
+                        return
+                    time.sleep(0.02)
+
+            killer = threading.Thread(target=kill_node_mid_run)
+            killer.start()
+            result = {
+                "first": collect_rollouts(
+                    helper, tasks, tmp_path, AGENT, "+num_repeats=200", "+num_samples_in_parallel=32"
+                )
+            }
+            killer.join(timeout=130)
+            assert killed.is_set(), "the run ended before the node was killed"
+            node_c = None
+            code, out, err = result["first"]
+            assert not _wait_gone({victim_pid}), "the killed node's replica process outlived its node"
+            assert all(r["reward"] == 1.0 for r in out), "a rollout was scored although its replica died"
+            assert code in (1, 3) and len(out) < 1000, (code, len(out), err[-2000:])
+            print(f"first run: exit {code}, {len(out)} of 1000 rollouts written")
+            failures = tmp_path / "output_failures.jsonl"
+            assert failures.exists() and failures.read_bytes().strip()
+            done_first = {(r["_ng_task_index"], r["_ng_rollout_index"]) for r in out}
+            # Resume: exactly the missing pairs, through the replica that is left.
+            code2, out2, err2 = collect_rollouts(
+                helper,
+                tasks,
+                tmp_path,
+                AGENT,
+                "+num_repeats=200",
+                "+num_samples_in_parallel=32",
+                "+resume_from_cache=true",
+            )
+            assert code2 == 0, err2[-3000:]
+            keys = [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in out2]
+            assert len(keys) == len(set(keys)) == 1000
+            assert done_first < set(keys)
+            assert all(r["reward"] == 1.0 for r in out2)
+            status = _replica_rows(helper)[1]
+            assert not status["alive"]
+    finally:
+        if node_c is not None:
+            cluster.remove_node(node_c)
 
 
 def json_row_with_marker(row: dict[str, Any], marker: str) -> dict[str, Any]:

@@ -9,7 +9,11 @@ store, private ``RAY_TMPDIR``), runs ``N`` CPU-bound verification calls (a pure-
 * ``ray_2_nodes``: the same, spread over both nodes,
 * ``local_pool_1`` / ``local_pool_2``: :class:`nemo_gym.verify_pool.VerifyPool` with 1 / 2 workers,
 
-all in one run, prints calls/s per mode and the ratios, and stops the cluster (never ``ray stop``).
+all in one run; then rollouts/s of a CPU-bound environment (:mod:`nemo_gym.ray.bench_server`:
+example_single_tool_call whose verify burns ``--verify-ms`` of CPU in the resources server) with its
+resources server as 1 replica (on ``node_a``) vs 2 replicas (``node_a`` + ``node_b``), each placed
+by its actor (``--rollouts`` rollouts each, scripted model). It prints the rates, the ratios and the
+machine's load average, and stops the cluster (never ``ray stop``).
 Numbers from a shared 2-core machine are noisy: compare ratios of one run, not absolute rates.
 """
 
@@ -60,10 +64,59 @@ async def _measure(address: str, calls: int, work_ms: float) -> dict[str, float]
     return out
 
 
+def _replica_rate(address: str, replicas: int, rollouts: int, verify_ms: float) -> float:
+    """Rollouts/s of the CPU-bound environment with its resources server as ``replicas`` replicas."""
+    from pathlib import Path
+
+    from nemo_gym.testing import collect_rollouts, example_rows, running_servers
+
+    env = "example_single_tool_call"
+    rows = example_rows(env)
+    scripts = [
+        {
+            "contains": r["expected_city"],
+            "turns": [
+                {"tool_calls": [{"name": "get_weather", "arguments": {"city": r["expected_city"]}}]},
+                {"text": f"Here is the weather in {r['expected_city']}."},
+            ],
+        }
+        for r in rows
+    ]
+    block = {
+        "entrypoint": "../../nemo_gym/ray/bench_server.py",
+        "verify_work_ms": verify_ms,
+        "num_replicas": replicas,
+        "ray_resources": [{"CPU": 1, "node_a": 1}, {"CPU": 1, "node_b": 1}][:replicas],
+    }
+    extra = {
+        "ray_head_node_address": address,
+        "policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": scripts}}},
+        env: {"resources_servers": {env: block}},
+    }
+    config = f"resources_servers/{env}/configs/{env}.yaml"
+    with running_servers([config], extra) as helper:
+        work = Path(tempfile.mkdtemp(prefix=f"nemo_gym_replica_bench_{replicas}_"))
+        t0 = time.perf_counter()
+        code, out, err = collect_rollouts(
+            helper,
+            rows,
+            work,
+            f"{env}_simple_agent",
+            f"+num_repeats={rollouts // len(rows)}",
+            "+num_samples_in_parallel=32",
+        )
+        elapsed = time.perf_counter() - t0
+    if code != 0 or not all(r.get("reward") == 1.0 for r in out):
+        raise SystemExit(f"replica benchmark with {replicas} replica(s) failed (exit {code}):\n{err[-2000:]}")
+    return len(out) / elapsed
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=60)
     parser.add_argument("--work-ms", type=float, default=100.0)
+    parser.add_argument("--rollouts", type=int, default=300)
+    parser.add_argument("--verify-ms", type=float, default=20.0)
     args = parser.parse_args(argv)
 
     tmp = tempfile.mkdtemp(prefix="nemo_gym_ray_bench_")
@@ -78,6 +131,13 @@ def main(argv: list[str] | None = None) -> None:
         cluster.wait_for_nodes(timeout=60)
         ray.init(address=cluster.address, log_to_driver=False)
         rates = asyncio.run(_measure(cluster.address, args.calls, args.work_ms))
+        ray.shutdown()
+        for n in (1, 2):
+            rates[f"replicas_{n}_rollouts_per_s"] = _replica_rate(
+                cluster.address, n, args.rollouts, args.verify_ms
+            )
+        rates["replicas_2_over_1"] = rates["replicas_2_rollouts_per_s"] / rates["replicas_1_rollouts_per_s"]
+        rates["load_average_1m"] = os.getloadavg()[0]
     finally:
         if ray.is_initialized():
             ray.shutdown()
