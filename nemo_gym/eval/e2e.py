@@ -284,6 +284,7 @@ def collection_config(opts: E2ECollectionConfig, plan: AgentPlan) -> RolloutColl
         pass_threshold=opts.pass_threshold,
         request_timeout_s=opts.request_timeout_s,
         progress=opts.progress,
+        observability_enabled=opts.observability_enabled,
     )
 
 
