@@ -241,3 +241,35 @@ def test_store_bounds_entries_and_bytes_oldest_first() -> None:
     assert [c["n"] for c in calls["x"]] == [1, 2] and dropped == {"x": 1}
     assert calls["x"][0]["request"] == "y" * 600 and calls["x"][1]["request"] is None
     assert "model_call_capture_max_bytes" in calls["x"][1]["payload_omitted"]
+
+
+@pytest.mark.slow
+def test_ng_e2e_collect_rollouts_writes_the_model_calls_per_agent(tmp_path: Path, launch: Any) -> None:
+    import sys
+
+    model = "responses_api_models/scripted_model/configs/scripted_model.yaml"
+    out = tmp_path / "eval.jsonl"
+    run = launch(
+        "-m",
+        "nemo_gym.eval.e2e",
+        f"+config_paths=[{EXAMPLE_CONFIG},{model}]",
+        "+head_server.port=0",
+        "+progress=false",
+        "+split=example",
+        f"+output_jsonl_fpath={out}",
+        "+observability_enabled=true",
+        cmd=sys.executable,
+    )
+    assert run.wait_exit(240) == 0, run.output
+    assert run.wait_no_processes() == []
+    rollouts = _lines(tmp_path / "eval" / "rollouts" / f"{AGENT}.jsonl")
+    calls = _lines(tmp_path / "eval" / "rollouts" / f"{AGENT}_model_calls.jsonl")
+    assert len(rollouts) == 5
+    per_rollout = Counter((c["_ng_task_index"], c["_ng_rollout_index"]) for c in calls)
+    # The scripted model's default: a get_weather call, then an answer: two model calls per rollout.
+    assert per_rollout == {(r["_ng_task_index"], r["_ng_rollout_index"]): 2 for r in rollouts}
+    for c in calls:
+        row = next(r for r in rollouts if r["_ng_task_index"] == c["_ng_task_index"])
+        question = [m["content"] for m in row["responses_create_params"]["input"] if m.get("role") == "user"]
+        asked = [m["content"] for m in c["request"]["input"] if m.get("role") == "user"]
+        assert asked == question and c["status_code"] == 200 and c["rollout_status"] == "ok"
