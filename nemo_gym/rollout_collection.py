@@ -17,6 +17,9 @@ Contract
 * Each finished rollout is one whole line in the output, written and flushed as it completes. An
   infrastructure failure (connection refused, timeout, 5xx, a 4xx from the agent) goes to
   ``<stem>_failures.jsonl`` with its kind, server, error and attempt number — never to the output.
+* With model-call capture on (the servers' ``observability_enabled``; the collector's own option can
+  turn it off, or require it), each rollout's model calls are taken from the model servers as it ends
+  and appended to ``<stem>_model_calls.jsonl`` (:mod:`nemo_gym.observability`).
 * A per-server circuit breaker: after ``circuit_breaker_threshold`` consecutive rollouts fail
   because one server is down (unreachable past the client's retries, or 502/503/504 — the agent's
   own, or an inner server's named in the agent's 502), rows for the agents it affects are no longer
@@ -1198,6 +1201,7 @@ def collect_main(argv: list[str] | None = None) -> None:
             "  [+overwrite=true] [+pass_threshold=1.0] [+request_timeout_s=3600] [+progress=false]\n"
             "  [+head_server.host=127.0.0.1 +head_server.port=11000]\n"
             "  [+circuit_breaker_threshold=3] [+tracker=mlflow|wandb (docs/concepts.md: Experiment tracking)]\n"
+            "  [+observability_enabled=true|false (model calls to <stem>_model_calls.jsonl; docs/trainers.md)]\n"
             "exit status: 0 all done, 1 some rollouts missing (see the failures file), 2 bad input or options,\n"
             "  3 stopped early because a server is down (restart it, then +resume_from_cache=true), 130 interrupted"
         )

@@ -109,6 +109,9 @@ def test_capture_on_records_every_model_call_of_each_rollout(captured: dict[str,
         turns = sum(1 for item in rollout["response"]["output"] if item["type"] == "function_call") + 1
         assert len(mine) == turns == CALLS_PER_CITY[rollout["expected_city"]]
         assert [c["call_index"] for c in mine] == list(range(turns))
+        usage = rollout["response"]["usage"]  # the agent's sum over turns: the calls' counts add up to it
+        assert sum(c["tokens_in"] for c in mine) == usage["input_tokens"]
+        assert sum(c["tokens_out"] for c in mine) == usage["output_tokens"]
         for c in mine:
             # The right rollout: the request is this row's conversation, not another one in flight.
             assert f"weather in {rollout['expected_city']}?" in orjson.dumps(c["request"]["input"]).decode()
