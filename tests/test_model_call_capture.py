@@ -90,7 +90,22 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         model_url = server_url(helper, "policy_model")
         # After the run the store holds nothing: every rollout's calls were taken.
         leftover = post_json(model_url + "/ng_model_calls/pop", {"rollout_ids": ["0-0", "2-3"]}).json()
-    return {"code": code, "out": out, "err": err, "work": work, "leftover": leftover}
+        # Chat Completions calls are captured too (their usage names differ).
+        chat = post_json(
+            model_url + "/ng-rollout/chat-7/v1/chat/completions",
+            {"model": "m", "messages": [{"role": "user", "content": "What's the weather in Tokyo?"}]},
+        )
+        assert chat.status_code == 200, chat.text
+        chat_calls = post_json(model_url + "/ng_model_calls/pop", {"rollout_ids": ["chat-7"]}).json()
+    return {
+        "code": code,
+        "out": out,
+        "err": err,
+        "work": work,
+        "leftover": leftover,
+        "chat": chat.json(),
+        "chat_calls": chat_calls,
+    }
 
 
 @pytest.mark.slow
@@ -124,6 +139,17 @@ def test_capture_on_records_every_model_call_of_each_rollout(captured: dict[str,
         last = orjson.dumps(rollout["response"]["output"][-1]["content"]).decode().replace(SECRET, REDACTED)
         assert orjson.dumps(mine[-1]["response"]["output"][-1]["content"]).decode() == last
     assert captured["leftover"]["enabled"] is True and captured["leftover"]["calls"] == {}
+
+
+@pytest.mark.slow
+def test_chat_completions_calls_are_captured(captured: dict[str, Any]) -> None:
+    (call,) = captured["chat_calls"]["calls"]["chat-7"]
+    usage = captured["chat"]["usage"]
+    assert call["dialect"] == "chat_completions" and call["path"] == "/v1/chat/completions"
+    assert (call["tokens_in"], call["tokens_out"]) == (usage["prompt_tokens"], usage["completion_tokens"])
+    assert call["response"] == captured["chat"] and call["request"]["messages"][0]["content"].endswith(
+        "Tokyo?"
+    )
 
 
 @pytest.mark.slow
