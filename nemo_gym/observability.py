@@ -24,7 +24,10 @@ Contract
   ``agent_ref`` and ``rollout_status`` (``ok`` or ``failed``), in the order the calls started; a
   rollout that lost calls to the bound gets one ``kind: "dropped"`` line with the count. Every line
   is scrubbed of known secrets (:mod:`nemo_gym.redaction`) before it is written. A model server that
-  cannot be asked is counted (``pull_errors``) and warned about; it never fails the rollout.
+  cannot be asked is counted (``pull_errors``) and warned about; it never fails the rollout. Before
+  sending, the collector drops what the servers still hold for the rollout ids it is about to run
+  (calls of an earlier, interrupted run: ``stale_discarded``), so a resumed rollout's lines are its own.
+  Two collections against the same servers at once must not share task/rollout indices.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import os
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -371,6 +374,7 @@ class ModelCallSink:
     calls_written: int = 0
     dropped: int = 0
     pull_errors: int = 0
+    stale_discarded: int = 0
     _warned: set[str] = field(default_factory=set)
 
     @classmethod
@@ -422,6 +426,39 @@ class ModelCallSink:
         calls.sort(key=lambda c: (c.get("started_at") or 0.0, c.get("call_index") or 0))
         return calls, dropped
 
+    async def discard(self, rows: Iterable[dict[str, Any]], chunk: int = 5_000) -> int:
+        """Drop whatever the model servers hold for ``rows``' rollout ids (calls of an earlier, interrupted
+        run against the same servers), before those rows are sent again; returns how many were dropped."""
+        ids = (maybe_rollout_id_from_run_body(r) for r in rows)
+        batch: list[str] = []
+        dropped = 0
+        for rid in ids:
+            if rid is not None:
+                batch.append(rid)
+            if len(batch) >= chunk:
+                dropped += await self._discard_batch(batch)
+                batch = []
+        if batch:
+            dropped += await self._discard_batch(batch)
+        self.stale_discarded += dropped
+        return dropped
+
+    async def _discard_batch(self, rollout_ids: list[str]) -> int:
+        from nemo_gym.server_client import UpstreamError, response_body
+
+        n = 0
+        for server in self.servers:
+            try:
+                resp = await self.client.post(
+                    server, POP_PATH, json={"rollout_ids": rollout_ids}, timeout_s=60
+                )
+                if resp.status == 200:
+                    answer = orjson.loads(response_body(resp))
+                    n += sum(len(v) for v in answer.get("calls", {}).values())
+            except (UpstreamError, orjson.JSONDecodeError) as e:
+                logger.warning("model-call capture: cannot clear earlier calls on %s: %s", server, e)
+        return n
+
     async def write_rollout(self, row: dict[str, Any], status: str) -> None:
         """Pop ``row``'s calls and append them (scrubbed) to the file."""
         from nemo_gym.redaction import process_scrubber
@@ -454,6 +491,7 @@ class ModelCallSink:
             "calls_written": self.calls_written,
             "dropped": self.dropped,
             "pull_errors": self.pull_errors,
+            "stale_discarded": self.stale_discarded,
         }
 
     def close(self) -> None:

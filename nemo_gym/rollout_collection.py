@@ -919,6 +919,8 @@ async def collect_rollouts(
     kinds: Counter[tuple[Any, ...]] = Counter()
     kind_paths: dict[tuple[Any, ...], set[str]] = {}
     try:
+        if sink is not None:
+            await sink.discard(rows_to_send())  # calls an interrupted earlier run left for these rollouts
         async for row, result, exc in bounded_map(
             rows_to_send(),
             worker,

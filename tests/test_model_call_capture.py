@@ -83,11 +83,14 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     add_secret_values([SECRET])
     work = tmp_path_factory.mktemp("capture_on")
     with running_servers([EXAMPLE_CONFIG], _config(observability_enabled=True)) as helper:
+        model_url = server_url(helper, "policy_model")
+        # A call an earlier (say, interrupted) run left for rollout 1-0: not written for this run's 1-0.
+        stale = post_json(model_url + "/ng-rollout/1-0/v1/responses", {"input": "a stale call"})
+        assert stale.status_code == 200, stale.text
         rows = [_row("Paris"), _row("Tokyo"), _row("Oslo")]
         code, out, err = collect_rollouts(
             helper, rows, work, AGENT, "+num_repeats=4", "+num_samples_in_parallel=12"
         )
-        model_url = server_url(helper, "policy_model")
         # After the run the store holds nothing: every rollout's calls were taken.
         leftover = post_json(model_url + "/ng_model_calls/pop", {"rollout_ids": ["0-0", "2-3"]}).json()
         # Chat Completions calls are captured too (their usage names differ).
@@ -169,6 +172,7 @@ def test_a_model_error_is_an_error_entry_and_secrets_are_redacted(captured: dict
     summary = orjson.loads((captured["work"] / "output_aggregate_metrics.json").read_bytes())
     assert summary["model_calls"]["calls_written"] == len(lines) == 4 * 3 + 4 * 2 + 4
     assert summary["model_calls"]["pull_errors"] == 0
+    assert summary["model_calls"]["stale_discarded"] == 1 and "a stale call" not in text
 
 
 @pytest.mark.slow
