@@ -61,6 +61,7 @@ CAPTURED_PATHS = {"/v1/responses": "responses", "/v1/chat/completions": "chat_co
 MODEL_SERVER_TYPE = "responses_api_models"
 _ENTRY_OVERHEAD_BYTES = 512  # metadata of one stored call, counted against the byte bound
 _MAX_ERROR_CHARS = 2000
+_MAX_DROP_COUNTS = 100_000  # rollouts whose drop counts are kept until asked for (a few MB at most)
 
 
 def model_calls_path(output: str | os.PathLike[str]) -> Path:
@@ -100,7 +101,7 @@ class ModelCallStore:
         self.max_bytes = max_bytes
         self._order: OrderedDict[int, _Call] = OrderedDict()  # every stored call, oldest first
         self._by_rollout: dict[str, deque[int]] = {}
-        self._dropped: OrderedDict[str, int] = OrderedDict()  # per rollout, bounded like the calls
+        self._dropped: OrderedDict[str, int] = OrderedDict()  # per rollout, bounded too
         self._seq = itertools.count()
         self._call_index: dict[str, int] = {}
         self.bytes = 0
@@ -134,12 +135,13 @@ class ModelCallStore:
         seqs = self._by_rollout[call.rollout_id]
         seqs.popleft()  # a rollout's calls are stored in order, so its oldest is this one
         if not seqs:
-            del self._by_rollout[call.rollout_id]
-            self._call_index.pop(call.rollout_id, None)
+            del self._by_rollout[call.rollout_id]  # its call_index stays: later calls keep counting
         self.dropped_total += 1
         self._dropped[call.rollout_id] = self._dropped.pop(call.rollout_id, 0) + 1
-        while len(self._dropped) > self.max_calls:  # counts of rollouts nobody asks for go too
-            self._dropped.popitem(last=False)
+        while len(self._dropped) > max(self.max_calls, _MAX_DROP_COUNTS):  # counts nobody asks for go too
+            forgotten, _ = self._dropped.popitem(last=False)
+            if forgotten not in self._by_rollout:
+                self._call_index.pop(forgotten, None)
 
     def pop(self, rollout_ids: list[str]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int]]:
         """Remove and return the calls (bodies parsed) and drop counts of ``rollout_ids``."""

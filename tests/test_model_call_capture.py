@@ -266,6 +266,14 @@ def test_store_bounds_entries_and_bytes_oldest_first() -> None:
     assert len(store) == 0 and store.bytes == 0
     assert store.pop(["a"]) == ({}, {})  # popped once: gone
 
+    # A rollout whose every stored call was dropped keeps counting its calls.
+    one = ModelCallStore(max_calls=1, max_bytes=10_000)
+    one.add("r", {}, b"{}", b"{}")
+    one.add("other", {}, b"{}", b"{}")  # drops r's only call
+    one.add("r", {}, b"{}", b"{}")  # drops other's
+    calls, dropped = one.pop(["r", "other"])
+    assert [c["call_index"] for c in calls["r"]] == [1] and dropped == {"r": 1, "other": 1}
+
     small = ModelCallStore(max_calls=100, max_bytes=2_000)
     small.add("x", {"n": 0}, b"x" * 600, b"{}")
     small.add("x", {"n": 1}, b"y" * 600, b"{}")  # 2 x (600 + overhead) > 2000: the first goes
