@@ -21,7 +21,7 @@ from typing import Any
 
 from fastapi import Body as Body
 from fastapi import FastAPI, Request
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from nemo_gym.config_types import AnyDatasetConfig
 from nemo_gym.reward_profile import AggregateMetricsMixin
@@ -47,6 +47,7 @@ class BaseResponsesAPIAgentConfig(BaseRunServerInstanceConfig):
 
 class SimpleResponsesAPIAgent(SimpleServer, AggregateMetricsMixin):
     config: BaseResponsesAPIAgentConfig
+    _capture_enabled_cache: bool | None = PrivateAttr(default=None)
     uses_sessions = False  # an agent keeps no state of its own; it forwards the others' cookies
 
     def timeout(self, setting: str) -> dict[str, Any]:
@@ -65,10 +66,15 @@ class SimpleResponsesAPIAgent(SimpleServer, AggregateMetricsMixin):
         return False
 
     def _model_call_capture_enabled(self) -> bool:
-        global_config = getattr(self.server_client, "global_config_dict", None)
-        if not isinstance(global_config, Mapping):
-            return False
-        return bool(global_config.get("observability_enabled", False))
+        # Read once (a config lookup costs ~13 us, and this runs for every rollout); the run's config
+        # does not change while a server runs.
+        if self._capture_enabled_cache is None:
+            global_config = getattr(self.server_client, "global_config_dict", None)
+            enabled = isinstance(global_config, Mapping) and bool(
+                global_config.get("observability_enabled", False)
+            )
+            self._capture_enabled_cache = enabled
+        return self._capture_enabled_cache
 
     def _capture_correlation_enabled(self) -> bool:
         return self._model_call_capture_enabled() or self._token_id_capture_enabled()

@@ -6,6 +6,9 @@ Contract
   a 422 naming them) and returns a ``NeMoGymResponse``.
 * ``POST /v1/chat/completions`` takes and returns the Chat Completions shapes (as plain JSON).
 * Output items may carry ``prompt_token_ids``/``generation_token_ids``/``generation_log_probs``.
+* With ``observability_enabled`` set for the run, model calls made under a rollout prefix are recorded
+  in a bounded store and handed out by ``POST /ng_model_calls/pop`` (:mod:`nemo_gym.observability`);
+  off, nothing is installed on the request path.
 """
 
 from __future__ import annotations
@@ -14,7 +17,18 @@ from abc import abstractmethod
 from typing import Any
 
 from fastapi import Body, FastAPI, Request
+from pydantic import PrivateAttr
+from starlette.middleware import Middleware
 
+from nemo_gym.global_config import current_global_config_dict
+from nemo_gym.observability import (
+    POP_PATH,
+    ModelCallCaptureMiddleware,
+    ModelCallStore,
+    PopModelCallsRequest,
+    pop_answer,
+    store_from_config,
+)
 from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.server_utils import BaseRunServerInstanceConfig, SimpleServer
 
@@ -25,12 +39,29 @@ class BaseResponsesAPIModelConfig(BaseRunServerInstanceConfig):
 
 class SimpleResponsesAPIModel(SimpleServer):
     config: BaseResponsesAPIModelConfig
+    _model_call_store: ModelCallStore | None = PrivateAttr(default=None)
 
     def setup_webserver(self) -> FastAPI:
         app = super().setup_webserver()
         app.post("/v1/responses")(self.responses)
         app.post("/v1/chat/completions")(self.chat_completions)
+        self.setup_model_call_capture(app)
         return app
+
+    def setup_model_call_capture(self, app: FastAPI) -> None:
+        """``POST /ng_model_calls/pop``, and (capture on) the recording middleware, innermost so that it
+        sees the rollout id and every answer, error answers included."""
+        self._model_call_store = store_from_config(current_global_config_dict())
+        app.post(POP_PATH, include_in_schema=False)(self.pop_model_calls)
+        if self._model_call_store is not None:
+            model_ref = {"type": "responses_api_models", "name": self.config.name}
+            app.user_middleware.append(
+                Middleware(ModelCallCaptureMiddleware, store=self._model_call_store, model_ref=model_ref)
+            )
+
+    async def pop_model_calls(self, body: PopModelCallsRequest) -> dict[str, Any]:
+        """Return and forget the recorded calls of ``body.rollout_ids`` (empty when capture is off)."""
+        return pop_answer(self._model_call_store, body)
 
     @abstractmethod
     async def responses(

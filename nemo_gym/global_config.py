@@ -113,6 +113,10 @@ LAUNCHER_KEYS = {
     "ray_start_local",
     "ray_local_num_cpus",
     "ray_local_object_store_mb",
+    # Model-call capture (nemo_gym.observability): upstream's switch, and our bounds of the store.
+    "observability_enabled",
+    "model_call_capture_max_calls",
+    "model_call_capture_max_bytes",
 }
 # Top-level keys upstream NeMo Gym defines that have no effect here, accepted so that configs and
 # trainers written for it (NeMo RL sets uv_cache_dir, uv_venv_dir, ...) start unchanged.
@@ -123,7 +127,7 @@ UPSTREAM_NO_EFFECT_KEYS = frozenset(
         "uv_pip_set_python", "skip_venv_if_present", "dry_run",
         "uvicorn_timeout_worker_healthcheck", "model_endpoint_readiness_timeout_seconds",
         "allow_openai_version_skew", "uv_cache_dir", "uv_venv_dir", RESULTS_DIR_KEY_NAME, CACHE_DIR_KEY_NAME,
-        "nemo_gym_log_dir", "verbose", "observability_enabled", "global_aiohttp_client_request_debug",
+        "nemo_gym_log_dir", "verbose", "global_aiohttp_client_request_debug",
         "global_aiohttp_tcp_keepalive_idle_seconds", "global_aiohttp_tcp_keepalive_interval_seconds",
         "global_aiohttp_tcp_keepalive_probes", "uvicorn_logging_show_200_ok", "profiling_enabled",
         "profiling_results_dirpath", "error_on_almost_servers",
@@ -140,6 +144,7 @@ _COLLECT_OPTIONS = (
     "input_jsonl_fpath", "output_jsonl_fpath", "agent_name", "limit", "num_repeats", "num_samples_in_parallel",
     "responses_create_params", "num_repeats_add_seed", "resume_from_cache", "overwrite", "max_attempts",
     "pass_threshold", "request_timeout_s", "progress", "circuit_breaker_threshold", "tracker",
+    "observability_enabled",
 )  # fmt: skip
 # Experiment tracking (nemo_gym.eval.tracking.OPTION_KEYS besides ``tracker``; upstream's key names).
 TRACKER_OPTIONS = (

@@ -17,6 +17,9 @@ Contract
 * Each finished rollout is one whole line in the output, written and flushed as it completes. An
   infrastructure failure (connection refused, timeout, 5xx, a 4xx from the agent) goes to
   ``<stem>_failures.jsonl`` with its kind, server, error and attempt number — never to the output.
+* With model-call capture on (the servers' ``observability_enabled``; the collector's own option can
+  turn it off, or require it), each rollout's model calls are taken from the model servers as it ends
+  and appended to ``<stem>_model_calls.jsonl`` (:mod:`nemo_gym.observability`).
 * A per-server circuit breaker: after ``circuit_breaker_threshold`` consecutive rollouts fail
   because one server is down (unreachable past the client's retries, or 502/503/504 — the agent's
   own, or an inner server's named in the agent's 502), rows for the agents it affects are no longer
@@ -53,6 +56,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from nemo_gym.fd_limits import raise_open_file_limit
 from nemo_gym.global_config import ConfigError
+from nemo_gym.observability import ModelCallSink, capture_wanted, model_calls_path
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.redaction import add_secret_values, config_secret_values, process_scrubber
 from nemo_gym.rollout_stats import aggregate_metrics, k_values
@@ -123,6 +127,8 @@ class CollectionOptions(BaseModel):
     progress: bool = True
     # Export the metrics to an experiment tracker at the end (nemo_gym.eval.tracking; its keys apart).
     tracker: Literal["mlflow", "wandb"] | None = None
+    # Model-call capture (nemo_gym.observability): None follows the servers' config, false never pulls.
+    observability_enabled: bool | None = None
 
 
 class RolloutCollectionConfig(CollectionOptions):
@@ -855,7 +861,12 @@ async def collect_rollouts(
     check_rows_against_schemas(cfg, await fetch_row_schemas(agents, client))
     out_path = Path(cfg.output_jsonl_fpath)
     side = sidecar_paths(out_path)
-    _check_output_paths(cfg, out_path, side)
+    calls_path = model_calls_path(out_path)
+    _check_output_paths(cfg, out_path, {**side, "model_calls": calls_path})
+    try:
+        capture = capture_wanted(client, cfg.observability_enabled)
+    except ValueError as e:
+        raise InputError(str(e)) from None
 
     if out_path.exists() and out_path.stat().st_size and not (cfg.resume_from_cache or cfg.overwrite):
         raise InputError(
@@ -898,15 +909,21 @@ async def collect_rollouts(
 
     out = LineWriter(out_path, truncate=fresh)
     failures = LineWriter(side["failures"], truncate=fresh)
+    worker = lambda r: run_one(client, r, cfg.request_timeout_s)  # noqa: E731
+    sink = ModelCallSink.for_client(client, LineWriter(calls_path, truncate=fresh)) if capture else None
+    if sink is not None:  # each rollout's model calls, pulled as it ends (nemo_gym.observability)
+        worker = sink.wrap(worker)
     progress = _Progress(todo, cfg.progress)
     t0 = time.monotonic()
     n_ok = n_failed = 0
     kinds: Counter[tuple[Any, ...]] = Counter()
     kind_paths: dict[tuple[Any, ...], set[str]] = {}
     try:
+        if sink is not None:
+            await sink.discard(rows_to_send())  # calls an interrupted earlier run left for these rollouts
         async for row, result, exc in bounded_map(
             rows_to_send(),
-            lambda r: run_one(client, r, cfg.request_timeout_s),
+            worker,
             cfg.num_samples_in_parallel,
             stop,
             halt=all_agents_blocked,
@@ -946,6 +963,8 @@ async def collect_rollouts(
         progress.close()
         out.close()
         failures.close()
+        if sink is not None:
+            sink.close()
     wall = time.monotonic() - t0
     interrupted = bool(stop and stop.is_set())
     metrics = aggregate_metrics(out_path, pass_threshold=cfg.pass_threshold, max_k=cfg.num_repeats)
@@ -977,6 +996,9 @@ async def collect_rollouts(
         "files": {"output": str(out_path), **{k: str(v) for k, v in side.items()}},
         **metrics,
     }
+    if sink is not None:
+        summary["model_calls"] = sink.summary(str(calls_path))
+        summary["files"]["model_calls"] = str(calls_path)
     side["metrics"].write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     return summary
 
@@ -1181,6 +1203,7 @@ def collect_main(argv: list[str] | None = None) -> None:
             "  [+overwrite=true] [+pass_threshold=1.0] [+request_timeout_s=3600] [+progress=false]\n"
             "  [+head_server.host=127.0.0.1 +head_server.port=11000]\n"
             "  [+circuit_breaker_threshold=3] [+tracker=mlflow|wandb (docs/concepts.md: Experiment tracking)]\n"
+            "  [+observability_enabled=true|false (model calls to <stem>_model_calls.jsonl; docs/trainers.md)]\n"
             "exit status: 0 all done, 1 some rollouts missing (see the failures file), 2 bad input or options,\n"
             "  3 stopped early because a server is down (restart it, then +resume_from_cache=true), 130 interrupted"
         )

@@ -8,6 +8,10 @@
 * ``export_sft_dpo.py`` on real rollouts of two policies (scripted: one answers the Paris task right):
   the DPO pair is best vs worst with chosen reward > rejected reward, in TRL's conversational format;
   SFT keeps only rollouts that pass; a line that is not a rollout is refused naming file and line.
+* ``ray_trainer_cluster.py``: servers started from a Ray actor inside a private Ray cluster the script
+  owns, joined to it through ``ray_head_node_address``: each group's rewards are the scripted ones,
+  verification ran on the cluster (no local pool worker), the head server serves the cluster's address,
+  and every process the script started is gone at the end.
 """
 
 from __future__ import annotations
@@ -167,3 +171,22 @@ def test_export_sft_and_dpo_pairs(
     done = _run_example("examples/export_sft_dpo.py", str(bad), "--output-dir", str(tmp_path / "none"))
     assert done.returncode == 2 and f"{bad}:2: not a rollout" in done.stderr
     assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.slow
+def test_ray_trainer_cluster_example(tmp_path: Path) -> None:
+    pytest.importorskip("ray")  # the [ray] extra (in [dev], so CI runs this)
+    done = _run_example("examples/ray_trainer_cluster.py", "--group-size", "3", "--output-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = orjson.loads((tmp_path / "summary.json").read_bytes())
+    assert summary["groups"] == [{"task": 0, "rewards": [1.0] * 3}, {"task": 1, "rewards": [0.0] * 3}]
+    assert summary["served_ray_head_node_address"] == summary["gcs_address"]
+    assert summary["local_verify_workers"] == 0 and summary["ray_nodes"] == 1
+    assert {s["name"] for s in summary["servers"]} == {
+        "structured_outputs",
+        "structured_outputs_simple_agent",
+        "policy_model",
+    }
+    # Ray's processes, the actor and the three servers were started, and all of them were stopped.
+    assert summary["processes_started_and_stopped"] >= 5
+    assert "none left" in done.stdout

@@ -88,7 +88,7 @@ usage: {COMMAND} "+config_paths=[env.yaml files..., model.yaml]" +split=train|va
          [+agent_num_repeats.<agent>=K ...] [+limit=N] [+num_samples_in_parallel=P]
          [+responses_create_params.temperature=0.7 ...] [+num_repeats_add_seed=true] [+resume_from_cache=true]
          [+overwrite=true] [+max_attempts=3] [+pass_threshold=1.0] [+request_timeout_s=3600] [+progress=false]
-         [+tracker=mlflow|wandb] [+head_server.port=11000] [any ng_run option]
+         [+tracker=mlflow|wandb] [+observability_enabled=true] [+head_server.port=11000] [any ng_run option]
 Starts the servers, collects rollouts on the datasets of type +split that the agents declare, writes
 per-agent and overall metrics, stops the servers.
 exit status: 0 all done, 1 rollouts missing (see the failures files), 2 bad input, 3 a server is down,
@@ -284,6 +284,7 @@ def collection_config(opts: E2ECollectionConfig, plan: AgentPlan) -> RolloutColl
         pass_threshold=opts.pass_threshold,
         request_timeout_s=opts.request_timeout_s,
         progress=opts.progress,
+        observability_enabled=opts.observability_enabled,
     )
 
 

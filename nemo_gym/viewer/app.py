@@ -321,6 +321,16 @@ def create_app(state: ViewerState, token: TokenGuard | None = None) -> FastAPI:
         body = b'{"meta":' + meta + b',"data":' + raw + b"}"
         return Response(body, media_type="application/json")
 
+    @app.get("/api/files/{file_id}/rollouts/{row}/model_calls")
+    def model_calls(file_id: str, row: int) -> JSON:
+        """The rollout's captured model calls (``<stem>_model_calls.jsonl``; nemo_gym.observability)."""
+        ds = dataset_or_error(file_id)
+        if isinstance(ds, JSON):
+            return ds
+        if not 0 <= row < len(ds.require()):
+            return _error(404, f"row {row} does not exist")
+        return run(lambda: ds.model_calls(row))
+
     @app.get("/api/files/{file_id}/summary")
     def summary(file_id: str) -> JSON:
         ds = dataset_or_error(file_id)

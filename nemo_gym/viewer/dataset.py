@@ -781,6 +781,79 @@ class Dataset:
             self._cache["failures"] = (key, value)
         return value
 
+    # -- the model-calls sidecar (nemo_gym.observability) -----------------------------------------
+    def model_calls_path(self) -> Path:
+        """``<stem>_model_calls.jsonl`` next to the rollouts file."""
+        from nemo_gym.observability import model_calls_path
+
+        return model_calls_path(self.path)
+
+    def model_calls(self, row: int) -> dict[str, Any]:
+        """The captured model calls of row ``row``'s (task, rollout), in file order, and any drop counts.
+
+        The sidecar is indexed once per (size, mtime): (task, rollout) -> byte ranges of its lines, so a
+        trajectory page reads only its own lines.
+        """
+        summary = self.row_summary(row)
+        path = self.model_calls_path()
+        absent = {"path": str(path), "present": False, "calls": [], "dropped": 0, "malformed": 0}
+        if self.access is not None:
+            try:
+                self.access.check(path)
+            except AccessDenied as e:
+                return {**absent, "error": str(e)}
+        try:
+            st = path.stat()
+        except OSError:
+            return absent
+        key = (st.st_size, st.st_mtime_ns)
+        with self._lock:
+            hit = self._cache.get("model_calls")
+        if hit is None or hit[0] != key:
+            hit = (key, _index_model_calls(path))
+            with self._lock:
+                self._cache["model_calls"] = hit
+        spans, malformed = hit[1]
+        calls: list[dict[str, Any]] = []
+        dropped = 0
+        with open(path, "rb") as f:
+            for offset, length in spans.get((summary["task"], summary["rollout"]), ()):
+                f.seek(offset)
+                line = orjson.loads(f.read(length))
+                if line.get("kind") == "dropped":
+                    dropped += int(line.get("dropped_calls") or 0)
+                else:
+                    calls.append(line)
+        return {
+            "path": str(path),
+            "present": True,
+            "calls": calls,
+            "dropped": dropped,
+            "malformed": malformed,
+        }
+
+
+def _index_model_calls(path: Path) -> tuple[dict[tuple[Any, Any], list[tuple[int, int]]], int]:
+    """(task, rollout) -> [(offset, length)] of the model-calls sidecar's lines, and its unreadable lines."""
+    spans: dict[tuple[Any, Any], list[tuple[int, int]]] = {}
+    malformed = 0
+    offset = 0
+    with open(path, "rb") as f:
+        for line in f:
+            length = len(line)
+            if line.strip():
+                try:
+                    obj = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    obj = None
+                if isinstance(obj, dict):
+                    k = (obj.get("_ng_task_index"), obj.get("_ng_rollout_index"))
+                    spans.setdefault(k, []).append((offset, length))
+                else:
+                    malformed += 1
+            offset += length
+    return spans, malformed
+
 
 # ------------------------------------------------------------------------------------------------
 # Comparing two files.

@@ -216,6 +216,7 @@ class AviaryAgent(SimpleResponsesAPIAgent):
         response: dict[str, Any] = {}
         stop_reason = "max_steps"
         keep_ids = not cfg.collapse_old_env_states
+        model_path = self.url_path_for_run("/v1/responses", row)  # /ng-rollout/<id> when capturing
         for step_no in range(1, cfg.max_steps + 1):
             if request is not None and await _disconnected(request):
                 stop_reason = "client_disconnected"
@@ -225,7 +226,7 @@ class AviaryAgent(SimpleResponsesAPIAgent):
             )
             body = {**params, "input": model_input, "tools": tools}
             response, _ = await self.server_client.post_json(
-                model, "/v1/responses", json=body, **self.timeout("model_timeout_s")
+                model, model_path, json=body, **self.timeout("model_timeout_s")
             )
             turn = list(response.get("output") or [])
             _add_usage(usage, response.get("usage"))

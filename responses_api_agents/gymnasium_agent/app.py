@@ -52,7 +52,7 @@ class GymnasiumAgent(SimpleResponsesAPIAgent):
         body = orjson.loads(await request.body())
         response, _ = await self.server_client.post_json(
             self.config.model_server.name,
-            "/v1/responses",
+            self.url_path_for_request("/v1/responses", request),
             json=body,
             cookies=dict(request.cookies),
             **self.timeout("model_timeout_s"),
@@ -108,10 +108,11 @@ class GymnasiumAgent(SimpleResponsesAPIAgent):
         usage = _empty_usage()
         response: dict[str, Any] = {}
         total, terminated, truncated, step_info, steps = 0.0, False, False, {}, 0
+        model_path = self.url_path_for_run("/v1/responses", row)  # /ng-rollout/<id> when capturing
         for _ in range(self.config.max_steps):
             response, new_cookies = await self.server_client.post_json(
                 model,
-                "/v1/responses",
+                model_path,
                 json={**params, "input": inputs + outputs},
                 cookies=cookies,
                 **self.timeout("model_timeout_s"),

@@ -62,7 +62,8 @@ class SimpleAgent(SimpleResponsesAPIAgent):
     async def responses(self, request: Request) -> Response:
         """Run the model/tool loop for one request (no seeding, no verify) and return the trajectory."""
         params = await validated_body(request, NeMoGymResponseCreateParamsNonStreaming)
-        response, _ = await self.run_loop(params, dict(request.cookies))
+        model_path = self.url_path_for_request("/v1/responses", request)
+        response, _ = await self.run_loop(params, dict(request.cookies), model_path)
         return Response(orjson.dumps(response), media_type="application/json")
 
     async def run(self, request: Request) -> Response:
@@ -83,7 +84,9 @@ class SimpleAgent(SimpleResponsesAPIAgent):
             resources, "/seed_session", json=row, cookies=cookies, **self.timeout("seed_session_timeout_s")
         )
         cookies.update(new_cookies)
-        response, cookies = await self.run_loop(row["responses_create_params"], cookies)
+        # With observability_enabled the model calls carry /ng-rollout/<id> (nemo_gym.observability).
+        model_path = self.url_path_for_run("/v1/responses", row)
+        response, cookies = await self.run_loop(row["responses_create_params"], cookies, model_path)
         verify, _ = await self.server_client.post_json(
             resources,
             "/verify",
@@ -95,10 +98,11 @@ class SimpleAgent(SimpleResponsesAPIAgent):
 
     # ------------------------------------------------------------------------------------------------
     async def run_loop(
-        self, params: dict[str, Any], cookies: dict[str, str]
+        self, params: dict[str, Any], cookies: dict[str, str], model_path: str = "/v1/responses"
     ) -> tuple[dict[str, Any], dict[str, str]]:
         """Model/tool loop; returns the whole trajectory as one response dict (usage summed over turns)
-        and the rollout's cookies (``cookies`` updated in place with any the servers set)."""
+        and the rollout's cookies (``cookies`` updated in place with any the servers set). Model turns
+        are posted to ``model_path`` (``/v1/responses``, with the rollout's prefix when capturing)."""
         model = self.config.model_server.name
         raw_input = params.get("input", [])
         input_items = (
@@ -113,7 +117,7 @@ class SimpleAgent(SimpleResponsesAPIAgent):
         for _step in range(self.config.max_steps):
             request_body = {**params, "input": input_items + outputs}
             response, new_cookies = await self.server_client.post_json(
-                model, "/v1/responses", json=request_body, cookies=cookies, **self.timeout("model_timeout_s")
+                model, model_path, json=request_body, cookies=cookies, **self.timeout("model_timeout_s")
             )
             cookies.update(new_cookies)
             turn_output = response.get("output") or []

@@ -96,11 +96,13 @@ class SimulatedUserAgent(SimpleAgent):
         policy_usage = _empty_usage()
         ended_by = "max_turns"
         last_response: dict[str, Any] = {}
+        # With observability_enabled, policy and simulator calls carry /ng-rollout/<id> (both captured).
+        model_path = self.url_path_for_run("/v1/responses", row)
 
         if prefix and prefix[-1].get("role") == "user":
             user_view.append({"role": "assistant", "content": text_of_message(prefix[-1])})
         else:
-            opening, done = await self._user_says(user_view, user_usage, cookies)
+            opening, done = await self._user_says(user_view, user_usage, cookies, model_path)
             if done and not opening:
                 raise UpstreamError(
                     self.config.user_model_server.name,
@@ -116,7 +118,7 @@ class SimulatedUserAgent(SimpleAgent):
         turns = 0
         while ended_by != "user_done" and turns < self.config.max_turns:
             policy_params = {**params, "input": prefix + conversation}
-            response, cookies = await self.run_loop(policy_params, cookies)
+            response, cookies = await self.run_loop(policy_params, cookies, model_path)
             turns += 1
             last_response = response
             new_items = response.get("output") or []
@@ -125,7 +127,7 @@ class SimulatedUserAgent(SimpleAgent):
             if turns >= self.config.max_turns:
                 break
             user_view.append({"role": "user", "content": _visible_text(new_items) or "(no answer)"})
-            message, done = await self._user_says(user_view, user_usage, cookies)
+            message, done = await self._user_says(user_view, user_usage, cookies, model_path)
             if message:
                 conversation.append({"type": "message", "role": "user", "content": message})
             if done:
@@ -151,14 +153,18 @@ class SimulatedUserAgent(SimpleAgent):
         return USER_RULES.format(marker=self.config.done_marker)
 
     async def _user_says(
-        self, user_view: list[dict[str, Any]], usage: dict[str, Any], cookies: dict[str, str]
+        self,
+        user_view: list[dict[str, Any]],
+        usage: dict[str, Any],
+        cookies: dict[str, str],
+        model_path: str = "/v1/responses",
     ) -> tuple[str, bool]:
         """One simulator turn: (message without the done marker, whether the user is done). The
         simulator's message is appended to ``user_view``."""
         name = self.config.user_model_server.name
         body = {**self.config.user_model_params, "input": user_view}
         response, _ = await self.server_client.post_json(
-            name, "/v1/responses", json=body, cookies={}, **self.timeout("model_timeout_s")
+            name, model_path, json=body, cookies={}, **self.timeout("model_timeout_s")
         )
         _add_usage(usage, response.get("usage"))
         text = _visible_text(response.get("output") or []).strip()

@@ -872,11 +872,55 @@
     const steps = stepsCard(resp, th);
     if (steps) convo.appendChild(steps);
     convo.appendChild(verifyBlock(data, th));
+    const calls = h("div", { class: "card section", id: "model-calls" }, h("div", { class: "head" }, h("h2", null, "Model calls")));
+    convo.appendChild(calls);
+    loadModelCalls(fileId, row, calls, token);
 
     const raw = h("div", { class: "card raw", id: "raw", hidden: true });
     app.appendChild(head);
     app.appendChild(h("div", { class: "traj-grid" }, h("div", null, convo, raw), sidePanel(data)));
     window.scrollTo(0, 0);
+  }
+
+  // The rollout's captured model calls (the _model_calls.jsonl sidecar of +observability_enabled=true).
+  function lazyJson(label, value, cls) {
+    const d = h("details", { class: "mc-json " + cls }, h("summary", null, label));
+    d.addEventListener("toggle", () => { if (d.open && d.children.length === 1) d.appendChild(jsonPre(value)); });
+    return d;
+  }
+
+  async function loadModelCalls(fileId, row, box, token) {
+    const r = await api("/api/files/" + fileId + "/rollouts/" + row + "/model_calls");
+    if (token !== state.token) return;
+    const m = r.data || {};
+    if (!r.ok) { box.appendChild(errorBox(m.error || "cannot read the model calls")); return; }
+    if (m.error) { box.appendChild(h("div", { class: "pad warnline" }, m.error)); return; }
+    if (!m.present) {
+      box.appendChild(h("div", { class: "pad muted" }, "No _model_calls.jsonl sidecar next to this file (collect with +observability_enabled=true to record model calls)."));
+      return;
+    }
+    const list = m.calls || [];
+    const sum = (k) => list.reduce((a, c) => a + (typeof c[k] === "number" ? c[k] : 0), 0);
+    const head = box.querySelector(".head");
+    head.appendChild(h("span", { class: "badge none", id: "model-calls-count" }, fmtInt(list.length) + " call" + (list.length === 1 ? "" : "s")));
+    head.appendChild(h("span", { class: "muted small" }, fmtNum(sum("latency_ms"), 1) + " ms · " + fmtInt(sum("tokens_in")) + " in / " + fmtInt(sum("tokens_out")) + " out tokens"));
+    if (m.dropped) head.appendChild(h("span", { class: "badge part", id: "model-calls-dropped" }, fmtInt(m.dropped) + " dropped (capture bound)"));
+    if (!list.length) { box.appendChild(h("div", { class: "pad muted" }, "No model call was recorded for this rollout.")); return; }
+    list.forEach((c, i) => {
+      const failed = c.status_code === null || c.status_code === undefined || c.status_code >= 400;
+      const model = c.model_ref && c.model_ref.name ? c.model_ref.name : "—";
+      box.appendChild(h("div", { class: "pad mcall" + (failed ? " error" : ""), dataset: { call: String(i) } },
+        h("div", { class: "row" },
+          h("b", null, "#" + (i + 1)),
+          h("span", { class: "badge " + (failed ? "err" : "pass"), title: "HTTP status" }, String(c.status_code ?? "no answer")),
+          h("span", { class: "mc-latency" }, fmtNum(c.latency_ms, 1) + " ms"),
+          h("span", { class: "mc-tokens" }, fmtInt(c.tokens_in) + " in / " + fmtInt(c.tokens_out) + " out"),
+          h("span", { class: "muted small" }, model + " · " + (c.dialect || "") + (c.rollout_status === "failed" ? " · failed attempt" : ""))),
+        c.error ? h("pre", { class: "pane err" }, (c.error_category ? c.error_category + ": " : "") + c.error) : null,
+        c.payload_omitted ? h("div", { class: "small muted" }, c.payload_omitted) : null,
+        lazyJson("Request", c.request, "mc-request"),
+        lazyJson("Response", c.response, "mc-response")));
+    });
   }
 
   function toggleRaw() {
