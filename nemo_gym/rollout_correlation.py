@@ -10,10 +10,11 @@ Contract
   environment adds it again) answers ``/ng-rollout/<id>/<path>`` exactly as ``/<path>`` and exposes
   ``<id>`` to the handler and to anything it awaits through :func:`current_rollout_id`. A request
   without the prefix costs one ``str.startswith``.
-* Upstream uses the prefix to correlate model calls with rollouts when observability or token
-  capture is on. Neither prefixes anything here unless a caller does so itself: agents'
-  ``url_path_for_run`` / ``base_url_for_run`` leave paths unchanged (see
-  :class:`nemo_gym.base_responses_api_agent.SimpleResponsesAPIAgent`).
+* The prefix correlates model calls with rollouts: with ``observability_enabled`` set, agents'
+  ``url_path_for_run`` / ``base_url_for_run`` prefix their model calls, and model servers record
+  each call under its rollout (:mod:`nemo_gym.observability`). Without it paths are left unchanged.
+* Servers of ours strip the prefix in :class:`nemo_gym.asgi.ServerLayer`; this module's middleware
+  is for apps that install it themselves.
 """
 
 from __future__ import annotations
