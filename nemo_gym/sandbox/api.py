@@ -27,6 +27,9 @@ Contract
   ``bwrap`` is missing, the sandbox refuses with :class:`SandboxUnavailableError` naming the package.
 * Bounded pool: at most ``max_concurrent`` programs run at once per process (default: the machine's
   CPUs); further ``exec`` calls queue, each for at most ``queue_timeout_s`` (then :class:`SandboxBusyError`).
+  With ``prestart`` (default) each run's bubblewrap sandbox was started while an earlier run ran (at most
+  one idle per slot, each serving one run); the work dir is moved into it (``host_workdir`` may change
+  at an ``exec``; contents and the in-sandbox path do not).
 """
 
 from __future__ import annotations
@@ -253,6 +256,12 @@ def sandbox_pool_size() -> int:
     return _SLOTS.limit
 
 
+def _bwrap():
+    from nemo_gym.sandbox import bwrap
+
+    return bwrap
+
+
 def _backend_for(config: SandboxProviderConfig):  # -> backend object with async run(...)
     if config.backend == "bubblewrap":
         from nemo_gym.sandbox.bwrap import BubblewrapBackend
@@ -427,7 +436,6 @@ class AsyncSandbox:
             for name in os.listdir(old):
                 os.rename(old / name, new_dir / name)
                 moved.append(name)
-            os.rmdir(old)
         except OSError as exc:
             for name in moved:
                 with contextlib.suppress(OSError):
@@ -435,11 +443,19 @@ class AsyncSandbox:
             LOG.debug("sandbox: not using a pre-started sandbox (%s)", exc)
             return False
         self._host_dir = new_dir
+        _bwrap().remove_dir_later(old)  # empty now
         return True
 
     async def stop(self) -> None:
         if self._host_dir is not None:
             host_dir, self._host_dir = self._host_dir, None
+            if isinstance(self._backend, _bwrap().BubblewrapBackend):
+                # Gone from its path now (a rename); the files go in the sandbox clean-up thread.
+                trash = host_dir.with_name(f".{host_dir.name}.removed")
+                with contextlib.suppress(OSError):
+                    os.rename(host_dir, trash)
+                    _bwrap().remove_dir_later(trash)
+                    return
             if _small_flat_dir(host_dir):
                 shutil.rmtree(host_dir, ignore_errors=True)  # a few files: quicker than a thread hop
             else:

@@ -24,6 +24,16 @@ Contract
   error while the run's pids cgroup never held more than bwrap's two processes) raises
   :class:`SandboxError` with bwrap's message: an infrastructure failure, not the program's. A program
   printing ``bwrap: ...`` itself is still the program's failure.
+* One fresh sandbox per run, started ahead (``sandbox.prestart``, default on): while a run runs, the next
+  run's sandbox is started (cgroups made and joined, namespaces and mounts set up around a fresh empty
+  dir) and its shim (dash, inside, as the program-to-be) blocks on stdin. A run takes an idle one, which
+  leaves the pool for good; the caller's work dir is renamed into its dir; this run's limits are written
+  to its cgroups; the shim reads the command (up to a random marker line), sets the rlimits and execs
+  the program, which keeps the rest of stdin and has no other fd than stdin, stdout and stderr. At most one sandbox per pool slot waits idle; idle ones die
+  with this process (``--die-with-parent``; stdin EOF) and are killed and removed at exit. Without an
+  idle one (first run, a second run at once in one work dir, another /tmp size) the same sandbox is
+  started at the run, bound to the work dir directly. Without dash (non-Debian) each run uses the
+  one-shot launcher below (``prlimit``).
 * ``UnsafeLocalBackend`` runs ``argv`` as this user in the work dir with an empty environment, the same
   rlimits/cgroups and process-group + cgroup kill, but NO isolation (network, files, other processes).
 """
@@ -32,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import contextlib
 import itertools
 import json
@@ -44,6 +55,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,6 +76,10 @@ _JOIN_FAILED = 121  # exit code of the launching shell when it cannot join the c
 _RUN_IDS = itertools.count()
 _READ_CHUNK = 1 << 16
 _BACKGROUND: set[asyncio.Future] = set()  # cgroup sweeps still running after their run returned
+# Work kept off the event loop and off a run's critical path, in threads not tied to any loop: removing a
+# finished run's cgroups (an rmdir waits for the kernel: ms) and work dir; starting the next sandbox.
+_CLEANUP = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nemo-gym-sandbox-cleanup")
+_STARTER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nemo-gym-sandbox-start")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -722,6 +738,8 @@ class BubblewrapBackend(_BackendBase):
 
     # -- pre-started sandboxes -------------------------------------------------------------------
 
+    _idle_lock = threading.Lock()  # the idle list is filled from the starter thread
+
     def _idle_list(self) -> list[_WarmSandbox]:
         idle = self.__dict__.setdefault("_idle", [])
         if idle and idle[0].owner_pid != os.getpid():  # a forked child: those are its parent's
@@ -734,15 +752,16 @@ class BubblewrapBackend(_BackendBase):
         if not self.config.prestart or not os.path.exists(DASH):
             return None
         key = (workdir, limits.tmp_size_mib << 20)
-        idle = self._idle_list()
-        for warm in list(idle):
-            if warm.key != key:
-                continue
-            idle.remove(warm)
+        while True:
+            with self._idle_lock:
+                idle = self._idle_list()
+                warm = next((w for w in idle if w.key == key), None)
+                if warm is None:
+                    return None
+                idle.remove(warm)
             if warm.alive():
                 return warm
             warm.discard()  # died while idle (killed from outside): never hand it a run
-        return None
 
     def refill(self, workdir: str, limits: SandboxResources) -> None:
         """Start one sandbox ahead for a next run, unless as many are idle as the pool has slots."""
@@ -750,36 +769,50 @@ class BubblewrapBackend(_BackendBase):
 
         if not self.config.prestart or not os.path.exists(DASH):
             return
-        idle = self._idle_list()
         key = (workdir, limits.tmp_size_mib << 20)
-        if len(idle) >= sandbox_pool_size():
-            other = next((w for w in idle if w.key != key), None)
-            if other is None:
-                return
-            idle.remove(other)  # make room: the oldest idle sandbox of another shape goes
+        with self._idle_lock:
+            idle = self._idle_list()
+            other = None
+            if len(idle) >= sandbox_pool_size():
+                other = next((w for w in idle if w.key != key), None)
+                if other is None:
+                    return
+                idle.remove(other)  # make room: the oldest idle sandbox of another shape goes
+        if other is not None:
             other.discard()
+        if time.monotonic() < self.__dict__.get("_prestart_paused_until", 0.0):
+            return
         root = Path(self.config.workdir_root or tempfile.gettempdir())
         try:
             bind_dir = Path(tempfile.mkdtemp(prefix="nemo-gym-sandbox-", dir=root))
-        except OSError as exc:
-            LOG.warning("sandbox: cannot pre-start a sandbox (work dir under %s): %s", root, exc)
+            try:
+                warm = _WarmSandbox(self, bind_dir, workdir, limits, owns_dir=True)
+            except BaseException:
+                shutil.rmtree(bind_dir, ignore_errors=True)
+                raise
+        except (OSError, SandboxError) as exc:
+            # Runs still work (each starts its own sandbox, and reports a real failure); retry in a minute.
+            self._prestart_paused_until = time.monotonic() + 60
+            LOG.warning("sandbox: cannot pre-start a sandbox under %s (retrying in 60 s): %s", root, exc)
             return
-        try:
-            warm = _WarmSandbox(self, bind_dir, workdir, limits, owns_dir=True)
-        except SandboxError as exc:
-            shutil.rmtree(bind_dir, ignore_errors=True)
-            LOG.warning("sandbox: cannot pre-start a sandbox: %s", exc)
-            return
-        idle.append(warm)
+        with self._idle_lock:
+            self._idle_list().append(warm)
         if not _WarmSandbox.atexit_registered:
             _WarmSandbox.atexit_registered = True
             atexit.register(_close_all_idle)
 
+    def _schedule_refill(self, workdir: str, limits: SandboxResources) -> None:
+        if self.config.prestart:  # refill() itself keeps the idle count within the pool's slots
+            with contextlib.suppress(RuntimeError):  # RuntimeError: the interpreter is shutting down
+                _STARTER.submit(self.refill, workdir, limits)
+
     def close_idle(self) -> None:
         """Kill every idle pre-started sandbox of this backend (at exit; tests)."""
-        idle = self._idle_list()
-        while idle:
-            idle.pop().discard()
+        with self._idle_lock:
+            idle = self._idle_list()
+            gone, idle[:] = list(idle), []
+        for warm in gone:
+            warm.discard()
 
     async def run(self, argv, *, host_dir, workdir, cwd, env, stdin, limits, warm=None):
         self._tmp_bytes = limits.tmp_size_mib << 20
@@ -793,7 +826,7 @@ class BubblewrapBackend(_BackendBase):
             warm = _WarmSandbox(self, host_dir, workdir, limits, owns_dir=False)  # started now
         warm.owns_dir = False  # its dir is the caller's work dir from now on
         # The next run's sandbox starts while this one runs (after this run's hand-over has begun).
-        asyncio.get_running_loop().call_soon(self.refill, workdir, limits)
+        self._schedule_refill(workdir, limits)
         try:
             return await warm.run(argv, cwd=cwd, env=env, stdin=stdin, limits=limits)
         finally:
@@ -852,6 +885,14 @@ _SHIM = (
     'm={marker}; s=; while IFS= read -r l; do [ "$l" = "$m" ] && break; s="$s$l\n"; done; '
     '[ "$l" = "$m" ] || exit {code}; unset l m; eval "$s"'
 )
+
+
+def remove_dir_later(path: Path) -> None:
+    """Remove a dir nobody uses any more in the clean-up thread (an rmdir can take milliseconds)."""
+    try:
+        _CLEANUP.submit(shutil.rmtree, path, True)
+    except RuntimeError:  # interpreter shutting down
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _close_all_idle() -> None:
@@ -1119,23 +1160,22 @@ class _WarmSandbox:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._fds.clear()
-        if sync or loop is None:
+        cgroups, bind_dir = self.cgroups, self.bind_dir if self.owns_dir else None
+
+        def clean_up() -> None:
+            # The tree is dead or dying (bwrap is gone, so is its pid namespace); its last tasks may still
+            # be exiting: sweep, then remove the cgroups (and an idle sandbox's own dir).
             if proc is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(5)
-            self.cgroups.destroy()
-        else:
-            if proc is not None and proc.returncode is None:
-                _background(loop, asyncio.to_thread(proc.wait, 10))
-            if not self.cgroups.try_remove_empty():
-                # The tree is dead or dying (bwrap is gone, so is its pid namespace); its last tasks may
-                # still be exiting. Sweep and remove the cgroups in the background: the result is ready.
-                _background(loop, asyncio.to_thread(self.cgroups.destroy))
-        if self.owns_dir:
-            shutil.rmtree(self.bind_dir, ignore_errors=True)
+                    proc.wait(10)
+            cgroups.destroy()
+            if bind_dir is not None:
+                shutil.rmtree(bind_dir, ignore_errors=True)
 
-
-def _background(loop: asyncio.AbstractEventLoop, coro) -> None:
-    task = loop.create_task(coro)
-    _BACKGROUND.add(task)
-    task.add_done_callback(_BACKGROUND.discard)
+        if sync:
+            clean_up()
+            return
+        try:
+            _CLEANUP.submit(clean_up)  # the run's result is ready: nobody waits for this
+        except RuntimeError:  # interpreter shutting down
+            clean_up()
