@@ -155,3 +155,22 @@ async def test_prestart_false_starts_each_sandbox_at_its_exec() -> None:
     result = await run_in_sandbox(["python3", "-c", "print(6 * 7)"], provider=provider)
     await asyncio.sleep(0)  # a refill would be scheduled by now
     assert result.stdout == "42\n" and backend._idle_list() == []
+
+
+async def test_dirs_left_by_a_killed_process_are_swept_by_the_next(tmp_path: Path) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that no longer runs
+    dead = tmp_path / f"nemo-gym-sandbox-prestart-{gone.pid}-abc"
+    dead_trash = tmp_path / f".nemo-gym-sandbox-prestart-{gone.pid}-def.removed"
+    live = tmp_path / f"nemo-gym-sandbox-prestart-{os.getppid()}-ghi"  # a running process's: kept
+    for d in (dead, dead_trash, live):
+        (d / "sub").mkdir(parents=True)
+    result = await run_in_sandbox(["true"], provider={"workdir_root": str(tmp_path)})
+    assert result.ok
+    deadline = time.monotonic() + 10
+    while dead.exists() or dead_trash.exists():
+        assert time.monotonic() < deadline, sorted(p.name for p in tmp_path.iterdir())
+        await asyncio.sleep(0.05)
+    assert live.exists()
+    backend = _backend_for(SandboxProviderConfig(workdir_root=str(tmp_path)))
+    backend.close_idle()

@@ -783,8 +783,11 @@ class BubblewrapBackend(_BackendBase):
         if time.monotonic() < self.__dict__.get("_prestart_paused_until", 0.0):
             return
         root = Path(self.config.workdir_root or tempfile.gettempdir())
+        if root not in _SWEPT:
+            _SWEPT.add(root)
+            _sweep_dead_owners_dirs(root)
         try:
-            bind_dir = Path(tempfile.mkdtemp(prefix="nemo-gym-sandbox-", dir=root))
+            bind_dir = Path(tempfile.mkdtemp(prefix=f"{_PRESTART_PREFIX}{os.getpid()}-", dir=root))
             try:
                 warm = _WarmSandbox(self, bind_dir, workdir, limits, owns_dir=True)
             except BaseException:
@@ -885,6 +888,20 @@ _SHIM = (
     'm={marker}; s=; while IFS= read -r l; do [ "$l" = "$m" ] && break; s="$s$l\n"; done; '
     '[ "$l" = "$m" ] || exit {code}; unset l m; eval "$s"'
 )
+
+
+_PRESTART_PREFIX = "nemo-gym-sandbox-prestart-"  # + owner pid + "-": a pre-started sandbox's fresh dir
+_SWEPT: set[Path] = set()
+
+
+def _sweep_dead_owners_dirs(root: Path) -> None:
+    """Remove the pre-started sandboxes' dirs (and renamed-away work dirs) of processes that died without
+    cleaning up (a server stopped by a signal runs no exit handlers; its idle sandboxes died with it)."""
+    for pattern in (f"{_PRESTART_PREFIX}*", f".{_PRESTART_PREFIX}*.removed"):
+        for path in root.glob(pattern):
+            pid = path.name.lstrip(".").removeprefix(_PRESTART_PREFIX).split("-", 1)[0]
+            if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
+                remove_dir_later(path)
 
 
 def remove_dir_later(path: Path) -> None:
