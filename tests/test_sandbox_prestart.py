@@ -103,6 +103,13 @@ async def test_stdin_env_and_cwd_reach_the_program_of_a_prestarted_sandbox() -> 
     argv = ["/bin/sh", "-c", 'printf "%s|" "$@"', "sh", "a b", "c\nd", "", "'$(x)'"]
     quoted = await run_in_sandbox(argv)
     assert quoted.stdout == "a b|c\nd||'$(x)'|", quoted
+    # A long command (sent length-prefixed) leaves the program's stdin whole, to the byte.
+    data = "".join(f"{i}\n" for i in range(50_000))
+    for n in (100, 100_000):
+        long = await run_in_sandbox(
+            ["/bin/sh", "-c", f"x='{'+' * n}'; echo ${{#x}}; wc -c", "sh"], stdin=data
+        )
+        assert long.stdout == f"{n}\n{len(data)}\n", (n, long)
 
 
 def test_idle_sandboxes_die_with_their_process_on_exit_and_on_sigkill(tmp_path: Path) -> None:

@@ -881,12 +881,17 @@ class UnsafeLocalBackend(_BackendBase):
 # program. It serves exactly one run and is then finished (killed, cgroups swept); never reused.
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-# The shim (dash, inside the sandbox, as the program-to-be): reads lines from stdin up to the marker
-# line, then evals them; they set the rlimits and exec the program, which keeps the rest of stdin. dash's
-# `read` takes one byte at a time from a pipe, so nothing past the marker line is consumed.
+# The shim (dash, inside the sandbox, as the program-to-be) reads a command from stdin and evals it; the
+# command sets the rlimits and execs the program, which keeps the rest of stdin. Nothing past the command
+# is consumed: dash's `read` takes one byte at a time from a pipe (short commands: lines up to the marker
+# line), and `head -c N` never asks for more than N bytes (long commands, sent as "+N" then N bytes: one
+# fork more, but not a syscall per byte).
+_LONG_COMMAND = 2048
 _SHIM = (
-    'm={marker}; s=; while IFS= read -r l; do [ "$l" = "$m" ] && break; s="$s$l\n"; done; '
-    '[ "$l" = "$m" ] || exit {code}; unset l m; eval "$s"'
+    "m={marker}; IFS= read -r l || exit {code}; "
+    'case $l in +*) s=$(head -c "${{l#+}}") || exit {code} ;; '
+    '*) s=; while [ "$l" != "$m" ]; do s="$s$l\n"; IFS= read -r l || exit {code}; done ;; esac; '
+    'unset l m; eval "$s"'
 )
 
 
@@ -1031,7 +1036,11 @@ class _WarmSandbox:
         script = self._script(argv, cwd=cwd, env=env, limits=limits, stdin=stdin is not None)
         if self._marker in script:  # 128 random bits: only if someone knew them
             raise SandboxError("the sandbox's command contains its start marker")
-        payload = b"".join((script.encode(), b"\n", self._marker.encode(), b"\n", stdin or b""))
+        command = script.encode()
+        if len(command) > _LONG_COMMAND:
+            payload = b"".join((b"+%d\n" % len(command), command, stdin or b""))
+        else:
+            payload = b"".join((command, b"\n", self._marker.encode(), b"\n", stdin or b""))
         kill_reason: list[str] = []
 
         def kill(reason: str) -> None:
