@@ -75,11 +75,19 @@ SANDBOX_UID = 65534
 _JOIN_FAILED = 121  # exit code of the launching shell when it cannot join the cgroups or set a limit
 _RUN_IDS = itertools.count()
 _READ_CHUNK = 1 << 16
-_BACKGROUND: set[asyncio.Future] = set()  # cgroup sweeps still running after their run returned
 # Work kept off the event loop and off a run's critical path, in threads not tied to any loop: removing a
 # finished run's cgroups (an rmdir waits for the kernel: ms) and work dir; starting the next sandbox.
 _CLEANUP = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nemo-gym-sandbox-cleanup")
 _STARTER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nemo-gym-sandbox-start")
+
+
+def _new_executors_after_fork() -> None:  # a forked child has the executors but not their threads
+    global _CLEANUP, _STARTER
+    _CLEANUP = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nemo-gym-sandbox-cleanup")
+    _STARTER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nemo-gym-sandbox-start")
+
+
+os.register_at_fork(after_in_child=_new_executors_after_fork)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -265,21 +273,6 @@ class _RunCgroups:
                 if key == "max":
                     return int(value) > 0
         return False
-
-    def try_remove_empty(self) -> bool:
-        """Remove the cgroups if they are already empty (the common case, without blocking). True if done."""
-        for attr in ("pids", "memory", "cpuacct"):
-            d = getattr(self, attr)
-            if d is None:
-                continue
-            try:
-                d.rmdir()
-            except FileNotFoundError:
-                pass
-            except OSError:
-                return False
-            setattr(self, attr, None)
-        return True
 
     def destroy(self, remove: bool = True) -> bool:
         ok = True
@@ -544,12 +537,12 @@ class _BackendBase:
             if status_w >= 0:
                 os.close(status_w)
             os.close(status_r)
-            if not cgroups.try_remove_empty():
-                # The tree is dead or dying (bwrap is gone, so is its pid namespace); its last tasks may
-                # still be exiting. Sweep and remove the cgroups in the background: the result is ready.
-                task = asyncio.ensure_future(asyncio.to_thread(cgroups.destroy))
-                _BACKGROUND.add(task)
-                task.add_done_callback(_BACKGROUND.discard)
+            # The tree is dead or dying; its last tasks may still be exiting. Sweep and remove the cgroups
+            # in the clean-up thread (an rmdir takes milliseconds): the result is ready.
+            try:
+                _CLEANUP.submit(cgroups.destroy)
+            except RuntimeError:  # interpreter shutting down
+                cgroups.destroy()
             if proc is not None and proc.returncode is None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(proc.wait(), 5)
