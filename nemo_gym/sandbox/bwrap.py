@@ -78,6 +78,8 @@ _READ_CHUNK = 1 << 16
 # Work kept off the event loop and off a run's critical path, in threads not tied to any loop: removing a
 # finished run's cgroups (an rmdir waits for the kernel: ms) and work dir; starting the next sandbox.
 _CLEANUP = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nemo-gym-sandbox-cleanup")
+# bwrap's --die-with-parent (PR_SET_PDEATHSIG) fires when the THREAD that started it exits: the starter
+# thread lives as long as the process (executor workers are not retired), so idle sandboxes do too.
 _STARTER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nemo-gym-sandbox-start")
 
 
