@@ -18,6 +18,8 @@ Contract
   ``+verify_calls`` correct solutions of its example rows to ``/verify`` with ``+concurrency`` in flight:
   verifies/s, unit tests/s, cores kept busy by the server process and its tests' sandboxes, and how full
   its sandbox slots (one per CPU) were kept (the tests' run time over wall time x slots).
+* ``+prestart=false`` runs the sandboxed programs without pre-started sandboxes (the code_gen part uses
+  its server's config either way).
 * Nothing is asserted; the output is a table and ``+output_json_fpath`` (default sandbox_bench.json).
 """
 
@@ -79,12 +81,15 @@ async def _bare(python: str, workdir: str, stdin: str) -> float:
     return time.perf_counter() - start
 
 
+_PROVIDER: dict[str, Any] = {}  # the sandbox: block for the runs (+prestart=false)
 _SANDBOX_CPU = [0.0]  # CPU seconds of sandboxed process trees (their cpuacct cgroups)
 
 
 async def _sandboxed(code: str, stdin: str) -> float:
     start = time.perf_counter()
-    result = await run_in_sandbox(["python3", "-I", "prog.py"], files={"prog.py": code}, stdin=stdin)
+    result = await run_in_sandbox(
+        ["python3", "-I", "prog.py"], files={"prog.py": code}, stdin=stdin, provider=_PROVIDER
+    )
     if not result.ok:
         raise RuntimeError(f"sandboxed run failed: {result}")
     _SANDBOX_CPU[0] += result.cpu_time_s or 0.0
@@ -212,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     if any(a in ("-h", "--help") for a in argv):
         print(
             "usage: ng_bench_sandbox [+runs=40] [+throughput_runs=60] [+concurrency=8] [+verify_calls=40]\n"
-            "                        [+output_json_fpath=sandbox_bench.json]"
+            "                        [+prestart=true|false] [+output_json_fpath=sandbox_bench.json]"
         )
         return
     opts: dict[str, str] = {}
@@ -223,15 +228,20 @@ def main(argv: list[str] | None = None) -> None:
             "throughput_runs",
             "concurrency",
             "verify_calls",
+            "prestart",
             "output_json_fpath",
         ):
             sys.exit(f"ng_bench_sandbox: unknown option {a!r} (see --help)")
         opts[key] = value
     runs, n = int(opts.get("runs", 40)), int(opts.get("throughput_runs", 60))
     concurrency, calls = int(opts.get("concurrency", 8)), int(opts.get("verify_calls", 40))
+    if opts.get("prestart", "true").lower() not in ("true", "false"):
+        sys.exit(f"ng_bench_sandbox: +prestart must be true or false, got {opts['prestart']!r}")
+    _PROVIDER["prestart"] = opts.get("prestart", "true").lower() == "true"
     python = SandboxProviderConfig().python
     print(
-        f"ng_bench_sandbox: {os.cpu_count()} CPUs, sandbox pool {sandbox_pool_size()}, python {python}",
+        f"ng_bench_sandbox: {os.cpu_count()} CPUs, sandbox pool {sandbox_pool_size()}, python {python}, "
+        f"prestart {_PROVIDER['prestart']}",
         flush=True,
     )
 
@@ -266,6 +276,7 @@ def main(argv: list[str] | None = None) -> None:
     path.write_bytes(
         orjson.dumps(
             {
+                "prestart": _PROVIDER["prestart"],
                 "load_average": os.getloadavg(),
                 "overhead": overhead,
                 "throughput": throughput,
