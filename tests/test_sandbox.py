@@ -20,6 +20,7 @@ from nemo_gym.sandbox import (
     SandboxProviderConfig,
     SandboxSpec,
     SandboxUnavailableError,
+    bwrap,
     check_sandbox_available,
     run_in_sandbox,
 )
@@ -139,19 +140,22 @@ async def test_pool_bounds_programs_at_once_and_queue_wait_is_bounded() -> None:
     me = psutil.Process()
     old = sandbox_api._SLOTS.limit
     sandbox_api._SLOTS.set_limit(2)
-    peak = 0
+    bwrap._close_all_idle()  # idle sandboxes pre-started under an earlier pool size
+    peak = peak_sandboxes = 0
     stop = asyncio.Event()
 
     async def watch() -> None:
-        nonlocal peak
+        nonlocal peak, peak_sandboxes
         while not stop.is_set():
-            running = 0
-            for child in me.children():  # our direct children: each run's outer bwrap
+            running = sandboxes = 0
+            for child in me.children():  # our direct children: each sandbox's outer bwrap
                 try:
-                    running += child.name() == "bwrap"
+                    if child.name() == "bwrap":
+                        sandboxes += 1
+                        running += any("time.sleep" in " ".join(p.cmdline()) for p in child.children(True))
                 except psutil.Error:  # exited meanwhile
                     pass
-            peak = max(peak, running)
+            peak, peak_sandboxes = max(peak, running), max(peak_sandboxes, sandboxes)
             await asyncio.sleep(0.02)
 
     try:
@@ -163,6 +167,7 @@ async def test_pool_bounds_programs_at_once_and_queue_wait_is_bounded() -> None:
         await watcher
         assert all(r.ok for r in results)
         assert 1 <= peak <= 2
+        assert peak_sandboxes <= 4  # 2 running + at most 1 pre-started (idle) per slot
         busy = {"queue_timeout_s": 0.2}
         outcomes = await asyncio.gather(
             *(run_in_sandbox(["sleep", "2"], provider=busy) for _ in range(3)), return_exceptions=True
@@ -181,11 +186,16 @@ async def test_cancelled_exec_leaves_nothing_running() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    bwrap._close_all_idle()  # the pre-started sandboxes for next runs: any bwrap left now is the run's
+
+    def left() -> list[list[str]]:
+        return [c.cmdline() for c in me.children(recursive=True) if c.name() in ("bwrap", "dash", "sleep")]
+
     for _ in range(50):
-        if not [c for c in me.children(recursive=True) if c.name() in ("bwrap", "sleep")]:
+        if not left():
             break
         await asyncio.sleep(0.1)
-    assert not [c.cmdline() for c in me.children(recursive=True) if c.name() in ("bwrap", "sleep")]
+    assert not left()
     assert os.getpid() == me.pid
 
 

@@ -14,6 +14,7 @@ def test_bench_writes_every_measurement(tmp_path, capsys) -> None:
     for name in ("print(1)", "sort 200k ints"):
         row = data["overhead"][name]
         assert row["bare_ms_mean"] > 0 and row["sandbox_ms_mean"] > 0 and row["ratio_mean"] > 0
+        assert row["bare_cpu_ms_per_run"] > 0 and row["sandbox_cpu_ms_per_run"] > 0 and row["cpu_ratio"] > 0
     assert data["throughput"]["bare"]["runs"] == data["throughput"]["sandbox"]["runs"] >= 2
     assert data["throughput"]["sandbox"]["cores_busy"] > 0  # the sandboxed trees' CPU, from their cgroups
     assert data["code_gen_verify"]["verify_calls"] == 5 and data["code_gen_verify"]["tests_per_s"] > 0

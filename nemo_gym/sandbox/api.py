@@ -27,11 +27,15 @@ Contract
   ``bwrap`` is missing, the sandbox refuses with :class:`SandboxUnavailableError` naming the package.
 * Bounded pool: at most ``max_concurrent`` programs run at once per process (default: the machine's
   CPUs); further ``exec`` calls queue, each for at most ``queue_timeout_s`` (then :class:`SandboxBusyError`).
+  With ``prestart`` (default) each run's bubblewrap sandbox was started while an earlier run ran (at most
+  one idle per slot, each serving one run); the work dir is moved into it (``host_workdir`` may change
+  at an ``exec``; contents and the in-sandbox path do not).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -199,6 +203,11 @@ class SandboxProviderConfig(BaseModel):
     ro_binds: list[str] = Field(
         default_factory=list, description="Extra host paths bound read-only at the same path (e.g. a venv)"
     )
+    prestart: bool = Field(
+        default=True,
+        description="Start each next sandbox (namespaces, mounts, cgroups) ahead, while the current program "
+        "runs; at most one idle per pool slot, each serves one run. false: start each at its exec",
+    )
 
 
 def _small_flat_dir(path: Path, max_entries: int = 16) -> bool:
@@ -247,6 +256,12 @@ def sandbox_pool_size() -> int:
     return _SLOTS.limit
 
 
+def _bwrap():
+    from nemo_gym.sandbox import bwrap
+
+    return bwrap
+
+
 def _backend_for(config: SandboxProviderConfig):  # -> backend object with async run(...)
     if config.backend == "bubblewrap":
         from nemo_gym.sandbox.bwrap import BubblewrapBackend
@@ -284,6 +299,7 @@ class AsyncSandbox:
         self._spec = spec or SandboxSpec()
         self._backend = _backend_for(self._config)
         self._host_dir: Path | None = None
+        self._running = 0  # execs in flight in this work dir
         if self._config.max_concurrent is not None:
             _SLOTS.set_limit(self._config.max_concurrent)
 
@@ -293,6 +309,9 @@ class AsyncSandbox:
 
     @property
     def host_workdir(self) -> Path:
+        """The work dir on the host. It may move (same contents) at an ``exec`` that starts while no other
+        runs: the program then runs in a sandbox started ahead around a fresh dir, which becomes the work
+        dir."""
         if self._host_dir is None:
             raise RuntimeError("Sandbox has not been started")
         return self._host_dir
@@ -369,7 +388,7 @@ class AsyncSandbox:
         if timeout_s is not None:
             limits = SandboxResources(**{**limits.__dict__, "wall_time_s": float(timeout_s)})
         data = stdin.encode() if isinstance(stdin, str) else stdin
-        host_dir = self.host_workdir
+        self.host_workdir  # noqa: B018 - raises unless started
         sem = _SLOTS.semaphore()
         try:
             async with asyncio.timeout(self._config.queue_timeout_s):
@@ -379,8 +398,19 @@ class AsyncSandbox:
                 f"no sandbox slot became free within queue_timeout_s={self._config.queue_timeout_s:g} s "
                 f"({_SLOTS.limit} programs run at once)"
             ) from None
+        self._running += 1
         try:
             start = time.monotonic()
+            extra: dict[str, Any] = {}
+            host_dir = self.host_workdir  # (an exec that ran meanwhile may have moved it)
+            take_warm = getattr(self._backend, "take_warm", None)
+            if take_warm is not None and self._running == 1:
+                warm = take_warm(self._spec.workdir, limits)
+                if warm is not None and self._adopt(warm.bind_dir):
+                    extra["warm"] = warm
+                    host_dir = warm.bind_dir
+                elif warm is not None:
+                    warm.discard()
             result = await self._backend.run(
                 argv,
                 host_dir=host_dir,
@@ -389,15 +419,43 @@ class AsyncSandbox:
                 env={**self._spec.env, **(env or {})},
                 stdin=data,
                 limits=limits,
+                **extra,
             )
             result.wall_time_s = time.monotonic() - start
             return result
         finally:
+            self._running -= 1
             sem.release()
+
+    def _adopt(self, new_dir: Path) -> bool:
+        """Move the work dir's entries into ``new_dir`` (a pre-started sandbox's fresh, empty dir on the
+        same file system: renames) and make it the work dir. False (nothing changed) if that fails."""
+        old = self.host_workdir
+        moved: list[str] = []
+        try:
+            for name in os.listdir(old):
+                os.rename(old / name, new_dir / name)
+                moved.append(name)
+        except OSError as exc:
+            for name in moved:
+                with contextlib.suppress(OSError):
+                    os.rename(new_dir / name, old / name)
+            LOG.debug("sandbox: not using a pre-started sandbox (%s)", exc)
+            return False
+        self._host_dir = new_dir
+        _bwrap().remove_dir_later(old)  # empty now
+        return True
 
     async def stop(self) -> None:
         if self._host_dir is not None:
             host_dir, self._host_dir = self._host_dir, None
+            if isinstance(self._backend, _bwrap().BubblewrapBackend):
+                # Gone from its path now (a rename); the files go in the sandbox clean-up thread.
+                trash = host_dir.with_name(f".{host_dir.name}.removed")
+                with contextlib.suppress(OSError):
+                    os.rename(host_dir, trash)
+                    _bwrap().remove_dir_later(trash)
+                    return
             if _small_flat_dir(host_dir):
                 shutil.rmtree(host_dir, ignore_errors=True)  # a few files: quicker than a thread hop
             else:

@@ -6,7 +6,10 @@ Contract
   solution reading 200,000 numbers from stdin and sorting them) run ``+runs`` times each as a plain
   ``asyncio`` subprocess of the sandbox's Python (``python3 -I prog.py``, same stdin, a temp work dir) and
   through :func:`nemo_gym.sandbox.run_in_sandbox`, interleaved run by run so machine load hits both alike.
-  Reported: mean and median milliseconds per run and the ratio sandboxed / bare.
+  Reported: mean and median milliseconds per run and the ratio sandboxed / bare; and CPU milliseconds per
+  run, so that work moved off the critical path (a sandbox pre-started while the last run ran) still
+  shows: bare = the reaped child's CPU + this process's; sandboxed = the run's cpuacct cgroup (its
+  sandbox's set-up, whenever it happened, and its program) + this process's (which starts the next one).
 * Throughput: ``+throughput_runs`` runs of the sorting program with ``+concurrency`` in flight, bare and
   sandboxed (in alternating batches): executions per second, their ratio, and how many cores the programs kept busy (CPU time over
   wall time: reaped children for bare runs, the runs' cpuacct cgroups for sandboxed ones, since bwrap's
@@ -15,6 +18,8 @@ Contract
   ``+verify_calls`` correct solutions of its example rows to ``/verify`` with ``+concurrency`` in flight:
   verifies/s, unit tests/s, cores kept busy by the server process and its tests' sandboxes, and how full
   its sandbox slots (one per CPU) were kept (the tests' run time over wall time x slots).
+* ``+prestart=false`` runs the sandboxed programs without pre-started sandboxes (the code_gen part uses
+  its server's config either way).
 * Nothing is asserted; the output is a table and ``+output_json_fpath`` (default sandbox_bench.json).
 """
 
@@ -54,6 +59,10 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _own_cpu() -> float:
+    return time.process_time()
+
+
 async def _bare(python: str, workdir: str, stdin: str) -> float:
     start = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
@@ -72,12 +81,15 @@ async def _bare(python: str, workdir: str, stdin: str) -> float:
     return time.perf_counter() - start
 
 
+_PROVIDER: dict[str, Any] = {}  # the sandbox: block for the runs (+prestart=false)
 _SANDBOX_CPU = [0.0]  # CPU seconds of sandboxed process trees (their cpuacct cgroups)
 
 
 async def _sandboxed(code: str, stdin: str) -> float:
     start = time.perf_counter()
-    result = await run_in_sandbox(["python3", "-I", "prog.py"], files={"prog.py": code}, stdin=stdin)
+    result = await run_in_sandbox(
+        ["python3", "-I", "prog.py"], files={"prog.py": code}, stdin=stdin, provider=_PROVIDER
+    )
     if not result.ok:
         raise RuntimeError(f"sandboxed run failed: {result}")
     _SANDBOX_CPU[0] += result.cpu_time_s or 0.0
@@ -92,10 +104,18 @@ async def _overhead(python: str, runs: int) -> dict[str, Any]:
             await _bare(python, tmp, stdin)  # warm caches for both
             await _sandboxed(code, stdin)
             bare, boxed = [], []
+            bare_cpu = boxed_cpu = 0.0
             for _ in range(runs):
+                children0, own0 = _children_cpu(), _own_cpu()
                 bare.append(await _bare(python, tmp, stdin))
+                own1, cgroups1 = _own_cpu(), _SANDBOX_CPU[0]
+                bare_cpu += (_children_cpu() - children0) + (own1 - own0)
                 boxed.append(await _sandboxed(code, stdin))
+                boxed_cpu += (_own_cpu() - own1) + (_SANDBOX_CPU[0] - cgroups1)
             out[name] = {
+                "bare_cpu_ms_per_run": 1000 * bare_cpu / runs,
+                "sandbox_cpu_ms_per_run": 1000 * boxed_cpu / runs,
+                "cpu_ratio": boxed_cpu / bare_cpu if bare_cpu > 0 else None,
                 "bare_ms_mean": 1000 * statistics.mean(bare),
                 "bare_ms_median": 1000 * statistics.median(bare),
                 "sandbox_ms_mean": 1000 * statistics.mean(boxed),
@@ -197,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     if any(a in ("-h", "--help") for a in argv):
         print(
             "usage: ng_bench_sandbox [+runs=40] [+throughput_runs=60] [+concurrency=8] [+verify_calls=40]\n"
-            "                        [+output_json_fpath=sandbox_bench.json]"
+            "                        [+prestart=true|false] [+output_json_fpath=sandbox_bench.json]"
         )
         return
     opts: dict[str, str] = {}
@@ -208,28 +228,38 @@ def main(argv: list[str] | None = None) -> None:
             "throughput_runs",
             "concurrency",
             "verify_calls",
+            "prestart",
             "output_json_fpath",
         ):
             sys.exit(f"ng_bench_sandbox: unknown option {a!r} (see --help)")
         opts[key] = value
     runs, n = int(opts.get("runs", 40)), int(opts.get("throughput_runs", 60))
     concurrency, calls = int(opts.get("concurrency", 8)), int(opts.get("verify_calls", 40))
+    if opts.get("prestart", "true").lower() not in ("true", "false"):
+        sys.exit(f"ng_bench_sandbox: +prestart must be true or false, got {opts['prestart']!r}")
+    _PROVIDER["prestart"] = opts.get("prestart", "true").lower() == "true"
     python = SandboxProviderConfig().python
     print(
-        f"ng_bench_sandbox: {os.cpu_count()} CPUs, sandbox pool {sandbox_pool_size()}, python {python}",
+        f"ng_bench_sandbox: {os.cpu_count()} CPUs, sandbox pool {sandbox_pool_size()}, python {python}, "
+        f"prestart {_PROVIDER['prestart']}",
         flush=True,
     )
 
     overhead = asyncio.run(_overhead(python, runs))
-    print(f"\nper-run latency, {runs} runs each, interleaved (ms)")
+    load = os.getloadavg()
+    print(f"\nper-run latency, {runs} runs each, interleaved (ms); load average {load[0]:.2f} {load[1]:.2f}")
     print(
         f"{'program':<16}{'bare mean':>10}{'bwrap mean':>12}{'ratio':>7}{'bare p50':>10}{'bwrap p50':>11}{'ratio':>7}"
+        f"{'bare cpu':>10}{'bwrap cpu':>11}{'ratio':>7}"
     )
     for name, r in overhead.items():
+        cpu_ratio = f"{r['cpu_ratio']:>7.2f}" if r["cpu_ratio"] is not None else f"{'-':>7}"
         print(
             f"{name:<16}{r['bare_ms_mean']:>10.1f}{r['sandbox_ms_mean']:>12.1f}{r['ratio_mean']:>7.2f}"
             f"{r['bare_ms_median']:>10.1f}{r['sandbox_ms_median']:>11.1f}{r['ratio_median']:>7.2f}"
+            f"{r['bare_cpu_ms_per_run']:>10.1f}{r['sandbox_cpu_ms_per_run']:>11.1f}{cpu_ratio}"
         )
+    print("(cpu: CPU ms per run, the program's tree and this process; the sandbox's includes its set-up)")
     throughput = asyncio.run(_throughput(python, n, concurrency))
     print(f"\nthroughput, sort program, {n} runs, {concurrency} in flight")
     for kind in ("bare", "sandbox"):
@@ -245,7 +275,13 @@ def main(argv: list[str] | None = None) -> None:
     path = Path(opts.get("output_json_fpath", "sandbox_bench.json"))
     path.write_bytes(
         orjson.dumps(
-            {"overhead": overhead, "throughput": throughput, "code_gen_verify": verify},
+            {
+                "prestart": _PROVIDER["prestart"],
+                "load_average": os.getloadavg(),
+                "overhead": overhead,
+                "throughput": throughput,
+                "code_gen_verify": verify,
+            },
             option=orjson.OPT_INDENT_2,
         )
     )
