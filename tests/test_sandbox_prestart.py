@@ -42,11 +42,20 @@ def _idle():
     return list(_backend()._idle_list())
 
 
+async def _wait_idle(timeout_s: float = 30.0) -> list:
+    """The idle pool once the starter thread has filled it (it starts the next sandbox after a run
+    begins, so right after a short run it may still be on its way); empty if it never comes."""
+    deadline = time.monotonic() + timeout_s
+    while not (idle := _idle()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    return idle
+
+
 async def test_each_run_gets_its_own_prestarted_sandbox_and_sees_nothing_of_the_last() -> None:
     first = await run_in_sandbox(["python3", "-I", "probe.py", "daemon"], files={"probe.py": PROBE})
     assert first.ok, first
     assert "SAW_MARK False False" in first.stdout
-    idle = _idle()
+    idle = await _wait_idle()
     assert idle, "a run pre-starts the next run's sandbox"
     nxt = idle[0]
     assert nxt.alive()
@@ -72,12 +81,12 @@ async def test_a_run_gets_its_own_limits_and_fresh_cgroup_counters_in_a_prestart
     fork = "import os, time\nfor _ in range(40):\n    os.fork() or (time.sleep(2), os._exit(0))\n"
     # The next sandbox is pre-started with the default limits (512 MiB, 64 processes) ...
     await run_in_sandbox(["true"])
-    assert _idle()
+    assert await _wait_idle()
     # ... and this run's tighter limits are what hold in it.
     bomb = await run_in_sandbox(["python3", "-c", fork], resources={"processes": 8})
     assert bomb.pids_limit_hit and bomb.return_code != 0, bomb
     hog = "x = bytearray(300 << 20)\nprint(len(x))"
-    assert _idle()
+    assert await _wait_idle()
     oom = await run_in_sandbox(["python3", "-c", hog], resources={"memory_mib": 100})
     assert oom.oom_killed and oom.error_type == "oom", oom
     busy = await run_in_sandbox(["python3", "-c", "while True: pass"], resources={"cpu_time_s": 1})
