@@ -186,12 +186,14 @@ async def test_cancelled_exec_leaves_nothing_running() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    bwrap._close_all_idle()  # the pre-started sandboxes for next runs: any bwrap left now is the run's
 
     def left() -> list[list[str]]:
+        # The pre-started sandboxes for next runs are closed first (the starter thread may still be
+        # adding one after the cancellation, so on every look): any bwrap left then is the run's.
+        bwrap._close_all_idle()
         return [c.cmdline() for c in me.children(recursive=True) if c.name() in ("bwrap", "dash", "sleep")]
 
-    for _ in range(50):
+    for _ in range(100):
         if not left():
             break
         await asyncio.sleep(0.1)

@@ -912,6 +912,11 @@ def remove_dir_later(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 def _close_all_idle() -> None:
     for backend in list(_BackendBase._shared.values()):
         if isinstance(backend, BubblewrapBackend):
@@ -1070,8 +1075,9 @@ class _WarmSandbox:
             if not everything.done():
                 kill("cancelled")
                 everything.cancel()
-                with contextlib.suppress(BaseException):
-                    everything.exception()
+                # It finishes later (with the readers' CancelledError): retrieve that then, so asyncio
+                # does not log "exception was never retrieved" for a cancellation we asked for.
+                everything.add_done_callback(_retrieve)
         (stdout, out_trunc), (stderr, err_trunc), _, outer_rc = everything.result()
         status = b""
         with contextlib.suppress(BlockingIOError, OSError):
