@@ -584,3 +584,195 @@ def json_row_with_marker(row: dict[str, Any], marker: str) -> dict[str, Any]:
     out = copy.deepcopy(row)
     out["responses_create_params"]["input"][-1]["content"] += f" {marker}"
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Sandboxed programs as Ray tasks (sandbox: {run_on: ray}).
+
+SANDBOX_PROGRAM = """
+import os, sys
+data = sys.stdin.read()
+print("got", data.strip(), open("in.txt").read().strip())
+open("out.txt", "w").write("answer=" + str(sum(int(x) for x in data.split())))
+os.remove("gone.txt")
+os.symlink("/etc/passwd", "link.txt")
+"""
+
+
+async def test_sandbox_runs_programs_as_ray_tasks_on_the_pinned_node(ray_driver: Any) -> None:
+    """An AsyncSandbox with run_on: ray runs each program under bubblewrap on the node its custom
+    resource pins it to; files and stdin travel with the task, and what the program wrote (and
+    deleted) is back in the local work dir afterwards; symlinks are never sent back."""
+    from nemo_gym.ray.sandbox import node_counts
+    from nemo_gym.sandbox import AsyncSandbox, SandboxSpec
+
+    before = node_counts()
+    provider = {"run_on": "ray", "ray_resources": {"node_b": 1}}
+    spec = SandboxSpec(files={"prog.py": SANDBOX_PROGRAM, "in.txt": "hello", "gone.txt": "x"})
+    async with AsyncSandbox(provider=provider, spec=spec) as sandbox:
+        run = await sandbox.exec(["python3", "-I", "prog.py"], stdin="20 22\n")
+        assert run.ok and run.stdout == "got 20 22 hello\n", run
+        assert (await sandbox.read_file("out.txt")) == b"answer=42"
+        assert sorted(p.name for p in sandbox.host_workdir.iterdir()) == ["in.txt", "out.txt", "prog.py"]
+        # Files persist between programs, as in a local sandbox; a failing program is its own outcome.
+        again = await sandbox.exec(
+            ["python3", "-I", "-c", "print(open('out.txt').read()); raise SystemExit(3)"]
+        )
+        assert again.stdout == "answer=42\n" and again.return_code == 3 and again.error_type is None
+        # The same limits apply on the node: past the wall-clock limit the program is killed.
+        slow = await sandbox.exec(["python3", "-I", "-c", "import time; time.sleep(30)"], timeout_s=1)
+        assert slow.timed_out and slow.error_type == "timeout"
+    after = node_counts()
+    ran = {node: after[node] - before.get(node, 0) for node in after if after[node] != before.get(node, 0)}
+    assert ran == {_node_with("node_b"): 3}, ran
+
+
+async def test_sandbox_on_ray_refuses_what_it_cannot_send_and_needs_a_cluster(ray_driver: Any) -> None:
+    from nemo_gym.sandbox import (
+        AsyncSandbox,
+        SandboxError,
+        SandboxSpec,
+        SandboxUnavailableError,
+        check_sandbox_available,
+    )
+
+    spec = SandboxSpec(files={"big.bin": b"\0" * (2 * 2**20)})
+    async with AsyncSandbox(provider={"run_on": "ray", "ray_max_payload_mib": 1}, spec=spec) as sandbox:
+        with pytest.raises(SandboxError, match=r"ray_max_payload_mib=1 MiB .*big\.bin"):
+            await sandbox.exec(["true"])
+    set_verify_ray_address("")  # this process has no cluster now
+    with pytest.raises(SandboxUnavailableError, match="no Ray cluster"):
+        check_sandbox_available({"run_on": "ray"})
+    check_sandbox_available({"run_on": "auto"})  # auto: the local bubblewrap, which is installed
+
+
+async def test_sandbox_on_a_node_without_bwrap_or_a_dead_node_is_an_infrastructure_failure(
+    ray_driver: Any,
+) -> None:
+    """node_c runs without bubblewrap on its PATH: a program pinned there fails with the node's
+    SandboxUnavailableError. A program running there when the node is killed, and one pinned to the
+    node once it is gone, fail as SandboxError within their bounds: never as a program outcome."""
+    import asyncio
+
+    from nemo_gym.sandbox import AsyncSandbox, SandboxError, SandboxSpec, SandboxUnavailableError
+
+    cluster = ray_driver
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", str(Path(sys.executable).parent))  # the venv's bin: python, no bwrap
+        node_c = cluster.add_node(
+            num_cpus=1,
+            object_store_memory=OBJECT_STORE_BYTES,
+            include_dashboard=False,
+            resources={"node_c": 1},
+        )
+    try:
+        cluster.wait_for_nodes(timeout=60)
+        pinned = {"run_on": "ray", "ray_resources": {"node_c": 1}}
+        async with AsyncSandbox(provider=pinned, spec=SandboxSpec(files={"a.py": "print(1)"})) as sandbox:
+            with pytest.raises(SandboxUnavailableError, match="install the Debian package `bubblewrap`"):
+                await sandbox.exec(["python3", "-I", "a.py"])
+        # The unsafe backend needs no bwrap: a program that runs until its node is killed.
+        unsafe = {**pinned, "backend": "unsafe_local_subprocess"}
+        spec = SandboxSpec(resources={"wall_time_s": 120, "cpu_time_s": 120})
+        async with AsyncSandbox(provider=unsafe, spec=spec) as sandbox:
+            running = asyncio.ensure_future(
+                sandbox.exec([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(100)"])
+            )
+            await asyncio.sleep(4)
+            assert not running.done()
+            await asyncio.to_thread(cluster.remove_node, node_c, False)
+            node_c = None
+            with pytest.raises(SandboxError, match="Ray task failed"):
+                await asyncio.wait_for(running, 60)
+        # No live node offers node_c now: the program waits its bound, then fails as infrastructure.
+        gone = {**unsafe, "queue_timeout_s": 1}
+        async with AsyncSandbox(provider=gone, spec=SandboxSpec(resources={"wall_time_s": 1})) as sandbox:
+            with pytest.raises(SandboxError, match=r"no node of the Ray cluster ran the program.*node_c"):
+                await asyncio.wait_for(sandbox.exec(["true"]), 120)  # its own bound is 1 + 1 + 15 s
+    finally:
+        if node_c is not None:
+            cluster.remove_node(node_c)
+
+
+CODE_GEN_CONFIG = "resources_servers/code_gen/configs/code_gen.yaml"
+
+
+def _code_gen_extra(
+    address: str, sandbox: dict[str, Any], **block: Any
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Rows 0 of code_gen, right (slowed a little, so its programs can be watched) and tagged [wrong]."""
+    from nemo_gym.testing import example_rows
+
+    row = example_rows("code_gen")[0]
+    wrong = json_row_with_marker(row, "[wrong]")
+    right_code = "import time\ntime.sleep(0.5)\na, b = map(int, input().split())\nprint(a + b)"
+    wrong_code = "a, b = map(int, input().split())\nprint(a - b)"
+    rules = [
+        {"contains": "[wrong]", "turns": [{"text": f"```python\n{wrong_code}\n```"}]},
+        {"contains": "print their sum", "turns": [{"text": f"```python\n{right_code}\n```"}]},
+    ]
+    extra = {
+        "ray_head_node_address": address,
+        "policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": rules}}},
+        "code_gen": {"resources_servers": {"code_gen": {"sandbox": sandbox, **block}}},
+    }
+    return [row, wrong], extra
+
+
+@pytest.mark.slow
+def test_code_gen_runs_its_programs_on_the_other_node_and_a_missing_node_is_not_a_zero(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """code_gen with sandbox.run_on: ray pinned to node_b: every unit-test program runs under bwrap
+    started by a Ray worker of node_b's raylet (never by the code_gen server), right and wrong programs
+    score 1 and 0. Pinned to a node no live machine offers, the rows are infrastructure failures in the
+    sidecar, not rewards of 0."""
+    from nemo_gym.testing import collect_rollouts
+
+    rows, extra = _code_gen_extra(cluster.address, {"run_on": "ray", "ray_resources": {"node_b": 1}})
+    with running_servers([CODE_GEN_CONFIG], extra) as helper:
+        node_b = next(n for n in cluster.worker_nodes if n.node_id == _node_with("node_b"))
+        raylet_b = next(p.pid for name, p in node_b.live_processes() if name == "raylet")
+        server_pid = next(r["pid"] for r in helper.server_instances() if r["name"] == "code_gen")
+        seen: list[set[int]] = []
+        stop = threading.Event()
+
+        def watch() -> None:  # the ancestors of every bwrap process this test started (others run tests too)
+            while not stop.is_set():
+                for proc in psutil.process_iter(["name"]):
+                    if proc.info["name"] == "bwrap":
+                        try:
+                            ancestors = {p.pid for p in proc.parents()}
+                        except psutil.Error:
+                            continue
+                        if os.getpid() in ancestors:
+                            seen.append(ancestors)
+                time.sleep(0.02)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            code, out, err = collect_rollouts(helper, rows, tmp_path / "b", "code_gen_simple_agent")
+        finally:
+            stop.set()
+            watcher.join(timeout=10)
+        assert code == 0, err[-3000:]
+        assert [r["reward"] for r in out] == [1.0, 0.0], out
+        assert out[1]["failure_reason"] == "wrong_answer"
+        assert seen, "no sandboxed program was seen running"
+        assert all(raylet_b in ancestors and server_pid not in ancestors for ancestors in seen), seen
+
+    rows, extra = _code_gen_extra(
+        cluster.address,
+        {"run_on": "ray", "ray_resources": {"node_z": 1}, "queue_timeout_s": 1},
+        unit_test_timeout_secs=1,
+    )
+    with running_servers([CODE_GEN_CONFIG], extra) as helper:
+        code, out, err = collect_rollouts(helper, rows, tmp_path / "z", "code_gen_simple_agent")
+        assert code != 0 and out == [], (code, out, err[-2000:])
+        failures = [
+            yaml.safe_load(line)
+            for line in (tmp_path / "z" / "output_failures.jsonl").read_text().splitlines()
+        ]
+        assert len(failures) == 2, failures
+        assert all("no node of the Ray cluster ran the program" in str(f) for f in failures), failures
