@@ -785,3 +785,99 @@ def test_code_gen_runs_its_programs_on_the_other_node_and_a_missing_node_is_not_
         ]
         assert len(failures) == 2, failures
         assert all("no node of the Ray cluster ran the program" in str(f) for f in failures), failures
+
+
+# ------------------------------------------------------------------------------------------------
+# The launcher and Ray-placed replicas: ready count, dead instances, config check.
+
+
+@pytest.mark.slow
+def test_ng_run_counts_ray_replicas_and_stops_when_every_replica_is_dead(cluster: Any) -> None:
+    """ng_run counts the replicas on Ray nodes in "All N / N servers ready"; killing one replica (no
+    restarts) keeps the run going; killing the last one stops ng_run (exit 1) naming the instance."""
+    import re
+
+    import httpx
+
+    from nemo_gym.auth import auth_headers, client_token
+
+    block = f"+{RES}.resources_servers.{RES}"
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from nemo_gym.cli import run_main; run_main(sys.argv[1:])",
+        f"+config_paths=[{ENV_CONFIG},responses_api_models/scripted_model/configs/scripted_model.yaml]",
+        "+head_server.port=0",
+        f"+ray_head_node_address={cluster.address}",
+        f"{block}.num_replicas=2",
+        f"{block}.ray_resources=[{{node_a: 1}},{{node_b: 1}}]",
+        f"{block}.ray_max_restarts=0",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 180
+        head = None
+        while head is None and time.monotonic() < deadline and proc.poll() is None:
+            line = proc.stdout.readline()
+            lines.append(line)
+            found = re.match(r"Head server: (http://\S+)", line)
+            head = found.group(1) if found else None
+        assert head is not None, "".join(lines) + (proc.stderr.read() if proc.poll() is not None else "")
+        # The agent and the model here, the resources server's two replicas on the nodes.
+        assert any(line.startswith("All 4 / 4 servers ready!") for line in lines), "".join(lines)
+        port = int(head.rpartition(":")[2])
+        rows = httpx.get(
+            head + "/server_instances", headers=auth_headers(client_token(port)), timeout=30, trust_env=False
+        ).json()
+        replicas = [r for r in rows if r["name"] == RES]
+        assert [r["replica"] for r in replicas] == [0, 1] and all(r["alive"] for r in replicas)
+        os.kill(replicas[0]["pid"], signal.SIGKILL)
+        time.sleep(3)  # several of ng_run's checks: one dead replica of two is not a dead server
+        assert proc.poll() is None, proc.stderr.read()
+        os.kill(replicas[1]["pid"], signal.SIGKILL)
+        code = proc.wait(timeout=60)
+        err = proc.stderr.read()
+        assert code == 1, (code, err[-3000:])
+        assert f"Server '{RES}' (placed on the Ray cluster) is dead" in err, err[-3000:]
+        assert "ng_run: stopping the other servers." in err
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_run_helper_poll_reports_an_instance_whose_ray_replicas_all_died(cluster: Any) -> None:
+    extra = _placed_extra(cluster.address, [{"node_a": 1}, {"node_b": 1}], ray_max_restarts=0)
+    with running_servers([ENV_CONFIG], extra) as helper:
+        assert helper.supervisor.num_servers() == 4
+        rows = _replica_rows(helper)
+        os.kill(rows[0]["pid"], signal.SIGKILL)
+        helper.poll()  # the other replica serves
+        os.kill(rows[1]["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        with pytest.raises(RuntimeError, match=rf"Server '{RES}' \(placed on the Ray cluster\) is dead"):
+            while time.monotonic() < deadline:
+                helper.poll()
+                time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_ray_placed_replicas_config_is_checked_before_anything_serves(cluster: Any) -> None:
+    """An unknown key in a Ray-placed block is reported like one in a local block (file, "did you
+    mean"), together with the local servers' problems, and no server starts serving."""
+    extra = _placed_extra(cluster.address, [{"node_a": 1}, {"node_b": 1}], bogus_settting=1)
+    extra[AGENT] = {"responses_api_agents": {"simple_agent": {"max_stepz": 3}}}
+    before = _descendants()
+    with pytest.raises(ConfigError) as info:
+        with running_servers([ENV_CONFIG], extra):
+            pass
+    message = str(info.value)
+    assert "no server was started" in message, message
+    assert f"'{RES}.resources_servers.{RES}.bogus_settting'" in message and "has no setting" in message
+    assert f"'{AGENT}.responses_api_agents.simple_agent.max_stepz'" in message and "max_steps" in message
+    assert "(2 problems;" in message  # the agent's and the resources server's (two replicas, one problem)
+    assert not _wait_gone(_descendants() - before), "a server of the refused run is still running"
