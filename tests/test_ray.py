@@ -659,8 +659,8 @@ async def test_sandbox_on_a_node_without_bwrap_or_a_dead_node_is_an_infrastructu
     ray_driver: Any,
 ) -> None:
     """node_c runs without bubblewrap on its PATH: a program pinned there fails with the node's
-    SandboxUnavailableError. A program running there when the node is killed, and one pinned to the
-    node once it is gone, fail as SandboxError within their bounds: never as a program outcome."""
+    SandboxUnavailableError. A program running there when the node is killed fails as SandboxError:
+    never as a program outcome. (A node that is gone altogether: the code_gen test below.)"""
     import asyncio
 
     from nemo_gym.sandbox import AsyncSandbox, SandboxError, SandboxSpec, SandboxUnavailableError
@@ -693,11 +693,6 @@ async def test_sandbox_on_a_node_without_bwrap_or_a_dead_node_is_an_infrastructu
             node_c = None
             with pytest.raises(SandboxError, match="Ray task failed"):
                 await asyncio.wait_for(running, 60)
-        # No live node offers node_c now: the program waits its bound, then fails as infrastructure.
-        gone = {**unsafe, "queue_timeout_s": 1}
-        async with AsyncSandbox(provider=gone, spec=SandboxSpec(resources={"wall_time_s": 1})) as sandbox:
-            with pytest.raises(SandboxError, match=r"no node of the Ray cluster ran the program.*node_c"):
-                await asyncio.wait_for(sandbox.exec(["true"]), 120)  # its own bound is 1 + 1 + 15 s
     finally:
         if node_c is not None:
             cluster.remove_node(node_c)
