@@ -120,7 +120,7 @@ def run_main(argv: list[str] | None = None) -> None:
             _fail(f"ng_run: stopped by {signal.Signals(received[0]).name} during start-up.", 0)
         _fail(f"ng_run: start-up failed.\n{e}", 1)
 
-    n = len(supervisor.children)
+    n = supervisor.num_servers()  # local processes and replicas placed on Ray nodes
     print(f"All {n} / {n} servers ready! ({time.monotonic() - t0:.2f} s)")
     print(f"Head server: http://{supervisor.head_host}:{supervisor.head_port}")
     if supervisor.token_file is not None:

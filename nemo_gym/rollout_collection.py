@@ -25,7 +25,9 @@ Contract
   own, or an inner server's named in the agent's 502), rows for the agents it affects are no longer
   sent. Rollouts in flight finish or fail; rows not sent are "not attempted" (not failures, not
   counted towards ``max_attempts``): a resume runs them. One line per failure kind is printed at
-  the end, and the exit status is 3, naming the server.
+  the end, and the exit status is 3, naming the server. A server with several replicas is down only
+  when none of them answers: the in-flight failures of one dead replica's sessions are written to the
+  failures file (a resume runs them) and the run goes on through the others.
 * The failures file never carries a secret: each record is scrubbed (:mod:`nemo_gym.redaction`) of
   the secret values this process knows (its config and ``env.yaml``) before it is written.
 * ``resume_from_cache`` runs exactly the (task, rollout) pairs missing from the output, retrying
@@ -59,6 +61,7 @@ from nemo_gym.global_config import ConfigError
 from nemo_gym.observability import ModelCallSink, capture_wanted, model_calls_path
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.redaction import add_secret_values, config_secret_values, process_scrubber
+from nemo_gym.replicas import live_replicas, replicated_instances
 from nemo_gym.rollout_stats import aggregate_metrics, k_values
 from nemo_gym.server_client import (
     BaseServerConfig,
@@ -679,14 +682,22 @@ class CircuitBreaker:
     rollout through an agent resets the counts of the servers that agent's failures named. At
     ``threshold`` the breaker for that server opens and stays open for the run: every agent whose
     failures named it (before or after) is blocked, so rows for it are not sent. O(1) per rollout.
+
+    A server in ``replicated`` (several replicas) is down only when none of its replicas is alive:
+    at ``threshold`` :meth:`failure` returns its name instead of opening, and the caller checks its
+    replicas, then calls :meth:`confirm_down` (none answers) or :meth:`still_serving` (the failures
+    were the sessions of a dead replica; the count starts again).
     """
 
-    def __init__(self, threshold: int) -> None:
+    def __init__(self, threshold: int, replicated: Iterable[str] = ()) -> None:
         self.threshold = threshold
+        self.replicated = frozenset(replicated)
         self._consecutive: dict[str, int] = {}
         self._named_by: dict[str, set[str]] = {}  # agent -> servers its down failures named
+        self._pending: dict[str, dict[str, Any]] = {}  # replicated server -> the failure to check
         self.opened: dict[str, dict[str, Any]] = {}  # server -> the failure that opened its breaker
         self.blocked: dict[str, str] = {}  # agent -> the down server that blocks it
+        self.replica_losses = 0  # down failures of replicated servers that still had a live replica
 
     def success(self, agent: str) -> None:
         """Record a finished rollout through ``agent``."""
@@ -696,21 +707,42 @@ class CircuitBreaker:
                 self._consecutive.pop(server, None)
             named.clear()
 
-    def failure(self, agent: str, failure: dict[str, Any]) -> None:
-        """Record a failed rollout through ``agent`` (``failure`` as made by :func:`classify_failure`)."""
+    def failure(self, agent: str, failure: dict[str, Any]) -> str | None:
+        """Record a failed rollout through ``agent`` (``failure`` as made by :func:`classify_failure`).
+
+        Returns the name of a replicated server whose replicas the caller must check, else None."""
         server = down_server(failure)
         if server is None:
-            return
+            return None
         self._named_by.setdefault(agent, set()).add(server)
-        count = self._consecutive[server] = self._consecutive.get(server, 0) + 1
-        if server not in self.opened and count >= self.threshold:
-            fields = ("kind", "server", "path", "status", "via")
-            self.opened[server] = {**{k: failure.get(k) for k in fields}, "consecutive_failures": count}
-            for other, named in self._named_by.items():  # every agent whose failures named it
-                if server in named:
-                    self.blocked.setdefault(other, server)
         if server in self.opened:
             self.blocked.setdefault(agent, server)
+            return None
+        count = self._consecutive[server] = self._consecutive.get(server, 0) + 1
+        if count >= self.threshold:
+            if server in self.replicated:
+                self._pending[server] = failure
+                return server
+            self._open(server, failure, count)
+        return None
+
+    def confirm_down(self, server: str) -> None:
+        """No replica of ``server`` is alive: open its breaker."""
+        failure = self._pending.pop(server, None)
+        if failure is not None and server not in self.opened:
+            self._open(server, failure, self._consecutive.get(server, self.threshold))
+
+    def still_serving(self, server: str) -> None:
+        """``server`` has a live replica: its failures so far do not make it down."""
+        if self._pending.pop(server, None) is not None:
+            self.replica_losses += self._consecutive.pop(server, 0)
+
+    def _open(self, server: str, failure: dict[str, Any], count: int) -> None:
+        fields = ("kind", "server", "path", "status", "via")
+        self.opened[server] = {**{k: failure.get(k) for k in fields}, "consecutive_failures": count}
+        for other, named in self._named_by.items():  # every agent whose failures named it
+            if server in named:
+                self.blocked.setdefault(other, server)
 
     def blocking(self, agent: str) -> dict[str, Any] | None:
         """The open breaker that blocks ``agent``, or None when rows for it may be sent."""
@@ -893,7 +925,7 @@ async def collect_rollouts(
     exhausted = {k for k, a in attempts.items() if a >= cfg.max_attempts and k not in done}
     total = n_rows * cfg.num_repeats
     todo = total - len(done) - len(exhausted)
-    breaker = CircuitBreaker(cfg.circuit_breaker_threshold)
+    breaker = CircuitBreaker(cfg.circuit_breaker_threshold, replicated_instances(client.global_config_dict))
 
     def rows_to_send() -> Iterator[dict[str, Any]]:
         for r in materialize(cfg):
@@ -941,7 +973,12 @@ async def collect_rollouts(
                 no_reward = "the verify response has no numeric `reward`"
                 exc = UpstreamError(agent, "/run", 200, no_reward, kind="bad_response")
             failure = classify_failure(exc, agent)
-            breaker.failure(agent, failure)
+            check = breaker.failure(agent, failure)
+            if check is not None:  # one dead replica of several is not a dead server
+                if await live_replicas(client, check):
+                    breaker.still_serving(check)
+                else:
+                    breaker.confirm_down(check)
             via = (failure.get("via") or {}).get("server")
             kind = (failure["kind"], failure["server"], failure["status"], via)  # as _KIND_FIELDS
             kinds[kind] += 1
@@ -986,6 +1023,8 @@ async def collect_rollouts(
         # Rows not sent this run (a server was down, or an interrupt): not failures, a resume runs them.
         "not_attempted": todo - n_ok - n_failed,
         "down_servers": breaker.report(),
+        # Failures of a replicated server's sessions while another replica of it was alive.
+        "replica_losses": breaker.replica_losses,
         "failure_kinds": [
             {**dict(zip(_KIND_FIELDS, k, strict=True)), "paths": sorted(kind_paths[k]), "count": n}
             for k, n in kinds.most_common()
@@ -1151,7 +1190,9 @@ class RolloutCollectionHelper:
         client = self._client(head_server_config)
         if semaphore is None:
             semaphore = asyncio.Semaphore(self.num_samples_in_parallel)
-        breaker = CircuitBreaker(self.circuit_breaker_threshold)
+        breaker = CircuitBreaker(
+            self.circuit_breaker_threshold, replicated_instances(client.global_config_dict)
+        )
 
         async def one(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
             if not isinstance(row.get("agent_ref"), dict) or "name" not in row["agent_ref"]:
@@ -1164,7 +1205,12 @@ class RolloutCollectionHelper:
                 try:
                     result = await post_run(client, row, self.request_timeout_s)
                 except UpstreamError as e:
-                    breaker.failure(agent, classify_failure(e, agent))
+                    check = breaker.failure(agent, classify_failure(e, agent))
+                    if check is not None:  # one dead replica of several is not a dead server
+                        if await live_replicas(client, check):
+                            breaker.still_serving(check)
+                        else:
+                            breaker.confirm_down(check)
                     raise
                 breaker.success(agent)
                 return row, result

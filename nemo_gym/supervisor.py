@@ -15,7 +15,9 @@ Contract
   ``log_dir`` files and error messages) is scrubbed (:mod:`nemo_gym.redaction`) of the secret values
   of the config and of ``env.yaml``; the ``env.yaml`` values are passed to each child
   (``NEMO_GYM_SECRET_VALUES``) so it can scrub its own error bodies.
-* ``dead_server()`` reports a child that has exited since start.
+* ``dead_server()`` reports a child that has exited since start, or an instance placed on Ray whose
+  every replica is dead. Ray-placed replicas check their config blocks on their nodes and report
+  their verdicts with the local ones: nothing serves until every config is valid.
 * ``shutdown()`` sends SIGTERM to every child's process group, then SIGKILL after
   ``shutdown_timeout_s``; it is idempotent and also runs at interpreter exit.
 * Children also die on their own when this process dies, even by SIGKILL (parent-death signal
@@ -97,6 +99,7 @@ from nemo_gym.replicas import (
 from nemo_gym.server_venvs import check_shared_requirements, ensure_server_venv
 
 LOG_TAIL_LINES = 30
+RAY_DEAD_CHECK_S = 1.0  # how often dead_server() asks the Ray replicas' actors for their status
 
 
 class StartupError(RuntimeError):
@@ -175,6 +178,29 @@ class ChildServer:
         return self.name if self.replica is None else f"{self.name}[{self.replica}]"
 
 
+@dataclass
+class DeadRayInstance:
+    """An instance placed on Ray whose every replica is dead (what :meth:`ServerSupervisor.dead_server`
+    reports for it)."""
+
+    name: str
+    statuses: list[dict[str, Any]]
+
+    @property
+    def label(self) -> str:
+        return self.name
+
+    def describe(self) -> str:
+        parts = [
+            f"replica {i} on node {st.get('node')} (pid {st.get('pid')}, {st.get('restarts', 0)} restart(s))"
+            for i, st in enumerate(self.statuses)
+        ]
+        return (
+            f"Server '{self.name}' (placed on the Ray cluster) is dead: every replica exited and has no "
+            f"restarts left (ray_max_restarts), or lost its actor or node: {'; '.join(parts)}."
+        )
+
+
 class ServerSupervisor:
     """Starts the head server and one child process per server instance; see the module docstring."""
 
@@ -213,6 +239,8 @@ class ServerSupervisor:
         self.venv_cache_dir = OmegaConf.select(self.cfg, "venv_cache_dir", default=None)
         # The run token every request to every server of this run must carry (see nemo_gym.auth).
         self._shut_down = False
+        self._ray_dead: DeadRayInstance | None = None
+        self._ray_checked_at = 0.0
         self._spawner = _SpawnerThread()
         # Every secret value this run knows: scrubbed from relayed log lines and error messages.
         self.auth_enabled = OmegaConf.select(self.cfg, SERVER_AUTH_KEY_NAME, default=True) not in (
@@ -349,8 +377,8 @@ class ServerSupervisor:
 
         # 4. Every child checks its config, then all go on together; health-poll with a bound.
         deadline = time.monotonic() + self.startup_timeout_s
+        self._start_ray_replicas(run_scrubber, secret)  # they check their configs too, then wait for go
         self._wait_config_verdicts(deadline)
-        self._start_ray_replicas(run_scrubber, secret)
         self._wait_ready(deadline)
         self._wait_ray_replicas(deadline)
 
@@ -674,6 +702,7 @@ class ServerSupervisor:
                 for p in self._problems_of(c)
             )
         )
+        problems += [p for p in self._ray_config_problems(deadline) if p not in problems]
         if problems:
             raise ConfigError(
                 f"The configuration of {'a server is' if len(problems) == 1 else 'the servers is'} not valid "
@@ -682,6 +711,29 @@ class ServerSupervisor:
             )
         for child in self.children:
             self._close_go(child, go=True)
+        for group in self.ray_groups.values():
+            group.go()
+
+    def _ray_config_problems(self, deadline: float) -> list[str]:
+        """The config problems Ray-placed replicas reported (their servers check their blocks on their
+        nodes, as local ones do); replicas of one instance report the same problems once."""
+        if not self.ray_groups:
+            return []
+        from nemo_gym.ray.replicas import RayPlacementError
+
+        problems: list[str] = []
+        for inst in self.instances:
+            group = self.ray_groups.get(inst.name)
+            if group is None:
+                continue
+            try:
+                verdicts = group.wait_verdicts(deadline)
+            except RayPlacementError as e:
+                raise StartupError(str(e)) from None
+            for verdict in verdicts:
+                if verdict and not verdict.get("ok"):
+                    problems += [p for p in self._verdict_problems(inst, verdict) if p not in problems]
+        return problems
 
     def _read_verdicts(
         self,
@@ -725,9 +777,12 @@ class ServerSupervisor:
     def _problems_of(self, child: ChildServer) -> list[str]:
         """One line per problem a child reported, with the file:line of the key and "did you mean"."""
         assert child.verdict is not None
-        key = child.instance.config_key
+        return self._verdict_problems(child.instance, child.verdict)
+
+    def _verdict_problems(self, instance: ServerInstance, verdict: dict[str, Any]) -> list[str]:
+        key = instance.config_key
         out = []
-        for p in child.verdict.get("problems") or [{"loc": "", "msg": "invalid config"}]:
+        for p in verdict.get("problems") or [{"loc": "", "msg": "invalid config"}]:
             loc = str(p.get("loc") or "")
             dotted = f"{key}.{loc}" if loc and not loc.startswith("[") else key + loc
             where = self.loaded.provenance.where(dotted)
@@ -741,7 +796,7 @@ class ServerSupervisor:
                     else (f" Known keys: {', '.join(known)}." if known else "")
                 )
                 out.append(
-                    f"'{dotted}'{at}: {child.instance.folder} has no setting '{loc.rpartition('.')[2]}'.{hint}"
+                    f"'{dotted}'{at}: {instance.folder} has no setting '{loc.rpartition('.')[2]}'.{hint}"
                 )
             else:
                 out.append(f"'{dotted}'{at}: {p.get('msg')}")
@@ -848,10 +903,16 @@ class ServerSupervisor:
                 )
         return rows
 
+    def num_servers(self) -> int:
+        """Server processes of the run: local children and replicas placed on Ray nodes."""
+        return len(self.children) + sum(len(g.infos) for g in self.ray_groups.values())
+
     # -- watching ---------------------------------------------------------------------------------------
-    def dead_server(self) -> ChildServer | None:
+    def dead_server(self) -> ChildServer | DeadRayInstance | None:
         """The first child that has exited since start, if any; a dead replica only once every replica
-        of its instance on this machine is dead (clients route around the others)."""
+        of its instance on this machine is dead (clients route around the others). An instance placed
+        on Ray is dead once every replica is (restarts used up, actor or node lost); its actors are
+        asked at most once per :data:`RAY_DEAD_CHECK_S`."""
         for child in self.children:
             if child.process is not None and child.process.poll() is not None:
                 if child.replica is not None and any(
@@ -860,6 +921,15 @@ class ServerSupervisor:
                 ):
                     continue
                 return child
+        if self.ray_groups and not self._shut_down:
+            if self._ray_dead is None and time.monotonic() >= self._ray_checked_at + RAY_DEAD_CHECK_S:
+                self._ray_checked_at = time.monotonic()
+                for name, group in self.ray_groups.items():
+                    statuses = group.all_dead()
+                    if statuses is not None:
+                        self._ray_dead = DeadRayInstance(name, statuses)
+                        break
+            return self._ray_dead
         return None
 
     def _tail_text(self, child: ChildServer) -> str:
@@ -868,8 +938,10 @@ class ServerSupervisor:
         lines = list(child.tail) or ["(no output)"]
         return f"--- last log lines of {child.label} ---\n" + "\n".join(lines)
 
-    def describe_exit(self, child: ChildServer, during_startup: bool = False) -> str:
+    def describe_exit(self, child: ChildServer | DeadRayInstance, during_startup: bool = False) -> str:
         """How ``child`` exited, with its last log lines (for error messages)."""
+        if isinstance(child, DeadRayInstance):
+            return child.describe()
         assert child.process is not None
         code = child.process.returncode
         how = (

@@ -8,6 +8,7 @@ is gone. Without a Ray config nothing imports ray: checked in a fresh interprete
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -510,8 +511,9 @@ def test_a_killed_node_loses_no_row_and_resume_completes_the_missing_pairs(
     cluster: Any, tmp_path: Path
 ) -> None:
     """Replica 1 on a third node that is removed (its raylet, actor and server killed) mid-run: no
-    row is scored 0 or lost, the failed rollouts are infrastructure failures, and a resume completes
-    exactly the missing pairs through the surviving replica."""
+    row is scored 0 or lost, the failed rollouts are infrastructure failures, the run goes on through
+    the other replica (not stopped as "server down"), and a resume completes exactly the missing
+    pairs through the surviving replica."""
     from nemo_gym.testing import collect_rollouts, example_rows
 
     node_c = cluster.add_node(
@@ -551,11 +553,18 @@ def test_a_killed_node_loses_no_row_and_resume_completes_the_missing_pairs(
             code, out, err = result["first"]
             assert not _wait_gone({victim_pid}), "the killed node's replica process outlived its node"
             assert all(r["reward"] == 1.0 for r in out), "a rollout was scored although its replica died"
-            assert code in (1, 3) and len(out) < 1000, (code, len(out), err[-2000:])
+            # One replica of two died: the run went on through the other (exit 1: rollouts missing after
+            # failures, not 3: no server was called down), every row rewarded or in the sidecar.
+            summary = json.loads((tmp_path / "output_aggregate_metrics.json").read_text())
+            assert code == 1 and summary["down_servers"] == [], (code, summary["down_servers"], err[-2000:])
             print(f"first run: exit {code}, {len(out)} of 1000 rollouts written")
-            failures = tmp_path / "output_failures.jsonl"
-            assert failures.exists() and failures.read_bytes().strip()
+            failures = [
+                json.loads(line) for line in (tmp_path / "output_failures.jsonl").read_text().splitlines()
+            ]
+            assert failures and all(f["server"] == RES for f in failures), failures[:3]
             done_first = {(r["_ng_task_index"], r["_ng_rollout_index"]) for r in out}
+            failed_first = {(f["_ng_task_index"], f["_ng_rollout_index"]) for f in failures}
+            assert not done_first & failed_first and len(done_first | failed_first) == 1000
             # Resume: exactly the missing pairs, through the replica that is left.
             code2, out2, err2 = collect_rollouts(
                 helper,
@@ -569,7 +578,7 @@ def test_a_killed_node_loses_no_row_and_resume_completes_the_missing_pairs(
             assert code2 == 0, err2[-3000:]
             keys = [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in out2]
             assert len(keys) == len(set(keys)) == 1000
-            assert done_first < set(keys)
+            assert set(keys) - done_first == failed_first
             assert all(r["reward"] == 1.0 for r in out2)
             status = _replica_rows(helper)[1]
             assert not status["alive"]
@@ -584,3 +593,286 @@ def json_row_with_marker(row: dict[str, Any], marker: str) -> dict[str, Any]:
     out = copy.deepcopy(row)
     out["responses_create_params"]["input"][-1]["content"] += f" {marker}"
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Sandboxed programs as Ray tasks (sandbox: {run_on: ray}).
+
+SANDBOX_PROGRAM = """
+import os, sys
+data = sys.stdin.read()
+print("got", data.strip(), open("in.txt").read().strip())
+open("out.txt", "w").write("answer=" + str(sum(int(x) for x in data.split())))
+os.remove("gone.txt")
+os.symlink("/etc/passwd", "link.txt")
+"""
+
+
+async def test_sandbox_runs_programs_as_ray_tasks_on_the_pinned_node(ray_driver: Any) -> None:
+    """An AsyncSandbox with run_on: ray runs each program under bubblewrap on the node its custom
+    resource pins it to; files and stdin travel with the task, and what the program wrote (and
+    deleted) is back in the local work dir afterwards; symlinks are never sent back."""
+    from nemo_gym.ray.sandbox import node_counts
+    from nemo_gym.sandbox import AsyncSandbox, SandboxSpec
+
+    before = node_counts()
+    provider = {"run_on": "ray", "ray_resources": {"node_b": 1}}
+    spec = SandboxSpec(files={"prog.py": SANDBOX_PROGRAM, "in.txt": "hello", "gone.txt": "x"})
+    async with AsyncSandbox(provider=provider, spec=spec) as sandbox:
+        run = await sandbox.exec(["python3", "-I", "prog.py"], stdin="20 22\n")
+        assert run.ok and run.stdout == "got 20 22 hello\n", run
+        assert (await sandbox.read_file("out.txt")) == b"answer=42"
+        assert sorted(p.name for p in sandbox.host_workdir.iterdir()) == ["in.txt", "out.txt", "prog.py"]
+        # Files persist between programs, as in a local sandbox; a failing program is its own outcome.
+        again = await sandbox.exec(
+            ["python3", "-I", "-c", "print(open('out.txt').read()); raise SystemExit(3)"]
+        )
+        assert again.stdout == "answer=42\n" and again.return_code == 3 and again.error_type is None
+        # The same limits apply on the node: past the wall-clock limit the program is killed.
+        slow = await sandbox.exec(["python3", "-I", "-c", "import time; time.sleep(30)"], timeout_s=1)
+        assert slow.timed_out and slow.error_type == "timeout"
+    after = node_counts()
+    ran = {node: after[node] - before.get(node, 0) for node in after if after[node] != before.get(node, 0)}
+    assert ran == {_node_with("node_b"): 3}, ran
+
+
+async def test_sandbox_on_ray_refuses_what_it_cannot_send_and_needs_a_cluster(ray_driver: Any) -> None:
+    from nemo_gym.sandbox import (
+        AsyncSandbox,
+        SandboxError,
+        SandboxSpec,
+        SandboxUnavailableError,
+        check_sandbox_available,
+    )
+
+    spec = SandboxSpec(files={"big.bin": b"\0" * (2 * 2**20)})
+    async with AsyncSandbox(provider={"run_on": "ray", "ray_max_payload_mib": 1}, spec=spec) as sandbox:
+        with pytest.raises(SandboxError, match=r"ray_max_payload_mib=1 MiB .*big\.bin"):
+            await sandbox.exec(["true"])
+    set_verify_ray_address("")  # this process has no cluster now
+    with pytest.raises(SandboxUnavailableError, match="no Ray cluster"):
+        check_sandbox_available({"run_on": "ray"})
+    check_sandbox_available({"run_on": "auto"})  # auto: the local bubblewrap, which is installed
+
+
+async def test_sandbox_on_a_node_without_bwrap_or_a_dead_node_is_an_infrastructure_failure(
+    ray_driver: Any,
+) -> None:
+    """node_c runs without bubblewrap on its PATH: a program pinned there fails with the node's
+    SandboxUnavailableError. A program running there when the node is killed fails as SandboxError:
+    never as a program outcome. (A node that is gone altogether: the code_gen test below.)"""
+    import asyncio
+
+    from nemo_gym.sandbox import AsyncSandbox, SandboxError, SandboxSpec, SandboxUnavailableError
+
+    cluster = ray_driver
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", str(Path(sys.executable).parent))  # the venv's bin: python, no bwrap
+        node_c = cluster.add_node(
+            num_cpus=1,
+            object_store_memory=OBJECT_STORE_BYTES,
+            include_dashboard=False,
+            resources={"node_c": 1},
+        )
+    try:
+        cluster.wait_for_nodes(timeout=60)
+        pinned = {"run_on": "ray", "ray_resources": {"node_c": 1}}
+        async with AsyncSandbox(provider=pinned, spec=SandboxSpec(files={"a.py": "print(1)"})) as sandbox:
+            with pytest.raises(SandboxUnavailableError, match="install the Debian package `bubblewrap`"):
+                await sandbox.exec(["python3", "-I", "a.py"])
+        # The unsafe backend needs no bwrap: a program that runs until its node is killed.
+        unsafe = {**pinned, "backend": "unsafe_local_subprocess"}
+        spec = SandboxSpec(resources={"wall_time_s": 120, "cpu_time_s": 120})
+        async with AsyncSandbox(provider=unsafe, spec=spec) as sandbox:
+            running = asyncio.ensure_future(
+                sandbox.exec([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(100)"])
+            )
+            await asyncio.sleep(4)
+            assert not running.done()
+            await asyncio.to_thread(cluster.remove_node, node_c, False)
+            node_c = None
+            with pytest.raises(SandboxError, match="Ray task failed"):
+                await asyncio.wait_for(running, 60)
+    finally:
+        if node_c is not None:
+            cluster.remove_node(node_c)
+
+
+CODE_GEN_CONFIG = "resources_servers/code_gen/configs/code_gen.yaml"
+
+
+def _code_gen_extra(
+    address: str, sandbox: dict[str, Any], **block: Any
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Rows 0 of code_gen, right (slowed a little, so its programs can be watched) and tagged [wrong]."""
+    from nemo_gym.testing import example_rows
+
+    row = example_rows("code_gen")[0]
+    wrong = json_row_with_marker(row, "[wrong]")
+    right_code = "import time\ntime.sleep(0.5)\na, b = map(int, input().split())\nprint(a + b)"
+    wrong_code = "a, b = map(int, input().split())\nprint(a - b)"
+    rules = [
+        {"contains": "[wrong]", "turns": [{"text": f"```python\n{wrong_code}\n```"}]},
+        {"contains": "print their sum", "turns": [{"text": f"```python\n{right_code}\n```"}]},
+    ]
+    extra = {
+        "ray_head_node_address": address,
+        "policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": rules}}},
+        "code_gen": {"resources_servers": {"code_gen": {"sandbox": sandbox, **block}}},
+    }
+    return [row, wrong], extra
+
+
+@pytest.mark.slow
+def test_code_gen_runs_its_programs_on_the_other_node_and_a_missing_node_is_not_a_zero(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """code_gen with sandbox.run_on: ray pinned to node_b: every unit-test program runs under bwrap
+    started by a Ray worker of node_b's raylet (never by the code_gen server), right and wrong programs
+    score 1 and 0. Pinned to a node no live machine offers, the rows are infrastructure failures in the
+    sidecar, not rewards of 0."""
+    from nemo_gym.testing import collect_rollouts
+
+    rows, extra = _code_gen_extra(cluster.address, {"run_on": "ray", "ray_resources": {"node_b": 1}})
+    with running_servers([CODE_GEN_CONFIG], extra) as helper:
+        node_b = next(n for n in cluster.worker_nodes if n.node_id == _node_with("node_b"))
+        raylet_b = next(p.pid for name, p in node_b.live_processes() if name == "raylet")
+        server_pid = next(r["pid"] for r in helper.server_instances() if r["name"] == "code_gen")
+        seen: list[set[int]] = []
+        stop = threading.Event()
+
+        def watch() -> None:  # the ancestors of every bwrap process this test started (others run tests too)
+            while not stop.is_set():
+                for proc in psutil.process_iter(["name"]):
+                    if proc.info["name"] == "bwrap":
+                        try:
+                            ancestors = {p.pid for p in proc.parents()}
+                        except psutil.Error:
+                            continue
+                        if os.getpid() in ancestors:
+                            seen.append(ancestors)
+                time.sleep(0.02)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            code, out, err = collect_rollouts(helper, rows, tmp_path / "b", "code_gen_simple_agent")
+        finally:
+            stop.set()
+            watcher.join(timeout=10)
+        assert code == 0, err[-3000:]
+        assert [r["reward"] for r in out] == [1.0, 0.0], out
+        assert out[1]["failure_reason"] == "wrong_answer"
+        assert seen, "no sandboxed program was seen running"
+        assert all(raylet_b in ancestors and server_pid not in ancestors for ancestors in seen), seen
+
+    rows, extra = _code_gen_extra(
+        cluster.address,
+        {"run_on": "ray", "ray_resources": {"node_z": 1}, "queue_timeout_s": 1},
+        unit_test_timeout_secs=1,
+    )
+    with running_servers([CODE_GEN_CONFIG], extra) as helper:
+        code, out, err = collect_rollouts(helper, rows, tmp_path / "z", "code_gen_simple_agent")
+        assert code != 0 and out == [], (code, out, err[-2000:])
+        failures = [
+            yaml.safe_load(line)
+            for line in (tmp_path / "z" / "output_failures.jsonl").read_text().splitlines()
+        ]
+        assert len(failures) == 2, failures
+        assert all("no node of the Ray cluster ran the program" in str(f) for f in failures), failures
+
+
+# ------------------------------------------------------------------------------------------------
+# The launcher and Ray-placed replicas: ready count, dead instances, config check.
+
+
+@pytest.mark.slow
+def test_ng_run_counts_ray_replicas_and_stops_when_every_replica_is_dead(cluster: Any) -> None:
+    """ng_run counts the replicas on Ray nodes in "All N / N servers ready"; killing one replica (no
+    restarts) keeps the run going; killing the last one stops ng_run (exit 1) naming the instance."""
+    import re
+
+    import httpx
+
+    from nemo_gym.auth import auth_headers, client_token
+
+    block = f"+{RES}.resources_servers.{RES}"
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from nemo_gym.cli import run_main; run_main(sys.argv[1:])",
+        f"+config_paths=[{ENV_CONFIG},responses_api_models/scripted_model/configs/scripted_model.yaml]",
+        "+head_server.port=0",
+        f"+ray_head_node_address={cluster.address}",
+        f"{block}.num_replicas=2",
+        f"{block}.ray_resources=[{{node_a: 1}},{{node_b: 1}}]",
+        f"{block}.ray_max_restarts=0",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 180
+        head = None
+        while head is None and time.monotonic() < deadline and proc.poll() is None:
+            line = proc.stdout.readline()
+            lines.append(line)
+            found = re.match(r"Head server: (http://\S+)", line)
+            head = found.group(1) if found else None
+        assert head is not None, "".join(lines) + (proc.stderr.read() if proc.poll() is not None else "")
+        # The agent and the model here, the resources server's two replicas on the nodes.
+        assert any(line.startswith("All 4 / 4 servers ready!") for line in lines), "".join(lines)
+        port = int(head.rpartition(":")[2])
+        rows = httpx.get(
+            head + "/server_instances", headers=auth_headers(client_token(port)), timeout=30, trust_env=False
+        ).json()
+        replicas = [r for r in rows if r["name"] == RES]
+        assert [r["replica"] for r in replicas] == [0, 1] and all(r["alive"] for r in replicas)
+        os.kill(replicas[0]["pid"], signal.SIGKILL)
+        time.sleep(3)  # several of ng_run's checks: one dead replica of two is not a dead server
+        assert proc.poll() is None, proc.stderr.read()
+        os.kill(replicas[1]["pid"], signal.SIGKILL)
+        code = proc.wait(timeout=60)
+        err = proc.stderr.read()
+        assert code == 1, (code, err[-3000:])
+        assert f"Server '{RES}' (placed on the Ray cluster) is dead" in err, err[-3000:]
+        assert "ng_run: stopping the other servers." in err
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_run_helper_poll_reports_an_instance_whose_ray_replicas_all_died(cluster: Any) -> None:
+    extra = _placed_extra(cluster.address, [{"node_a": 1}, {"node_b": 1}], ray_max_restarts=0)
+    with running_servers([ENV_CONFIG], extra) as helper:
+        assert helper.supervisor.num_servers() == 4
+        rows = _replica_rows(helper)
+        os.kill(rows[0]["pid"], signal.SIGKILL)
+        helper.poll()  # the other replica serves
+        os.kill(rows[1]["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        with pytest.raises(RuntimeError, match=rf"Server '{RES}' \(placed on the Ray cluster\) is dead"):
+            while time.monotonic() < deadline:
+                helper.poll()
+                time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_ray_placed_replicas_config_is_checked_before_anything_serves(cluster: Any) -> None:
+    """An unknown key in a Ray-placed block is reported like one in a local block (file, "did you
+    mean"), together with the local servers' problems, and no server starts serving."""
+    extra = _placed_extra(cluster.address, [{"node_a": 1}, {"node_b": 1}], bogus_settting=1)
+    extra[AGENT] = {"responses_api_agents": {"simple_agent": {"max_stepz": 3}}}
+    before = _descendants()
+    with pytest.raises(ConfigError) as info:
+        with running_servers([ENV_CONFIG], extra):
+            pass
+    message = str(info.value)
+    assert "no server was started" in message, message
+    assert f"'{RES}.resources_servers.{RES}.bogus_settting'" in message and "has no setting" in message
+    assert f"'{AGENT}.responses_api_agents.simple_agent.max_stepz'" in message and "max_steps" in message
+    assert "(2 problems;" in message  # the agent's and the resources server's (two replicas, one problem)
+    assert not _wait_gone(_descendants() - before), "a server of the refused run is still running"

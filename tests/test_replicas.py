@@ -210,3 +210,77 @@ def test_a_dead_replica_gets_no_new_sessions_and_its_sessions_fail_as_infrastruc
         code, out, err = collect_rollouts(h, [copy.deepcopy(r) for r in ROWS], tmp_path, AGENT)
         assert code == 0, err[-3000:]
         assert [r["reward"] for r in out] == [1.0] * 5
+
+
+def test_one_dead_replica_of_several_does_not_stop_the_run(tmp_path: Path) -> None:
+    """Replica 1 of 2 is killed mid-run: its sessions in flight fail as infrastructure failures (the
+    sidecar), the circuit breaker does not call the server down (its other replica is alive), the run
+    finishes every other row through replica 0, and a resume completes exactly the missing pairs.
+    Once replica 0 is killed too, the breaker calls the server down (exit 3)."""
+    import json
+    import threading
+
+    with running_servers([CONFIG], _extra(resources_replicas=2, agent_replicas=1)) as h:
+        victim = next(r for r in _rows(h, ENV) if r["replica"] == 1)
+        rows = [copy.deepcopy(ROWS[i % 5]) for i in range(300)]
+        output = tmp_path / "output.jsonl"
+        killed = threading.Event()
+
+        def kill_mid_run() -> None:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if output.exists() and output.read_bytes().count(b"\n") >= 40:
+                    os.kill(victim["pid"], signal.SIGKILL)
+                    killed.set()
+                    return
+                time.sleep(0.01)
+
+        killer = threading.Thread(target=kill_mid_run)
+        killer.start()
+        try:
+            args = ("+num_samples_in_parallel=24", "+circuit_breaker_threshold=2")
+            code, out, err = collect_rollouts(h, rows, tmp_path, AGENT, *args)
+        finally:
+            killer.join(timeout=130)
+        assert killed.is_set(), "the run ended before the replica was killed"
+        summary = json.loads((tmp_path / "output_aggregate_metrics.json").read_text())
+        assert summary["down_servers"] == [], summary["down_servers"]
+        assert code == 1 and "is down" not in err, (code, err[-3000:])
+        assert all(r["reward"] == 1.0 for r in out)
+        failures = [
+            json.loads(line) for line in (tmp_path / "output_failures.jsonl").read_text().splitlines()
+        ]
+        assert failures and all(f["server"] == ENV for f in failures), failures[:3]
+        done = {(r["_ng_task_index"], r["_ng_rollout_index"]) for r in out}
+        failed = {(f["_ng_task_index"], f["_ng_rollout_index"]) for f in failures}
+        assert not done & failed and len(done | failed) == 300  # every row: rewarded, or in the sidecar
+        code2, out2, err2 = collect_rollouts(h, rows, tmp_path, AGENT, "+resume_from_cache=true")
+        assert code2 == 0, err2[-3000:]
+        keys = [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in out2]
+        assert len(keys) == len(set(keys)) == 300 and set(keys) - done == failed
+        assert all(r["reward"] == 1.0 for r in out2)
+        # With its last replica gone too, the server is down: the breaker stops the run (exit 3).
+        os.kill(next(r for r in _rows(h, ENV) if r["replica"] == 0)["pid"], signal.SIGKILL)
+        code3, out3, err3 = collect_rollouts(h, rows, tmp_path / "all_dead", AGENT, *args)
+        assert code3 == 3 and out3 == [] and f"server '{ENV}' is down" in err3, (code3, err3[-3000:])
+
+
+def test_breaker_asks_before_calling_a_replicated_server_down() -> None:
+    from nemo_gym.rollout_collection import CircuitBreaker
+
+    def down(server: str) -> dict[str, Any]:
+        return {"kind": "connection_error", "server": server, "path": "/verify", "status": None}
+
+    breaker = CircuitBreaker(2, replicated={"res"})
+    assert breaker.failure("agent", down("res")) is None
+    assert breaker.failure("agent", down("res")) == "res"  # at the threshold: the caller checks replicas
+    breaker.still_serving("res")  # a replica is alive: not down, the count starts again
+    assert breaker.blocking("agent") is None and breaker.replica_losses == 2
+    assert breaker.failure("agent", down("res")) is None
+    assert breaker.failure("agent", down("res")) == "res"
+    breaker.confirm_down("res")  # no replica answers
+    assert breaker.blocking("agent")["server"] == "res"
+    # A server with one process opens at the threshold, as before.
+    single = CircuitBreaker(2)
+    single.failure("agent", down("model"))
+    assert single.failure("agent", down("model")) is None and single.blocking("agent")["server"] == "model"

@@ -12,8 +12,9 @@ store, private ``RAY_TMPDIR``), runs ``N`` CPU-bound verification calls (a pure-
 all in one run; then rollouts/s of a CPU-bound environment (:mod:`nemo_gym.ray.bench_server`:
 example_single_tool_call whose verify burns ``--verify-ms`` of CPU in the resources server) with its
 resources server as 1 replica (on ``node_a``) vs 2 replicas (``node_a`` + ``node_b``), each placed
-by its actor (``--rollouts`` rollouts each, scripted model). It prints the rates, the ratios and the
-machine's load average, and stops the cluster (never ``ray stop``).
+by its actor (``--rollouts`` rollouts each, scripted model). It prints the rates, the ratios, the
+machine's load average and the CPU milliseconds per rollout of every process in the replica runs
+(replicas, agent, model, this process as the collector), and stops the cluster (never ``ray stop``).
 Numbers from a shared 2-core machine are noisy: compare ratios of one run, not absolute rates.
 """
 
@@ -64,8 +65,22 @@ async def _measure(address: str, calls: int, work_ms: float) -> dict[str, float]
     return out
 
 
-def _replica_rate(address: str, replicas: int, rollouts: int, verify_ms: float) -> float:
-    """Rollouts/s of the CPU-bound environment with its resources server as ``replicas`` replicas."""
+def _cpu_s(pid: int) -> float:
+    import psutil
+
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return times.user + times.system + times.children_user + times.children_system
+
+
+def _replica_rate(
+    address: str, replicas: int, rollouts: int, verify_ms: float
+) -> tuple[float, dict[str, float]]:
+    """Rollouts/s of the CPU-bound environment with its resources server as ``replicas`` replicas, and
+    the CPU milliseconds per rollout each process spent (this process is the collector): where the
+    machine's CPU went, and whether the replicas shared the work evenly."""
     from pathlib import Path
 
     from nemo_gym.testing import collect_rollouts, example_rows, running_servers
@@ -95,6 +110,12 @@ def _replica_rate(address: str, replicas: int, rollouts: int, verify_ms: float) 
     }
     config = f"resources_servers/{env}/configs/{env}.yaml"
     with running_servers([config], extra) as helper:
+        procs = {
+            (f"{r['name']}[{r['replica']}]" if "replica" in r else r["name"]): r["pid"]
+            for r in helper.server_instances()
+        }
+        procs["collector"] = os.getpid()
+        before = {name: _cpu_s(pid) for name, pid in procs.items()}
         work = Path(tempfile.mkdtemp(prefix=f"nemo_gym_replica_bench_{replicas}_"))
         t0 = time.perf_counter()
         code, out, err = collect_rollouts(
@@ -106,9 +127,13 @@ def _replica_rate(address: str, replicas: int, rollouts: int, verify_ms: float) 
             "+num_samples_in_parallel=32",
         )
         elapsed = time.perf_counter() - t0
+        cpu_ms = {
+            name: round(1000 * (_cpu_s(pid) - before[name]) / max(1, len(out)), 2)
+            for name, pid in procs.items()
+        }
     if code != 0 or not all(r.get("reward") == 1.0 for r in out):
         raise SystemExit(f"replica benchmark with {replicas} replica(s) failed (exit {code}):\n{err[-2000:]}")
-    return len(out) / elapsed
+    return len(out) / elapsed, cpu_ms
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -132,8 +157,9 @@ def main(argv: list[str] | None = None) -> None:
         ray.init(address=cluster.address, log_to_driver=False)
         rates = asyncio.run(_measure(cluster.address, args.calls, args.work_ms))
         ray.shutdown()
+        cpu: dict[str, dict[str, float]] = {}
         for n in (1, 2):
-            rates[f"replicas_{n}_rollouts_per_s"] = _replica_rate(
+            rates[f"replicas_{n}_rollouts_per_s"], cpu[f"replicas_{n}"] = _replica_rate(
                 cluster.address, n, args.rollouts, args.verify_ms
             )
         rates["replicas_2_over_1"] = rates["replicas_2_rollouts_per_s"] / rates["replicas_1_rollouts_per_s"]
@@ -146,6 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     rates["local_2_over_1_worker"] = rates["local_pool_2"] / rates["local_pool_1"]
     rates["ray_2_nodes_over_local_2"] = rates["ray_2_nodes"] / rates["local_pool_2"]
     print(json.dumps({k: round(v, 3) for k, v in rates.items()}, indent=1))
+    print("CPU ms per rollout, per process:", json.dumps(cpu, indent=1))
 
 
 if __name__ == "__main__":

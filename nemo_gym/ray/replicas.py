@@ -15,8 +15,13 @@ Contract
   secret values). The secrets travel sealed: each actor makes an X25519 key pair, the launcher
   encrypts for it (X25519 + HKDF-SHA256 + AES-GCM), so they are never in Ray's object store, GCS or
   logs in plain text. The actor spawns the server process (it listens on the actor's socket, dies
-  with the actor), waits until ``GET /`` answers with the token (bounded), and reports url, node id
-  and pid; a server that does not come up raises with its last log lines.
+  with the actor), which checks its config block and reports the verdict over a pipe, exactly as a
+  local server does; ``wait_verdicts()`` hands them to the launcher, which lets every server go
+  (``go()``) only when all configs, local and Ray-placed, are valid. Then each actor waits until
+  ``GET /`` answers with the token (bounded), and reports url, node id and pid (``wait_started()``);
+  a server that does not come up raises with its last log lines.
+* ``all_dead()`` says when every replica of the instance is dead (restarts used up, actor or node
+  lost): the launcher then reports the instance dead, like a local server that exited.
 * A replica that exits is restarted on the same socket (so its address stays valid; connections
   wait in the backlog meanwhile) as a new boot, at most ``ray_max_restarts`` times; then it is
   reported dead. Sessions of the earlier boot are refused by the new one (:mod:`nemo_gym.replicas`).
@@ -116,6 +121,7 @@ class ReplicaActor:
         self._spec: dict[str, Any] = {}
         self._env: dict[str, str] = {}
         self._scrub: Any = None
+        self._go_fd: int | None = None
 
     def public_key(self) -> bytes:
         return self._private_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
@@ -138,9 +144,11 @@ class ReplicaActor:
 
     def start(
         self, spec: dict[str, Any], ephemeral_public: bytes, nonce: bytes, sealed: bytes
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | None:
         """Spawn the server (``spec``: script, root, config, identity, timeouts) with the sealed secrets
-        and return once it answers; raises with its last log lines otherwise."""
+        and return its config verdict (``{"ok", "problems"}``, as local servers report theirs to the
+        launcher) once it has checked its config; it then waits for :meth:`go`. Raises with its last
+        log lines if it exits or stays silent past the start-up bound."""
         from nemo_gym.redaction import Scrubber
 
         opened = json.loads(unseal(self._private_key, ephemeral_public, nonce, sealed))
@@ -150,15 +158,79 @@ class ReplicaActor:
         values = json.loads(secrets_env.get(NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME, "[]"))
         token = secrets_env.get(AUTH_TOKEN_ENV_VAR_NAME) or ""
         self._scrub = Scrubber(set(values) | ({token} if token else set())).scrub
-        self._spawn(spec["identity"])
-        self._wait_healthy(float(spec["startup_timeout_s"]))
+        verdict_r, go_w = self._spawn(spec["identity"], validate=True)
+        self._go_fd = go_w
+        return self._read_verdict(verdict_r, float(spec["startup_timeout_s"]))
+
+    def go(self, proceed: bool = True) -> dict[str, Any]:
+        """After every server's config was found valid: let this one serve, and return once it answers
+        (then watch and restart it). ``proceed=False`` stops it instead (the run is not starting)."""
+        fd, self._go_fd = self._go_fd, None
+        if fd is not None:
+            try:
+                if proceed:
+                    os.write(fd, b"g")
+            except OSError:  # it exited: seen below
+                pass
+            finally:
+                os.close(fd)
+        if not proceed:
+            return self.status()
+        self._wait_healthy(float(self._spec["startup_timeout_s"]))
         threading.Thread(target=self._watch, name=f"watch-{self.label}", daemon=True).start()
         return self.status()
 
-    def _spawn(self, identity: str) -> None:
+    def _read_verdict(self, fd: int, bound_s: float) -> dict[str, Any] | None:
+        import select
+
+        buf = b""
+        deadline = time.monotonic() + bound_s
+        try:
+            while b"\n" not in buf:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RayPlacementError(
+                        f"Replica {self.label} did not check its config within {bound_s:g} s.\n"
+                        + self._tail_text()
+                    )
+                if select.select([fd], [], [], min(left, 0.5))[0]:
+                    data = os.read(fd, 65536)
+                    if not data:
+                        break
+                    buf += data
+        finally:
+            os.close(fd)
+        line = buf.partition(b"\n")[0]
+        try:
+            verdict = json.loads(line) if line else None
+        except ValueError:
+            verdict = None
+        if verdict is None:
+            proc = self._proc
+            if proc is not None:
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+            code = None if proc is None else proc.poll()
+            raise RayPlacementError(
+                f"Replica {self.label} exited with code {code} during start-up.\n" + self._tail_text()
+            )
+        return verdict
+
+    def _spawn(self, identity: str, validate: bool = False) -> tuple[int, int] | None:
+        """Start the server; with ``validate``, with the launcher's config-verdict pipes, whose ends
+        (verdict read end, go write end) are returned."""
         assert self._sock is not None
         spec = self._spec
         fd = self._sock.fileno()
+        pipes: tuple[int, int] | None = None
+        pass_fds: tuple[int, ...] = (fd,)
+        if validate:
+            verdict_r, verdict_w = os.pipe()
+            go_r, go_w = os.pipe()
+            pipes = (verdict_r, go_w)
+            pass_fds = (fd, verdict_w, go_r)
         env = dict(os.environ)
         root = spec["root"]
         env.update(self._env)
@@ -173,24 +245,30 @@ class ReplicaActor:
                 "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p),
             }
         )
-        env.pop(
-            NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME, None
-        )  # no launcher pipe: the server checks its config alone
+        if validate:  # the first boot reports its config verdict and waits for go (see start/go)
+            env[NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME] = f"{pass_fds[1]},{pass_fds[2]}"
+        else:  # a restart: its config was checked at the first boot
+            env.pop(NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME, None)
         self.info["identity"] = identity
-        self._proc = self._spawner.call(
-            lambda: subprocess.Popen(
-                [sys.executable, spec["script"]],
-                cwd=root,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                pass_fds=(fd,),
-                start_new_session=True,
+        try:
+            self._proc = self._spawner.call(
+                lambda: subprocess.Popen(
+                    [sys.executable, spec["script"]],
+                    cwd=root,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=pass_fds,
+                    start_new_session=True,
+                )
             )
-        )
+        finally:
+            for child_end in pass_fds[1:]:  # the child holds them now
+                os.close(child_end)
         self.info["pid"] = self._proc.pid
         threading.Thread(target=self._pump, args=(self._proc,), daemon=True).start()
+        return pipes
 
     def _pump(self, proc: subprocess.Popen) -> None:
         assert proc.stdout is not None
@@ -350,6 +428,7 @@ class RayReplicaGroup:
         self.actors: list[Any] = []
         self.infos: list[dict[str, Any]] = []
         self._starts: list[Any] = []
+        self._verdicts: list[Any] = []
 
     def label(self, index: int) -> str:
         return f"{self.instance_name}[{index}]"
@@ -378,25 +457,49 @@ class RayReplicaGroup:
         return self.infos
 
     def start(self, specs: list[dict[str, Any]], secrets_env: dict[str, str]) -> None:
-        """Start every replica's server (non-blocking; :meth:`wait_started` waits). Each spec's
-        ``config_yaml`` (it may hold the server's own secrets) travels sealed with ``secrets_env``."""
+        """Start every replica's server (non-blocking): each checks its config and waits for go
+        (:meth:`wait_verdicts`, :meth:`go`, :meth:`wait_started`). Each spec's ``config_yaml`` (it may
+        hold the server's own secrets) travels sealed with ``secrets_env``."""
         keys = ray.get([a.public_key.remote() for a in self.actors], timeout=60)
-        self._starts = []
+        self._verdicts = []
         for actor, key, spec in zip(self.actors, keys, specs, strict=True):
             spec = dict(spec)
             plaintext = json.dumps({"env": secrets_env, "config_yaml": spec.pop("config_yaml")}).encode()
-            self._starts.append(actor.start.remote(spec, *seal(key, plaintext)))
+            self._verdicts.append(actor.start.remote(spec, *seal(key, plaintext)))
 
-    def wait_started(self, deadline: float) -> None:
+    def _get(self, refs: list[Any], deadline: float, what: str) -> list[Any]:
         try:
-            statuses = ray.get(self._starts, timeout=max(1.0, deadline - time.monotonic()))
+            return ray.get(refs, timeout=max(1.0, deadline - time.monotonic()))
         except ray.exceptions.GetTimeoutError:
-            raise RayPlacementError(f"Replicas of '{self.instance_name}' did not start in time.") from None
+            raise RayPlacementError(f"Replicas of '{self.instance_name}' did not {what} in time.") from None
         except ray.exceptions.RayTaskError as e:
             cause = e.cause if getattr(e, "cause", None) is not None else e
             raise RayPlacementError(str(cause)) from None
+        except ray.exceptions.RayError as e:  # an actor or its node died
+            raise RayPlacementError(
+                f"Replicas of '{self.instance_name}' could not {what}: {type(e).__name__}: {e}"
+            ) from None
+
+    def wait_verdicts(self, deadline: float) -> list[dict[str, Any] | None]:
+        """Each replica's config verdict (``{"ok", "problems"}``) once its server checked its config."""
+        return self._get(self._verdicts, deadline, "check their config")
+
+    def go(self, proceed: bool = True) -> None:
+        """Let every replica serve (non-blocking; :meth:`wait_started` waits), or stop them."""
+        self._starts = [a.go.remote(proceed) for a in self.actors]
+
+    def wait_started(self, deadline: float) -> None:
+        statuses = self._get(self._starts, deadline, "start")
         for info, status in zip(self.infos, statuses, strict=True):
             info.update(status)
+
+    def all_dead(self, timeout_s: float = 2.0) -> list[dict[str, Any]] | None:
+        """The replicas' statuses when every one is dead (restarts used up, or its actor or node
+        lost), else None."""
+        if not self.infos:
+            return None
+        statuses = self.statuses(timeout_s)
+        return statuses if all(s.get("dead") for s in statuses) else None
 
     def statuses(self, timeout_s: float = 2.0) -> list[dict[str, Any]]:
         """Each replica's live status (url, node, pid, alive, restarts); a lost actor reads as dead."""

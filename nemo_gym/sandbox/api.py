@@ -30,6 +30,8 @@ Contract
   With ``prestart`` (default) each run's bubblewrap sandbox was started while an earlier run ran (at most
   one idle per slot, each serving one run); the work dir is moved into it (``host_workdir`` may change
   at an ``exec``; contents and the in-sandbox path do not).
+* ``run_on: ray`` (or ``auto`` in a run with a Ray cluster) runs each ``exec`` as a Ray task on a node of
+  the run's cluster, same spec, limits and result (:mod:`nemo_gym.ray.sandbox`); default ``local``.
 """
 
 from __future__ import annotations
@@ -208,6 +210,22 @@ class SandboxProviderConfig(BaseModel):
         description="Start each next sandbox (namespaces, mounts, cgroups) ahead, while the current program "
         "runs; at most one idle per pool slot, each serves one run. false: start each at its exec",
     )
+    run_on: Literal["local", "ray", "auto"] = Field(
+        default="local",
+        description="Where programs run: this machine, the run's Ray cluster (nemo_gym.ray.sandbox), or "
+        "auto (the cluster when the run has one)",
+    )
+    ray_resources: dict[str, float] = Field(
+        default_factory=dict, description="run_on ray: custom Ray resources each program's task asks for"
+    )
+    ray_num_cpus: float = Field(
+        default=1.0, ge=0, description="run_on ray: CPUs each program's task asks for"
+    )
+    ray_max_payload_mib: float = Field(
+        default=64.0,
+        gt=0,
+        description="run_on ray: cap on the files + stdin sent with a program (and sent back)",
+    )
 
 
 def _small_flat_dir(path: Path, max_entries: int = 16) -> bool:
@@ -272,10 +290,26 @@ def _backend_for(config: SandboxProviderConfig):  # -> backend object with async
     return UnsafeLocalBackend.shared(config)
 
 
+def _runs_on_ray(config: SandboxProviderConfig) -> bool:
+    if config.run_on == "local":
+        return False
+    if config.run_on == "ray":
+        return True
+    from nemo_gym.verify_pool import verify_ray_address
+
+    return verify_ray_address() is not None
+
+
 def check_sandbox_available(provider: Mapping[str, Any] | SandboxProviderConfig | None = None) -> None:
     """Raise :class:`SandboxUnavailableError` (naming what to install) unless the backend can run here.
-    Servers call this at start so a missing bwrap fails the server, not every request."""
+    Servers call this at start so a missing bwrap fails the server, not every request. With
+    ``run_on: ray`` it checks that the run has a Ray cluster instead (the nodes check their own bwrap)."""
     config = _provider_config(provider)
+    if _runs_on_ray(config):
+        from nemo_gym.ray.sandbox import check_ray_sandbox
+
+        check_ray_sandbox(config)
+        return
     _backend_for(config).check()
 
 
@@ -300,6 +334,7 @@ class AsyncSandbox:
         self._backend = _backend_for(self._config)
         self._host_dir: Path | None = None
         self._running = 0  # execs in flight in this work dir
+        self._on_ray = False
         if self._config.max_concurrent is not None:
             _SLOTS.set_limit(self._config.max_concurrent)
 
@@ -321,7 +356,9 @@ class AsyncSandbox:
             raise RuntimeError("Sandbox is already started")
         if spec is not None:
             self._spec = spec
-        self._backend.check()
+        self._on_ray = _runs_on_ray(self._config)
+        if not self._on_ray:  # on Ray, the node that runs the program checks its own backend
+            self._backend.check()
         if self._config.backend == UNSAFE_BACKEND:
             LOG.warning(
                 "SANDBOX DISABLED (backend=unsafe_local_subprocess): model-written code runs WITHOUT isolation, "
@@ -388,7 +425,20 @@ class AsyncSandbox:
         if timeout_s is not None:
             limits = SandboxResources(**{**limits.__dict__, "wall_time_s": float(timeout_s)})
         data = stdin.encode() if isinstance(stdin, str) else stdin
-        self.host_workdir  # noqa: B018 - raises unless started
+        host_dir = self.host_workdir  # raises unless started
+        if self._on_ray:  # a Ray task runs it on a node of the cluster; the cluster's CPUs bound the pool
+            from nemo_gym.ray.sandbox import exec_on_ray
+
+            return await exec_on_ray(
+                self._config,
+                host_dir=host_dir,
+                argv=argv,
+                workdir=self._spec.workdir,
+                cwd=cwd,
+                env={**self._spec.env, **(env or {})},
+                stdin=data,
+                limits=limits,
+            )
         sem = _SLOTS.semaphore()
         try:
             async with asyncio.timeout(self._config.queue_timeout_s):
