@@ -634,6 +634,15 @@ async def test_sandbox_runs_programs_as_ray_tasks_on_the_pinned_node(ray_driver:
     after = node_counts()
     ran = {node: after[node] - before.get(node, 0) for node in after if after[node] != before.get(node, 0)}
     assert ran == {_node_with("node_b"): 3}, ran
+    # Nothing is left in the Ray workers: no sandbox started ahead for a next task that may never come.
+    deadline = time.monotonic() + 10
+    node_b = next(n for n in ray_driver.worker_nodes if n.node_id == _node_with("node_b"))
+    raylet_b = psutil.Process(next(p.pid for name, p in node_b.live_processes() if name == "raylet"))
+    while (left := [p.pid for p in raylet_b.children(recursive=True) if p.name() == "bwrap"]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.1)
+    assert not left, "a Ray task left sandbox processes behind in its worker"
 
 
 async def test_sandbox_on_ray_refuses_what_it_cannot_send_and_needs_a_cluster(ray_driver: Any) -> None:

@@ -133,7 +133,10 @@ def _run_on_node(
 
     from nemo_gym.sandbox.api import AsyncSandbox
 
-    config = SandboxProviderConfig.model_validate({**provider, "run_on": "local"})
+    # No pre-started sandbox on the node: a Ray worker runs one task's program and may serve unrelated
+    # tasks next, so a sandbox started ahead would sit idle in it (a bwrap tree and its cgroups) until
+    # the worker dies. Ray's own per-task cost dwarfs the set-up it would save.
+    config = SandboxProviderConfig.model_validate({**provider, "run_on": "local", "prestart": False})
     spec = SandboxSpec(workdir=workdir, env={}, files=files, resources=SandboxResources(**limits))
 
     async def go() -> tuple[SandboxExecResult, dict[str, bytes], list[str], list[str]]:
