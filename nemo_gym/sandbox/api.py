@@ -32,6 +32,9 @@ Contract
   at an ``exec``; contents and the in-sandbox path do not).
 * ``run_on: ray`` (or ``auto`` in a run with a Ray cluster) runs each ``exec`` as a Ray task on a node of
   the run's cluster, same spec, limits and result (:mod:`nemo_gym.ray.sandbox`); default ``local``.
+* Layout: the types live in :mod:`nemo_gym.sandbox.errors` and :mod:`nemo_gym.sandbox.spec`, the pool's
+  slots in :mod:`nemo_gym.sandbox.slots`, the backends in :mod:`nemo_gym.sandbox.bwrap` (and the modules
+  it names); every name this module held before stays importable from it.
 """
 
 from __future__ import annotations
@@ -44,188 +47,26 @@ import shutil
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from nemo_gym.verify_pool import machine_cpu_count
+from nemo_gym.sandbox.errors import SandboxBusyError as SandboxBusyError
+from nemo_gym.sandbox.errors import SandboxError as SandboxError
+from nemo_gym.sandbox.errors import SandboxUnavailableError as SandboxUnavailableError
+from nemo_gym.sandbox.slots import _SLOTS as _SLOTS
+from nemo_gym.sandbox.slots import _Slots as _Slots
+from nemo_gym.sandbox.slots import sandbox_pool_size as sandbox_pool_size
+from nemo_gym.sandbox.spec import UNSAFE_BACKEND as UNSAFE_BACKEND
+from nemo_gym.sandbox.spec import BackendName as BackendName
+from nemo_gym.sandbox.spec import ExecResult as ExecResult
+from nemo_gym.sandbox.spec import SandboxExecResult as SandboxExecResult
+from nemo_gym.sandbox.spec import SandboxProviderConfig as SandboxProviderConfig
+from nemo_gym.sandbox.spec import SandboxResources as SandboxResources
+from nemo_gym.sandbox.spec import SandboxSpec as SandboxSpec
+from nemo_gym.sandbox.spec import _safe_relative as _safe_relative
+from nemo_gym.verify_pool import machine_cpu_count as machine_cpu_count
 
 LOG = logging.getLogger("nemo_gym.sandbox")
-
-UNSAFE_BACKEND = "unsafe_local_subprocess"
-BackendName = Literal["bubblewrap", "unsafe_local_subprocess"]
-
-
-class SandboxError(RuntimeError):
-    """The sandbox could not run the program (an infrastructure failure, never the program's fault)."""
-
-
-class SandboxUnavailableError(SandboxError):
-    """The sandbox backend is not installed or cannot work on this machine."""
-
-
-class SandboxBusyError(SandboxError):
-    """The program waited longer than ``queue_timeout_s`` for a free slot of the pool."""
-
-
-@dataclass
-class SandboxResources:
-    """Limits for every program run in a sandbox.
-
-    ``cpu``/``memory_mib``/``disk_gib``/``gpu``/``gpu_type`` keep upstream's keys: ``memory_mib`` is the
-    memory cap of the program's whole process tree; ``disk_gib`` caps each written file (RLIMIT_FSIZE) when
-    ``file_size_mib`` is not given; ``cpu`` (cores) is accepted and not enforced (the CPU-time limit and
-    the pool bound are); a GPU cannot be requested.
-    """
-
-    cpu: float | None = None
-    memory_mib: int | None = 512
-    disk_gib: int | None = None
-    gpu: int | None = None
-    gpu_type: str | None = None
-    cpu_time_s: float = 10.0
-    wall_time_s: float = 20.0
-    file_size_mib: int | None = None
-    open_files: int = 256
-    processes: int = 64
-    output_limit_bytes: int = 1_000_000
-    tmp_size_mib: int = 64
-
-    def __post_init__(self) -> None:
-        if self.gpu:
-            raise ValueError("SandboxResources.gpu: the bubblewrap sandbox cannot give a program a GPU")
-        for name in (
-            "cpu_time_s",
-            "wall_time_s",
-            "open_files",
-            "processes",
-            "output_limit_bytes",
-            "tmp_size_mib",
-        ):
-            if getattr(self, name) is None or getattr(self, name) <= 0:
-                raise ValueError(f"SandboxResources.{name} must be > 0, got {getattr(self, name)!r}")
-        if self.memory_mib is not None and self.memory_mib <= 0:
-            raise ValueError(f"SandboxResources.memory_mib must be > 0 or None, got {self.memory_mib!r}")
-
-    @classmethod
-    def from_mapping(cls, resources: Mapping[str, Any] | SandboxResources | None) -> SandboxResources:
-        if resources is None:
-            return cls()
-        if isinstance(resources, SandboxResources):
-            return resources
-        allowed = set(cls.__dataclass_fields__)
-        unknown = sorted(set(resources) - allowed)
-        if unknown:
-            raise ValueError(f"Unknown sandbox resource keys: {unknown}. Expected keys: {sorted(allowed)}")
-        return cls(**dict(resources))
-
-    @property
-    def file_size_bytes(self) -> int:
-        if self.file_size_mib is not None:
-            return self.file_size_mib << 20
-        if self.disk_gib is not None:
-            return self.disk_gib << 30
-        return 64 << 20
-
-
-@dataclass
-class SandboxSpec:
-    """What a sandbox starts with. ``files`` maps paths relative to the work dir to their text.
-    ``image`` exists for upstream's container providers; this backend runs the host's read-only /usr."""
-
-    image: str | None = None
-    workdir: str = "/sandbox"
-    env: dict[str, str] = field(default_factory=dict)
-    files: dict[str, str | bytes] = field(default_factory=dict)
-    metadata: dict[str, str] = field(default_factory=dict)
-    resources: SandboxResources | Mapping[str, Any] = field(default_factory=SandboxResources)
-
-    def __post_init__(self) -> None:
-        self.resources = SandboxResources.from_mapping(self.resources)
-        if self.image is not None:
-            raise ValueError(
-                f"SandboxSpec.image={self.image!r}: the bubblewrap sandbox runs the host's read-only /usr, "
-                "not container images; leave image unset"
-            )
-        if not PurePosixPath(self.workdir).is_absolute() or PurePosixPath(self.workdir).parts[1:2] in (
-            ("usr",),
-            ("proc",),
-            ("dev",),
-            ("tmp",),
-        ):
-            raise ValueError(
-                f"SandboxSpec.workdir must be an absolute path outside /usr /proc /dev /tmp: {self.workdir!r}"
-            )
-        for path in self.files:
-            _safe_relative(path)
-
-
-@dataclass
-class SandboxExecResult:
-    stdout: str
-    stderr: str
-    return_code: int
-    error_type: str | None = None
-    timed_out: bool = False
-    oom_killed: bool = False
-    pids_limit_hit: bool = False
-    stdout_truncated: bool = False
-    stderr_truncated: bool = False
-    wall_time_s: float = 0.0
-    cpu_time_s: float | None = None  # the whole tree's CPU seconds (None without a cpuacct cgroup)
-
-    @property
-    def ok(self) -> bool:
-        return self.return_code == 0 and self.error_type is None
-
-
-ExecResult = SandboxExecResult
-
-
-class SandboxProviderConfig(BaseModel):
-    """How programs are sandboxed (a server config's ``sandbox:`` block)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    backend: BackendName = Field(
-        default="bubblewrap",
-        description="bubblewrap, or unsafe_local_subprocess to run model code WITHOUT isolation (never in training)",
-    )
-    python: str = Field(
-        default="/usr/bin/python3",
-        description="The interpreter programs see as `python3` (Debian's, with apt python3-numpy/-sympy/-scipy)",
-    )
-    max_concurrent: int | None = Field(default=None, ge=1, description="Programs run at once; default: CPUs")
-    queue_timeout_s: float = Field(default=600.0, gt=0, description="Longest wait for a free pool slot")
-    workdir_root: str | None = Field(
-        default=None, description="Where work dirs are made; default: the temp dir"
-    )
-    ro_binds: list[str] = Field(
-        default_factory=list, description="Extra host paths bound read-only at the same path (e.g. a venv)"
-    )
-    prestart: bool = Field(
-        default=True,
-        description="Start each next sandbox (namespaces, mounts, cgroups) ahead, while the current program "
-        "runs; at most one idle per pool slot, each serves one run. false: start each at its exec",
-    )
-    run_on: Literal["local", "ray", "auto"] = Field(
-        default="local",
-        description="Where programs run: this machine, the run's Ray cluster (nemo_gym.ray.sandbox), or "
-        "auto (the cluster when the run has one)",
-    )
-    ray_resources: dict[str, float] = Field(
-        default_factory=dict, description="run_on ray: custom Ray resources each program's task asks for"
-    )
-    ray_num_cpus: float = Field(
-        default=1.0, ge=0, description="run_on ray: CPUs each program's task asks for"
-    )
-    ray_max_payload_mib: float = Field(
-        default=64.0,
-        gt=0,
-        description="run_on ray: cap on the files + stdin sent with a program (and sent back)",
-    )
 
 
 def _small_flat_dir(path: Path, max_entries: int = 16) -> bool:
@@ -237,41 +78,6 @@ def _small_flat_dir(path: Path, max_entries: int = 16) -> bool:
     except OSError:
         return False
     return True
-
-
-def _safe_relative(path: str) -> PurePosixPath:
-    p = PurePosixPath(path)
-    if p.is_absolute() or ".." in p.parts or not p.parts:
-        raise ValueError(f"sandbox file path must be relative and stay inside the work dir: {path!r}")
-    return p
-
-
-class _Slots:
-    """The process-wide bound on programs running at once (one semaphore per event loop)."""
-
-    def __init__(self) -> None:
-        self.limit = machine_cpu_count()
-        self._sems: dict[int, asyncio.Semaphore] = {}
-
-    def set_limit(self, limit: int) -> None:
-        if limit != self.limit:
-            self.limit = limit
-            self._sems.clear()
-
-    def semaphore(self) -> asyncio.Semaphore:
-        loop = asyncio.get_running_loop()
-        sem = self._sems.get(id(loop))
-        if sem is None:
-            self._sems = {id(loop): asyncio.Semaphore(self.limit)}
-            sem = self._sems[id(loop)]
-        return sem
-
-
-_SLOTS = _Slots()
-
-
-def sandbox_pool_size() -> int:
-    return _SLOTS.limit
 
 
 def _bwrap():
