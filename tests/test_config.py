@@ -917,3 +917,35 @@ def test_an_instance_whose_name_resembles_a_server_type_is_a_well_formed_instanc
     misplaced = OmegaConf.create({"resources_server": {"example_single_tool_call": {"entrypoint": "app.py"}}})
     _, problems, _ = _scan_server_instances(misplaced, Provenance())
     assert problems and "looks like the server type 'resources_servers'" in problems[0]
+
+
+def test_global_config_re_exports_every_public_name_of_the_config_package() -> None:
+    """``nemo_gym.global_config`` is the public face: each public name defined in ``nemo_gym.config.*``
+    is importable from it as the same object, and the repo root is still the package's parent."""
+    import ast
+    import importlib
+    import pkgutil
+
+    import nemo_gym
+    import nemo_gym.config
+    import nemo_gym.global_config as facade
+
+    assert PACKAGE_PARENT_DIR == nemo_gym.PARENT_DIR and (PACKAGE_PARENT_DIR / "resources_servers").is_dir()
+    checked = 0
+    for info in pkgutil.iter_modules(nemo_gym.config.__path__):
+        module = importlib.import_module(f"nemo_gym.config.{info.name}")
+        tree = ast.parse(Path(module.__file__).read_text())
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names = [node.name]
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [t.id for t in targets if isinstance(t, ast.Name)]
+            else:
+                continue
+            for name in names:
+                if name.startswith("_"):
+                    continue
+                assert getattr(facade, name, None) is getattr(module, name), f"{info.name}.{name}"
+                checked += 1
+    assert checked > 60  # the key names alone are more than 40
