@@ -191,7 +191,14 @@ async def test_cancelled_exec_leaves_nothing_running() -> None:
         # The pre-started sandboxes for next runs are closed first (the starter thread may still be
         # adding one after the cancellation, so on every look): any bwrap left then is the run's.
         bwrap._close_all_idle()
-        return [c.cmdline() for c in me.children(recursive=True) if c.name() in ("bwrap", "dash", "sleep")]
+        found = []
+        for c in me.children(recursive=True):
+            try:  # a zombie (an earlier test's unreaped child) has no command line: not running
+                if c.status() != psutil.STATUS_ZOMBIE and c.name() in ("bwrap", "dash", "sleep"):
+                    found.append(c.cmdline())
+            except psutil.Error:
+                pass
+        return found
 
     for _ in range(100):
         if not left():

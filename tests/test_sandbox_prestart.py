@@ -34,6 +34,14 @@ PROBE = textwrap.dedent(
 )
 
 
+def _cmdline(p: psutil.Process) -> list[str]:
+    """A process's command line; [] for one that exited or is a zombie (an earlier test's unreaped child)."""
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
+
+
 def _backend():
     return _backend_for(SandboxProviderConfig())
 
@@ -74,7 +82,7 @@ async def test_each_run_gets_its_own_prestarted_sandbox_and_sees_nothing_of_the_
     # Nothing of the hand-over reaches the program: no shim pipe, no bwrap status fd, stdin /dev/null.
     assert "FDS [0, 1, 2, 3]" in second.stdout, second.stdout
     assert "SAW_MARK False False" in third.stdout and "PROCS [1, 2]" in third.stdout
-    assert not any("time.sleep(600)" in " ".join(p.cmdline()) for p in psutil.Process().children(True))
+    assert not any("time.sleep(600)" in " ".join(_cmdline(p)) for p in psutil.Process().children(True))
 
 
 async def test_a_run_gets_its_own_limits_and_fresh_cgroup_counters_in_a_prestarted_sandbox() -> None:
