@@ -16,7 +16,7 @@ from unittest.mock import AsyncMock, MagicMock
 
 import httpx
 import pytest
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from omegaconf import OmegaConf
 from pydantic import ValidationError
 
@@ -466,3 +466,61 @@ def test_rollout_prefixed_paths_answer_as_plain_ones_and_expose_the_id() -> None
     # Agents: upstream's path helpers exist; with no capture configured they leave paths unchanged.
     for name in ("url_path_for_run", "base_url_for_run", "url_path_for_request", "rollout_id_from_run"):
         assert callable(getattr(SimpleResponsesAPIAgent, name))
+
+
+def test_unhandled_errors_are_scrubbed_json_500s_with_the_session_cookie_in_both_set_ups(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The folded layer (our setup_webserver) and an app that installed upstream's set-up steps itself
+    (the layer then leaves errors and sessions to those) answer an unhandled error the same way: a JSON
+    500 naming the server and path, the secret scrubbed, the session cookie set, the connection kept."""
+    from nemo_gym.redaction import add_secret_values
+
+    secret = "sk-folded-layer-secret-0123456789"
+    add_secret_values([secret])
+    monkeypatch.setenv(AUTH_TOKEN_ENV_VAR_NAME, "tok")
+    auth = {"Authorization": "Bearer tok"}
+
+    def boom_route(app: FastAPI) -> None:
+        @app.post("/boom")
+        async def boom() -> dict[str, str]:
+            raise RuntimeError(f"upstream said no with key {secret}")
+
+        @app.post("/refuse")
+        async def refuse() -> dict[str, str]:  # an error answer the app builds itself
+            raise HTTPException(status_code=400, detail=f"bad key {secret}")
+
+    class OwnAppServer(SimpleServer):
+        def setup_webserver(self) -> FastAPI:
+            own = FastAPI()
+            self.setup_exception_middleware(own)
+            self.setup_session_middleware(own)
+            boom_route(own)
+            return own
+
+    class OursServer(SimpleServer):
+        uses_sessions = True
+
+        def setup_webserver(self) -> FastAPI:
+            app = super().setup_webserver()
+            boom_route(app)
+            return app
+
+    own = OwnAppServer(config=CounterConfig(name="own"), server_client=MagicMock(spec=ServerClient))
+    ours = OursServer(config=CounterConfig(name="ours"), server_client=MagicMock(spec=ServerClient))
+    for server, layers in ((own, 3), (ours, 1)):
+        app = server.complete_app(server.setup_webserver())
+        assert len(app.user_middleware) == layers  # nothing installed twice
+        with serve(app) as url, httpx.Client(base_url=url, trust_env=False, headers=auth) as client:
+            for _ in range(2):  # the same keep-alive connection serves the next request too
+                r = client.post("/boom")
+                assert r.status_code == 500, r.text
+                error = r.json()["error"]
+                assert error["kind"] == "internal_error" and error["type"] == "RuntimeError"
+                assert error["server"] == server.config.name and error["path"] == "/boom"
+                assert secret not in r.text and "upstream said no" in error["message"]
+                assert f"ng_session_{server.config.name}=" in r.headers["set-cookie"]
+            refused = client.post("/refuse")
+            assert refused.status_code == 400 and "bad key" in refused.text and secret not in refused.text
+            assert int(refused.headers["content-length"]) == len(refused.content)
+            assert client.post("/boom", headers={"Authorization": "Bearer wrong"}).status_code == 401

@@ -49,6 +49,48 @@ def scrubbed_error_answer(start: dict, chunks: list[bytes]) -> tuple[dict, dict]
     return {**start, "headers": headers}, {"type": "http.response.body", "body": body}
 
 
+async def serve_with_error_answers(
+    app: Any, scope: dict, receive: Any, send: Any, server_name: str, cookie: bytes | None = None
+) -> None:
+    """Serve one HTTP request through ``app`` applying this module's contract; ``cookie``: a
+    ``Set-Cookie`` value every answer carries (the session layer's), or None."""
+    started = False
+    held: dict | None = None  # the start of an error answer, sent once its body is scrubbed
+    chunks: list[bytes] = []
+
+    async def send_one(message: dict) -> None:
+        nonlocal started, held
+        kind = message["type"]
+        if kind == "http.response.start":
+            started = True
+            if cookie is not None:
+                message["headers"] = [*message.get("headers", ()), (b"set-cookie", cookie)]
+            if message["status"] >= 400:
+                held = message
+                return
+        elif held is not None and kind == "http.response.body":
+            chunks.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            start, body = scrubbed_error_answer(held, chunks)
+            held = None
+            await send(start)
+            await send(body)
+            return
+        await send(message)
+
+    try:
+        await app(scope, receive, send_one)
+    except Exception as exc:
+        if started:  # too late for an error answer; the server closes the connection
+            raise
+        headers, body = internal_error_answer(server_name, scope.get("path", ""), exc)
+        if cookie is not None:
+            headers.append((b"set-cookie", cookie))
+        await send({"type": "http.response.start", "status": 500, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
 class InternalErrorMiddleware:
     """Pure ASGI middleware applying this module's contract on its own."""
 
@@ -60,34 +102,4 @@ class InternalErrorMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = False
-        held: dict | None = None  # the start of an error answer, sent once its body is scrubbed
-        chunks: list[bytes] = []
-
-        async def send_tracking(message: dict) -> None:
-            nonlocal started, held
-            kind = message["type"]
-            if kind == "http.response.start":
-                started = True
-                if message["status"] >= 400:
-                    held = message
-                    return
-            elif held is not None and kind == "http.response.body":
-                chunks.append(message.get("body", b""))
-                if message.get("more_body", False):
-                    return
-                start, body = scrubbed_error_answer(held, chunks)
-                held = None
-                await send(start)
-                await send(body)
-                return
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_tracking)
-        except Exception as exc:
-            if started:
-                raise
-            headers, body = internal_error_answer(self.server_name, scope.get("path", ""), exc)
-            await send({"type": "http.response.start", "status": 500, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
+        await serve_with_error_answers(self.app, scope, receive, send, self.server_name)

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from nemo_gym.asgi.errors import internal_error_answer, scrubbed_error_answer
-from nemo_gym.asgi.sessions import SessionMiddleware
+from nemo_gym.asgi.errors import serve_with_error_answers
+from nemo_gym.asgi.sessions import SessionMiddleware, with_cookie
 from nemo_gym.auth import RequestGuard
 from nemo_gym.rollout_correlation import enter_rollout, leave_rollout, split_rollout_prefix
 
@@ -67,55 +67,9 @@ class ServerLayer:
                 if cookie is None:
                     await self.app(scope, receive, send)
                 else:
-                    await self.app(scope, receive, _with_cookie(send, cookie))
+                    await self.app(scope, receive, with_cookie(send, cookie))
                 return
-            await self._serve(scope, receive, send, cookie)
+            await serve_with_error_answers(self.app, scope, receive, send, self.server_name, cookie)
         finally:
             if context is not None:
                 leave_rollout(context)
-
-    async def _serve(self, scope: dict, receive: Any, send: Any, cookie: bytes | None) -> None:
-        started = False
-        held: dict | None = None  # the start of an error answer, sent once its body is scrubbed
-        chunks: list[bytes] = []
-
-        async def send_one(message: dict) -> None:
-            nonlocal started, held
-            kind = message["type"]
-            if kind == "http.response.start":
-                started = True
-                if cookie is not None:
-                    message["headers"] = [*message.get("headers", ()), (b"set-cookie", cookie)]
-                if message["status"] >= 400:
-                    held = message
-                    return
-            elif held is not None and kind == "http.response.body":
-                chunks.append(message.get("body", b""))
-                if message.get("more_body", False):
-                    return
-                start, body = scrubbed_error_answer(held, chunks)
-                held = None
-                await send(start)
-                await send(body)
-                return
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_one)
-        except Exception as exc:
-            if started:  # too late for an error answer; the server closes the connection
-                raise
-            headers, body = internal_error_answer(self.server_name, scope.get("path", ""), exc)
-            if cookie is not None:
-                headers.append((b"set-cookie", cookie))
-            await send({"type": "http.response.start", "status": 500, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
-
-
-def _with_cookie(send: Any, cookie: bytes) -> Any:
-    async def send_with_cookie(message: dict) -> None:
-        if message["type"] == "http.response.start":
-            message["headers"] = [*message.get("headers", ()), (b"set-cookie", cookie)]
-        await send(message)
-
-    return send_with_cookie

@@ -96,11 +96,15 @@ class SessionMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        cookie = self.enter(scope)
+        await self.app(scope, receive, with_cookie(send, self.enter(scope)))
 
-        async def send_with_cookie(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", ()), (b"set-cookie", cookie)]
-            await send(message)
 
-        await self.app(scope, receive, send_with_cookie)
+def with_cookie(send: Any, cookie: bytes) -> Any:
+    """``send`` with ``Set-Cookie: <cookie>`` added to the start of the answer."""
+
+    async def send_with_cookie(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", ()), (b"set-cookie", cookie)]
+        await send(message)
+
+    return send_with_cookie
