@@ -1,0 +1,18 @@
+"""Rollout collection, one module per concept (the collector behind ``ng_collect_rollouts``).
+
+Contract
+--------
+* :mod:`nemo_gym.rollout_collection` stays the public, upstream-compatible path: it re-exports every
+  name of these modules that code imports from it (``RolloutCollectionHelper``,
+  ``RolloutCollectionConfig``, ``collect_main``, ``bounded_map``, ...), and its docstring states the
+  collector's whole contract. Import from there unless you are changing the collector itself.
+* Modules, from the bottom up: :mod:`.options` (the options and :class:`InputError`),
+  :mod:`.input_rows` (streaming validation and materialisation of the input), :mod:`.row_schema` (rows
+  against the environment's ``GET /row_schema``), :mod:`.output_files` (sidecar paths, whole-line
+  writer, resume scans), :mod:`.circuit_breaker` (failure classification and the replica-aware
+  breaker), :mod:`.dispatch` (``/run`` calls and :func:`~.dispatch.bounded_map`), :mod:`.collector`
+  (the whole job and its end-of-run summary), :mod:`.helper` (the trainers' Python API) and
+  :mod:`.cli` (``ng_collect_rollouts``). Each imports only modules listed before it; none imports
+  :mod:`nemo_gym.rollout_collection`.
+* Importing this package imports none of its modules (and nothing heavy).
+"""

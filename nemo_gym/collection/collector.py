@@ -1,0 +1,307 @@
+"""The whole collection job (:func:`collect_rollouts`) and its end-of-run report.
+
+Contract
+--------
+* :func:`collect_rollouts` validates the input, checks that its agents run and that the rows carry
+  what their environments need, all before anything is sent; writes the materialized inputs; then
+  runs the (task, rollout) pairs not yet done (on resume: retrying failed ones up to
+  ``max_attempts``) with at most ``num_samples_in_parallel`` in flight. Each finished rollout is one
+  whole line in the output, written as it completes; each infrastructure failure (or a verify
+  response without a numeric ``reward``) is a scrubbed line in the failures file, never in the
+  output. With model-call capture on, each rollout's model calls go to ``<stem>_model_calls.jsonl``.
+* The circuit breaker stops dispatch to agents whose server is down (rows not sent are "not
+  attempted", not failures); ``stop`` cancels the rollouts in flight (not failures either).
+* It returns the summary (counts, failure kinds, down servers, aggregate metrics from
+  :mod:`nemo_gym.rollout_stats`) and writes it to ``<stem>_aggregate_metrics.json``;
+  :func:`format_summary` renders it for people (its last line is ``Average reward: <mean>``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from nemo_gym.collection.circuit_breaker import CircuitBreaker, classify_failure, describe_down
+from nemo_gym.collection.dispatch import bounded_map, run_one
+from nemo_gym.collection.input_rows import check_agents_running, materialize, validate_input
+from nemo_gym.collection.options import InputError, RolloutCollectionConfig
+from nemo_gym.collection.output_files import (
+    LineWriter,
+    _check_materialized_matches,
+    _check_output_paths,
+    _scan_existing_output,
+    _scan_failures,
+    sidecar_paths,
+)
+from nemo_gym.collection.row_schema import check_rows_against_schemas, fetch_row_schemas
+from nemo_gym.observability import ModelCallSink, capture_wanted, model_calls_path
+from nemo_gym.redaction import process_scrubber
+from nemo_gym.replicas import live_replicas, replicated_instances
+from nemo_gym.rollout_stats import aggregate_metrics, k_values
+from nemo_gym.server_client import ServerClient, UpstreamError
+
+# The fields that group this run's failures into kinds for the end-of-run report.
+_KIND_FIELDS = ("kind", "server", "status", "via")
+
+
+class _Progress:
+    """A tqdm bar on stderr with the running mean reward and the failure count (or nothing)."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.bar = None
+        self.reward_sum, self.n_ok, self.n_failed = 0.0, 0, 0
+        self._last = 0.0
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="rollout", dynamic_ncols=True, file=sys.stderr)
+
+    def update(self, reward: float | None) -> None:
+        if reward is None:
+            self.n_failed += 1
+        else:
+            self.n_ok += 1
+            self.reward_sum += reward
+        if self.bar is not None:
+            self.bar.update(1)
+            now = time.monotonic()
+            if now - self._last > 0.5:
+                self._last = now
+                mean = self.reward_sum / self.n_ok if self.n_ok else float("nan")
+                self.bar.set_postfix(mean_reward=f"{mean:.3f}", failed=self.n_failed, refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            mean = self.reward_sum / self.n_ok if self.n_ok else float("nan")
+            self.bar.set_postfix(mean_reward=f"{mean:.3f}", failed=self.n_failed, refresh=True)
+            self.bar.close()
+
+
+async def collect_rollouts(
+    cfg: RolloutCollectionConfig,
+    client: ServerClient,
+    stop: asyncio.Event | None = None,
+    validated: tuple[int, set[str]] | None = None,
+) -> dict[str, Any]:
+    """The whole job; returns the summary (also written to the metrics file).
+
+    ``validated`` is the result of :func:`validate_input` when the caller already ran it.
+    """
+    n_rows, agents = validated if validated is not None else validate_input(cfg)
+    check_agents_running(agents, client)
+    check_rows_against_schemas(cfg, await fetch_row_schemas(agents, client))
+    out_path = Path(cfg.output_jsonl_fpath)
+    side = sidecar_paths(out_path)
+    calls_path = model_calls_path(out_path)
+    _check_output_paths(cfg, out_path, {**side, "model_calls": calls_path})
+    try:
+        capture = capture_wanted(client, cfg.observability_enabled)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+
+    if out_path.exists() and out_path.stat().st_size and not (cfg.resume_from_cache or cfg.overwrite):
+        raise InputError(
+            f"{out_path} already has rollouts. Pass +resume_from_cache=true to complete it, "
+            "+overwrite=true to start over, or choose another +output_jsonl_fpath."
+        )
+    fresh = not cfg.resume_from_cache
+    done: set[tuple[int, int]] = set()
+    attempts: dict[tuple[int, int], int] = {}
+    unreadable = 0
+    if not fresh:
+        # Check before touching anything, so a refused resume leaves every file as it was.
+        _check_materialized_matches(cfg, side["materialized"])
+        done, unreadable = _scan_existing_output(out_path)
+        attempts = _scan_failures(side["failures"])
+    if fresh or not side["materialized"].exists():
+        writer = LineWriter(side["materialized"], truncate=True)
+        try:
+            for row in materialize(cfg):
+                writer.write(row)
+        finally:
+            writer.close()
+
+    exhausted = {k for k, a in attempts.items() if a >= cfg.max_attempts and k not in done}
+    total = n_rows * cfg.num_repeats
+    todo = total - len(done) - len(exhausted)
+    breaker = CircuitBreaker(cfg.circuit_breaker_threshold, replicated_instances(client.global_config_dict))
+
+    def rows_to_send() -> Iterator[dict[str, Any]]:
+        for r in materialize(cfg):
+            key = (r["_ng_task_index"], r["_ng_rollout_index"])
+            if key in done or key in exhausted:
+                continue
+            if breaker.blocked and breaker.blocking(r["agent_ref"]["name"]) is not None:
+                continue  # its agent needs a server that is down: not attempted, left for a resume
+            yield r
+
+    def all_agents_blocked() -> bool:
+        return bool(breaker.blocked) and agents.issubset(breaker.blocked)
+
+    out = LineWriter(out_path, truncate=fresh)
+    failures = LineWriter(side["failures"], truncate=fresh)
+    worker = lambda r: run_one(client, r, cfg.request_timeout_s)  # noqa: E731
+    sink = ModelCallSink.for_client(client, LineWriter(calls_path, truncate=fresh)) if capture else None
+    if sink is not None:  # each rollout's model calls, pulled as it ends (nemo_gym.observability)
+        worker = sink.wrap(worker)
+    progress = _Progress(todo, cfg.progress)
+    t0 = time.monotonic()
+    n_ok = n_failed = 0
+    kinds: Counter[tuple[Any, ...]] = Counter()
+    kind_paths: dict[tuple[Any, ...], set[str]] = {}
+    try:
+        if sink is not None:
+            await sink.discard(rows_to_send())  # calls an interrupted earlier run left for these rollouts
+        async for row, result, exc in bounded_map(
+            rows_to_send(),
+            worker,
+            cfg.num_samples_in_parallel,
+            stop,
+            halt=all_agents_blocked,
+        ):
+            key = (row["_ng_task_index"], row["_ng_rollout_index"])
+            agent = row["agent_ref"]["name"]
+            reward = result.get("reward") if isinstance(result, dict) else None
+            if exc is None and isinstance(reward, (int, float)) and not isinstance(reward, bool):
+                out.write(result)
+                n_ok += 1
+                breaker.success(agent)
+                progress.update(float(reward))
+                continue
+            if exc is None:
+                no_reward = "the verify response has no numeric `reward`"
+                exc = UpstreamError(agent, "/run", 200, no_reward, kind="bad_response")
+            failure = classify_failure(exc, agent)
+            check = breaker.failure(agent, failure)
+            if check is not None:  # one dead replica of several is not a dead server
+                if await live_replicas(client, check):
+                    breaker.still_serving(check)
+                else:
+                    breaker.confirm_down(check)
+            via = (failure.get("via") or {}).get("server")
+            kind = (failure["kind"], failure["server"], failure["status"], via)  # as _KIND_FIELDS
+            kinds[kind] += 1
+            kind_paths.setdefault(kind, set()).add(str(failure["path"]))
+            failures.write(
+                process_scrubber().scrub_obj(
+                    {
+                        "_ng_task_index": key[0],
+                        "_ng_rollout_index": key[1],
+                        "agent_ref": row["agent_ref"],
+                        "attempt": attempts.get(key, 0) + 1,
+                        **failure,
+                    }
+                )
+            )
+            n_failed += 1
+            progress.update(None)
+    finally:
+        progress.close()
+        out.close()
+        failures.close()
+        if sink is not None:
+            sink.close()
+    wall = time.monotonic() - t0
+    interrupted = bool(stop and stop.is_set())
+    metrics = aggregate_metrics(out_path, pass_threshold=cfg.pass_threshold, max_k=cfg.num_repeats)
+    done_after = metrics["num_rollouts"]
+    summary = {
+        "input_jsonl_fpath": cfg.input_jsonl_fpath,
+        "rows": n_rows,
+        "num_repeats": cfg.num_repeats,
+        "expected_rollouts": total,
+        "rollouts_ok": done_after,
+        "rollouts_missing": total - done_after,
+        "this_run": {
+            "ok": n_ok,
+            "failed": n_failed,
+            "wall_time_s": wall,
+            "rollouts_per_s": n_ok / wall if wall > 0 else 0.0,
+        },
+        "interrupted": interrupted,
+        # Rows not sent this run (a server was down, or an interrupt): not failures, a resume runs them.
+        "not_attempted": todo - n_ok - n_failed,
+        "down_servers": breaker.report(),
+        # Failures of a replicated server's sessions while another replica of it was alive.
+        "replica_losses": breaker.replica_losses,
+        "failure_kinds": [
+            {**dict(zip(_KIND_FIELDS, k, strict=True)), "paths": sorted(kind_paths[k]), "count": n}
+            for k, n in kinds.most_common()
+        ],
+        "skipped_after_max_attempts": len(exhausted),
+        "max_attempts": cfg.max_attempts,
+        "unreadable_output_lines": unreadable,
+        "files": {"output": str(out_path), **{k: str(v) for k, v in side.items()}},
+        **metrics,
+    }
+    if sink is not None:
+        summary["model_calls"] = sink.summary(str(calls_path))
+        summary["files"]["model_calls"] = str(calls_path)
+    side["metrics"].write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+    return summary
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The human-readable end-of-run report (the last line is ``Average reward: <mean>``)."""
+    this = summary["this_run"]
+    lines = [
+        f"Rollouts: {summary['rollouts_ok']} / {summary['expected_rollouts']} ok"
+        + (f", {summary['rollouts_missing']} missing" if summary["rollouts_missing"] else "")
+        + (" (INTERRUPTED: rerun with +resume_from_cache=true to finish)" if summary["interrupted"] else ""),
+        f"This run: {this['ok']} ok, {this['failed']} failed in {this['wall_time_s']:.1f} s "
+        f"({this['rollouts_per_s']:.1f} rollouts/s)",
+    ]
+    for key in sorted(k for k in summary if k.startswith("mean/")):
+        name = key[5:]
+        lines.append(f"  {name:<24} mean {summary[key]:.4f}  std {summary.get('std/' + name, 0.0):.4f}")
+    k_lines = [
+        f"pass@{k}={summary[f'pass@{k}']:.3f}"
+        for k in k_values(summary["num_repeats"])
+        if f"pass@{k}" in summary
+    ]
+    if k_lines:
+        lines.append(f"  tasks: {summary['num_tasks']}  " + "  ".join(k_lines))
+    tok = summary["tokens"]
+    lines.append(
+        f"  tokens: input {tok['input_tokens']}, output {tok['output_tokens']}, total {tok['total_tokens']}"
+    )
+    if this["failed"]:
+        lines.append(
+            f"  {this['failed']} infrastructure failure(s) this run: see {summary['files']['failures']}"
+        )
+    for k in summary.get("failure_kinds", []):
+        status = f" HTTP {k['status']}" if k["status"] is not None else ""
+        via = f" via {k['via']}" if k["via"] else ""
+        paths = ", ".join(k["paths"])
+        lines.append(f"    {k['count']} x {k['kind']}{status} from {k['server']} ({paths}){via}")
+    down = summary.get("down_servers") or []
+    for d in down:
+        agents = ", ".join(d["blocked_agents"])
+        lines.append(f"  STOPPED: {describe_down(d)}; stopped sending rows to {agents}")
+    if down and not summary["interrupted"]:
+        lines.append(
+            f"  {summary['not_attempted']} rollout(s) not attempted (not failures; they do not count towards "
+            "+max_attempts). Restart the server(s), then rerun with +resume_from_cache=true."
+        )
+    if summary.get("skipped_after_max_attempts"):
+        lines.append(
+            f"  {summary['skipped_after_max_attempts']} rollout(s) skipped: they failed "
+            f"{summary.get('max_attempts')} time(s) already (+max_attempts); see {summary['files']['failures']}"
+        )
+    if summary["rollouts_missing"] and not summary["interrupted"] and not down:
+        lines.append("  Rerun with +resume_from_cache=true to retry the missing rollouts.")
+    if summary.get("malformed_lines") or summary.get("unreadable_output_lines"):
+        lines.append(
+            f"  {summary.get('malformed_lines', 0)} unreadable line(s) in {summary['files']['output']} were skipped"
+        )
+    lines.append("Files: " + ", ".join(summary["files"].values()))
+    if "mean/reward" in summary:
+        lines.append(f"Average reward: {summary['mean/reward']:.4f}")
+    return "\n".join(lines)

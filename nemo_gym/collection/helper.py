@@ -1,0 +1,109 @@
+"""The trainers' Python API: :class:`RolloutCollectionHelper` (upstream's name and call shape).
+
+Contract
+--------
+* ``run_examples(rows, head_server_config=...)`` starts every row at once from a running event loop
+  and yields awaitables in completion order, each giving ``(row, result)``: the very dict passed in
+  and the agent's ``/run`` JSON as it returned it. At most ``num_samples_in_parallel`` (or the given
+  semaphore's) rollouts are in flight.
+* An infrastructure failure raises :class:`UpstreamError`; after ``circuit_breaker_threshold``
+  consecutive failures of one down server (all its replicas dead), the rows of that call not yet sent
+  to the affected agents raise :class:`ServerDownError` instead of being sent.
+* One :class:`ServerClient` per head server is kept; :meth:`RolloutCollectionHelper.aclose` closes
+  this event loop's HTTP connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Iterator
+from typing import Any
+
+from nemo_gym.collection.circuit_breaker import CircuitBreaker, ServerDownError, classify_failure
+from nemo_gym.collection.dispatch import post_run
+from nemo_gym.fd_limits import raise_open_file_limit
+from nemo_gym.replicas import live_replicas, replicated_instances
+from nemo_gym.server_client import BaseServerConfig, ServerClient, UpstreamError, close_shared_session
+
+
+class RolloutCollectionHelper:
+    """Run task rows through running agents from Python.
+
+    ``for future in RolloutCollectionHelper().run_examples(rows, head_server_config=...):``
+    ``    row, result = await future`` — futures complete in any order; at most
+    ``num_samples_in_parallel`` rollouts are in flight. ``result`` is the verify response (with
+    ``reward`` and every output item's token-id fields, when the model returns them).
+
+    When ``circuit_breaker_threshold`` rollouts in a row fail because one server is down, the rows
+    of that call not yet sent to the affected agent are not sent: their awaitables raise
+    :class:`ServerDownError` (an :class:`UpstreamError`) naming the down server.
+    """
+
+    def __init__(
+        self,
+        num_samples_in_parallel: int = 256,
+        request_timeout_s: float = 3600.0,
+        circuit_breaker_threshold: int = 3,
+    ) -> None:
+        if circuit_breaker_threshold < 1:
+            raise ValueError(f"circuit_breaker_threshold must be >= 1, got {circuit_breaker_threshold!r}")
+        raise_open_file_limit()
+        self.num_samples_in_parallel = num_samples_in_parallel
+        self.request_timeout_s = request_timeout_s
+        self.circuit_breaker_threshold = circuit_breaker_threshold
+        self._clients: dict[tuple[str, int], ServerClient] = {}
+
+    def _client(self, head: BaseServerConfig | None) -> ServerClient:
+        key = (head.host, head.port) if head else ("", 0)
+        if key not in self._clients:
+            self._clients[key] = ServerClient.load_from_global_config(head)
+        return self._clients[key]
+
+    def run_examples(
+        self,
+        examples: list[dict[str, Any]],
+        head_server_config: BaseServerConfig | None = None,
+        semaphore: asyncio.Semaphore | None = None,
+    ) -> Iterator[Awaitable[tuple[dict[str, Any], dict[str, Any]]]]:
+        """Start every example now (call from a running event loop); yield awaitables in completion order.
+
+        Each awaitable gives ``(row, result)``: ``row`` is the very dict passed in (nothing added),
+        ``result`` the agent's ``/run`` JSON as it returned it (upstream's semantics; the verify
+        response echoes the row's fields, so indices a row carries come back). ``semaphore`` bounds
+        the rollouts in flight (default: ``num_samples_in_parallel``). An infrastructure failure
+        raises :class:`UpstreamError` (``.status`` is the HTTP status, None when no answer came), and
+        a row held back because a server is down raises :class:`ServerDownError`.
+        """
+        client = self._client(head_server_config)
+        if semaphore is None:
+            semaphore = asyncio.Semaphore(self.num_samples_in_parallel)
+        breaker = CircuitBreaker(
+            self.circuit_breaker_threshold, replicated_instances(client.global_config_dict)
+        )
+
+        async def one(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+            if not isinstance(row.get("agent_ref"), dict) or "name" not in row["agent_ref"]:
+                raise ValueError("each example needs agent_ref: {name: <agent instance>}")
+            agent = row["agent_ref"]["name"]
+            async with semaphore:
+                opened = breaker.blocking(agent)
+                if opened is not None:
+                    raise ServerDownError(agent, opened)
+                try:
+                    result = await post_run(client, row, self.request_timeout_s)
+                except UpstreamError as e:
+                    check = breaker.failure(agent, classify_failure(e, agent))
+                    if check is not None:  # one dead replica of several is not a dead server
+                        if await live_replicas(client, check):
+                            breaker.still_serving(check)
+                        else:
+                            breaker.confirm_down(check)
+                    raise
+                breaker.success(agent)
+                return row, result
+
+        return asyncio.as_completed([asyncio.ensure_future(one(r)) for r in examples])
+
+    async def aclose(self) -> None:
+        """Close this event loop's HTTP connections (optional; avoids "unclosed session" warnings)."""
+        await close_shared_session()

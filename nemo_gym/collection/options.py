@@ -1,0 +1,52 @@
+"""The collector's options and its input error.
+
+Contract
+--------
+* :class:`CollectionOptions` are the options ``ng_collect_rollouts`` and ``ng_e2e_collect_rollouts``
+  share; :class:`RolloutCollectionConfig` adds the input file and ``num_repeats``. Unknown keys are
+  refused (``extra="forbid"``) and every bound is checked by pydantic.
+* :class:`InputError` is raised for bad input or options before anything is sent or written (the
+  CLI's exit status 2); its message names the file, line and field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class CollectionOptions(BaseModel):
+    """The collection options ``ng_collect_rollouts`` and ``ng_e2e_collect_rollouts`` share."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    output_jsonl_fpath: str
+    agent_name: str | None = None
+    limit: int | None = Field(default=None, ge=0)
+    num_samples_in_parallel: int = Field(default=256, ge=1)
+    responses_create_params: dict[str, Any] = Field(default_factory=dict)
+    num_repeats_add_seed: bool = False
+    resume_from_cache: bool = False
+    overwrite: bool = False
+    max_attempts: int = Field(default=3, ge=1)
+    # Consecutive "server down" failures of one server (each after its retries) that stop dispatching.
+    circuit_breaker_threshold: int = Field(default=3, ge=1)
+    pass_threshold: float = 1.0
+    request_timeout_s: float = 3600.0
+    progress: bool = True
+    # Export the metrics to an experiment tracker at the end (nemo_gym.eval.tracking; its keys apart).
+    tracker: Literal["mlflow", "wandb"] | None = None
+    # Model-call capture (nemo_gym.observability): None follows the servers' config, false never pulls.
+    observability_enabled: bool | None = None
+
+
+class RolloutCollectionConfig(CollectionOptions):
+    """The options of ``ng_collect_rollouts`` (each is a ``+key=value`` on the command line)."""
+
+    input_jsonl_fpath: str
+    num_repeats: int = Field(default=1, ge=1)
+
+
+class InputError(Exception):
+    """The input file has problems; the message lists them with line numbers."""
