@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import yaml
 from fastapi import FastAPI
@@ -20,8 +20,14 @@ from omegaconf import OmegaConf
 from nemo_gym.auth import RequestGuard
 from nemo_gym.redaction import Scrubber, collect_secret_values, redact_config
 
-if TYPE_CHECKING:
-    from nemo_gym.supervisor import ServerSupervisor
+
+class RunState(Protocol):
+    """What the head server reads of a run (a :class:`nemo_gym.supervisor.ServerSupervisor`)."""
+
+    cfg: Any
+    env_secret_values: list[str]
+
+    def server_instances_info(self) -> list[dict[str, Any]]: ...
 
 
 def redacted_config_yaml(cfg: Any, secret_values: Iterable[str] = ()) -> str:
@@ -37,9 +43,7 @@ def redacted_config_yaml(cfg: Any, secret_values: Iterable[str] = ()) -> str:
     return yaml.safe_dump(redact_config(container, scrubber), sort_keys=False)
 
 
-def build_head_app(
-    supervisor: ServerSupervisor, token: str | None = None, auth_disabled: bool = False
-) -> FastAPI:
+def build_head_app(supervisor: RunState, token: str | None = None, auth_disabled: bool = False) -> FastAPI:
     """The head server's FastAPI app, reading live state from ``supervisor``; every request must carry
     the run ``token`` (see :mod:`nemo_gym.auth`) unless ``auth_disabled``."""
     app = FastAPI(title="NeMo Gym head server", docs_url="/docs", redoc_url=None)

@@ -12,20 +12,18 @@ Contract
 * ``run_webserver()`` is what each ``app.py`` calls under ``if __name__ == "__main__"``. It validates
   the instance's config block (unknown keys are errors, with "did you mean"); under ``ng_run`` it
   reports the verdict to the launcher and waits for its go before building and serving, so a typo
-  in any server's block stops the run before any server starts.
+  in any server's block stops the run before any server starts (both sides of that verdict protocol
+  live in :mod:`nemo_gym.supervision.verdicts`; ``config_problems`` and ``InstanceConfigError`` are
+  re-exported here).
 """
 
 from __future__ import annotations
 
 import contextlib
-import difflib
 import logging
 import os
-import signal
 import socket
 import sys
-import threading
-import typing
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -59,8 +57,6 @@ from nemo_gym.global_config import (
     NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME,
     NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME,
     NEMO_GYM_LISTEN_FD_ENV_VAR_NAME,
-    NEMO_GYM_PARENT_PID_ENV_VAR_NAME,
-    NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME,
     current_global_config_dict,
     get_global_config_dict,
 )
@@ -83,6 +79,13 @@ from nemo_gym.server_client import get_response_json as get_response_json
 from nemo_gym.server_client import raise_for_status as raise_for_status
 from nemo_gym.server_client import response_body as response_body
 from nemo_gym.server_client import response_cookies as response_cookies
+from nemo_gym.supervision.children import _die_with_parent as _die_with_parent
+from nemo_gym.supervision.verdicts import InstanceConfigError as InstanceConfigError
+from nemo_gym.supervision.verdicts import _field_names_at as _field_names_at
+from nemo_gym.supervision.verdicts import _loc_text as _loc_text
+from nemo_gym.supervision.verdicts import _model_in as _model_in
+from nemo_gym.supervision.verdicts import _report_config_verdict as _report_config_verdict
+from nemo_gym.supervision.verdicts import config_problems as config_problems
 
 logger = logging.getLogger("nemo_gym")
 
@@ -406,90 +409,6 @@ class SimpleServer(BaseServer):
     one of the resources/agent/model bases, and override ``setup_webserver``."""
 
 
-class InstanceConfigError(SystemExit):
-    """A server instance's config block is invalid; ``problems`` says where and why (for ``ng_run``)."""
-
-    def __init__(self, message: str, problems: list[dict[str, Any]]) -> None:
-        super().__init__(message)
-        self.problems = problems
-
-
-def _loc_text(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    """The pydantic model inside an annotation (``Model``, ``Model | None``, ``list[Model]``...)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None
-
-
-def _field_names_at(model: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
-    """The field names of the (nested) model that ``path`` leads to; [] when it cannot be told."""
-    current: type[BaseModel] | None = model
-    for part in path:
-        if isinstance(part, int):
-            continue
-        fields = current.model_fields if current is not None else {}
-        if part not in fields:
-            return []
-        current = _model_in(fields[part].annotation)
-    if current is None:
-        return []
-    return [f.alias or n for n, f in current.model_fields.items() if n != "name" or current is not model]
-
-
-def config_problems(model: type[BaseModel], error: ValidationError) -> list[dict[str, Any]]:
-    """The errors of validating a config block, each with ``loc`` (dotted), ``msg`` and ``type``;
-    an unknown key also with ``suggest`` (close field names) and ``known`` (all field names there)."""
-    out = []
-    for err in error.errors(include_url=False):
-        loc = tuple(err["loc"])
-        item: dict[str, Any] = {"loc": _loc_text(loc), "msg": err["msg"], "type": err["type"]}
-        if err["type"] == "extra_forbidden" and loc:
-            known = sorted(_field_names_at(model, loc[:-1]))
-            item["known"] = known
-            item["suggest"] = difflib.get_close_matches(str(loc[-1]), known, n=3, cutoff=0.6)
-        out.append(item)
-    return out
-
-
-def _report_config_verdict(problems: list[dict[str, Any]]) -> bool:
-    """Under ng_run: tell the launcher whether this server's config is valid; if it is, wait for its go.
-
-    Returns whether a launcher was told. Without one this returns at once. The wait ends when the
-    launcher says go, or this process exits: the launcher closed the pipe (it stopped the run) or
-    died (the parent-death signal).
-    """
-    fds = os.environ.pop(NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME, None)
-    if not fds:
-        return False
-    write_fd, go_fd = (int(x) for x in fds.split(","))
-    try:
-        payload = orjson.dumps({"ok": not problems, "problems": problems}) + b"\n"
-        view = memoryview(payload)
-        while view:
-            view = view[os.write(write_fd, view) :]
-    finally:
-        os.close(write_fd)
-    if problems:
-        os.close(go_fd)
-        return True
-    go = os.read(go_fd, 1)
-    os.close(go_fd)
-    if go != b"g":
-        os._exit(0)
-    return True
-
-
 def _jsonable_errors(errors: Any) -> list[dict[str, Any]]:
     out = []
     for e in errors:
@@ -519,36 +438,6 @@ def _guess_instance_name(cls: type, cfg: DictConfig) -> str:
         f"[nemo_gym] Cannot tell which server instance to run for {folder} (candidates: {candidates}). "
         f"Start it through ng_run, or set {NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME}=<instance name>."
     )
-
-
-def _die_with_parent() -> None:
-    """Make this process exit when the launcher dies, however it dies (even SIGKILL)."""
-    parent = os.environ.get(NEMO_GYM_PARENT_PID_ENV_VAR_NAME)
-    if not parent:
-        return
-    parent_pid = int(parent)
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-    if os.getppid() != parent_pid:
-        os._exit(1)
-
-    def watch() -> None:
-        import time
-
-        while True:
-            time.sleep(0.5)
-            if os.getppid() != parent_pid:
-                os.kill(os.getpid(), signal.SIGTERM)
-                time.sleep(5)
-                os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def head_server_config_from(cfg: DictConfig | dict) -> BaseServerConfig:

@@ -103,7 +103,8 @@ class ReplicaActor:
     """Starts, health-checks and restarts one replica's server process on this node."""
 
     def __init__(self, label: str, bind_host: str, max_restarts: int) -> None:
-        from nemo_gym.supervisor import _SpawnerThread  # one long-lived thread forks (parent-death signal)
+        # One long-lived thread forks (the parent-death signal follows the forking thread).
+        from nemo_gym.supervision.children import _SpawnerThread
 
         self.label = label
         self.bind_host = bind_host

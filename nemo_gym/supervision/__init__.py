@@ -1,0 +1,17 @@
+"""Starting, watching and stopping the server processes of one run, one module per concept.
+
+``nemo_gym.supervisor`` is the public face (what ``ng_run``, ``RunHelper`` and tests import): it
+re-exports every name below. The modules here are where the code lives:
+
+* :mod:`~nemo_gym.supervision.core`: :class:`ServerSupervisor` and the order of start-up (its contract).
+* :mod:`~nemo_gym.supervision.children`: one server process (:class:`ChildServer`), the spawner
+  thread and the child's parent watch (children die with the launcher), :class:`StartupError`.
+* :mod:`~nemo_gym.supervision.placement`: replica counts, explicit ports, the busy head port.
+* :mod:`~nemo_gym.supervision.spawning`: the config YAML each child receives, spawning, log relay.
+* :mod:`~nemo_gym.supervision.verdicts`: the config-verdict protocol, both sides (server and launcher).
+* :mod:`~nemo_gym.supervision.readiness`: health-polling, dead servers, how a server exited.
+* :mod:`~nemo_gym.supervision.ray_groups`: instances placed on a Ray cluster.
+* :mod:`~nemo_gym.supervision.head`: the head server in this process and the run token.
+* :mod:`~nemo_gym.supervision.instances`: the rows of ``/server_instances`` and their table.
+* :mod:`~nemo_gym.supervision.shutdown`: stopping everything, bounded and idempotent.
+"""

@@ -1,0 +1,267 @@
+""":class:`ServerSupervisor`: start, watch and stop the server processes of one run.
+
+Contract
+--------
+* ``start()`` reserves every port first (see :mod:`nemo_gym.ports`), starts the head server in this
+  process, spawns one child per server instance (each in its own process group, its output
+  prefixed with the instance name), and health-polls them all within ``startup_timeout_s``.
+  If a child exits or the bound passes, it stops everything and raises :class:`StartupError`
+  naming the server with its last log lines.
+* Every child loads its code and checks its config block against its config class, reports the
+  verdict over a pipe, and waits. Only when every child's config is valid are they all told to go
+  on (build the server, run start-up hooks, serve); otherwise everything stops and one
+  :class:`ConfigError` lists every server's problems with file:line and "did you mean"
+  (:mod:`nemo_gym.supervision.verdicts`).
+* Secrets never leave through the logs: every line relayed from a child (to the terminal, the
+  ``log_dir`` files and error messages) is scrubbed (:mod:`nemo_gym.redaction`) of the secret values
+  of the config and of ``env.yaml``; the ``env.yaml`` values are passed to each child
+  (``NEMO_GYM_SECRET_VALUES``) so it can scrub its own error bodies.
+* ``dead_server()`` reports a child that has exited since start, or an instance placed on Ray whose
+  every replica is dead. Ray-placed replicas check their config blocks on their nodes and report
+  their verdicts with the local ones: nothing serves until every config is valid.
+* ``shutdown()`` sends SIGTERM to every child's process group, then SIGKILL after
+  ``shutdown_timeout_s``; it is idempotent and also runs at interpreter exit.
+* Children also die on their own when this process dies, even by SIGKILL (parent-death signal
+  plus a parent watch in :func:`nemo_gym.supervision.children._die_with_parent`). Linux delivers the
+  parent-death signal when the *thread* that forked the child exits, so every child is spawned
+  from one long-lived thread owned by the supervisor: ``RunHelper().start()`` may be called from
+  a short-lived thread (a trainer's worker, ``asyncio.to_thread``) without its servers dying.
+
+The class is assembled from one mixin per concept (the sibling modules); this module holds its state
+(``__init__``), its output and the order of start-up.
+"""
+
+from __future__ import annotations
+
+import atexit
+import secrets
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from nemo_gym.auth import SERVER_AUTH_KEY_NAME, new_run_token
+from nemo_gym.global_config import (
+    DEFAULT_HEAD_SERVER_HOST,
+    DEFAULT_HEAD_SERVER_PORT,
+    HEAD_SERVER_KEY_NAME,
+    LoadedConfig,
+    ServerInstance,
+    configured_port_range,
+    find_server_dir,
+)
+from nemo_gym.ports import reserve_listening_socket, reserve_listening_socket_in_range
+from nemo_gym.redaction import (
+    Scrubber,
+    add_secret_values,
+    config_secret_values,
+    env_yaml_secret_values,
+    process_scrubber,
+)
+from nemo_gym.replicas import REPLICAS_KEY_NAME, new_replica_identity
+from nemo_gym.server_venvs import check_shared_requirements, ensure_server_venv
+from nemo_gym.supervision.children import ChildServer, DeadRayInstance, StartupError, _SpawnerThread
+from nemo_gym.supervision.head import HeadMixin
+from nemo_gym.supervision.instances import InstancesMixin
+from nemo_gym.supervision.placement import PlacementMixin
+from nemo_gym.supervision.ray_groups import RayGroupsMixin
+from nemo_gym.supervision.readiness import ReadinessMixin
+from nemo_gym.supervision.shutdown import ShutdownMixin
+from nemo_gym.supervision.spawning import SpawningMixin
+from nemo_gym.supervision.verdicts import VerdictsMixin
+
+
+class ServerSupervisor(
+    PlacementMixin,
+    RayGroupsMixin,
+    HeadMixin,
+    SpawningMixin,
+    VerdictsMixin,
+    ReadinessMixin,
+    InstancesMixin,
+    ShutdownMixin,
+):
+    """Starts the head server and one child process per server instance; see the module docstring."""
+
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        instances: list[ServerInstance],
+        echo: Callable[[str], None] | None = None,
+        stop_event: threading.Event | None = None,
+    ):
+        self.loaded = loaded
+        self.cfg = loaded.config
+        self.instances = instances
+        self.children: list[ChildServer] = []
+        self.stop_event = stop_event or threading.Event()
+        self._print_lock = threading.Lock()
+        self._echo = echo
+        self._head_server: Any = None
+        self._head_sock: socket.socket | None = None
+        self._head_thread: threading.Thread | None = None
+        self.ray_connection: Any = None  # nemo_gym.ray.cluster.RayConnection when the config uses Ray
+        # Instances placed on the Ray cluster: name -> nemo_gym.ray.replicas.RayReplicaGroup.
+        self.ray_groups: dict[str, Any] = {}
+        self.head_host = str(
+            OmegaConf.select(self.cfg, f"{HEAD_SERVER_KEY_NAME}.host", default=None)
+            or self.cfg.get("default_host")
+            or DEFAULT_HEAD_SERVER_HOST
+        )
+        port = OmegaConf.select(self.cfg, f"{HEAD_SERVER_KEY_NAME}.port", default=None)
+        self.head_port: int = DEFAULT_HEAD_SERVER_PORT if port is None else int(port)
+        self.startup_timeout_s = float(OmegaConf.select(self.cfg, "startup_timeout_s", default=None) or 120)
+        self.shutdown_timeout_s = float(OmegaConf.select(self.cfg, "shutdown_timeout_s", default=None) or 3)
+        log_dir = OmegaConf.select(self.cfg, "log_dir", default=None)
+        self.log_dir = Path(log_dir) if log_dir else None
+        self.isolate = bool(OmegaConf.select(self.cfg, "isolate_server_venvs", default=False))
+        self.venv_cache_dir = OmegaConf.select(self.cfg, "venv_cache_dir", default=None)
+        # The run token every request to every server of this run must carry (see nemo_gym.auth).
+        self._shut_down = False
+        self._ray_dead: DeadRayInstance | None = None
+        self._ray_checked_at = 0.0
+        self._spawner = _SpawnerThread()
+        # Every secret value this run knows: scrubbed from relayed log lines and error messages.
+        self.auth_enabled = OmegaConf.select(self.cfg, SERVER_AUTH_KEY_NAME, default=True) not in (
+            False,
+            "false",
+            0,
+        )
+        self.auth_token: str | None = new_run_token() if self.auth_enabled else None
+        self.token_file: Path | None = None
+        # The run token is a secret too: scrubbed from every log line and error body, in every process.
+        self.env_secret_values = sorted(
+            env_yaml_secret_values(loaded.env_yaml_data) | {self.auth_token or ""} - {""}
+        )
+        add_secret_values(config_secret_values(self.cfg, loaded.env_yaml_data) | set(self.env_secret_values))
+        atexit.register(self.shutdown)
+
+    # -- output --------------------------------------------------------------------------------------
+    def echo(self, line: str) -> None:
+        """Print one line, secrets scrubbed (thread-safe; through ``echo`` when one was given)."""
+        self._emit(process_scrubber().scrub(line))
+
+    def _emit(self, line: str) -> None:
+        with self._print_lock:
+            if self._echo is not None:
+                self._echo(line)
+            else:
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+
+    # -- start ----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start everything and return once every server answers; stop everything and raise otherwise."""
+        try:
+            self._start()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start(self) -> None:
+        server_dirs: dict[str, Path] = {}
+        for inst in self.instances:
+            folder = find_server_dir(inst, self.loaded.root_dir)
+            assert folder is not None  # validated before
+            server_dirs[inst.name] = folder
+        if not self.isolate:
+            check_shared_requirements(server_dirs)
+
+        # 1. Every port, before anything starts (replicas placed on Ray open theirs on their nodes).
+        self._check_explicit_ports_distinct()
+        self._connect_ray()
+        head_sock = reserve_listening_socket(
+            self.head_host,
+            self.head_port,
+            f"the head server ({HEAD_SERVER_KEY_NAME}.port)",
+            busy_hint=self._head_port_busy_hint,
+        )
+        self._head_sock = head_sock  # closed by shutdown() whatever happens next
+        self.head_port = head_sock.getsockname()[1]
+        OmegaConf.update(
+            self.cfg, HEAD_SERVER_KEY_NAME, {"host": self.head_host, "port": self.head_port}, force_add=True
+        )
+        try:
+            for inst in self.instances:
+                block = OmegaConf.select(self.cfg, inst.config_key)
+                num_replicas = self._num_replicas(inst, block)
+                if self._placed_on_ray(inst, block):
+                    self._reserve_ray_replicas(inst, block, num_replicas)
+                    continue
+                host = str(block.get("host") or self.cfg.get("default_host") or "127.0.0.1")
+                explicit = block.get("port")
+                where = self.loaded.provenance.where(f"{inst.config_key}.port")
+                what = f"server '{inst.name}'" + (f" (port set at {where})" if explicit and where else "")
+                port_range = configured_port_range(self.cfg)
+                replicas = []
+                for index in range(num_replicas):
+                    asked = int(explicit) if explicit and index == 0 else None
+                    if asked or port_range is None:
+                        sock = reserve_listening_socket(host, asked, what)
+                    else:  # upstream's port_range_low/high: automatically chosen ports come from the range
+                        sock = reserve_listening_socket_in_range(
+                            host, *port_range, what, avoid={self.head_port}
+                        )
+                    port = sock.getsockname()[1]
+                    entry = str(block.get("entrypoint") or "app.py")
+                    replicated = num_replicas > 1
+                    self.children.append(
+                        ChildServer(
+                            instance=inst,
+                            host=host,
+                            port=port,
+                            python=sys.executable,
+                            script=server_dirs[inst.name] / entry,
+                            sock=sock,
+                            replica=index if replicated else None,
+                            identity=new_replica_identity(index) if replicated else None,
+                        )
+                    )
+                    replicas.append(
+                        {"host": host, "port": port, "url": f"http://{host}:{port}", "node": None}
+                    )
+                # The first replica's address is the instance's (what clients without routing use).
+                block["host"], block["port"] = host, replicas[0]["port"]
+                if num_replicas > 1:
+                    block[REPLICAS_KEY_NAME] = replicas
+        except BaseException:
+            head_sock.close()
+            raise
+
+        # 2. Per-server environments (only in isolated mode; a no-op when nothing changed).
+        if self.isolate:
+            for child in self.children:
+                child.python = str(
+                    ensure_server_venv(
+                        child.script.parent,
+                        child.name,
+                        self.venv_cache_dir,
+                        echo=self.echo,
+                        should_stop=self.stop_event.is_set,
+                    )
+                )
+
+        # 3. Head server (in this process) and the children.
+        if self.stop_event.is_set():
+            raise StartupError("Start-up interrupted.")
+        self._publish_token()
+        self._start_head_server(head_sock)
+        secret = secrets.token_hex(32)
+        # Every secret value of the run: what other servers' blocks must not show to a child.
+        run_scrubber = Scrubber(config_secret_values(self.cfg, self.loaded.env_yaml_data))
+        if self.log_dir:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        for child in self.children:
+            self._spawn(child, self._child_config_yaml(child, run_scrubber), secret)
+
+        # 4. Every child checks its config, then all go on together; health-poll with a bound.
+        deadline = time.monotonic() + self.startup_timeout_s
+        self._start_ray_replicas(run_scrubber, secret)  # they check their configs too, then wait for go
+        self._wait_config_verdicts(deadline)
+        self._wait_ready(deadline)
+        self._wait_ray_replicas(deadline)

@@ -1,0 +1,159 @@
+"""Spawning a run's children: the config each receives, its environment, and its log relay.
+
+Contract
+--------
+* A child's config (:meth:`SpawningMixin._child_config_yaml`) holds its own block whole
+  (interpolations resolved, its own secrets included), every other server's block with secrets
+  redacted, and the top-level values that are neither secret-looking nor from env.yaml.
+* :meth:`SpawningMixin._spawn` starts the child on the supervisor's spawner thread in its own process
+  group, hands it its listening socket and its config-verdict pipes, then closes this process's
+  copies. Its output is relayed line by line, scrubbed of secrets, prefixed with its label, to the
+  terminal, its last lines and its ``log_dir`` file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+from typing import IO, Any
+
+import yaml
+from omegaconf import OmegaConf
+
+from nemo_gym.auth import AUTH_DISABLED_ENV_VAR_NAME, AUTH_TOKEN_ENV_VAR_NAME
+from nemo_gym.global_config import (
+    ENV_YAML_FNAME,
+    NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME,
+    NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME,
+    NEMO_GYM_LISTEN_FD_ENV_VAR_NAME,
+    NEMO_GYM_PARENT_PID_ENV_VAR_NAME,
+    NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME,
+    NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME,
+    is_secret_key,
+)
+from nemo_gym.redaction import NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME, Scrubber, process_scrubber, redact_config
+from nemo_gym.replicas import REPLICA_ENV_VAR_NAME, REPLICAS_KEY_NAME
+from nemo_gym.supervision.children import ChildServer, StartupError
+
+
+class SpawningMixin:
+    """Spawning children and the config each receives (mixed into :class:`ServerSupervisor`)."""
+
+    def _child_config_yaml(self, child: ChildServer, run_scrubber: Scrubber) -> str:
+        """The config ``child`` receives: its own block whole (interpolations resolved, its own secrets
+        included), every other server's block with secrets redacted (a judge's model name is readable,
+        its API key is not), and the top-level values that are neither secret-looking nor from env.yaml.
+        A replica's own block names its own address; every block lists the instance's ``replicas``."""
+        return self._config_yaml_for(child.name, child.host, child.port, run_scrubber)
+
+    def _config_yaml_for(self, name: str, host: str, port: int, run_scrubber: Scrubber) -> str:
+        cfg = self.cfg
+        out: dict[str, Any] = {}
+        instance_keys = {inst.name for inst in self.instances}
+        for key in cfg.keys():
+            key = str(key)
+            if key in instance_keys:
+                continue
+            where = self.loaded.provenance.where(key) or ""
+            if is_secret_key(key) or where.startswith(ENV_YAML_FNAME + ":"):
+                continue
+            try:
+                out[key] = run_scrubber.scrub_obj(_resolved(cfg, key))
+            except Exception:  # a value only other servers interpolate may be unresolvable here: leave it out
+                continue
+        for other in self.instances:
+            if other.name == name:
+                continue
+            impl = OmegaConf.select(cfg, other.config_key)
+            address: dict[str, Any] = {"host": impl.get("host"), "port": impl.get("port")}
+            if impl.get(REPLICAS_KEY_NAME) is not None:
+                address[REPLICAS_KEY_NAME] = OmegaConf.to_container(impl[REPLICAS_KEY_NAME])
+            try:
+                block = redact_config(_resolved(cfg, other.name), run_scrubber)
+                impl_block = block[other.server_type][other.impl]
+                impl_block.update(address)
+            except Exception:  # unresolvable: the address is all another server needs
+                block = {other.server_type: {other.impl: address}}
+            out[other.name] = block
+        try:
+            own = _resolved(cfg, name)
+        except Exception as e:
+            raise StartupError(f"Cannot resolve the config of server '{name}': {e}") from None
+        inst = next(i for i in self.instances if i.name == name)
+        own[inst.server_type][inst.impl].update({"host": host, "port": port})
+        out[name] = own
+        return yaml.safe_dump(out, sort_keys=False)
+
+    def _spawn(self, child: ChildServer, config_yaml: str, secret: str) -> None:
+        assert child.sock is not None
+        fd = child.sock.fileno()
+        verdict_r, verdict_w = os.pipe()
+        go_r, go_w = os.pipe()
+        child.verdict_fd, child.go_fd = verdict_r, go_w
+        env = dict(os.environ)
+        root = str(self.loaded.root_dir)
+        env.update(
+            {
+                NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME: config_yaml,
+                NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME: child.name,
+                NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME: secret,
+                NEMO_GYM_LISTEN_FD_ENV_VAR_NAME: str(fd),
+                NEMO_GYM_PARENT_PID_ENV_VAR_NAME: str(os.getpid()),
+                AUTH_TOKEN_ENV_VAR_NAME: self.auth_token or "",
+                AUTH_DISABLED_ENV_VAR_NAME: "" if self.auth_enabled else "1",
+                NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME: f"{verdict_w},{go_r}",
+                NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME: json.dumps(self.env_secret_values),
+                REPLICA_ENV_VAR_NAME: child.identity or "",
+                "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p),
+            }
+        )
+        try:
+            child.process = self._spawner.call(
+                lambda: subprocess.Popen(
+                    [child.python, str(child.script)],
+                    cwd=root,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(fd, verdict_w, go_r),
+                    start_new_session=True,
+                )
+            )
+        finally:
+            # The child holds the socket and its pipe ends now; ours must go (the port dies with the
+            # child, and its exit is seen as the end of its verdict pipe).
+            os.close(verdict_w)
+            os.close(go_r)
+        child.sock.close()
+        child.sock = None
+        log_file: IO[str] | None = None
+        if self.log_dir:
+            suffix = "" if child.replica is None else f".{child.replica}"
+            log_file = open(self.log_dir / f"{child.name}{suffix}.log", "a", buffering=1)
+        child.reader = threading.Thread(
+            target=self._pump, args=(child, log_file), name=f"log-{child.label}", daemon=True
+        )
+        child.reader.start()
+
+    def _pump(self, child: ChildServer, log_file: IO[str] | None) -> None:
+        assert child.process is not None and child.process.stdout is not None
+        prefix = f"[{child.label}] "
+        scrubber = process_scrubber()
+        for raw in iter(child.process.stdout.readline, b""):
+            line = scrubber.scrub(raw.decode(errors="replace").rstrip("\n"))
+            child.tail.append(line)
+            self._emit(prefix + line)
+            if log_file is not None:
+                log_file.write(line + "\n")
+        if log_file is not None:
+            log_file.close()
+
+
+def _resolved(cfg: Any, key: str) -> Any:
+    """The value of top-level ``key`` with every interpolation resolved (against the whole config)."""
+    node = cfg._get_node(key)
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else cfg[key]
