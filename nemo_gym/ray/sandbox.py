@@ -35,14 +35,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from nemo_gym.sandbox.api import (
-    SandboxError,
-    SandboxExecResult,
-    SandboxProviderConfig,
-    SandboxResources,
-    SandboxSpec,
-    SandboxUnavailableError,
-)
+from nemo_gym.sandbox.errors import SandboxError, SandboxUnavailableError
+from nemo_gym.sandbox.spec import SandboxExecResult, SandboxProviderConfig, SandboxResources, SandboxSpec
 
 LOG = logging.getLogger("nemo_gym.sandbox")
 _QUEUE_MARGIN_S = 15.0
@@ -153,7 +147,7 @@ def _run_on_node(
 
 def _apply(host_dir: Path, changed: dict[str, bytes], keep: set[str]) -> None:
     """Make the local work dir what the node's was: files gone there (or left out) go, changed ones are written."""
-    from nemo_gym.sandbox.api import _safe_relative
+    from nemo_gym.sandbox.spec import _safe_relative
 
     for rel in _list_tree(host_dir):
         if rel not in keep:
