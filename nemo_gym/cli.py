@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import threading
 import time
 
 from omegaconf import OmegaConf
@@ -30,6 +29,7 @@ from nemo_gym.global_config import (
     validate_global_config,
 )
 from nemo_gym.redaction import add_secret_values, config_secret_values, env_yaml_secret_values, scrub
+from nemo_gym.supervision.stop import StopFlag
 from nemo_gym.supervisor import ServerSupervisor, StartupError, format_instances_table
 
 COMMANDS = {
@@ -90,7 +90,7 @@ def run_main(argv: list[str] | None = None) -> None:
         return
     raise_open_file_limit()
     t0 = time.monotonic()
-    stop = threading.Event()
+    stop = StopFlag()  # not threading.Event: its set() takes a lock, unsafe in a signal handler
     received: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:

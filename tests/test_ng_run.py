@@ -12,6 +12,8 @@ import http.server
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -322,3 +324,26 @@ def test_run_helper_started_from_a_short_lived_thread() -> None:
         helper.shutdown()
     for child in helper.supervisor.children:
         assert child.process is not None and child.process.poll() is not None
+
+
+def test_the_stop_flag_is_set_by_a_real_signal_and_wakes_a_waiting_main_thread() -> None:
+    """ng_run's stop request (``StopFlag``) is set from a SIGINT handler without taking a lock
+    (``threading.Event.set`` does: a signal landing while the main thread holds the event's lock
+    deadlocked ng_run once in CI) and ends a ``wait`` in progress."""
+    script = (
+        "import os, signal, threading, time\n"
+        "from nemo_gym.supervision.stop import StopFlag\n"
+        "flag = StopFlag()\n"
+        "signal.signal(signal.SIGINT, lambda *a: flag.set())\n"
+        "threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
+        "assert flag.wait(60) and flag.is_set()  # False only if the handler never set it\n"
+        "print('woke')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "woke", done.stderr

@@ -38,7 +38,6 @@ import difflib
 import os
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +78,7 @@ from nemo_gym.rollout_collection import (
     validate_input,
 )
 from nemo_gym.server_client import BaseServerConfig, ServerClient, close_shared_session
+from nemo_gym.supervision.stop import StopFlag
 
 COMMAND = "ng_e2e_collect_rollouts"
 SPLITS = ("train", "validation", "example", "benchmark")
@@ -401,7 +401,7 @@ def format_overall(metrics: dict[str, Any]) -> str:
 
 
 def run(
-    loaded: LoadedConfig, opts: E2ECollectionConfig, plans: list[AgentPlan], stop_thread: threading.Event
+    loaded: LoadedConfig, opts: E2ECollectionConfig, plans: list[AgentPlan], stop_thread: StopFlag
 ) -> int:
     """Start the servers, collect, write the results, stop the servers; returns the exit status."""
     from nemo_gym.supervisor import ServerSupervisor, StartupError, format_instances_table
@@ -472,7 +472,7 @@ def tracker_config(loaded: LoadedConfig, opts: E2ECollectionConfig) -> dict[str,
     return out
 
 
-def _install_signal_handlers(stop: threading.Event) -> None:
+def _install_signal_handlers(stop: StopFlag) -> None:
     def on_signal(signum: int, _frame: object) -> None:
         stop.set()
 
@@ -487,7 +487,7 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE)
         return
     raise_open_file_limit()
-    stop = threading.Event()
+    stop = StopFlag()  # not threading.Event: its set() takes a lock, unsafe in a signal handler
     _install_signal_handlers(stop)
     try:
         loaded = load_global_config(argv)

@@ -73,6 +73,7 @@ from nemo_gym.supervision.ray_groups import RayGroupsMixin
 from nemo_gym.supervision.readiness import ReadinessMixin
 from nemo_gym.supervision.shutdown import ShutdownMixin
 from nemo_gym.supervision.spawning import SpawningMixin
+from nemo_gym.supervision.stop import StopFlag
 from nemo_gym.supervision.verdicts import VerdictsMixin
 
 
@@ -93,7 +94,7 @@ class ServerSupervisor(
         loaded: LoadedConfig,
         instances: list[ServerInstance],
         echo: Callable[[str], None] | None = None,
-        stop_event: threading.Event | None = None,
+        stop_event: threading.Event | StopFlag | None = None,
     ):
         self.loaded = loaded
         self.cfg = loaded.config
