@@ -107,9 +107,7 @@ def helper() -> Iterator[RunHelper]:
             "resources_servers": {
                 "aviary": {
                     "entrypoint": "notebook_app.py",
-                    # Short, so the abandoned-session test sees the reaper; not shorter: between two steps
-                    # of a rollout (a model turn) an env is idle, and a loaded machine can take a second.
-                    "idle_timeout_s": 5.0,
+                    "idle_timeout_s": 1.0,
                     "kernel_limits": {"address_space_bytes": LIMIT_AS},
                 }
             }
@@ -225,7 +223,7 @@ def test_kernel_has_rlimits_and_no_server_environment(helper: RunHelper) -> None
 def test_closed_abandoned_and_dropped_sessions_leave_no_kernel(helper: RunHelper) -> None:
     server_pid = _pid(helper, SHORT)
     base = server_url(helper, SHORT)
-    # Abandoned: seeded, never closed -> the idle reaper (5 s) stops the kernel.
+    # Abandoned: seeded, never closed -> the idle reaper (1 s) stops the kernel.
     post_json(base + "/seed_session", {"task_idx": 1})
     assert _wait_until(lambda: len(_kernels(server_pid)) == 1)
     assert _wait_until(lambda: not _kernels(server_pid)), get(base + "/env_stats").json()
