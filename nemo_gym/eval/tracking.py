@@ -29,6 +29,7 @@ import math
 import os
 import re
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -228,7 +229,7 @@ def _to_mlflow(
     try:
         from mlflow.entities import Metric, Param
 
-        now = int(__import__("time").time() * 1000)
+        now = int(time.time() * 1000)
         client.log_batch(
             run_id,
             metrics=[Metric(k, v, now, 0) for k, v in sorted(values.items())],

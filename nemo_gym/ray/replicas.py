@@ -59,11 +59,11 @@ from nemo_gym.global_config import (
 )
 from nemo_gym.redaction import NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME
 from nemo_gym.replicas import REPLICA_ENV_VAR_NAME
+from nemo_gym.supervision.children import LOG_TAIL_LINES
 
 RESTART_DELAY_S = 0.5
 HEALTH_POLL_S = 0.1
 STOP_GRACE_S = 3.0
-LOG_TAIL_LINES = 30
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "")
 
 
