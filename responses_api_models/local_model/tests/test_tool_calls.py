@@ -147,3 +147,82 @@ def test_think_blocks_become_reasoning() -> None:
     assert [c.name for c in parsed.tool_calls] == ["get_weather"]
     assert split_reasoning("Answer only.") == (None, "Answer only.")
     assert split_reasoning("thinking...</think>Answer") == ("thinking...", "Answer")
+
+
+# -- recorded outputs of Qwen2.5-Coder-0.5B-Instruct (greedy, on machines where it wrote these) -----------
+
+
+def test_one_bare_call_per_line_is_several_calls() -> None:
+    # The quickstart's first task on an AMD machine: four calls, one a line, none with tags.
+    text = (
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+        '{"name": "get_weather", "arguments": {"city": "London"}}\n'
+        '{"name": "get_weather", "arguments": {"city": "Berlin"}}\n'
+        '{"name": "get_weather", "arguments": {"city": "Madrid"}}'
+    )
+    parsed = parse_completion(text, TOOLS)
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == [
+        ("get_weather", {"city": city}) for city in ("Paris", "London", "Berlin", "Madrid")
+    ]
+    assert all(c.complete for c in parsed.tool_calls) and parsed.content == ""
+
+
+def test_lead_in_sentence_then_calls_one_a_line() -> None:
+    text = 'I will check both cities.\n\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n{"name": "get_weather", "arguments": {"city": "Bergen"}}\n'
+    parsed = parse_completion(text, TOOLS)
+    assert [json.loads(c.arguments)["city"] for c in parsed.tool_calls] == ["Oslo", "Bergen"]
+    assert parsed.content == "I will check both cities."
+
+
+def test_echoed_call_and_result_after_a_tool_answer_stays_prose() -> None:
+    # What the model printed as its "answer" after get_weather returned (AMD machine, issue report).
+    text = '{"name": "get_weather", "arguments": {"city": "Tokyo"}} {"weather": "cloudy, 14 degrees Celsius"}'
+    parsed = parse_completion(text, TOOLS)
+    assert parsed.tool_calls == [] and parsed.content == text
+
+
+@pytest.mark.parametrize(
+    "text, content",
+    [
+        ('{"name": "get_weather", "arguments": {"city": "Par', ""),
+        ('{"name": "get_weather", "arguments": {"city": "Oslo"}}\n{"name": "get_weather", "argu', ""),
+        ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lim', ""),
+        ('Checking.\n```json\n{"name": "get_weather", "arguments": {"ci', "Checking."),
+    ],
+)
+def test_a_call_cut_off_by_the_token_limit_is_an_incomplete_call_not_text(text: str, content: str) -> None:
+    parsed = parse_completion(text, TOOLS)
+    assert parsed.tool_calls and parsed.tool_calls[-1].name == "get_weather"
+    assert not parsed.tool_calls[-1].complete
+    assert all(c.complete for c in parsed.tool_calls[:-1])
+    assert parsed.content == content
+
+
+def test_cut_off_json_that_names_no_offered_tool_stays_text() -> None:
+    for text in ('{"name": "Paris", "population": 21', '{"name": "not_offered", "arguments": {"x'):
+        parsed = parse_completion(text, TOOLS)
+        assert parsed.tool_calls == [] and parsed.content == text
+
+
+def test_call_wrapped_in_the_prompts_tools_tag() -> None:
+    # What Qwen2.5-Coder-1.5B writes (greedy, AMD machine): the <tools> tag of the tool list.
+    text = '<tools>\n{"name": "get_weather", "arguments": {"city": "Lima"}}\n</tools>'
+    parsed = parse_completion(text, TOOLS)
+    assert [(c.name, json.loads(c.arguments), c.complete) for c in parsed.tool_calls] == [
+        ("get_weather", {"city": "Lima"}, True)
+    ]
+    assert parsed.content == ""
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # A tool definition copied from the prompt, an unoffered name, an empty tag: not calls.
+        '<tools>\n{"type": "function", "function": {"name": "get_weather", "description": "x", "parameters": {}}}\n</tools>',
+        '<tools>{"name": "not_offered", "arguments": {}}</tools>',
+        "<tools></tools>",
+    ],
+)
+def test_tools_tag_without_an_offered_call_is_text(text: str) -> None:
+    parsed = parse_completion(text, TOOLS)
+    assert parsed.tool_calls == [] and parsed.content == text
