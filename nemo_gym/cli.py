@@ -60,7 +60,7 @@ EXAMPLE_CONFIGS = (
 
 def _help(command: str) -> str:
     """``--help`` of ng_run, ng_status and ng_dump_config: options from the option registry."""
-    from nemo_gym.config.option_help import command_help
+    from nemo_gym.cli_help import command_help
 
     if command == "ng_run":
         return command_help(
