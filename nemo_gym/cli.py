@@ -40,7 +40,10 @@ COMMANDS = {
     "ng_collect_rollouts": "Run task rows (JSONL) through an agent; write reward-annotated rollouts (JSONL).",
     "ng_e2e_collect_rollouts": "Start the servers, collect rollouts on a split of every agent's datasets, write metrics, stop.",
     "ng_reward_profile": "Per-task reward statistics of a rollouts file (always / never / sometimes solved).",
+    "ng_reverify": "Score a saved rollouts file again with today's verifiers; old and new reward side by side.",
+    "ng_export_transitions": "Turn multi-step rollouts into one training row per model turn (reward-to-go).",
     "ng_bench": "Benchmark rollouts/s of an environment on the scripted model against the bare HTTP limit.",
+    "ng_bench_sandbox": "Measure what the code sandbox costs per run against the same program run bare.",
     "ng_init_resources_server": "Scaffold a new environment folder (tool, verifier, config, 5 rows, tests, README).",
     "ng_prepare_data": "Validate the datasets a config declares, add agent_ref, write prepared files and metrics.",
     "ng_viewer": "Browse a rollouts file in the browser (trajectories, rewards, comparisons).",
@@ -49,15 +52,43 @@ COMMANDS = {
     "ng_help": "List the ng_* commands.",
 }
 
-USAGE = """\
-usage: {cmd} [+key=value ...]
+EXAMPLE_CONFIGS = (
+    "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml,"
+    "responses_api_models/scripted_model/configs/scripted_model.yaml"
+)
 
-Configuration uses Hydra override syntax:
-  +config_paths=[a.yaml,b.yaml]   YAML files to load, in order (they may list more config_paths)
-  +key=value / ++key=value        set any value (dotted keys: +head_server.port=11001)
-  ~key                            delete a key
-env.yaml in the working directory is merged over the YAML files; the command line wins over both.
-"""
+
+def _help(command: str) -> str:
+    """``--help`` of ng_run, ng_status and ng_dump_config: options from the option registry."""
+    from nemo_gym.cli_help import command_help
+
+    if command == "ng_run":
+        return command_help(
+            "ng_run",
+            COMMANDS["ng_run"],
+            'ng_run "+config_paths=[<server config>.yaml,...]" [+option=value ...]',
+            [
+                f'ng_run "+config_paths=[{EXAMPLE_CONFIGS}]"',
+                'ng_run "+config_paths=[...]" +head_server.port=11001 +log_dir=logs +startup_timeout_s=300',
+                'ng_run "+config_paths=[...]" +ray_start_local=true     # servers may use Ray (docs/ray.md)',
+            ],
+            "docs/concepts.md (ng_run), docs/ray.md (Ray), docs/security.md (run token, limits, timeouts)",
+        )
+    if command == "ng_status":
+        return command_help(
+            "ng_status",
+            COMMANDS["ng_status"] + " Exit status 1 when one does not answer.",
+            "ng_status [+head_server.port=PORT]",
+            ["ng_status", "ng_status +head_server.port=11001"],
+            "docs/concepts.md (ng_run)",
+        )
+    return command_help(
+        "ng_dump_config",
+        COMMANDS["ng_dump_config"] + " Takes ng_run's arguments; starts nothing.",
+        'ng_dump_config "+config_paths=[<server config>.yaml,...]" [+option=value ...]',
+        [f'ng_dump_config "+config_paths=[{EXAMPLE_CONFIGS}]" > merged.yaml'],
+        "docs/concepts.md (configuration)",
+    )
 
 
 def _wants_help(argv: list[str]) -> bool:
@@ -86,7 +117,7 @@ def _note_no_effect_keys(loaded: LoadedConfig) -> None:
 def run_main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if _wants_help(argv):
-        print(USAGE.format(cmd="ng_run") + "\n" + COMMANDS["ng_run"])
+        print(_help("ng_run"))
         return
     raise_open_file_limit()
     t0 = time.monotonic()
@@ -232,7 +263,7 @@ def status_main(argv: list[str] | None = None) -> None:
 
     argv = sys.argv[1:] if argv is None else argv
     if _wants_help(argv):
-        print(USAGE.format(cmd="ng_status") + "\n" + COMMANDS["ng_status"])
+        print(_help("ng_status"))
         return
     try:
         head = _head_from_argv(argv)
@@ -277,7 +308,7 @@ def dump_config_main(argv: list[str] | None = None) -> None:
 
     argv = sys.argv[1:] if argv is None else argv
     if _wants_help(argv):
-        print(USAGE.format(cmd="ng_dump_config") + "\n" + COMMANDS["ng_dump_config"])
+        print(_help("ng_dump_config"))
         return
     try:
         loaded = load_global_config(argv)

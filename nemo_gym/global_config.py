@@ -49,6 +49,8 @@ from nemo_gym.config.keys import DEFAULT_CONNECTION_LIMIT as DEFAULT_CONNECTION_
 from nemo_gym.config.keys import DEFAULT_HEAD_SERVER_HOST as DEFAULT_HEAD_SERVER_HOST
 from nemo_gym.config.keys import DEFAULT_HEAD_SERVER_PORT as DEFAULT_HEAD_SERVER_PORT
 from nemo_gym.config.keys import DEFAULT_HOST_KEY_NAME as DEFAULT_HOST_KEY_NAME
+from nemo_gym.config.keys import DEFAULT_SHUTDOWN_TIMEOUT_S as DEFAULT_SHUTDOWN_TIMEOUT_S
+from nemo_gym.config.keys import DEFAULT_STARTUP_TIMEOUT_S as DEFAULT_STARTUP_TIMEOUT_S
 from nemo_gym.config.keys import DISALLOWED_PORTS_KEY_NAME as DISALLOWED_PORTS_KEY_NAME
 from nemo_gym.config.keys import ENTRYPOINT_KEY_NAME as ENTRYPOINT_KEY_NAME
 from nemo_gym.config.keys import ENV_YAML_FNAME as ENV_YAML_FNAME

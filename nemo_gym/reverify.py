@@ -8,7 +8,13 @@ Contract
 * What is posted to ``/verify`` is upstream NeMo Gym's re-verification payload: the task row the
   rollout came from plus its recorded ``response``. The row comes from the collector's
   ``<stem>_materialized_inputs.jsonl`` next to the input (or ``+inputs_jsonl_fpath``), matched by
-  ``(_ng_task_index, _ng_rollout_index)``; without that file, the line itself minus its ``reward``.
+  ``(_ng_task_index, _ng_rollout_index)``. ``+inputs_jsonl_fpath`` may also be the plain task file the
+  rollouts were collected from (rows without those indices): row ``n`` (0-based, blank lines skipped)
+  is task ``n``. For upstream's layout, ``<name>_rollouts.jsonl`` next to ``<name>.jsonl`` (e.g.
+  ``data/example_rollouts.jsonl`` and ``data/example.jsonl``), that task file is found by itself.
+  Without any of these, the line itself minus its ``reward`` is posted and a warning says so: task
+  fields the verifier did not echo into its response (upstream's string_match drops
+  ``extraction_mode``) then take their defaults, and the reward can differ.
 * ``+where.<field>=<value>`` (repeatable, all must hold) re-verifies only lines whose top-level field
   equals the value; the other lines are copied unchanged. Default: every line.
 * Output (``+output_jsonl_fpath``, never the input; an existing file only with ``+overwrite=true``):
@@ -70,7 +76,7 @@ OPTIONS = (
 )
 USAGE = (
     "usage: ng_reverify +input_jsonl_fpath=<rollouts.jsonl> +output_jsonl_fpath=<new.jsonl>\n"
-    "  [+inputs_jsonl_fpath=<materialized inputs>] [+where.<field>=<value> ...] [+overwrite=true]\n"
+    "  [+inputs_jsonl_fpath=<materialized inputs, or the task file>] [+where.<field>=<value> ...] [+overwrite=true]\n"
     "  [+force=true] [+num_samples_in_parallel=64] [+head_server.host=127.0.0.1 +head_server.port=11000]\n"
     "exit status: 0 done, 1 some lines failed (see the failures file), 2 bad input or options, 130 interrupted"
 )
@@ -108,6 +114,23 @@ def read_jsonl(path: Path, what: str) -> list[dict[str, Any]]:
     return rows
 
 
+def default_inputs_path(source: Path) -> Path | None:
+    """The task rows of a rollouts file found next to it, or None.
+
+    The collector's ``<stem>_materialized_inputs.jsonl`` first; else, for upstream NeMo Gym's layout,
+    ``<name>.jsonl`` beside ``<name>_rollouts.jsonl``.
+    """
+    stem = source.with_suffix("") if source.suffix == ".jsonl" else source
+    materialized = Path(f"{stem}_materialized_inputs.jsonl")
+    if materialized.is_file():
+        return materialized
+    if stem.name.endswith("_rollouts"):
+        task_file = stem.with_name(stem.name.removesuffix("_rollouts") + ".jsonl")
+        if task_file.is_file():
+            return task_file
+    return None
+
+
 def _matches(row: dict[str, Any], where: dict[str, Any]) -> bool:
     return all(row.get(k) == v for k, v in where.items())
 
@@ -119,7 +142,14 @@ def plan(
     source: Path,
 ) -> list[tuple[int, dict[str, Any]]]:
     """``(line index, /verify payload)`` for each line to re-verify; errors name the line and field."""
-    by_key = {_key(r): r for r in inputs or [] if _key(r) is not None}
+    keyed = [r for r in inputs or [] if _key(r) is not None]
+    if inputs and keyed and len(keyed) != len(inputs):
+        raise ReverifyError(
+            f"the inputs file mixes rows with and without {TASK_INDEX_KEY_NAME}/{ROLLOUT_INDEX_KEY_NAME}: "
+            "give either the collector's materialized inputs or the plain task file"
+        )
+    by_key = {_key(r): r for r in keyed}
+    by_task = dict(enumerate(inputs)) if inputs and not keyed else None  # a plain task file: row n is task n
     todo: list[tuple[int, dict[str, Any]]] = []
     problems: list[str] = []
     for i, line in enumerate(lines):
@@ -132,7 +162,14 @@ def plan(
         if not isinstance((line.get("agent_ref") or {}).get("name"), str):
             problems.append(f"{where_at}: no 'agent_ref.name' (which agent's environment scored it?)")
             continue
-        if inputs is not None:
+        if by_task is not None:
+            row = by_task.get(line.get(TASK_INDEX_KEY_NAME))  # type: ignore[arg-type]
+            if row is None:
+                problems.append(f"{where_at}: its {TASK_INDEX_KEY_NAME} {line.get(TASK_INDEX_KEY_NAME)!r} is not a "
+                                f"row of the task file ({len(by_task)} rows)")  # fmt: skip
+                continue
+            payload = {**row, "response": line["response"]}
+        elif inputs is not None:
             row = by_key.get(_key(line))
             if row is None:
                 problems.append(f"{where_at}: no task row with its {TASK_INDEX_KEY_NAME}/{ROLLOUT_INDEX_KEY_NAME} "
@@ -296,8 +333,16 @@ def main(argv: list[str] | None = None) -> None:
         inputs_path = Path(str(cfg["inputs_jsonl_fpath"])) if cfg.get("inputs_jsonl_fpath") else None
         if inputs_path is not None and not inputs_path.is_file():
             raise ReverifyError(f"{inputs_path} is not a file (+inputs_jsonl_fpath)")
-        default_inputs = Path(f"{stem}_materialized_inputs.jsonl")
-        inputs_path = inputs_path or (default_inputs if default_inputs.is_file() else None)
+        inputs_path = inputs_path or default_inputs_path(source)
+        if inputs_path is None:
+            sys.stderr.write(
+                f"ng_reverify: warning: no task rows for {source} (no {stem.name}_materialized_inputs.jsonl "
+                "next to it, no +inputs_jsonl_fpath): each line is verified as recorded, so task fields the "
+                "verifier did not echo back take their defaults. Pass +inputs_jsonl_fpath=<the task JSONL> "
+                "for the exact rows.\n"
+            )
+        else:
+            sys.stderr.write(f"ng_reverify: task rows from {inputs_path}\n")
         lines = read_jsonl(source, "rollouts file")
         inputs = read_jsonl(inputs_path, "inputs file") if inputs_path else None
         todo = plan(lines, inputs, where, source)

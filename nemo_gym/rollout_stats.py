@@ -134,18 +134,50 @@ def task_profile(rewards: list[float], max_k: int, pass_threshold: float) -> dic
     return out
 
 
-def aggregate_metrics(path: Path, pass_threshold: float = 1.0, max_k: int | None = None) -> dict[str, Any]:
-    """Mean/std of reward and of every other numeric top-level field, token totals, per-task pass@k.
+def task_row_fields(path: Path) -> dict[int, frozenset[str]]:
+    """The top-level field names of each task row of a materialized-inputs file, by ``_ng_task_index``.
 
+    Lines that do not parse or carry no integer task index are skipped (the collector wrote the file).
+    """
+    fields: dict[int, frozenset[str]] = {}
+    shared: dict[frozenset[str], frozenset[str]] = {}  # one set per distinct shape, not per row
+    for _, row in iter_jsonl(path):
+        if not isinstance(row, dict):
+            continue
+        task = _task_index(row)
+        if task is None or task < 0 or task in fields:
+            continue
+        names = frozenset(row)
+        fields[task] = shared.setdefault(names, names)
+    return fields
+
+
+def aggregate_metrics(
+    path: Path,
+    pass_threshold: float = 1.0,
+    max_k: int | None = None,
+    task_rows_path: Path | None = None,
+) -> dict[str, Any]:
+    """Mean/std (``mean/<field>``, ``std/<field>``) of each metric, token totals, per-task pass@k.
+
+    The metrics are ``reward`` and every other numeric top-level field the verifier added: a field of
+    the rollout's own task row (an id, an index, a ground-truth number copied through ``/run``) is
+    data, not a metric, and is not averaged. The task rows are read from ``task_rows_path`` (the
+    collector's ``<stem>_materialized_inputs.jsonl``); without it every numeric top-level field counts.
     A line that is not a JSON object, or whose ``reward`` is not a number, counts as malformed.
     """
     stats: dict[str, RunningStat] = defaultdict(RunningStat)
     tokens = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
     tasks: dict[int, list[float]] = defaultdict(list)
+    task_fields = (
+        task_row_fields(task_rows_path) if task_rows_path is not None and task_rows_path.is_file() else {}
+    )
+    no_fields: frozenset[str] = frozenset()
     rows = ScoredRows(path)
     for task, reward, row in rows:
+        data_fields = task_fields.get(task, no_fields)
         for key, value in row.items():
-            if key in INDEX_FIELDS:
+            if key in INDEX_FIELDS or (key in data_fields and key != "reward"):
                 continue
             x = _numeric(value)
             if x is not None:

@@ -892,3 +892,89 @@ def test_ray_placed_replicas_config_is_checked_before_anything_serves(cluster: A
     assert f"'{AGENT}.responses_api_agents.simple_agent.max_stepz'" in message and "max_steps" in message
     assert "(2 problems;" in message  # the agent's and the resources server's (two replicas, one problem)
     assert not _wait_gone(_descendants() - before), "a server of the refused run is still running"
+
+
+# ------------------------------------------------------------------------------------------------
+# A normal start and stop with Ray prints no crash-like output.
+
+
+def test_ng_run_with_ray_starts_and_stops_quietly(ray_env: None, tmp_path: Path) -> None:
+    """ng_run +ray_start_local=true, one rollout whose verification runs as a Ray task (so the resources
+    server joined the cluster too), then Ctrl+C: no traceback, no Ray "SIGTERM received" stack, no Ray
+    warning about signal handlers; the run reports a clean stop. (Errors are not filtered: only Ray's
+    not-main-thread warning and its SIGTERM stack for a normal stop are, see nemo_gym.ray.quiet.)"""
+    from nemo_gym.testing import collect_rollouts, example_rows
+
+    overrides = tmp_path / "overrides.yaml"
+    overrides.write_text(
+        yaml.safe_dump(
+            {
+                "policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": [
+                    {"contains": "Le Guin", "turns": [{"text": SO_RIGHT}]}]}}},
+                "structured_outputs": {"resources_servers": {"structured_outputs": {"pool_threshold_chars": 0}}},
+            }
+        )
+    )  # fmt: skip
+    configs = f"{SO_CONFIG},responses_api_models/scripted_model/configs/scripted_model.yaml,{overrides}"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from nemo_gym.cli import run_main; run_main()", f"+config_paths=[{configs}]",
+         "+ray_start_local=true", "+ray_local_num_cpus=1", "+head_server.port=0"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not any("servers ready" in x for x in lines) and proc.poll() is None:
+            assert time.monotonic() < deadline, "ng_run did not start within 120 s:\n" + "".join(lines)
+            time.sleep(0.2)
+        assert proc.poll() is None, "ng_run exited during start-up:\n" + "".join(lines)
+        port = int(next(x for x in lines if x.startswith("Head server:")).rsplit(":", 1)[1])
+
+        class _Head:  # what collect_rollouts needs of a RunHelper
+            head_server_config = type("H", (), {"port": port})()
+
+        code, out, err = collect_rollouts(
+            _Head(), [example_rows("structured_outputs")[0]], tmp_path, "structured_outputs_simple_agent"
+        )  # type: ignore[arg-type]
+        assert code == 0 and [r["reward"] for r in out] == [1.0], err[-3000:]
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    reader.join(timeout=10)
+    text = "".join(lines)
+    assert proc.returncode == 0, text
+    assert "ng_run: all servers stopped." in text, text
+    for noise in ("Traceback", "SIGTERM received", "PC: @", "SIGTERM handler is not set"):
+        assert noise not in text, f"{noise!r} in the output of a normal start/stop:\n{text}"
+
+
+def test_only_rays_not_main_thread_warning_is_filtered(caplog: pytest.LogCaptureFixture) -> None:
+    """Real problems Ray logs still show; only the one warning about signal handlers is dropped."""
+    import logging
+
+    from nemo_gym.ray.quiet import (
+        NOT_MAIN_THREAD_WARNING,
+        drop_not_main_thread_warning,
+        restore_python_sigterm_handler,
+    )
+
+    drop_not_main_thread_warning()
+    drop_not_main_thread_warning()  # idempotent
+    logger = logging.getLogger("ray._private.worker")
+    with caplog.at_level(logging.WARNING, logger="ray._private.worker"):
+        logger.warning(NOT_MAIN_THREAD_WARNING + ".")
+        logger.error("Failed to connect to GCS at 10.0.0.1:6379")
+    assert [r.getMessage() for r in caplog.records] == ["Failed to connect to GCS at 10.0.0.1:6379"]
+    assert sum(type(f).__name__ == "_DropNotMainThreadWarning" for f in logger.filters) == 1
+    result: list[bool] = []
+    worker = threading.Thread(target=lambda: result.append(restore_python_sigterm_handler()))
+    worker.start()
+    worker.join(timeout=10)
+    assert result == [False]  # signal handlers can only be set on the main thread: left alone there
+    before = signal.getsignal(signal.SIGTERM)
+    assert restore_python_sigterm_handler() and signal.getsignal(signal.SIGTERM) is before

@@ -9,6 +9,7 @@ a server whose verify needs live session state is refused unless ``+force=true``
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -129,3 +130,64 @@ def test_reverify_saved_rollouts(tmp_path: Path, capsys: pytest.CaptureFixture[s
         code, _, err = _run(reverify_main, [f"+input_jsonl_fpath={counter}", f"+output_jsonl_fpath={tmp_path / 'c.jsonl'}", *port], capsys)  # fmt: skip
         assert code == 2 and "unsupported" in err and "+force=true" in err
         assert not (tmp_path / "c.jsonl").exists()
+
+
+# Upstream's string_match case, written small: its verify response does not echo the task field
+# ``extraction_mode``, so its recorded rollouts lack it, and re-verifying a line on its own applies the
+# default mode ("final_answer") to a "last_line" task: 1.0 became 0.0. The task row must be posted.
+def _upstream_like_line(task_index: int) -> dict[str, Any]:
+    return {
+        "responses_create_params": {"input": "Name the largest ocean."},
+        "response": {"output": [{"type": "message", "role": "assistant", "content": "Pacific Ocean"}]},
+        "reward": 1.0,
+        "expected_answer": "Pacific Ocean",
+        "_ng_task_index": task_index,
+        "_ng_rollout_index": 0,
+        "agent_ref": {"name": "string_match_simple_agent"},
+    }
+
+
+def test_plain_task_file_supplies_the_fields_a_verifier_dropped(tmp_path: Path) -> None:
+    from nemo_gym.reverify import ReverifyError, default_inputs_path, plan
+
+    tasks = [{"responses_create_params": {"input": f"q{i}"}, "expected_answer": f"a{i}",
+              "extraction_mode": "boxed" if i < 2 else "last_line"} for i in range(3)]  # fmt: skip
+    lines = [_upstream_like_line(2), _upstream_like_line(0)]
+    source = tmp_path / "example_rollouts.jsonl"
+    todo = plan(lines, tasks, {}, source)
+    assert [(i, p["extraction_mode"], p["expected_answer"]) for i, p in todo] == [
+        (0, "last_line", "a2"),
+        (1, "boxed", "a0"),
+    ]
+    assert all(p["response"] == lines[i]["response"] and "reward" not in p for i, p in todo)
+    # Without task rows the line is posted as recorded (the warning in main() says what that means).
+    assert "extraction_mode" not in plan(lines, None, {}, source)[0][1]
+    with pytest.raises(ReverifyError, match=r"line 1: its _ng_task_index 7 is not a row of the task file"):
+        plan([_upstream_like_line(7)], tasks, {}, source)
+    with pytest.raises(ReverifyError, match="mixes rows"):
+        plan(lines, [*tasks, {**tasks[0], "_ng_task_index": 0, "_ng_rollout_index": 0}], {}, source)
+
+    # Upstream's layout: data/example.jsonl beside data/example_rollouts.jsonl is found by itself;
+    # the collector's materialized inputs win when both are there.
+    assert default_inputs_path(source) is None
+    _write(tmp_path / "example.jsonl", tasks)
+    assert default_inputs_path(source) == tmp_path / "example.jsonl"
+    _write(tmp_path / "example_rollouts_materialized_inputs.jsonl", tasks)
+    assert default_inputs_path(source) == tmp_path / "example_rollouts_materialized_inputs.jsonl"
+    assert default_inputs_path(tmp_path / "rollouts.jsonl") is None
+
+
+def test_reverify_without_task_rows_warns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rollouts = tmp_path / "lone.jsonl"
+    _write(rollouts, [_upstream_like_line(0)])
+    with socket.socket() as s:  # a port nothing listens on: it stops after the warning
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [
+        f"+input_jsonl_fpath={rollouts}",
+        f"+output_jsonl_fpath={tmp_path / 'o.jsonl'}",
+        f"+head_server.port={port}",
+    ]
+    code, _, err = _run(reverify_main, args, capsys)
+    assert code == 2 and "warning: no task rows" in err and "+inputs_jsonl_fpath=<the task JSONL>" in err
+    assert not (tmp_path / "o.jsonl").exists()

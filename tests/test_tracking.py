@@ -123,3 +123,50 @@ def test_wandb_offline_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert where is not None and str(tmp_path) in where
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+
+
+def _rollouts_file(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [{"_ng_task_index": i, "_ng_rollout_index": 0, "reward": float(i % 2), "agent_ref": {"name": "a"},
+             "responses_create_params": {"input": f"q{i}"}, "response": {"output": []}} for i in range(4)]  # fmt: skip
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return path
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("mlflow") is None, reason="mlflow (the tracking extra) is not installed"
+)
+def test_tracker_output_lands_beside_the_results_not_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source_tree = tmp_path / "checkout"
+    source_tree.mkdir()
+    monkeypatch.chdir(source_tree)  # where a user runs the commands from: nothing may land here
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    rollouts = _rollouts_file(tmp_path / "results" / "r.jsonl")
+    metrics = {"mean/reward": 0.5}
+    assert tracking.track_run("mlflow", {}, metrics, rollouts, "r", e2e=False) is not None
+    assert len(mlflow_runs(tmp_path / "results" / "mlruns")) == 1
+    assert list(source_tree.iterdir()) == []
+
+    # An explicit setting wins: the option, else MLflow's own environment variable.
+    chosen = tmp_path / "chosen"
+    tracking.track_run("mlflow", {"mlflow_tracking_uri": str(chosen)}, metrics, rollouts, "r", e2e=False)
+    assert len(mlflow_runs(chosen)) == 1
+    from_env = tmp_path / "from_env"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", from_env.as_uri())
+    tracking.track_run("mlflow", {}, metrics, rollouts, "r", e2e=False)
+    assert len(mlflow_runs(from_env)) == 1 and len(mlflow_runs(tmp_path / "results" / "mlruns")) == 1
+    assert list(source_tree.iterdir()) == []
+
+    if importlib.util.find_spec("wandb") is not None:
+        monkeypatch.setenv("WANDB_SILENT", "true")
+        monkeypatch.delenv("WANDB_DIR", raising=False)
+        tracking.track_run("wandb", {}, metrics, rollouts, "r", e2e=False)
+        assert list((tmp_path / "results" / "wandb").glob("offline-run-*"))
+        assert list(source_tree.iterdir()) == []
+
+
+def test_tracker_stores_are_git_ignored() -> None:
+    ignored = {line.strip() for line in Path(".gitignore").read_text().splitlines()}
+    assert {"mlruns/", "wandb/", "results/"} <= ignored

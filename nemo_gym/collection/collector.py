@@ -210,7 +210,12 @@ async def collect_rollouts(
             sink.close()
     wall = time.monotonic() - t0
     interrupted = bool(stop and stop.is_set())
-    metrics = aggregate_metrics(out_path, pass_threshold=cfg.pass_threshold, max_k=cfg.num_repeats)
+    metrics = aggregate_metrics(
+        out_path,
+        pass_threshold=cfg.pass_threshold,
+        max_k=cfg.num_repeats,
+        task_rows_path=side["materialized"],
+    )
     done_after = metrics["num_rollouts"]
     summary = {
         "input_jsonl_fpath": cfg.input_jsonl_fpath,

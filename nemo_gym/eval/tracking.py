@@ -9,7 +9,12 @@ Contract
   parameters (never the server configs: no secrets), a reward histogram, and a sample of
   ``tracker_num_trajectories`` (default 20) trajectories spread over the file (task, rollout, agent,
   reward, prompt, final output).
-* MLflow (upstream's keys): ``mlflow_tracking_uri`` (default ``./mlruns``, a local file store: no
+* Where the tracker writes, by default: beside the rollouts file, never the working directory (which
+  may be a source tree): ``<output dir>/mlruns`` for MLflow, ``<output dir>/wandb`` for W&B (for
+  ``results/rollouts.jsonl``: ``results/mlruns``, ``results/wandb``). An explicit setting wins: the
+  option (``+mlflow_tracking_uri``, ``+wandb_dir``), else the tracker's own environment variable
+  (``MLFLOW_TRACKING_URI``, ``WANDB_DIR``).
+* MLflow (upstream's keys): ``mlflow_tracking_uri`` (default above, a local file store: no
   server), ``mlflow_experiment_name`` (default ``nemo_gym``), ``mlflow_run_name`` (default the output
   file's stem). A ``file:`` store is MLflow's file backend, which MLflow 3 keeps behind
   ``MLFLOW_ALLOW_FILE_STORE=true``: set for it when the URI is a local path. The histogram is the
@@ -187,9 +192,9 @@ def track_run(
     rewards, sample = read_rewards_and_sample(rollouts_path, n)
     try:
         if tracker == "mlflow":
-            where = _to_mlflow(config, run_name, values, params, rewards, sample)
+            where = _to_mlflow(config, run_name, values, params, rewards, sample, rollouts_path)
         else:
-            where = _to_wandb(config, run_name, values, params, rewards, sample)
+            where = _to_wandb(config, run_name, values, params, rewards, sample, rollouts_path)
     except Exception as e:  # a tracker never takes the results down with it
         _note(
             f"{tracker} export failed ({type(e).__name__}: {e}); the rollouts and metrics files are complete"
@@ -199,8 +204,10 @@ def track_run(
     return where
 
 
-def _mlflow_uri(config: Mapping[str, Any]) -> str:
-    uri = str(config.get("mlflow_tracking_uri") or "mlruns")
+def _mlflow_uri(config: Mapping[str, Any], rollouts_path: Path) -> str:
+    """``+mlflow_tracking_uri``, else ``MLFLOW_TRACKING_URI``, else ``mlruns`` beside the rollouts file."""
+    explicit = config.get("mlflow_tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
+    uri = str(explicit or rollouts_path.parent / "mlruns")
     if "://" in uri or uri.startswith("file:"):
         return uri
     return Path(uri).resolve().as_uri()  # a local directory: MLflow's file store
@@ -213,8 +220,9 @@ def _to_mlflow(
     params: dict[str, str],
     rewards: list[float],
     sample: list[dict[str, Any]],
+    rollouts_path: Path,
 ) -> str:
-    uri = _mlflow_uri(config)
+    uri = _mlflow_uri(config, rollouts_path)
     if uri.startswith("file:"):
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     import mlflow
@@ -245,6 +253,14 @@ def _to_mlflow(
     return f"{uri} experiment {name!r} run {run_id}"
 
 
+def _wandb_dir(config: Mapping[str, Any], rollouts_path: Path) -> Path:
+    """``+wandb_dir``, else ``WANDB_DIR``, else the rollouts file's directory (W&B adds ``wandb/``)."""
+    explicit = config.get("wandb_dir") or os.environ.get("WANDB_DIR")
+    where = Path(str(explicit)) if explicit else rollouts_path.parent
+    where.mkdir(parents=True, exist_ok=True)
+    return where
+
+
 def _to_wandb(
     config: Mapping[str, Any],
     run_name: str,
@@ -252,6 +268,7 @@ def _to_wandb(
     params: dict[str, str],
     rewards: list[float],
     sample: list[dict[str, Any]],
+    rollouts_path: Path,
 ) -> str:
     import wandb
 
@@ -259,7 +276,7 @@ def _to_wandb(
         project=str(config.get("wandb_project") or "nemo_gym"),
         name=str(config.get("wandb_name") or run_name),
         mode=str(config.get("wandb_mode") or "offline"),
-        dir=str(config.get("wandb_dir") or "."),
+        dir=str(_wandb_dir(config, rollouts_path)),
         config=params,
         reinit="create_new",
     )

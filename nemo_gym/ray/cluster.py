@@ -29,6 +29,7 @@ from typing import Any
 import ray
 
 from nemo_gym.ray import RaySettings
+from nemo_gym.ray.quiet import drop_not_main_thread_warning, restore_python_sigterm_handler
 
 DEFAULT_CONNECT_TIMEOUT_S = 60.0
 
@@ -94,9 +95,11 @@ _RAY_THREAD = _RayThread()
 
 
 def _init_bounded(kwargs: dict[str, Any], timeout_s: float, what: str) -> None:
+    drop_not_main_thread_warning()  # ray.init runs on the Ray thread: its warning about that is noise
     fut = _RAY_THREAD.submit(lambda: ray.init(**kwargs))
     try:
         fut.result(timeout=timeout_s)
+        restore_python_sigterm_handler()  # a SIGTERM to ng_run is a normal stop, not a crash to print
     except FutureTimeoutError:
         raise RayConnectError(
             f"Could not {what} within {timeout_s:g} s (is the cluster running and reachable from here?)."

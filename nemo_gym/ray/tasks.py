@@ -31,6 +31,7 @@ from typing import Any
 import ray
 import ray.exceptions
 
+from nemo_gym.ray.quiet import drop_not_main_thread_warning, restore_python_sigterm_handler
 from nemo_gym.verify_pool import VerifyPoolError, VerifyTimeoutError, VerifyWorkerCrashedError
 
 _init_lock = threading.Lock()
@@ -64,12 +65,16 @@ async def run_as_ray_task(
 ) -> Any:
     """Run ``fn`` as a Ray task; see the module docstring."""
     if not ray.is_initialized():
+        drop_not_main_thread_warning()  # joined from a worker thread: Ray's warning about that is noise
         try:
             await asyncio.wait_for(asyncio.to_thread(_ensure_connected, address), timeout=60)
         except TimeoutError:
             raise VerifyPoolError(f"could not join the Ray cluster at {address} within 60 s") from None
         except Exception as e:
             raise VerifyPoolError(f"could not join the Ray cluster at {address}: {e}") from e
+        # Back on the server's event-loop thread (its main thread): a SIGTERM from the launcher is a
+        # normal stop, so Ray's failure-signal handler must not print a crash stack for it.
+        restore_python_sigterm_handler()
     name = getattr(fn, "__qualname__", repr(fn))
     try:
         ref = _remote(fn, num_cpus, resources).remote(*args, **kwargs)

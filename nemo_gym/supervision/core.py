@@ -46,6 +46,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from nemo_gym.auth import SERVER_AUTH_KEY_NAME, new_run_token
+from nemo_gym.config.keys import DEFAULT_SHUTDOWN_TIMEOUT_S, DEFAULT_STARTUP_TIMEOUT_S
 from nemo_gym.global_config import (
     DEFAULT_HEAD_SERVER_HOST,
     DEFAULT_HEAD_SERVER_PORT,
@@ -116,8 +117,12 @@ class ServerSupervisor(
         )
         port = OmegaConf.select(self.cfg, f"{HEAD_SERVER_KEY_NAME}.port", default=None)
         self.head_port: int = DEFAULT_HEAD_SERVER_PORT if port is None else int(port)
-        self.startup_timeout_s = float(OmegaConf.select(self.cfg, "startup_timeout_s", default=None) or 120)
-        self.shutdown_timeout_s = float(OmegaConf.select(self.cfg, "shutdown_timeout_s", default=None) or 3)
+        self.startup_timeout_s = float(
+            OmegaConf.select(self.cfg, "startup_timeout_s", default=None) or DEFAULT_STARTUP_TIMEOUT_S
+        )
+        self.shutdown_timeout_s = float(
+            OmegaConf.select(self.cfg, "shutdown_timeout_s", default=None) or DEFAULT_SHUTDOWN_TIMEOUT_S
+        )
         log_dir = OmegaConf.select(self.cfg, "log_dir", default=None)
         self.log_dir = Path(log_dir) if log_dir else None
         self.isolate = bool(OmegaConf.select(self.cfg, "isolate_server_venvs", default=False))
