@@ -54,6 +54,15 @@ PYTHON_BLOCK_TIMEOUT_S = 180
 # A block is named by its document and the start of its first non-empty line (a prefix that must match
 # exactly one block of that document).
 
+_LOCAL_MODEL = (
+    "runs local_model, a real LLM (llama-cpp-python is not a test dependency, and tests never depend on "
+    "a model's free output); the same commands run on the scripted model in README.md and docs/"
+)
+_OWN_SUITE = "runs that folder's own tests, which the suite runs anyway"
+_LEAD_FOLDER = (
+    "example_single_tool_call's README is being rewritten by that folder's owner (the run token is missing)"
+)
+
 # (document, first line of the block) -> why it does not run here.
 SKIP: dict[tuple[str, str], str] = {
     (
@@ -84,7 +93,101 @@ SKIP: dict[tuple[str, str], str] = {
     (
         "docs/viewer.md",
         "apt-get update && apt-get install -y chromium   # Debian's browser at /usr/bin/chromium",
-    ): ("installs system packages; the viewer tests it runs are part of the suite"),
+    ): (
+        "installs system packages; the viewer tests it runs are part of the suite"
+    ),  # Server folders' READMEs.
+    ("resources_servers/aviary/README.md", 'ng_run "+config_paths=[resources_servers/aviary/'): _LOCAL_MODEL,
+    (
+        "resources_servers/calendar/README.md",
+        'ng_run "+config_paths=[resources_servers/calendar/',
+    ): _LOCAL_MODEL,
+    (
+        "resources_servers/code_gen/README.md",
+        'ng_run "+config_paths=[resources_servers/code_gen/',
+    ): _LOCAL_MODEL,
+    (
+        "resources_servers/equivalence_llm_judge/README.md",
+        'ng_run "+config_paths=[resources_servers/equivalence_llm_judge/',
+    ): _LOCAL_MODEL,
+    (
+        "resources_servers/instruction_following/README.md",
+        'ng_run "+config_paths=[resources_servers/instruction_following/',
+    ): _LOCAL_MODEL,
+    (
+        "resources_servers/math_with_code/README.md",
+        'ng_run "+config_paths=[resources_servers/math_with_code/',
+    ): _LOCAL_MODEL,
+    (
+        "resources_servers/math_with_judge/README.md",
+        'ng_run "+config_paths=[resources_servers/math_with_judge/',
+    ): _LOCAL_MODEL,
+    ("resources_servers/mcqa/README.md", 'ng_run "+config_paths=[resources_servers/mcqa/'): _LOCAL_MODEL,
+    (
+        "resources_servers/reasoning_gym/README.md",
+        'ng_run "+config_paths=[resources_servers/reasoning_gym/',
+    ): _LOCAL_MODEL,
+    (
+        "resources_servers/single_step_tool_use_with_argument_comparison/README.md",
+        'ng_run "+config_paths=[resources_servers/single_step',
+    ): _LOCAL_MODEL,
+    (
+        "resources_servers/structured_outputs/README.md",
+        'ng_run "+config_paths=[resources_servers/structured_outputs/',
+    ): _LOCAL_MODEL,
+    (
+        "resources_servers/workplace_assistant/README.md",
+        'ng_run "+config_paths=[resources_servers/workplace_assistant/',
+    ): _LOCAL_MODEL,
+    (
+        "resources_servers/xlam_fc/README.md",
+        'ng_run "+config_paths=[resources_servers/xlam_fc/',
+    ): _LOCAL_MODEL,
+    (
+        "responses_api_agents/simulated_user_agent/README.md",
+        'ng_run "+config_paths=[resources_servers/calendar/',
+    ): _LOCAL_MODEL,
+    ("resources_servers/code_gen/README.md", "python -m pytest -q resources_servers/code_gen"): _OWN_SUITE,
+    (
+        "resources_servers/example_multi_step/README.md",
+        "python -m pytest -q resources_servers/example_multi_step",
+    ): _OWN_SUITE,
+    (
+        "resources_servers/example_session_state_mgmt/README.md",
+        "python -m pytest -q resources_servers/example_session_state_mgmt",
+    ): _OWN_SUITE,
+    (
+        "resources_servers/math_with_code/README.md",
+        "python -m pytest -q resources_servers/math_with_code",
+    ): _OWN_SUITE,
+    (
+        "responses_api_models/openai_model/README.md",
+        "python -m pytest -q responses_api_models/openai_model",
+    ): _OWN_SUITE,
+    (
+        "responses_api_models/vllm_model/README.md",
+        "python -m pytest -q responses_api_models/vllm_model",
+    ): _OWN_SUITE,
+    ("resources_servers/gymnasium/README.md", 'pip install -e ".[gymnasium]"'): "installs an extra; then "
+    + _LOCAL_MODEL,
+    (
+        "resources_servers/reasoning_gym/README.md",
+        "python resources_servers/reasoning_gym/scripts/create_dataset.py",
+    ): ("generates a 500-row dataset with reasoning-gym into the folder (an offline preparation step)"),
+    ("responses_api_models/local_model/README.md", 'pip install -e ".[local]"'): (
+        "installs the local extra (compiles llama-cpp-python, 6-9 minutes); tests/test_quickstart.py runs ng_quickstart"
+    ),
+    (
+        "responses_api_models/openai_model/README.md",
+        'ng_run "+config_paths=',
+    ): "needs an OpenAI-compatible endpoint and key",
+    (
+        "responses_api_models/vllm_model/README.md",
+        'ng_run "+config_paths=',
+    ): "needs a vLLM server at policy_base_url",
+    # The lead owns this folder: its curl predates the run token (401 as written).
+    ("resources_servers/example_single_tool_call/README.md", 'ng_run "+config_paths='): _LEAD_FOLDER,
+    ("resources_servers/example_single_tool_call/README.md", "head -n 1 resources_servers/"): _LEAD_FOLDER,
+    ("resources_servers/example_single_tool_call/README.md", "python -m pytest -q"): _OWN_SUITE,
 }
 
 # (document, first line of the block) -> the file the document tells the reader to save it as.
@@ -105,6 +208,8 @@ BLOCK_FILES: dict[tuple[str, str], str] = {
         "docs/writing_an_environment.md",
         "from nemo_gym.testing import example_rows, run_rollout, running_servers",
     ): "resources_servers/unit_convert/tests/test_app.py",
+    ("resources_servers/example_multi_step/README.md", "policy_model:"): "my_script.yaml",
+    ("resources_servers/example_session_state_mgmt/README.md", "policy_model:"): "my_script.yaml",
 }
 
 # Commands that serve in the foreground until stopped, and the output line that says they are ready.
