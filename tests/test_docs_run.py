@@ -70,7 +70,7 @@ SKIP: dict[tuple[str, str], str] = {
         'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[local]" && ng_quickstart',
     ): (
         "creates a venv and compiles llama-cpp-python (6-9 minutes); ng_quickstart itself is run by "
-        "tests/test_quickstart.py"
+        "responses_api_models/local_model/tests/test_quickstart.py"
     ),
     ("README.md", "bash .ci/run"): "the whole CI run (installs packages, runs every test, this one included)",
     ("README.md", "cp -r <upstream checkout>/resources_servers/<name> resources_servers/"): (
@@ -78,14 +78,14 @@ SKIP: dict[tuple[str, str], str] = {
     ),
     (
         "docs/concepts.md",
-        'pip install -e ".[tracking]"          # mlflow-skinny and wandb; without them: one line, tracking off',
+        'pip install -e ".[tracking]"',
     ): (
         "installs an extra into the venv and `mlflow ui` is a long-running server of full mlflow; "
         "tests/test_tracking.py runs both trackers"
     ),
     (
         "docs/model_servers.md",
-        'ng_run "+config_paths=[resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml,responses_api_models/vllm_model/configs/vllm_model.yaml]"',
+        'ng_run "+config_paths=[resources_servers/',  # the vLLM one (the other starts with the model)
     ): ("needs a vLLM server at policy_base_url"),
     ("docs/trainers.md", 'pip install -e ".[ray]"'): (
         "installs an extra into the venv; examples/ray_trainer_cluster.py is run by tests/test_examples.py"
@@ -174,7 +174,8 @@ SKIP: dict[tuple[str, str], str] = {
         "python resources_servers/reasoning_gym/scripts/create_dataset.py",
     ): ("generates a 500-row dataset with reasoning-gym into the folder (an offline preparation step)"),
     ("responses_api_models/local_model/README.md", 'pip install -e ".[local]"'): (
-        "installs the local extra (compiles llama-cpp-python, 6-9 minutes); tests/test_quickstart.py runs ng_quickstart"
+        "installs the local extra (compiles llama-cpp-python, 6-9 minutes); "
+        "responses_api_models/local_model/tests/test_quickstart.py runs ng_quickstart"
     ),
     (
         "responses_api_models/openai_model/README.md",
@@ -194,7 +195,7 @@ SKIP: dict[tuple[str, str], str] = {
 BLOCK_FILES: dict[tuple[str, str], str] = {
     (
         "docs/writing_an_environment.md",
-        '"""unit_convert: convert between units with a tool; reward 1 iff the final answer has the right value."""',
+        '"""unit_convert: convert between units with a tool',
     ): "resources_servers/unit_convert/app.py",
     (
         "docs/writing_an_environment.md",
@@ -360,7 +361,10 @@ __ng_stop() {  # pid: SIGINT as Ctrl+C, then SIGTERM, then SIGKILL, each wait bo
   kill -0 "$pid" 2>/dev/null || return 0
   for sig in INT TERM KILL; do
     kill -s "$sig" "$pid" 2>/dev/null || true
-    for t in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }; sleep 0.1; done
+    for t in $(seq 1 150); do
+      kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
+      sleep 0.1
+    done
   done
 }
 __ng_stop_kind() {  # stop the background servers of one kind (or all)
@@ -373,10 +377,13 @@ __ng_wait_ready() {  # pid log pattern
   local t
   for t in $(seq 1 $((__NG_READY_TIMEOUT_S * 10))); do
     if grep -qF "$3" "$2"; then return 0; fi
-    if ! kill -0 "$1" 2>/dev/null; then echo "@@ background server exited before it was ready; its output:" >&2; cat "$2" >&2; return 1; fi
+    if ! kill -0 "$1" 2>/dev/null; then
+      echo "@@ background server exited before it was ready; its output:" >&2; cat "$2" >&2; return 1
+    fi
     sleep 0.1
   done
-  echo "@@ background server not ready within ${__NG_READY_TIMEOUT_S} s; its output:" >&2; cat "$2" >&2; return 1
+  echo "@@ background server not ready within ${__NG_READY_TIMEOUT_S} s; its output:" >&2
+  cat "$2" >&2; return 1
 }
 trap '__ng_stop_kind ""' EXIT
 """
