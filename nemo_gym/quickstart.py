@@ -2,8 +2,8 @@
 
 Contract
 --------
-* Starts the servers of ``configs/quickstart.yaml`` (``local_model``, a real 0.5B LLM on the CPU,
-  plus the ``example_single_tool_call`` environment and its agent) through :class:`RunHelper`, with
+* Starts the servers of ``configs/quickstart.yaml`` (``local_model`` with the packaged 1.5B
+  weights, a real LLM on the CPU, plus the ``example_single_tool_call`` environment and its agent) through :class:`RunHelper`, with
   the head server on a free port, so it never collides with a running ``ng_run``.
 * Collects the 5 example rollouts with :func:`collect_rollouts` into
   ``results/quickstart_rollouts.jsonl`` (relative to the working directory; replaced on each run),
@@ -42,7 +42,7 @@ REQUEST_TIMEOUT_S = 900.0
 USAGE = """\
 usage: ng_quickstart [++key=value ...]
 
-Starts a real 0.5B LLM on the CPU (local_model) with the example_single_tool_call environment,
+Starts a real 1.5B LLM on the CPU (local_model) with the example_single_tool_call environment,
 collects the 5 example rollouts into results/quickstart_rollouts.jsonl, prints the average reward,
 and stops the servers. Extra arguments are config overrides, e.g.
   ++policy_model.responses_api_models.local_model.model_path=/path/to/model.gguf
@@ -122,7 +122,7 @@ def run_quickstart(argv: list[str], output: Path = OUTPUT_JSONL) -> int:
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         print(
-            "ng_quickstart: starting local_model (a 0.5B LLM on the CPU) and example_single_tool_call ...",
+            "ng_quickstart: starting local_model (a 1.5B LLM on the CPU) and example_single_tool_call ...",
             flush=True,
         )
         try:
