@@ -21,6 +21,7 @@ import yaml
 from nemo_gym.auth import AUTH_TOKEN_ENV_VAR_NAME, TOKEN_HEADER_NAME, RequestGuard, token_file_for
 from nemo_gym.redaction import REDACTED
 from nemo_gym.testing import example_rows, post_json, running_servers, server_url
+from resources_servers.example_single_tool_call.app import weather_for, weather_report
 from tests.conftest import EXAMPLE_CONFIG, EXAMPLE_CONFIG_PATHS, get_json
 
 AGENT = "example_single_tool_call_simple_agent"
@@ -90,11 +91,16 @@ def _fabricated_verify_body() -> dict[str, Any]:
                 "status": "completed",
             },
             {
+                "type": "function_call_output",
+                "call_id": "c1",
+                "output": orjson.dumps({"city": city, "weather": weather_for(city)}).decode(),
+            },
+            {
                 "type": "message",
                 "id": "m1",
                 "role": "assistant",
                 "status": "completed",
-                "content": [{"type": "output_text", "text": f"It is sunny in {city}.", "annotations": []}],
+                "content": [{"type": "output_text", "text": weather_report(city), "annotations": []}],
             },
         ],
         "parallel_tool_calls": True,

@@ -31,7 +31,7 @@ MULTI_AGENT = "example_multi_step_simple_agent"
 # The Paris task is answered right (tool call with the expected city, then text); the others are not.
 PARIS = (
     "+policy_model.responses_api_models.scripted_model.scripts_by_input=[{contains: Paris, turns: "
-    "[{tool_calls: [{name: get_weather, arguments: {city: Paris}}]}, {text: Sunny in Paris}]}]"
+    "[{tool_calls: [{name: get_weather, arguments: {city: Paris}}]}, {text: It is snowy in Paris right now at 7 degrees Celsius}]}]"
 )
 BOUND_S = 240.0
 

@@ -33,6 +33,8 @@ sys.path.insert(0, str(REPO / "examples"))
 import export_sft_dpo  # noqa: E402
 import grpo_data_path  # noqa: E402
 
+from resources_servers.example_single_tool_call.app import weather_report  # noqa: E402
+
 BOUND_S = 900
 WEATHER = "example_single_tool_call"
 
@@ -125,7 +127,7 @@ def test_export_sft_and_dpo_pairs(
     monkeypatch.chdir(REPO)
     paris_right = {"policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": [
         {"contains": "Paris", "turns": [{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]},
-                                        {"text": "It is sunny in Paris."}]}]}}}}  # fmt: skip
+                                        {"text": weather_report("Paris")}]}]}}}}  # fmt: skip
     config = [f"resources_servers/{WEATHER}/configs/{WEATHER}.yaml"]
     with running_servers(config, paris_right) as helper:
         _collect(helper.head_server_config.port, tmp_path / "a.jsonl", capsys)

@@ -360,13 +360,14 @@ RES = "example_single_tool_call"
 
 def _weather_scripts() -> list[dict[str, Any]]:
     from nemo_gym.testing import example_rows
+    from resources_servers.example_single_tool_call.app import weather_report
 
     return [
         {
             "contains": row["expected_city"],
             "turns": [
                 {"tool_calls": [{"name": "get_weather", "arguments": {"city": row["expected_city"]}}]},
-                {"text": f"Here is the weather in {row['expected_city']}."},
+                {"text": weather_report(row["expected_city"])},
             ],
         }
         for row in example_rows(RES)

@@ -48,6 +48,7 @@ from nemo_gym.rollout_collection import (
 from nemo_gym.rollout_stats import k_values
 from nemo_gym.server_utils import ServerClient, UpstreamError, close_shared_session
 from nemo_gym.testing import example_rows, running_servers
+from resources_servers.example_single_tool_call.app import weather_report
 
 REPO = Path(PACKAGE_PARENT_DIR)
 BIN = Path(sys.executable).parent
@@ -207,7 +208,7 @@ def passing_turns(env: str, row: dict[str, Any]) -> list[dict[str, Any]]:
         city = row["expected_city"]
         return [
             {"tool_calls": [{"name": "get_weather", "arguments": {"city": city}}]},
-            {"text": f"Weather in {city}."},
+            {"text": weather_report(city)},
         ]
     if env == "example_multi_step":
         lookups = [

@@ -19,6 +19,7 @@ import pytest
 from nemo_gym.eval import tracking
 from nemo_gym.rollout_collection import collect_main
 from nemo_gym.testing import running_servers
+from resources_servers.example_single_tool_call.app import weather_report
 from tests.test_e2e_collect_rollouts import PARIS, mlflow_runs
 
 WEATHER = "example_single_tool_call"
@@ -49,7 +50,7 @@ def test_collect_rollouts_to_mlflow(
 ) -> None:
     paris = {"policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": [
         {"contains": "Paris", "turns": [{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]},
-                                        {"text": "Sunny."}]}]}}}}  # fmt: skip
+                                        {"text": weather_report("Paris")}]}]}}}}  # fmt: skip
     assert PARIS  # the same scripted answer the e2e test uses
     mlruns = tmp_path / "mlruns"
     with running_servers([f"resources_servers/{WEATHER}/configs/{WEATHER}.yaml"], paris) as helper:

@@ -18,6 +18,7 @@ from nemo_gym.global_config import HEAD_SERVER_KEY_NAME, GlobalConfigDictParserC
 from nemo_gym.rollout_collection import RolloutCollectionHelper
 from nemo_gym.server_utils import BaseServerConfig, ServerClient, UpstreamError
 from nemo_gym.testing import SCRIPTED_MODEL_CONFIG, example_rows
+from resources_servers.example_single_tool_call.app import weather_report
 
 ENV = "example_single_tool_call"
 AGENT = f"{ENV}_simple_agent"
@@ -44,7 +45,7 @@ def _scripts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         city = row["expected_city"] if i < 3 else "Atlantis"
         turns = [
             {"tool_calls": [{"name": "get_weather", "arguments": {"city": city}}]},
-            {"text": f"It is fine in {city}."},
+            {"text": weather_report(city)},
         ]
         rules.append({"contains": row["expected_city"], "turns": turns})
     return rules

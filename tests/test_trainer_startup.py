@@ -32,6 +32,7 @@ from nemo_gym.global_config import (
 from nemo_gym.rollout_collection import RolloutCollectionHelper
 from nemo_gym.server_utils import HEAD_SERVER_KEY_NAME, UpstreamError
 from nemo_gym.testing import SCRIPTED_MODEL_CONFIG, example_rows
+from resources_servers.example_single_tool_call.app import weather_report
 
 ENV = "example_single_tool_call"
 AGENT = f"{ENV}_simple_agent"
@@ -376,7 +377,7 @@ def _scripted_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
                     "reasoning": "I should look it up.",
                     "tool_calls": [{"name": "get_weather", "arguments": {"city": row["expected_city"]}}],
                 },
-                {"text": f"It is fine in {row['expected_city']}."},
+                {"text": weather_report(row["expected_city"])},
             ],
         }
         for row in rows

@@ -84,6 +84,7 @@ def _replica_rate(
     from pathlib import Path
 
     from nemo_gym.testing import collect_rollouts, example_rows, running_servers
+    from resources_servers.example_single_tool_call.app import weather_report
 
     env = "example_single_tool_call"
     rows = example_rows(env)
@@ -92,7 +93,7 @@ def _replica_rate(
             "contains": r["expected_city"],
             "turns": [
                 {"tool_calls": [{"name": "get_weather", "arguments": {"city": r["expected_city"]}}]},
-                {"text": f"Here is the weather in {r['expected_city']}."},
+                {"text": weather_report(r["expected_city"])},
             ],
         }
         for r in rows

@@ -44,6 +44,12 @@ def weather_for(city: str) -> str:
     return f"{CONDITIONS[digest[0] % len(CONDITIONS)]}, {digest[1] % 35} degrees Celsius"
 
 
+def weather_report(city: str) -> str:
+    """A sentence that reports ``city``'s weather as the verifier wants it (for scripts and examples)."""
+    condition, degrees = weather_for(city).split(" degrees")[0].split(", ")
+    return f"It is {condition} in {city.strip()} right now, {degrees} degrees Celsius."
+
+
 def answer_reports_reading(answer: str, weather: str) -> bool:
     """True iff ``answer`` is prose that states ``weather``'s condition and temperature.
 
