@@ -40,6 +40,7 @@ from nemo_gym.testing import (
     running_servers,
     server_url,
 )
+from resources_servers.example_single_tool_call.app import weather_report
 
 HERE = Path(__file__).resolve().parent
 VLLM_CONFIG = "responses_api_models/vllm_model/configs/vllm_model.yaml"
@@ -76,7 +77,7 @@ def _city_scripts() -> dict[str, list[dict[str, Any]]]:
                 "reasoning": f"I need the weather in {city}.",
                 "tool_calls": [{"name": "get_weather", "arguments": {"city": city}}],
             },
-            {"reasoning": "Now I can answer.", "content": f"Here is the weather in {city}."},
+            {"reasoning": "Now I can answer.", "content": weather_report(city)},
         ]
     scripts["[script:fail503]"] = [{"http_error": 503}]
     scripts["[script:fail422]"] = [{"http_error": 422}]
@@ -430,7 +431,7 @@ def test_multi_turn_rollout_token_ids_end_to_end(helper: Any, backends: tuple[An
     assert p2[: len(p1) + len(g1)] == p1 + g1  # ... followed by exactly the tokens turn 1 generated
     assert (
         FAKE.decode(turn2["generation_token_ids"])
-        == f"<think>\nNow I can answer.\n</think>\n\nHere is the weather in {city}."
+        == f"<think>\nNow I can answer.\n</think>\n\n{weather_report(city)}"
     )
 
     # Turn 1's ids were sent back on its assistant message, and the whole rollout used one backend.
