@@ -41,6 +41,7 @@ Contract
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -87,8 +88,13 @@ _ROUTING_KEYS = frozenset({"host", "port", "entrypoint"})
 _URL_USERINFO_RE = re.compile(
     r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^\s/?#@:\"'<>]*)(?::(?P<pw>[^\s/?#@\"'<>]*))?@"
 )
-# ``?name=value`` / ``&name=value`` in a URL; the value of a secret-looking name is a secret.
-_QUERY_PARAM_RE = re.compile(r"(?P<lead>[?&](?P<name>[A-Za-z][A-Za-z0-9_.\-]*)=)(?P<value>[^&#\s\"'<>\\]+)")
+# ``?name=value`` / ``&name=value`` in a URL whose name may be secret-looking (a superset of
+# :func:`is_secret_query_param`, which decides): other parameters cost no Python call when scrubbing.
+_QUERY_PARAM_RE = re.compile(
+    r"(?P<lead>[?&](?P<name>[A-Za-z0-9_.\-]*(?:key|token|secret|pass|pwd|sig|cred|auth|bearer|cookie)"
+    r"[A-Za-z0-9_.\-]*)=)(?P<value>[^&#\s\"'<>\\]+)",
+    re.IGNORECASE,
+)
 # Query parameter names that carry a credential besides the secret keys (``api-key``, ``access_token``,
 # ``X-Amz-Credential``, ``X-Amz-Security-Token``): Google's ``key``, signed URLs' ``sig``/``signature``.
 _SECRET_QUERY_PARAMS = frozenset(
@@ -156,6 +162,7 @@ def url_userinfo_secrets(text: str) -> list[str]:
     return out
 
 
+@functools.lru_cache(maxsize=1024)
 def is_secret_query_param(name: str) -> bool:
     """True for URL query parameters whose value is a credential (``api-key``, ``token``, ``sig``...)."""
     return name.lower() in _SECRET_QUERY_PARAMS or is_secret_key(name)
@@ -253,11 +260,13 @@ class Scrubber:
             forms.add(json.dumps(v, ensure_ascii=False)[1:-1])
         # Longest first, so a value that contains another is replaced whole.
         ordered = sorted(forms, key=lambda s: (-len(s), s))
+        self._forms = tuple(ordered)
         self._values_re = re.compile("|".join(map(re.escape, ordered))) if ordered else None
 
     def scrub(self, text: str) -> str:
         """``text`` with every secret value and every URL password replaced by :data:`REDACTED`."""
-        if self._values_re is not None:
+        # Substring tests first (fast, in C): most text holds no secret and skips the regular expression.
+        if self._values_re is not None and any(f in text for f in self._forms):
             text = self._values_re.sub(REDACTED, text)
         if "@" in text and "://" in text:
             text = _URL_USERINFO_RE.sub(_hide_userinfo, text)
