@@ -5,7 +5,8 @@ Contract
 * Every ``ng_run`` (or ``RunHelper``) run has one random **run token**. Every request to every server
   of the run, the head server included, must carry it as ``Authorization: Bearer <token>`` (the
   OpenAI SDK sends exactly that when given the token as ``api_key``) or as ``X-NeMo-Gym-Token``.
-  Without it the answer is 401, whatever the path.
+  Without it the answer is 401, whatever the path; a WebSocket is closed with code 1008 (policy
+  violation) before the application sees it. Lifespan events pass.
 * Who gets the token without doing anything: the launched servers (``NEMO_GYM_AUTH_TOKEN`` in their
   environment), ``RunHelper``'s own process (an in-process registry keyed by head-server port) and
   any process of the same user on the machine (``ng_collect_rollouts`` in another terminal): the
@@ -276,11 +277,23 @@ class RequestGuard:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
+            await self.not_http(scope, receive, send)
             return
         receive = await self.admit(scope, receive, send)
         if receive is not None:
             await self.app(scope, receive, send)
+
+    async def not_http(self, scope: dict, receive: Any, send: Any, app: Any = None) -> None:
+        """Serve a non-HTTP scope with ``app`` (default: the wrapped one): a WebSocket needs the run token
+        like any request (refused: accepted, then closed at once with 1008, policy violation, and the
+        reason; nothing of the app runs); lifespan and other scopes pass."""
+        app = self.app if app is None else app
+        if scope["type"] == "websocket":
+            refusal = self._authorized(scope, scope["headers"])
+            if refusal is not None:
+                await _refuse_websocket(receive, send, refusal)
+                return
+        await app(scope, receive, send)
 
     async def admit(self, scope: dict, receive: Any, send: Any) -> Any | None:
         """The ``receive`` to serve an HTTP request with (counting a body of unknown length as it
@@ -335,6 +348,17 @@ class RequestGuard:
         )
         await send(start)
         await send({"type": "http.response.body", "body": body})
+
+
+async def _refuse_websocket(receive: Any, send: Any, refusal: str) -> None:
+    message = await receive()
+    if message["type"] != "websocket.connect":  # the client went away already
+        return
+    # Accepted first, so the client sees the close code and the reason (a close before the accept is a
+    # bare HTTP 403 handshake failure). A close reason may be at most 123 bytes.
+    reason = refusal.encode()[:123].decode(errors="ignore")
+    await send({"type": "websocket.accept"})
+    await send({"type": "websocket.close", "code": 1008, "reason": reason})
 
 
 class RequestBodyTooLarge(Exception):

@@ -162,5 +162,12 @@ def command_help(command: str, summary: str, usage: str, examples: list[str], do
         parts += textwrap.wrap(
             ", ".join(instance_keys()), HELP_WIDTH, initial_indent="  ", subsequent_indent="  "
         )
+        parts += textwrap.wrap(
+            "pass_env=[NAME,...] lets that server inherit launcher environment variables whose names look "
+            "secret (OPENAI_API_KEY, HF_TOKEN, AWS_*); servers get none of them otherwise (docs/security.md).",
+            HELP_WIDTH,
+            initial_indent="  ",
+            subsequent_indent="  ",
+        )
     parts += ["", GENERIC, "", f"Docs: {docs}"]
     return "\n".join(parts)

@@ -83,6 +83,10 @@ class BaseRunServerInstanceConfig(BaseModel):
     ray_node_id: str | None = None
     ray_max_restarts: int = Field(default=3, ge=0)
     replicas: list[dict[str, Any]] | None = None
+    # Launcher environment variables this server needs although their names look secret (OPENAI_API_KEY,
+    # HF_TOKEN, AWS_*): every other secret-looking variable is left out of its environment
+    # (nemo_gym.redaction.child_environ; docs/security.md).
+    pass_env: list[str] = Field(default_factory=list)
 
 
 # Upstream's names for the same shape (it splits where-to-listen and what-to-run into layers).
