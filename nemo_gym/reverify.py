@@ -117,6 +117,16 @@ def iter_jsonl(path: Path, what: str, bad: list[str]) -> Iterator[tuple[int, int
             yield number, start, value
 
 
+def _offset_for(keyed: dict[Any, int] | None, plain: Any, line: dict[str, Any]) -> int | None:
+    """Where the task row of a rollouts line is: by its key in materialized inputs, else by task number."""
+    if keyed is not None:
+        return keyed.get(_key(line))
+    task = line.get(TASK_INDEX_KEY_NAME)
+    if isinstance(task, int) and not isinstance(task, bool) and 0 <= task < len(plain or ()):
+        return int(plain[task])
+    return None
+
+
 class TaskRows:
     """The task rows of an inputs file, found by key without holding them: an index of byte offsets.
 
@@ -149,12 +159,7 @@ class TaskRows:
         return len(self.keyed) if self.keyed is not None else len(self.plain or ())
 
     def offset_for(self, line: dict[str, Any]) -> int | None:
-        if self.keyed is not None:
-            return self.keyed.get(_key(line))  # type: ignore[arg-type]
-        task = line.get(TASK_INDEX_KEY_NAME)
-        if isinstance(task, int) and not isinstance(task, bool) and 0 <= task < len(self.plain or ()):
-            return self.plain[task]  # type: ignore[index]
-        return None
+        return _offset_for(self.keyed, self.plain, line)
 
     def read(self, offset: int) -> dict[str, Any]:
         self._file.seek(offset)
@@ -186,32 +191,10 @@ class _ListRows:
         return len(self.rows)
 
     def offset_for(self, line: dict[str, Any]) -> int | None:
-        return TaskRows.offset_for(self, line)  # type: ignore[arg-type]
+        return _offset_for(self.keyed, self.plain, line)
 
     def read(self, offset: int) -> dict[str, Any]:
         return self.rows[offset]
-
-
-def read_jsonl(path: Path, what: str) -> list[dict[str, Any]]:
-    """The objects of a JSONL file; any line that is not a JSON object is an error naming file and line."""
-    rows: list[dict[str, Any]] = []
-    bad: list[str] = []
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                value = orjson.loads(line)
-            except orjson.JSONDecodeError as e:
-                bad.append(f"{path}:{number}: not JSON ({e})")
-                continue
-            if not isinstance(value, dict):
-                bad.append(f"{path}:{number}: not a JSON object")
-                continue
-            rows.append(value)
-    if bad:
-        raise ReverifyError(f"{len(bad)} bad line(s) in the {what}:\n  " + "\n  ".join(bad[:20]))
-    return rows
 
 
 def default_inputs_path(source: Path) -> Path | None:
@@ -236,16 +219,17 @@ def _matches(row: dict[str, Any], where: dict[str, Any]) -> bool:
 
 
 def payload_for(
-    line: dict[str, Any], number: int, rows: TaskRows | _ListRows | None, source: Path
+    line: dict[str, Any], number: int, rows: TaskRows | _ListRows | None, source: Path, build: bool = True
 ) -> tuple[dict[str, Any] | None, str | None]:
-    """``(/verify payload, None)`` for a line to re-verify, or ``(None, why not)`` naming the line."""
+    """``(/verify payload, None)`` for a line to re-verify, or ``(None, why not)`` naming the line.
+    ``build=False`` only checks (the payload is then ``{}``: no task row is read)."""
     where_at = f"{source}: line {number}"
     if not isinstance(line.get("response"), dict):
         return None, f"{where_at}: no recorded 'response' to verify"
     if not isinstance((line.get("agent_ref") or {}).get("name"), str):
         return None, f"{where_at}: no 'agent_ref.name' (which agent's environment scored it?)"
     if rows is None:
-        return {k: v for k, v in line.items() if k != "reward"}, None
+        return ({k: v for k, v in line.items() if k != "reward"} if build else {}), None
     offset = rows.offset_for(line)
     if offset is None:
         if rows.keyed is None:
@@ -253,7 +237,7 @@ def payload_for(
                           f"of the task file ({len(rows)} rows)")  # fmt: skip
         return None, (f"{where_at}: no task row with its {TASK_INDEX_KEY_NAME}/{ROLLOUT_INDEX_KEY_NAME} "
                       f"{_key(line)} in the inputs file")  # fmt: skip
-    return {**rows.read(offset), "response": line["response"]}, None
+    return ({**rows.read(offset), "response": line["response"]} if build else {}), None
 
 
 def plan(
@@ -291,12 +275,11 @@ def check_input(source: Path, rows: TaskRows | None, where: dict[str, Any]) -> s
     for number, _, line in iter_jsonl(source, "rollouts file", bad):
         if not _matches(line, where):
             continue
-        payload, problem = payload_for(line, number, rows, source)
+        _, problem = payload_for(line, number, rows, source, build=False)
         if problem is not None:
             problems.append(problem)
         else:
             agents.add(line["agent_ref"]["name"])
-        del payload
     if bad:
         raise ReverifyError(f"{len(bad)} bad line(s) in the rollouts file:\n  " + "\n  ".join(bad[:20]))
     if problems:
