@@ -201,7 +201,8 @@ def test_bounded_context_shows_only_the_latest_notebook_view(helper: RunHelper) 
 
 def test_kernel_has_rlimits_and_no_server_environment(helper: RunHelper) -> None:
     base = server_url(helper, SHORT)
-    seeded = post_json(base + "/seed_session", {"task_idx": 0}).json()
+    seeded_resp = post_json(base + "/seed_session", {"task_idx": 0})
+    seeded = seeded_resp.json()
     try:
         assert _wait_until(lambda: len(_kernels(_pid(helper, SHORT))) == 1)
         (kernel,) = _kernels(_pid(helper, SHORT))
@@ -210,7 +211,7 @@ def test_kernel_has_rlimits_and_no_server_environment(helper: RunHelper) -> None
         # Sandboxed: no network, read-only filesystem outside its work dir (checked from inside below).
         assert any(p.name() == "bwrap" for p in kernel.parents())
     finally:
-        post_json(base + "/close", {"env_id": seeded["env_id"]})
+        post_json(base + "/close", {"env_id": seeded["env_id"]}, cookies=dict(seeded_resp.cookies))
     result = run_rollout(helper, SHORT_AGENT, _row(0, "[limits]"), timeout=180)
     views = [o["content"] for o in result["response"]["output"] if o.get("is_env_state")]
     assert "MemoryError" in views[1]
