@@ -157,7 +157,7 @@ def test_export_sft_and_dpo_pairs(
     assert [m["role"] for m in pair["chosen"]] == ["assistant", "tool", "assistant"]
     call = pair["chosen"][0]["tool_calls"][0]["function"]
     assert call["name"] == "get_weather" and orjson.loads(call["arguments"]) == {"city": "Paris"}
-    assert pair["chosen"][-1]["content"] == "It is sunny in Paris."
+    assert pair["chosen"][-1]["content"] == weather_report("Paris")
     assert pair["rejected"] != pair["chosen"]
     sft = _lines(out / "sft.jsonl")
     assert (

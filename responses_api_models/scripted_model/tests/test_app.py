@@ -31,6 +31,7 @@ from nemo_gym.testing import (
     running_servers,
     server_url,
 )
+from resources_servers.example_single_tool_call.app import weather_report
 
 TOOLS = [WEATHER_TOOL]
 EXAMPLE_CONFIG = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
@@ -286,7 +287,7 @@ ROLLOUT_SCRIPT = [
                 "tool_calls": [{"name": "get_weather", "arguments": {"city": "Lyon"}}],
             },
             {"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]},
-            {"reasoning": "Now answer.", "text": "It is mild in Paris."},
+            {"reasoning": "Now answer.", "text": weather_report("Paris")},
         ],
     }
 ]
