@@ -448,12 +448,16 @@ async def test_nemo_rl_startup_on_local_model(tmp_path: Path) -> None:
     for row in rows:
         row["responses_create_params"]["max_output_tokens"] = 96
         row["responses_create_params"]["temperature"] = 0.0
+        # Every turn a forced (grammar-constrained) call: several model turns on any CPU, whatever the
+        # model would choose; the agent stops at its max_steps.
+        row["responses_create_params"]["tool_choice"] = "required"
+        row["responses_create_params"]["parallel_tool_calls"] = False
     block = {"local_model": {"return_token_id_information": True}}
     results, examples, helper = await _nemo_rl_rollouts(tmp_path, LOCAL_MODEL_CONFIG, block, rows)
     helper.shutdown()
     _check_nemo_rl_results(results, examples, min_turns=1)
-    # At least one rollout had several model turns (a tool call, then an answer), so the check spanned turns.
-    assert any(contiguity_check(result) >= 2 for _, result in results)
+    # Every rollout had several model turns (forced calls), so the check spanned turns.
+    assert all(contiguity_check(result) >= 2 for _, result in results)
 
 
 # ------------------------------------------------------------------------------------------------
