@@ -5,7 +5,8 @@ Contract
 * Every ``ng_run`` (or ``RunHelper``) run has one random **run token**. Every request to every server
   of the run, the head server included, must carry it as ``Authorization: Bearer <token>`` (the
   OpenAI SDK sends exactly that when given the token as ``api_key``) or as ``X-NeMo-Gym-Token``.
-  Without it the answer is 401, whatever the path.
+  Without it the answer is 401, whatever the path; a WebSocket is closed with code 1008 (policy
+  violation) before the application sees it. Lifespan events pass.
 * Who gets the token without doing anything: the launched servers (``NEMO_GYM_AUTH_TOKEN`` in their
   environment), ``RunHelper``'s own process (an in-process registry keyed by head-server port) and
   any process of the same user on the machine (``ng_collect_rollouts`` in another terminal): the
@@ -218,7 +219,7 @@ def _json_error(status: int, kind: str, server: str, path: str, message: str) ->
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
-    if status == 413:
+    if status in (401, 413):  # a refused client does not keep a place (see nemo_gym.accept_limit)
         headers.append((b"connection", b"close"))
     return {"type": "http.response.start", "status": status, "headers": headers}, body
 
@@ -274,13 +275,30 @@ class RequestGuard:
             f"ng_run printed."
         )
 
+    def trusts(self, scope: dict) -> bool:
+        """Whether a request head (its ASGI scope) passes the check; its connection is then trusted with a
+        reserved place (:class:`nemo_gym.accept_limit.ConnectionLimits`)."""
+        return self._authorized(scope, scope["headers"]) is None
+
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
+            await self.not_http(scope, receive, send)
             return
         receive = await self.admit(scope, receive, send)
         if receive is not None:
             await self.app(scope, receive, send)
+
+    async def not_http(self, scope: dict, receive: Any, send: Any, app: Any = None) -> None:
+        """Serve a non-HTTP scope with ``app`` (default: the wrapped one): a WebSocket needs the run token
+        like any request (refused: accepted, then closed at once with 1008, policy violation, and the
+        reason; nothing of the app runs); lifespan and other scopes pass."""
+        app = self.app if app is None else app
+        if scope["type"] == "websocket":
+            refusal = self._authorized(scope, scope["headers"])
+            if refusal is not None:
+                await _refuse_websocket(receive, send, refusal)
+                return
+        await app(scope, receive, send)
 
     async def admit(self, scope: dict, receive: Any, send: Any) -> Any | None:
         """The ``receive`` to serve an HTTP request with (counting a body of unknown length as it
@@ -335,6 +353,17 @@ class RequestGuard:
         )
         await send(start)
         await send({"type": "http.response.body", "body": body})
+
+
+async def _refuse_websocket(receive: Any, send: Any, refusal: str) -> None:
+    message = await receive()
+    if message["type"] != "websocket.connect":  # the client went away already
+        return
+    # Accepted first, so the client sees the close code and the reason (a close before the accept is a
+    # bare HTTP 403 handshake failure). A close reason may be at most 123 bytes.
+    reason = refusal.encode()[:123].decode(errors="ignore")
+    await send({"type": "websocket.accept"})
+    await send({"type": "websocket.close", "code": 1008, "reason": reason})
 
 
 class RequestBodyTooLarge(Exception):

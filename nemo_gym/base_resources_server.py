@@ -36,7 +36,7 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from nemo_gym.config_types import AggregateMetrics as AggregateMetrics
 from nemo_gym.config_types import AggregateMetricsRequest as AggregateMetricsRequest
@@ -78,6 +78,9 @@ class ReverifyMode(StrEnum):
 class BaseResourcesServerConfig(BaseRunServerInstanceConfig):
     # Also serve the tools over MCP at /mcp, bound to the session /seed_session announces (nemo_gym/mcp).
     expose_tools_over_mcp: bool = False
+    # An MCP client's ``GET /mcp`` event stream that carries no event for this long is ended (stateless
+    # MCP never sends one there; the client may open it again).
+    mcp_stream_idle_timeout_s: float = Field(default=60.0, gt=0)
     # Servers override it on their config class: ``REVERIFY_MODE: ClassVar[ReverifyMode] = ReverifyMode.STATELESS``.
     REVERIFY_MODE: ClassVar[ReverifyMode] = ReverifyMode.UNKNOWN
 

@@ -33,6 +33,12 @@ def _mib(n: int) -> str:
 def option_help() -> dict[str, tuple[str, str]]:
     """option -> (value placeholder, one line: what it does, with the default the code uses)."""
     # Imported here: the defaults live with the code that applies them (no copies to drift).
+    from nemo_gym.accept_limit import (
+        DEFAULT_KEEP_ALIVE_TIMEOUT_S,
+        DEFAULT_REQUEST_BODY_IDLE_TIMEOUT_S,
+        DEFAULT_REQUEST_HEAD_TIMEOUT_S,
+        DEFAULT_RESERVED_CONNECTION_FRACTION,
+    )
     from nemo_gym.auth import DEFAULT_MAX_REQUEST_BODY_BYTES
     from nemo_gym.observability import DEFAULT_MAX_BYTES, DEFAULT_MAX_CALLS
     from nemo_gym.ray import DEFAULT_LOCAL_OBJECT_STORE_MB
@@ -67,6 +73,24 @@ def option_help() -> dict[str, tuple[str, str]]:
         "max_request_body_bytes": (
             "N",
             f"every server's request body limit unless its block sets one (default {_mib(DEFAULT_MAX_REQUEST_BODY_BYTES)})",
+        ),
+        "request_head_timeout_s": (
+            "SECONDS",
+            "close a connection that has not sent a whole request head within this "
+            f"(default {DEFAULT_REQUEST_HEAD_TIMEOUT_S:g}; a server's block may set its own)",
+        ),
+        "request_body_idle_timeout_s": (
+            "SECONDS",
+            f"close a connection whose request body stalls this long (default {DEFAULT_REQUEST_BODY_IDLE_TIMEOUT_S:g})",
+        ),
+        "keep_alive_timeout_s": (
+            "SECONDS",
+            f"close a connection idle between requests after this (default {DEFAULT_KEEP_ALIVE_TIMEOUT_S:g})",
+        ),
+        "reserved_connection_fraction": (
+            "F",
+            "share of each server's connections kept for clients that sent the run token "
+            f"(default {DEFAULT_RESERVED_CONNECTION_FRACTION:g})",
         ),
         "global_aiohttp_connector_limit": (
             "N",
@@ -161,6 +185,13 @@ def command_help(command: str, summary: str, usage: str, examples: list[str], do
         ]
         parts += textwrap.wrap(
             ", ".join(instance_keys()), HELP_WIDTH, initial_indent="  ", subsequent_indent="  "
+        )
+        parts += textwrap.wrap(
+            "pass_env=[NAME,...] lets that server inherit launcher environment variables whose names look "
+            "secret (OPENAI_API_KEY, HF_TOKEN, AWS_*); servers get none of them otherwise (docs/security.md).",
+            HELP_WIDTH,
+            initial_indent="  ",
+            subsequent_indent="  ",
         )
     parts += ["", GENERIC, "", f"Docs: {docs}"]
     return "\n".join(parts)

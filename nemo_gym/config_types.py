@@ -76,6 +76,14 @@ class BaseRunServerInstanceConfig(BaseModel):
     # Larger request bodies get a 413 naming this setting; unset: the top-level
     # ``max_request_body_bytes``, else 32 MiB.
     max_request_body_bytes: int | None = Field(default=None, gt=0)
+    # Slow or silent clients (nemo_gym.accept_limit): a connection that has not sent a whole request head
+    # within request_head_timeout_s, or whose body stalls for request_body_idle_timeout_s, is closed; idle
+    # keep-alive connections after keep_alive_timeout_s; reserved_connection_fraction of the accepted
+    # connections are kept for clients that sent the run token. Unset: the top-level key, else the default.
+    request_head_timeout_s: float | None = Field(default=None, gt=0)
+    request_body_idle_timeout_s: float | None = Field(default=None, gt=0)
+    keep_alive_timeout_s: float | None = Field(default=None, gt=0)
+    reserved_connection_fraction: float | None = Field(default=None, ge=0, lt=1)
     # Replicas and placement (nemo_gym.replicas, nemo_gym.ray.replicas): how many processes serve this
     # instance, and where on a Ray cluster they run. ``replicas`` is filled in by the launcher.
     num_replicas: int = Field(default=1, ge=1)
@@ -83,6 +91,10 @@ class BaseRunServerInstanceConfig(BaseModel):
     ray_node_id: str | None = None
     ray_max_restarts: int = Field(default=3, ge=0)
     replicas: list[dict[str, Any]] | None = None
+    # Launcher environment variables this server needs although their names look secret (OPENAI_API_KEY,
+    # HF_TOKEN, AWS_*): every other secret-looking variable is left out of its environment
+    # (nemo_gym.redaction.child_environ; docs/security.md).
+    pass_env: list[str] = Field(default_factory=list)
 
 
 # Upstream's names for the same shape (it splits where-to-listen and what-to-run into layers).

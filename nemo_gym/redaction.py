@@ -14,33 +14,46 @@ Contract
   ``secret_probe`` does not make its host a secret.
 * **Secret values** (:func:`collect_secret_values`) are the string (and number) leaves under secret
   keys, every ``SecretStr`` value, the password (or lone user part) of every URL with userinfo
-  (``https://user:pass@host``), and any extra values a process was told of (``ng_run`` tells its
-  servers the values of ``env.yaml``: :func:`env_yaml_secret_values`). Values shorter than
+  (``https://user:pass@host``), the values of secret-looking query parameters of URLs
+  (``?api-key=...``, ``&sig=...``: :func:`is_secret_query_param`), and any extra values a process was
+  told of (``ng_run`` tells each server the secret values its own block holds). Values shorter than
   :data:`MIN_SCRUB_LEN` are only hidden where they stand under a secret key, never cut out of other
   text (so ``EMPTY`` or ``1`` do not blank every log line).
+* ``env.yaml`` is held to the same rule (:func:`env_yaml_secret_values`), plus any value that looks
+  like a well-known credential whatever its key (``sk-...``, ``hf_...``, ``AKIA...``): a base URL or
+  a model name stays readable in error messages ("http://host/v1/responses rejected the API key").
 * A :class:`Scrubber` replaces every occurrence of a secret value (also in its JSON-escaped forms)
-  with :data:`REDACTED` in any text, and the password of any URL with userinfo. It is one compiled
-  regular expression, meant for error and log paths, never for the per-request hot path.
+  with :data:`REDACTED` in any text, and the password of any URL with userinfo and the value of any
+  secret-looking query parameter. It is a few compiled regular expressions, meant for error and log
+  paths and output files, never for the per-request hot path of a server.
+* **Environment variables** (:func:`child_environ`): a server started by ``ng_run`` inherits the
+  launcher's environment without the secret-looking variables (:func:`is_secret_env_name`:
+  ``*KEY*``, ``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``, ``*CREDENTIAL*``, ``AWS_*``, ...) except those
+  its block names in ``pass_env``.
 * :func:`redact_config` is what leaves a process as config (head server, ``ng_dump_config``):
   values under secret keys replaced, every other string scrubbed; ``host``/``port`` are kept
   (clients need them to find the servers).
 * Each process keeps one scrubber (:func:`process_scrubber`); what the process learns about secrets
   is added with :func:`add_secret_values`. A server started by ``ng_run`` seeds it from its config
-  and from :data:`NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME` (a JSON list of the ``env.yaml`` values).
+  and from :data:`NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME` (a JSON list of its own secret values and the
+  run token).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 REDACTED = "***REDACTED***"
 MIN_SCRUB_LEN = 8
 NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME = "NEMO_GYM_SECRET_VALUES"
+# A server instance's block may name launcher environment variables it needs despite their names.
+PASS_ENV_KEY_NAME = "pass_env"
 
 _SECRET_WORDS = frozenset(
     {
@@ -68,12 +81,29 @@ _CONTAINER_WORDS = frozenset(
     {"credential", "credentials", "creds", "secret", "secrets", "cookie", "cookies", "authorization"}
 )
 # Keys that locate servers: never hidden in a config dump (they are not credentials, and clients of
-# the head server need them), and env.yaml values under them are not scrubbed out of text.
+# the head server need them).
 _ROUTING_KEYS = frozenset({"host", "port", "entrypoint"})
 
 # scheme://userinfo@ -- the userinfo is ``user:password`` or a lone token.
 _URL_USERINFO_RE = re.compile(
     r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^\s/?#@:\"'<>]*)(?::(?P<pw>[^\s/?#@\"'<>]*))?@"
+)
+# ``?name=value`` / ``&name=value`` in a URL whose name may be secret-looking (a superset of
+# :func:`is_secret_query_param`, which decides): other parameters cost no Python call when scrubbing.
+_QUERY_PARAM_RE = re.compile(
+    r"(?P<lead>[?&](?P<name>[A-Za-z0-9_.\-]*(?:key|token|secret|pass|pwd|sig|cred|auth|bearer|cookie)"
+    r"[A-Za-z0-9_.\-]*)=)(?P<value>[^&#\s\"'<>\\]+)",
+    re.IGNORECASE,
+)
+# Query parameter names that carry a credential besides the secret keys (``api-key``, ``access_token``,
+# ``X-Amz-Credential``, ``X-Amz-Security-Token``): Google's ``key``, signed URLs' ``sig``/``signature``.
+_SECRET_QUERY_PARAMS = frozenset(
+    {"key", "sig", "signature", "x-amz-signature", "x-goog-signature", "auth", "pass"}
+)
+# Values that are credentials whatever key holds them (OpenAI, Anthropic, NVIDIA, Hugging Face, GitHub,
+# Slack, AWS access key ids, Google API keys, JWTs).
+_CREDENTIAL_VALUE_RE = re.compile(
+    r"^(sk-|sk_|nvapi-|hf_|ghp_|gho_|ghs_|ghu_|github_pat_|xox[abpr]-|AKIA|ASIA|AIza|eyJ)[A-Za-z0-9_\-.]{8,}$"
 )
 
 
@@ -132,6 +162,21 @@ def url_userinfo_secrets(text: str) -> list[str]:
     return out
 
 
+@functools.lru_cache(maxsize=1024)
+def is_secret_query_param(name: str) -> bool:
+    """True for URL query parameters whose value is a credential (``api-key``, ``token``, ``sig``...)."""
+    return name.lower() in _SECRET_QUERY_PARAMS or is_secret_key(name)
+
+
+def url_query_secrets(text: str) -> list[str]:
+    """The values of the secret-looking query parameters of the URLs in ``text``."""
+    if "=" not in text or ("?" not in text and "&" not in text):
+        return []
+    return [
+        m.group("value") for m in _QUERY_PARAM_RE.finditer(text) if is_secret_query_param(m.group("name"))
+    ]
+
+
 def _add_value(value: str, out: set[str]) -> None:
     if len(value) >= MIN_SCRUB_LEN:
         out.add(value)
@@ -158,27 +203,31 @@ def collect_secret_values(value: Any, out: set[str] | None = None, secret: bool 
     elif isinstance(value, str):
         if secret:
             _add_value(value, out)
-        for s in url_userinfo_secrets(value):
+        for s in url_userinfo_secrets(value) + url_query_secrets(value):
             _add_value(s, out)
     elif secret and isinstance(value, (int, float)) and not isinstance(value, bool):
         _add_value(str(value), out)
     return out
 
 
-def env_yaml_secret_values(env_data: Any, key: str = "") -> set[str]:
-    """Every string value of ``env.yaml`` (it is the secrets file), except under host/port/entrypoint."""
-    out: set[str] = set()
-    if isinstance(env_data, dict):
-        for k, v in env_data.items():
-            out |= env_yaml_secret_values(v, str(k))
-    elif isinstance(env_data, list):
-        for v in env_data:
-            out |= env_yaml_secret_values(v, key)
-    elif isinstance(env_data, str) and key not in _ROUTING_KEYS:
-        _add_value(env_data, out)
-        for s in url_userinfo_secrets(env_data):
-            _add_value(s, out)
+def env_yaml_secret_values(env_data: Any) -> set[str]:
+    """The secret values of ``env.yaml``: as in any config (values of secret keys such as
+    ``policy_api_key``, URL passwords, secret query parameters), plus every value that looks like a
+    well-known credential whatever its key. A base URL or a model name is no secret."""
+    out = collect_secret_values(env_data)
+    _credential_like(env_data, out)
     return out
+
+
+def _credential_like(value: Any, out: set[str]) -> None:
+    if isinstance(value, dict):
+        for v in value.values():
+            _credential_like(v, out)
+    elif isinstance(value, list):
+        for v in value:
+            _credential_like(v, out)
+    elif isinstance(value, str) and _CREDENTIAL_VALUE_RE.match(value.strip()):
+        _add_value(value.strip(), out)
 
 
 def config_secret_values(cfg: Any, env_yaml_data: Any = None) -> set[str]:
@@ -211,14 +260,18 @@ class Scrubber:
             forms.add(json.dumps(v, ensure_ascii=False)[1:-1])
         # Longest first, so a value that contains another is replaced whole.
         ordered = sorted(forms, key=lambda s: (-len(s), s))
+        self._forms = tuple(ordered)
         self._values_re = re.compile("|".join(map(re.escape, ordered))) if ordered else None
 
     def scrub(self, text: str) -> str:
         """``text`` with every secret value and every URL password replaced by :data:`REDACTED`."""
-        if self._values_re is not None:
+        # Substring tests first (fast, in C): most text holds no secret and skips the regular expression.
+        if self._values_re is not None and any(f in text for f in self._forms):
             text = self._values_re.sub(REDACTED, text)
         if "@" in text and "://" in text:
             text = _URL_USERINFO_RE.sub(_hide_userinfo, text)
+        if "=" in text and ("?" in text or "&" in text):
+            text = _QUERY_PARAM_RE.sub(_hide_query_value, text)
         return text
 
     def scrub_bytes(self, data: bytes) -> bytes:
@@ -242,6 +295,10 @@ def _hide_userinfo(m: re.Match[str]) -> str:
     if m.group("pw") is not None:
         return f"{m.group('scheme')}{m.group('user')}:{REDACTED}@"
     return f"{m.group('scheme')}{REDACTED}@" if m.group("user") else m.group(0)
+
+
+def _hide_query_value(m: re.Match[str]) -> str:
+    return m.group("lead") + REDACTED if is_secret_query_param(m.group("name")) else m.group(0)
 
 
 def redact_config(value: Any, scrubber: Scrubber | None = None, secret: bool = False, key: str = "") -> Any:
@@ -271,6 +328,61 @@ def redact_config(value: Any, scrubber: Scrubber | None = None, secret: bool = F
     if isinstance(value, str):
         return scrubber.scrub(value)
     return value
+
+
+# --------------------------------------------------------------------------------------------------
+# The environment a server inherits from its launcher.
+
+# Words (of a name split at "_", upper case) and substrings that make an environment variable a secret.
+_ENV_SECRET_WORDS = frozenset(
+    {"KEY", "KEYS", "TOKEN", "TOKENS", "PAT", "DSN", "COOKIE", "COOKIES", "CREDS", "AUTHORIZATION", "BEARER"}
+)
+_ENV_SECRET_PARTS = (
+    "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "APIKEY", "API_KEY", "ACCESS_KEY",
+    "PRIVATE_KEY", "AUTH_TOKEN", "AUTH_SOCK", "AUTH_CONFIG", "DATABASE_URL",
+)  # fmt: skip
+_ENV_SECRET_PREFIXES = ("AWS_", "AZURE_")
+
+
+def is_secret_env_name(name: str) -> bool:
+    """True for environment variables that hold credentials by their name: ``OPENAI_API_KEY``,
+    ``HF_TOKEN``, ``*SECRET*``, ``PGPASSWORD``, ``*CREDENTIAL*``, ``SSH_AUTH_SOCK``, ``AWS_*``, ...
+    (``TOKENIZERS_PARALLELISM``, ``RAY_AUTH_MODE`` or ``HF_HOME`` are not)."""
+    upper = name.upper()
+    if upper.startswith(_ENV_SECRET_PREFIXES) or any(p in upper for p in _ENV_SECRET_PARTS):
+        return True
+    return any(w in _ENV_SECRET_WORDS for w in upper.split("_"))
+
+
+def child_environ(environ: Mapping[str, str], pass_env: Iterable[str] = ()) -> dict[str, str]:
+    """``environ`` without its secret-looking variables, except those named in ``pass_env`` (a server
+    block's ``pass_env`` list). Everything else (PATH, HOME, locale, venv, CUDA, HF, Ray, Python
+    variables) passes."""
+    keep = set(pass_env)
+    return {k: v for k, v in environ.items() if k in keep or not is_secret_env_name(k)}
+
+
+def own_secret_values(own_block: Any, run_values: Iterable[str]) -> set[str]:
+    """The secret values a server's own (resolved) config block holds: those found in it by the rules
+    above, and every value of ``run_values`` (the run's secrets) that stands inside one of its strings,
+    e.g. a key interpolated into a URL under an innocent name."""
+    out = collect_secret_values(own_block)
+    strings: list[str] = []
+    _strings(own_block, strings)
+    text = "\0".join(strings)
+    out.update(v for v in run_values if len(v) >= MIN_SCRUB_LEN and v in text)
+    return out
+
+
+def _strings(value: Any, out: list[str]) -> None:
+    if isinstance(value, dict):
+        for v in value.values():
+            _strings(v, out)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _strings(v, out)
+    elif isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        out.append(str(value))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -322,16 +434,22 @@ def scrub(text: str) -> str:
 __all__ = [
     "MIN_SCRUB_LEN",
     "NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME",
+    "PASS_ENV_KEY_NAME",
     "REDACTED",
     "Scrubber",
     "add_secret_values",
+    "child_environ",
     "collect_secret_values",
     "config_secret_values",
     "env_yaml_secret_values",
     "is_header_key",
+    "is_secret_env_name",
     "is_secret_key",
+    "is_secret_query_param",
+    "own_secret_values",
     "process_scrubber",
     "redact_config",
     "scrub",
+    "url_query_secrets",
     "url_userinfo_secrets",
 ]

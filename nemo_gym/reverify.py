@@ -22,6 +22,10 @@ Contract
   over it, plus ``previous_reward`` (its reward before). The file appears whole at the end (written
   to a temporary file, then renamed): an interruption or error leaves no partial output and never
   touches the input.
+* Memory does not grow with the file: the input is read twice, line by line (once to check every line
+  before anything is posted, once to verify and write as it goes), at most ``num_samples_in_parallel``
+  verifications are in flight and a few times that many lines are held for writing in order; the
+  task rows are found through an index of their byte offsets, read when needed.
 * Before anything is posted, each resources server's ``GET /reverify_mode`` is asked: ``unsupported``
   (verify needs the rollout's live session state) refuses to run unless ``+force=true``; ``unknown``
   warns. A line whose ``/verify`` fails (unreachable, 5xx, judge down) is an infrastructure failure:
@@ -35,12 +39,14 @@ Contract
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
-import math
 import os
 import signal
 import sys
 import tempfile
+from array import array
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +60,6 @@ from nemo_gym.global_config import (
     load_global_config,
     parse_cli_overrides,
 )
-from nemo_gym.rollout_collection import bounded_map
 from nemo_gym.server_client import (
     BaseServerConfig,
     ServerClient,
@@ -92,12 +97,13 @@ def _key(row: dict[str, Any]) -> tuple[Any, Any] | None:
     return None if task is None or rollout is None else (task, rollout)
 
 
-def read_jsonl(path: Path, what: str) -> list[dict[str, Any]]:
-    """The objects of a JSONL file; any line that is not a JSON object is an error naming file and line."""
-    rows: list[dict[str, Any]] = []
-    bad: list[str] = []
+def iter_jsonl(path: Path, what: str, bad: list[str]) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    """``(line number, byte offset, object)`` of each non-blank line, one at a time; a line that is not a
+    JSON object is noted in ``bad`` (naming file and line) and skipped."""
     with open(path, "rb") as f:
+        offset = 0
         for number, line in enumerate(f, 1):
+            start, offset = offset, offset + len(line)
             if not line.strip():
                 continue
             try:
@@ -108,10 +114,87 @@ def read_jsonl(path: Path, what: str) -> list[dict[str, Any]]:
             if not isinstance(value, dict):
                 bad.append(f"{path}:{number}: not a JSON object")
                 continue
-            rows.append(value)
-    if bad:
-        raise ReverifyError(f"{len(bad)} bad line(s) in the {what}:\n  " + "\n  ".join(bad[:20]))
-    return rows
+            yield number, start, value
+
+
+def _offset_for(keyed: dict[Any, int] | None, plain: Any, line: dict[str, Any]) -> int | None:
+    """Where the task row of a rollouts line is: by its key in materialized inputs, else by task number."""
+    if keyed is not None:
+        return keyed.get(_key(line))
+    task = line.get(TASK_INDEX_KEY_NAME)
+    if isinstance(task, int) and not isinstance(task, bool) and 0 <= task < len(plain or ()):
+        return int(plain[task])
+    return None
+
+
+class TaskRows:
+    """The task rows of an inputs file, found by key without holding them: an index of byte offsets.
+
+    The collector's materialized inputs are keyed by ``(_ng_task_index, _ng_rollout_index)``; a plain
+    task file (rows without those indices) by row number (0-based, blank lines skipped)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        bad: list[str] = []
+        keyed: dict[tuple[Any, Any], int] = {}
+        plain = array("q")
+        for _, offset, row in iter_jsonl(path, "inputs file", bad):
+            key = _key(row)
+            if key is None:
+                plain.append(offset)
+            else:
+                keyed.setdefault(key, offset)
+        if bad:
+            raise ReverifyError(f"{len(bad)} bad line(s) in the inputs file:\n  " + "\n  ".join(bad[:20]))
+        if keyed and plain:
+            raise ReverifyError(
+                f"the inputs file mixes rows with and without {TASK_INDEX_KEY_NAME}/{ROLLOUT_INDEX_KEY_NAME}: "
+                "give either the collector's materialized inputs or the plain task file"
+            )
+        self.keyed = keyed or None
+        self.plain = None if keyed else plain
+        self._file = open(path, "rb")  # noqa: SIM115  # closed by close()
+
+    def __len__(self) -> int:
+        return len(self.keyed) if self.keyed is not None else len(self.plain or ())
+
+    def offset_for(self, line: dict[str, Any]) -> int | None:
+        return _offset_for(self.keyed, self.plain, line)
+
+    def read(self, offset: int) -> dict[str, Any]:
+        self._file.seek(offset)
+        return orjson.loads(self._file.readline())
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class _ListRows:
+    """:class:`TaskRows`' interface over rows already in memory (for :func:`plan`)."""
+
+    def __init__(self, inputs: list[dict[str, Any]]) -> None:
+        keyed = [r for r in inputs if _key(r) is not None]
+        if keyed and len(keyed) != len(inputs):
+            raise ReverifyError(
+                f"the inputs file mixes rows with and without {TASK_INDEX_KEY_NAME}/{ROLLOUT_INDEX_KEY_NAME}: "
+                "give either the collector's materialized inputs or the plain task file"
+            )
+        self.rows = inputs
+        self.keyed: dict[Any, int] | None = None
+        if keyed:
+            self.keyed = {}
+            for i, r in enumerate(inputs):
+                self.keyed.setdefault(_key(r), i)
+        self.plain = None if keyed else list(range(len(inputs)))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def offset_for(self, line: dict[str, Any]) -> int | None:
+        return _offset_for(self.keyed, self.plain, line)
+
+    def read(self, offset: int) -> dict[str, Any]:
+        return self.rows[offset]
 
 
 def default_inputs_path(source: Path) -> Path | None:
@@ -135,55 +218,75 @@ def _matches(row: dict[str, Any], where: dict[str, Any]) -> bool:
     return all(row.get(k) == v for k, v in where.items())
 
 
+def payload_for(
+    line: dict[str, Any], number: int, rows: TaskRows | _ListRows | None, source: Path, build: bool = True
+) -> tuple[dict[str, Any] | None, str | None]:
+    """``(/verify payload, None)`` for a line to re-verify, or ``(None, why not)`` naming the line.
+    ``build=False`` only checks (the payload is then ``{}``: no task row is read)."""
+    where_at = f"{source}: line {number}"
+    if not isinstance(line.get("response"), dict):
+        return None, f"{where_at}: no recorded 'response' to verify"
+    if not isinstance((line.get("agent_ref") or {}).get("name"), str):
+        return None, f"{where_at}: no 'agent_ref.name' (which agent's environment scored it?)"
+    if rows is None:
+        return ({k: v for k, v in line.items() if k != "reward"} if build else {}), None
+    offset = rows.offset_for(line)
+    if offset is None:
+        if rows.keyed is None:
+            return None, (f"{where_at}: its {TASK_INDEX_KEY_NAME} {line.get(TASK_INDEX_KEY_NAME)!r} is not a row "
+                          f"of the task file ({len(rows)} rows)")  # fmt: skip
+        return None, (f"{where_at}: no task row with its {TASK_INDEX_KEY_NAME}/{ROLLOUT_INDEX_KEY_NAME} "
+                      f"{_key(line)} in the inputs file")  # fmt: skip
+    return ({**rows.read(offset), "response": line["response"]} if build else {}), None
+
+
 def plan(
     lines: list[dict[str, Any]],
     inputs: list[dict[str, Any]] | None,
     where: dict[str, Any],
     source: Path,
 ) -> list[tuple[int, dict[str, Any]]]:
-    """``(line index, /verify payload)`` for each line to re-verify; errors name the line and field."""
-    keyed = [r for r in inputs or [] if _key(r) is not None]
-    if inputs and keyed and len(keyed) != len(inputs):
-        raise ReverifyError(
-            f"the inputs file mixes rows with and without {TASK_INDEX_KEY_NAME}/{ROLLOUT_INDEX_KEY_NAME}: "
-            "give either the collector's materialized inputs or the plain task file"
-        )
-    by_key = {_key(r): r for r in keyed}
-    by_task = dict(enumerate(inputs)) if inputs and not keyed else None  # a plain task file: row n is task n
+    """``(line index, /verify payload)`` for each line to re-verify; errors name the line and field.
+    (The in-memory form of what :func:`main` does line by line.)"""
+    rows = _ListRows(inputs) if inputs else None
     todo: list[tuple[int, dict[str, Any]]] = []
     problems: list[str] = []
     for i, line in enumerate(lines):
         if not _matches(line, where):
             continue
-        where_at = f"{source}: line {i + 1}"
-        if not isinstance(line.get("response"), dict):
-            problems.append(f"{where_at}: no recorded 'response' to verify")
-            continue
-        if not isinstance((line.get("agent_ref") or {}).get("name"), str):
-            problems.append(f"{where_at}: no 'agent_ref.name' (which agent's environment scored it?)")
-            continue
-        if by_task is not None:
-            row = by_task.get(line.get(TASK_INDEX_KEY_NAME))  # type: ignore[arg-type]
-            if row is None:
-                problems.append(f"{where_at}: its {TASK_INDEX_KEY_NAME} {line.get(TASK_INDEX_KEY_NAME)!r} is not a "
-                                f"row of the task file ({len(by_task)} rows)")  # fmt: skip
-                continue
-            payload = {**row, "response": line["response"]}
-        elif inputs is not None:
-            row = by_key.get(_key(line))
-            if row is None:
-                problems.append(f"{where_at}: no task row with its {TASK_INDEX_KEY_NAME}/{ROLLOUT_INDEX_KEY_NAME} "
-                                f"{_key(line)} in the inputs file")  # fmt: skip
-                continue
-            payload = {**row, "response": line["response"]}
+        payload, problem = payload_for(line, i + 1, rows, source)
+        if problem is not None:
+            problems.append(problem)
         else:
-            payload = {k: v for k, v in line.items() if k != "reward"}
-        todo.append((i, payload))
+            todo.append((i, payload))  # type: ignore[arg-type]
     if problems:
         raise ReverifyError(
             f"{len(problems)} line(s) cannot be re-verified:\n  " + "\n  ".join(problems[:20])
         )
     return todo
+
+
+def check_input(source: Path, rows: TaskRows | None, where: dict[str, Any]) -> set[str]:
+    """The first pass: every line of ``source`` is a JSON object and every line to re-verify has what it
+    needs (raises :class:`ReverifyError` listing the problems). Returns the agents named."""
+    bad: list[str] = []
+    problems: list[str] = []
+    agents: set[str] = set()
+    for number, _, line in iter_jsonl(source, "rollouts file", bad):
+        if not _matches(line, where):
+            continue
+        _, problem = payload_for(line, number, rows, source, build=False)
+        if problem is not None:
+            problems.append(problem)
+        else:
+            agents.add(line["agent_ref"]["name"])
+    if bad:
+        raise ReverifyError(f"{len(bad)} bad line(s) in the rollouts file:\n  " + "\n  ".join(bad[:20]))
+    if problems:
+        raise ReverifyError(
+            f"{len(problems)} line(s) cannot be re-verified:\n  " + "\n  ".join(problems[:20])
+        )
+    return agents
 
 
 def _resources_server_of(config: Any, agent: str) -> str:
@@ -197,20 +300,46 @@ def _resources_server_of(config: Any, agent: str) -> str:
     return str(name)
 
 
-async def reverify(
-    lines: list[dict[str, Any]],
-    todo: list[tuple[int, dict[str, Any]]],
-    client: ServerClient,
-    output: Path,
-    failures_path: Path,
-    force: bool = False,
-    parallel: int = 64,
-    stop: asyncio.Event | None = None,
-) -> dict[str, Any]:
-    """Post each payload to its verifier; write the whole output file (atomically) and the failures."""
-    servers = {lines[i]["agent_ref"]["name"]: "" for i, _ in todo}
-    for agent in servers:
-        servers[agent] = _resources_server_of(client.global_config_dict, agent)
+class _Summary:
+    """Running totals for the summary (nothing per line is kept but the first changes)."""
+
+    def __init__(self) -> None:
+        self.reverified = self.failed = self.changed = self.up = self.down = 0
+        self.before: list[float] = [0.0, 0]  # sum, count
+        self.after: list[float] = [0.0, 0]
+        self.first_changes: list[tuple[int, Any, Any]] = []
+
+    def add(self, number: int, before: Any, after: Any) -> None:
+        self.reverified += 1
+        for value, acc in ((before, self.before), (after, self.after)):
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                acc[0] += float(value)
+                acc[1] += 1
+        if before != after:
+            self.changed += 1
+            if isinstance(before, (int, float)) and isinstance(after, (int, float)):
+                self.up += after > before
+                self.down += after < before
+            if len(self.first_changes) < SHOWN_CHANGES:
+                self.first_changes.append((number, before, after))
+
+    def result(self) -> dict[str, Any]:
+        return {
+            "interrupted": False,
+            "reverified": self.reverified,
+            "failed": self.failed,
+            "changed": self.changed,
+            "up": self.up,
+            "down": self.down,
+            "mean_before": self.before[0] / max(1, self.before[1]),
+            "mean_after": self.after[0] / max(1, self.after[1]),
+            "first_changes": self.first_changes,
+        }
+
+
+async def check_reverify_modes(client: ServerClient, agents: set[str], force: bool) -> dict[str, str]:
+    """``{agent: its resources server}``, after asking each server whether its verify may be re-run."""
+    servers = {agent: _resources_server_of(client.global_config_dict, agent) for agent in sorted(agents)}
     for name in sorted(set(servers.values())):
         resp = await client.get(name, "/reverify_mode")
         mode = orjson.loads(response_body(resp)) if resp.status == 200 else "unknown"
@@ -222,69 +351,96 @@ async def reverify(
             )
         if mode != "stateless":
             sys.stderr.write(f"ng_reverify: resources server '{name}' reverify_mode is {mode!r}\n")
+    return servers
 
-    async def one(item: dict[str, Any]) -> dict[str, Any]:
-        i, payload = item["i"], item["payload"]
-        resp = await client.post(servers[lines[i]["agent_ref"]["name"]], "/verify", json=payload)
-        body = response_body(resp)
-        if resp.status >= 400:
-            raise UpstreamError(servers[lines[i]["agent_ref"]["name"]], "/verify", resp.status, body[:2000])
-        return orjson.loads(body)
 
-    new: dict[int, dict[str, Any]] = {}
-    failed: list[dict[str, Any]] = []
-    items = [{"i": i, "payload": p} for i, p in todo]
-    async for item, result, error in bounded_map(items, one, max(1, parallel), stop=stop):
-        line = lines[item["i"]]
-        if error is not None:
-            if isinstance(error, asyncio.CancelledError):
-                continue
-            failed.append({"line": item["i"] + 1, **{k: line.get(k) for k in (TASK_INDEX_KEY_NAME,
-                           ROLLOUT_INDEX_KEY_NAME, "agent_ref")}, "error": f"{type(error).__name__}: {error}"})  # fmt: skip
-            continue
-        new[item["i"]] = {**line, **result, "previous_reward": line.get("reward")}
-    if stop is not None and stop.is_set():
-        return {"interrupted": True}
+async def reverify(
+    source: Path,
+    rows: TaskRows | None,
+    where: dict[str, Any],
+    servers: dict[str, str],
+    client: ServerClient,
+    output: Path,
+    failures_path: Path,
+    parallel: int = 64,
+    stop: asyncio.Event | None = None,
+) -> dict[str, Any]:
+    """Read ``source`` line by line, post each line to re-verify to its verifier (at most ``parallel`` at
+    once), and write the output in input order as results arrive: atomically at the end, failures to
+    ``failures_path``. Returns the summary (``{"interrupted": True}`` when ``stop`` was set)."""
+    parallel = max(1, parallel)
+    slots = asyncio.Semaphore(parallel)
+    window: collections.deque[tuple[int, dict[str, Any], asyncio.Task | None]] = collections.deque()
+    summary = _Summary()
     output.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
+    failures_fd, failures_tmp = tempfile.mkstemp(prefix=f".{failures_path.name}.", dir=failures_path.parent)
+
+    async def one(payload: dict[str, Any], server: str) -> dict[str, Any]:
+        async with slots:
+            resp = await client.post(server, "/verify", json=payload)
+        body = response_body(resp)
+        if resp.status >= 400:
+            raise UpstreamError(server, "/verify", resp.status, body[:2000])
+        return orjson.loads(body)
+
     try:
-        with os.fdopen(fd, "wb") as f:
-            for i, line in enumerate(lines):
-                if i in new:
-                    f.write(orjson.dumps(new[i]) + b"\n")
-                elif not any(fr["line"] == i + 1 for fr in failed):
-                    f.write(orjson.dumps(line) + b"\n")
+        with os.fdopen(fd, "wb") as out, os.fdopen(failures_fd, "wb") as failures:
+
+            async def write_head() -> None:
+                number, line, task = window.popleft()
+                if task is None:
+                    out.write(orjson.dumps(line) + b"\n")
+                    return
+                try:
+                    result = await task
+                except Exception as error:  # an infrastructure failure: never a reward
+                    summary.failed += 1
+                    record = {"line": number, **{k: line.get(k) for k in (TASK_INDEX_KEY_NAME,
+                              ROLLOUT_INDEX_KEY_NAME, "agent_ref")}, "error": f"{type(error).__name__}: {error}"}  # fmt: skip
+                    failures.write(orjson.dumps(record) + b"\n")
+                    return
+                new = {**line, **result, "previous_reward": line.get("reward")}
+                summary.add(number, line.get("reward"), new.get("reward"))
+                out.write(orjson.dumps(new) + b"\n")
+
+            bad: list[str] = []
+            for number, _, line in iter_jsonl(source, "rollouts file", bad):
+                if stop is not None and stop.is_set():
+                    break
+                task = None
+                if _matches(line, where):
+                    payload, problem = payload_for(line, number, rows, source)
+                    if problem is not None:  # the file changed since it was checked
+                        raise ReverifyError(problem)
+                    server = servers[line["agent_ref"]["name"]]
+                    task = asyncio.ensure_future(one(payload, server))  # type: ignore[arg-type]
+                window.append((number, line, task))
+                while window and (len(window) >= 4 * parallel or window[0][2] is None or window[0][2].done()):
+                    await write_head()
+            if bad:
+                raise ReverifyError(f"the rollouts file changed while it was read: {bad[0]}")
+            while window and not (stop is not None and stop.is_set()):
+                await write_head()
+        if stop is not None and stop.is_set():
+            raise _Interrupted
         os.replace(tmp, output)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    if failed:
-        with open(failures_path, "wb") as f:
-            for fr in failed:
-                f.write(orjson.dumps(fr) + b"\n")
-    return summarize(new, failed)
+        if summary.failed:
+            os.replace(failures_tmp, failures_path)
+    except _Interrupted:
+        return {"interrupted": True}
+    finally:
+        for _, _, task in window:
+            if task is not None:
+                task.cancel()
+        for path in (tmp, failures_tmp):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    return summary.result()
 
 
-def summarize(new: dict[int, dict[str, Any]], failed: list[dict[str, Any]]) -> dict[str, Any]:
-    def number(v: Any) -> float | None:
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-    before = [number(r.get("previous_reward")) for r in new.values()]
-    after = [number(r.get("reward")) for r in new.values()]
-    changed = [(i + 1, b, a) for (i, _), b, a in zip(new.items(), before, after, strict=True) if b != a]
-    mean = lambda xs: math.fsum(x for x in xs if x is not None) / max(1, sum(x is not None for x in xs))  # noqa: E731
-    return {
-        "interrupted": False,
-        "reverified": len(new),
-        "failed": len(failed),
-        "changed": len(changed),
-        "up": sum(1 for _, b, a in changed if b is not None and a is not None and a > b),
-        "down": sum(1 for _, b, a in changed if b is not None and a is not None and a < b),
-        "mean_before": mean(before),
-        "mean_after": mean(after),
-        "first_changes": sorted(changed)[:SHOWN_CHANGES],
-    }
+class _Interrupted(Exception):
+    pass
 
 
 def format_summary(s: dict[str, Any], output: Path) -> str:
@@ -343,9 +499,8 @@ def main(argv: list[str] | None = None) -> None:
             )
         else:
             sys.stderr.write(f"ng_reverify: task rows from {inputs_path}\n")
-        lines = read_jsonl(source, "rollouts file")
-        inputs = read_jsonl(inputs_path, "inputs file") if inputs_path else None
-        todo = plan(lines, inputs, where, source)
+        rows = TaskRows(inputs_path) if inputs_path else None
+        agents = check_input(source, rows, where)
         head = cfg.get(HEAD_SERVER_KEY_NAME) or {}
         head_cfg = BaseServerConfig(host=head.get("host") or "127.0.0.1", port=int(head.get("port") or 11000))
         parallel = int(cfg.get("num_samples_in_parallel") or 64)
@@ -363,11 +518,12 @@ def main(argv: list[str] | None = None) -> None:
                 loop.add_signal_handler(sig, stop.set)
         client = ServerClient.load_from_global_config(head_cfg)
         try:
-            return await reverify(
-                lines, todo, client, output, failures_path, bool(cfg.get("force")), parallel, stop
-            )
+            servers = await check_reverify_modes(client, agents, bool(cfg.get("force")))
+            return await reverify(source, rows, where, servers, client, output, failures_path, parallel, stop)
         finally:
             await close_shared_session()
+            if rows is not None:
+                rows.close()
 
     try:
         summary = asyncio.run(run())

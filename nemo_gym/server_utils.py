@@ -35,6 +35,13 @@ from fastapi.responses import Response
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from nemo_gym.accept_limit import (
+    DEFAULT_KEEP_ALIVE_TIMEOUT_S,
+    DEFAULT_REQUEST_BODY_IDLE_TIMEOUT_S,
+    DEFAULT_REQUEST_HEAD_TIMEOUT_S,
+    DEFAULT_RESERVED_CONNECTION_FRACTION,
+    ConnectionLimits,
+)
 from nemo_gym.asgi import InternalErrorMiddleware as InternalErrorMiddleware
 from nemo_gym.asgi import ServerLayer
 from nemo_gym.asgi import SessionMiddleware as SessionMiddleware
@@ -248,6 +255,7 @@ class BaseServer(BaseModel):
             disabled=disabled,
             max_body_bytes=self._max_request_body_bytes(),
         )
+        app.state.nemo_gym_request_guard = guard  # its ``trusts`` gives token bearers reserved connections
         # Added last, so outermost: nothing runs for a request without the run token or too large a body.
         app.add_middleware(ServerLayer, guard=guard, server_name=name, sessions=sessions, errors=errors)
 
@@ -293,13 +301,57 @@ class BaseServer(BaseModel):
 
     def _max_request_body_bytes(self) -> int:
         """This server's body limit: its own setting, else the run's top-level one, else the default."""
-        if self.config.max_request_body_bytes is not None:
-            return self.config.max_request_body_bytes
+        return int(self._setting(MAX_REQUEST_BODY_BYTES_KEY_NAME, DEFAULT_MAX_REQUEST_BODY_BYTES))
+
+    def _setting(self, key: str, default: Any) -> Any:
+        """A per-server setting: this server's block, else the run's top-level key (under ng_run), else
+        ``default``."""
+        own = getattr(self.config, key, None)
+        if own is not None:
+            return own
         if os.environ.get(NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME) is not None:  # under ng_run
-            top = get_global_config_dict().get(MAX_REQUEST_BODY_BYTES_KEY_NAME)
+            top = get_global_config_dict().get(key)
             if top is not None:
-                return int(top)
-        return DEFAULT_MAX_REQUEST_BODY_BYTES
+                return top
+        return default
+
+    def connection_limits(self) -> tuple[ConnectionLimits, float]:
+        """(head/body timeouts and reserved places, keep-alive timeout) of this server, from its block,
+        else the run's top-level keys, else the defaults (see :mod:`nemo_gym.accept_limit`)."""
+        limits = ConnectionLimits(
+            head_timeout_s=float(self._setting("request_head_timeout_s", DEFAULT_REQUEST_HEAD_TIMEOUT_S)),
+            body_idle_timeout_s=float(
+                self._setting("request_body_idle_timeout_s", DEFAULT_REQUEST_BODY_IDLE_TIMEOUT_S)
+            ),
+            reserved_fraction=float(
+                self._setting("reserved_connection_fraction", DEFAULT_RESERVED_CONNECTION_FRACTION)
+            ),
+        )
+        return limits, float(self._setting("keep_alive_timeout_s", DEFAULT_KEEP_ALIVE_TIMEOUT_S))
+
+    def serve_app(self, app: FastAPI, sock: socket.socket, max_accepted: int) -> None:
+        """Serve ``app`` on the listening ``sock`` until told to stop, accepting at most ``max_accepted``
+        connections at once, with this server's connection limits."""
+        import uvicorn
+
+        from nemo_gym.accept_limit import BoundedServer
+
+        limits, keep_alive_s = self.connection_limits()
+        guard = getattr(app.state, "nemo_gym_request_guard", None)
+        uv_config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]  # uvicorn takes a float too
+            timeout_graceful_shutdown=3,
+            backlog=4096,
+            lifespan="on",
+            proxy_headers=False,  # our servers talk to each other directly, never behind a proxy
+            server_header=False,
+            date_header=False,
+        )
+        trusts = guard.trusts if guard is not None else None
+        BoundedServer(uv_config, max_accepted, limits, trusts).run(sockets=[sock])
 
     # -- start-up ------------------------------------------------------------------------------------
     @classmethod
@@ -359,9 +411,6 @@ class BaseServer(BaseModel):
         connections (at most half open at once, the rest wait in the listen backlog) and this
         process's outbound connection pools (see :mod:`nemo_gym.fd_limits`).
         """
-        import uvicorn
-
-        from nemo_gym.accept_limit import BoundedServer
         from nemo_gym.fd_limits import raise_open_file_limit, split_server_budget
         from nemo_gym.global_config import ConfigError
         from nemo_gym.ports import reserve_listening_socket
@@ -386,21 +435,7 @@ class BaseServer(BaseModel):
                 sock = reserve_listening_socket(config.host, config.port, f"server '{config.name}'")
             except ConfigError as e:
                 raise SystemExit(f"[nemo_gym] {e}") from None
-        uv_config = uvicorn.Config(
-            app,
-            host=config.host,
-            port=config.port or 0,
-            log_level="warning",
-            access_log=False,
-            timeout_keep_alive=60,
-            timeout_graceful_shutdown=3,
-            backlog=4096,
-            lifespan="on",
-            proxy_headers=False,  # our servers talk to each other directly, never behind a proxy
-            server_header=False,
-            date_header=False,
-        )
-        BoundedServer(uv_config, max_accepted=split_server_budget()).run(sockets=[sock])
+        server.serve_app(app, sock, split_server_budget())
         return app
 
 

@@ -30,6 +30,8 @@ SESSION_CONFIG = "resources_servers/example_session_state_mgmt/configs/example_s
 MODEL_SECRET_MARKER = "only-the-model-may-see-this-7d1f"
 TOP_LEVEL_SECRET = "sk-top-level-secret-5e2a"
 JUDGE_KEY = "sk-judge-key-only-the-judge-sees-91c3"
+LAUNCHER_SECRET_VAR = "SOME_SERVICE_API_KEY"
+LAUNCHER_SECRET = "launcher-exported-secret-2b7e"
 
 
 def _raw_post(url: str, body: Any, headers: dict[str, str] | None = None, **kwargs: Any) -> httpx.Response:
@@ -68,8 +70,10 @@ def run() -> Iterator[Any]:
         },
         "experiment_label": "visible-to-every-server",
     }
-    with running_servers([EXAMPLE_CONFIG], extra) as helper:
-        yield helper
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(LAUNCHER_SECRET_VAR, LAUNCHER_SECRET)  # exported in the launcher: reaches no server
+        with running_servers([EXAMPLE_CONFIG], extra) as helper:
+            yield helper
 
 
 def _fabricated_verify_body() -> dict[str, Any]:
@@ -178,9 +182,14 @@ def test_a_rollout_through_the_python_api_needs_nothing_from_the_user(run: Any) 
     assert resp.json()["reward"] in (0.0, 1.0)
 
 
-def _child_config(run: Any, name: str) -> dict[str, Any]:
+def _child_environ(run: Any, name: str) -> dict[str, str]:
+    """The environment the server process ``name`` was started with, as the kernel holds it."""
     pid = next(r["pid"] for r in run.server_instances() if r["name"] == name)
-    return yaml.safe_load(psutil.Process(pid).environ()["NEMO_GYM_CONFIG_DICT"])
+    return psutil.Process(pid).environ()
+
+
+def _child_config(run: Any, name: str) -> dict[str, Any]:
+    return yaml.safe_load(_child_environ(run, name)["NEMO_GYM_CONFIG_DICT"])
 
 
 def test_each_child_sees_its_own_secrets_and_no_other_servers_secrets(run: Any) -> None:
@@ -198,13 +207,17 @@ def test_each_child_sees_its_own_secrets_and_no_other_servers_secrets(run: Any) 
     # The agent's own block is whole and resolved.
     own = agent_cfg[AGENT]["responses_api_agents"]["simple_agent"]
     assert own["resources_server"]["name"] == RESOURCES and own["model_server"]["name"] == "policy_model"
-    # Top-level values: a secret-looking key reaches no child; an ordinary value reaches all.
+    # The whole process environment (the config, the secret values it scrubs, inherited variables):
+    # a secret-looking top-level value and the launcher's exported secret reach no child, another
+    # server's key reaches no child, an ordinary value reaches all.
     for name in (AGENT, RESOURCES, "policy_model", "judge_model"):
-        text = yaml.safe_dump(_child_config(run, name))
+        environ = _child_environ(run, name)
+        text = "\n".join(f"{k}={v}" for k, v in environ.items())
         assert TOP_LEVEL_SECRET not in text, name
-        assert "visible-to-every-server" in text, name
-        if name != "judge_model":
-            assert JUDGE_KEY not in text, name
+        assert LAUNCHER_SECRET not in text and LAUNCHER_SECRET_VAR not in environ, name
+        assert "visible-to-every-server" in environ["NEMO_GYM_CONFIG_DICT"], name
+        assert (JUDGE_KEY in text) == (name == "judge_model"), name
+        assert run.supervisor.auth_token in environ["NEMO_GYM_SECRET_VALUES"], name
 
 
 def test_a_session_cookie_is_accepted_only_by_the_instance_that_signed_it() -> None:
@@ -349,8 +362,10 @@ def limited() -> Iterator[Any]:
         "max_request_body_bytes": 3_000_000,  # top level: every server
         RESOURCES: {"resources_servers": {RESOURCES: {"max_request_body_bytes": 1_000_000}}},  # per server
     }
-    with running_servers([EXAMPLE_CONFIG], extra) as helper:
-        yield helper
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(LAUNCHER_SECRET_VAR, LAUNCHER_SECRET)  # exported in the launcher: reaches no server
+        with running_servers([EXAMPLE_CONFIG], extra) as helper:
+            yield helper
 
 
 def _padded_row(size: int) -> dict[str, Any]:

@@ -269,8 +269,10 @@ def test_ng_dump_config_prints_merged_resolved_redacted_config(tmp_path: Path) -
     for key in ("api_key", "hf_token", "clientSecret", "password"):
         assert model[key] == REDACTED, key
     assert dumped["policy_api_key"] == REDACTED
-    # Every value of env.yaml is a secret wherever it appears, under any key.
-    assert dumped["policy_base_url"] == REDACTED and model["env_url"] == REDACTED
+    # env.yaml's secrets are its credentials: the key is hidden, the endpoint's URL stays readable.
+    assert (
+        dumped["policy_base_url"] == "http://127.0.0.1:9/v1" and model["env_url"] == "http://127.0.0.1:9/v1"
+    )
     assert model["headers"] == {"Authorization": REDACTED, "X-Org": REDACTED}  # every header value
     assert model["auth_line"] == f"key={REDACTED}"  # a secret inside another string is cut out
     assert (model["max_tokens"], model["max_output_tokens"]) == (100, 50)

@@ -4,6 +4,7 @@ over MCP (the mcp package's own client), bound to the seeded session, and /verif
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -13,6 +14,7 @@ import httpx2  # noqa: E402
 from mcp import ClientSession  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client
 
+from nemo_gym.mcp import MCP_URL_PATH as MCP_PATH
 from nemo_gym.server_utils import cookie_name_for
 from nemo_gym.testing import post_json, running_servers, server_url
 
@@ -52,3 +54,49 @@ def test_harvested_routes_are_served_over_mcp_for_the_session() -> None:
         assert texts[2] == '{"count":15}'
         verify = post_json(base + "/verify", {**STUB, "expected_count": 15}, cookies=cookies)
         assert verify.json()["reward"] == 1.0
+
+
+def _mcp_instance(**extra: object) -> dict:
+    return {
+        ENV: {"resources_servers": {ENV: {"entrypoint": "app.py", "expose_tools_over_mcp": True, **extra}}}
+    }
+
+
+def test_tool_calls_work_with_the_x_nemo_gym_token_header() -> None:
+    """The documented alternative to ``Authorization`` reaches the tool route too."""
+    with running_servers([], _mcp_instance(), with_scripted_model=False) as helper:
+        base = server_url(helper, ENV)
+        seeded = post_json(base + "/seed_session", {**STUB, "initial_count": 1})
+        headers = dict(seeded.json()["mcp"]["headers"])
+        token = headers.pop("Authorization").removeprefix("Bearer ")
+        headers["X-NeMo-Gym-Token"] = token
+        _, texts = asyncio.run(asyncio.wait_for(_drive(base + MCP_PATH, headers), 60))
+        assert texts == ['{"success":true}', texts[1], '{"count":6}'], texts
+        assert texts[1].startswith("error: HTTP 422"), texts
+
+
+def test_an_idle_get_event_stream_is_ended() -> None:
+    with running_servers(
+        [], _mcp_instance(mcp_stream_idle_timeout_s=1.0), with_scripted_model=False
+    ) as helper:
+        base = server_url(helper, ENV)
+        token = post_json(base + "/seed_session", {**STUB, "initial_count": 0}).json()["mcp"]["headers"][
+            "Authorization"
+        ]
+        headers = {"Authorization": token, "Accept": "text/event-stream"}
+
+        async def stream_then_call() -> tuple[int, str, float, int]:
+            async with httpx2.AsyncClient(headers=headers, timeout=20) as http:
+                started = time.monotonic()
+                async with http.stream("GET", base + MCP_PATH) as resp:
+                    status, kind = resp.status_code, resp.headers.get("content-type", "")
+                    async for _ in resp.aiter_bytes():
+                        pass  # ends when the server ends the stream (else the 20 s read timeout fails it)
+                took = time.monotonic() - started
+                after = await http.get(base + "/")  # the same client (pool) goes on working
+                return status, kind, took, after.status_code
+
+        status, kind, took, after = asyncio.run(asyncio.wait_for(stream_then_call(), 60))
+        assert status == 200 and kind.startswith("text/event-stream")
+        assert took < 15, took  # ended by the 1 s bound, far inside the client's 20 s read timeout
+        assert after == 200

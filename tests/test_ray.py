@@ -159,6 +159,8 @@ def ray_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         mp.setenv("RAY_TMPDIR", str(tmp))
         mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
         mp.setenv("RAY_AUTH_MODE", "disabled")
+        # A secret in the environment the nodes (and so the replica actors) start with.
+        mp.setenv(NODE_SECRET_VAR, NODE_SECRET)
         mp.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
         yield
 
@@ -384,6 +386,42 @@ def _placed_extra(address: str, resources: list[dict[str, float]], **block: Any)
             "resources_servers": {RES: {"num_replicas": len(resources), "ray_resources": resources, **block}}
         },
     }
+
+
+NODE_SECRET_VAR = "SOME_NODE_API_KEY"
+NODE_SECRET = "node-exported-secret-4c1d"
+MODEL_ONLY_KEY = "sk-only-the-model-holds-this-8e2f"
+
+
+@pytest.mark.slow
+def test_ray_replicas_get_only_their_own_secrets_and_a_filtered_environment(cluster: Any) -> None:
+    """A replica's server process on a Ray node: not the node's secret-looking variables (unless its
+    block names them in pass_env), not another server's key; the run token is there."""
+    extra = _placed_extra(cluster.address, [{"node_a": 1}, {"node_b": 1}])
+    # Another server holding an API key of its own (never called here).
+    extra["judge_model"] = {
+        "responses_api_models": {
+            "openai_model": {
+                "entrypoint": "app.py",
+                "openai_base_url": "http://127.0.0.1:9/v1",
+                "openai_api_key": MODEL_ONLY_KEY,
+                "openai_model": "judge",
+            }
+        }
+    }
+    with running_servers([ENV_CONFIG], extra) as helper:
+        rows = _replica_rows(helper)
+        assert len(rows) == 2
+        for row in rows:
+            environ = psutil.Process(row["pid"]).environ()
+            text = "\n".join(f"{k}={v}" for k, v in environ.items())
+            assert NODE_SECRET not in text and MODEL_ONLY_KEY not in text, row
+            assert helper.supervisor.auth_token in environ["NEMO_GYM_SECRET_VALUES"]
+            assert environ["RAY_AUTH_MODE"] == "disabled"  # Ray's own settings pass
+    extra[RES]["resources_servers"][RES]["pass_env"] = [NODE_SECRET_VAR]
+    with running_servers([ENV_CONFIG], extra) as helper:
+        for row in _replica_rows(helper):
+            assert psutil.Process(row["pid"]).environ()[NODE_SECRET_VAR] == NODE_SECRET
 
 
 def _node_with(resource: str) -> str:

@@ -12,10 +12,13 @@ from nemo_gym.redaction import (
     MIN_SCRUB_LEN,
     REDACTED,
     Scrubber,
+    child_environ,
     collect_secret_values,
     env_yaml_secret_values,
     is_header_key,
+    is_secret_env_name,
     is_secret_key,
+    own_secret_values,
     redact_config,
 )
 
@@ -110,10 +113,62 @@ def test_secret_str_values_are_found() -> None:
     }
 
 
-def test_env_yaml_values_are_secret_except_routing_and_short_ones() -> None:
-    env = {"policy_base_url": "http://127.0.0.1:8000/v1", "policy_model_name": "gpt-4o", "host": "10.0.0.12345",
-           "nested": {"token_like": ["value-0123456789"]}, "port": 8000, "flag": True}  # fmt: skip
-    assert env_yaml_secret_values(env) == {"http://127.0.0.1:8000/v1", "value-0123456789"}
+def test_env_yaml_secrets_are_its_credentials_not_its_urls_or_model_names() -> None:
+    env = {
+        "policy_base_url": "https://gw.example.com/v1?api-version=2024-10&api-key=QUERYKEY-0123456789",
+        "judge_base_url": "https://judge:URLPASS-0123456789@judge.example.com/v1",
+        "policy_model_name": "meta/llama-3.3-70b-instruct",
+        "policy_api_key": "KEYVALUE-0123456789",
+        "odd_name": "nvapi-0123456789abcdef",  # a well-known key format under an innocent name
+        "nested": {"hf_token": ["TOKENVALUE-0123456789"]},
+        "host": "10.0.0.12345",
+        "port": 8000,
+        "flag": True,
+    }
+    assert env_yaml_secret_values(env) == {
+        "QUERYKEY-0123456789",
+        "URLPASS-0123456789",
+        "KEYVALUE-0123456789",
+        "nvapi-0123456789abcdef",
+        "TOKENVALUE-0123456789",
+    }
+
+
+def test_an_error_message_keeps_the_endpoint_and_loses_the_key() -> None:
+    env = {
+        "policy_base_url": "https://gw.example.com/v1?api-version=2024-10&api-key=QUERYKEY-0123456789",
+        "policy_api_key": "KEYVALUE-0123456789",
+        "policy_model_name": "meta/llama-3.3-70b-instruct",
+    }
+    scrubber = Scrubber(env_yaml_secret_values(env))
+    message = (
+        f"{env['policy_base_url']} rejected the API key KEYVALUE-0123456789 for "
+        f"{env['policy_model_name']}; also tried https://u:pw-0123456789@other.example.com/x?sig=SIG0123456789&n=2"
+    )
+    assert scrubber.scrub(message) == (
+        f"https://gw.example.com/v1?api-version=2024-10&api-key={REDACTED} rejected the API key {REDACTED} for "
+        f"meta/llama-3.3-70b-instruct; also tried https://u:{REDACTED}@other.example.com/x?sig={REDACTED}&n=2"
+    )
+
+
+def test_secret_looking_environment_variables() -> None:
+    secret = ["OPENAI_API_KEY", "HF_TOKEN", "GITHUB_TOKEN", "PGPASSWORD", "AWS_REGION", "AWS_SECRET_ACCESS_KEY",
+              "GOOGLE_APPLICATION_CREDENTIALS", "SSH_AUTH_SOCK", "WANDB_API_KEY", "MY_SERVICE_SECRET",
+              "NEMO_GYM_AUTH_TOKEN", "DATABASE_URL", "azure_openai_key", "SENTRY_DSN", "GITHUB_PAT"]  # fmt: skip
+    kept = ["PATH", "HOME", "LANG", "LC_ALL", "VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_OFFLINE",
+            "RAY_AUTH_MODE", "RAY_TMPDIR", "PYTHONPATH", "TOKENIZERS_PARALLELISM", "KEYRING_BACKEND", "TMPDIR",
+            "NEMO_GYM_RUN_DIR", "XDG_RUNTIME_DIR"]  # fmt: skip
+    assert [n for n in secret if not is_secret_env_name(n)] == []
+    assert [n for n in kept if is_secret_env_name(n)] == []
+    env = {n: "v" for n in secret + kept}
+    assert set(child_environ(env)) == set(kept)
+    assert set(child_environ(env, ["OPENAI_API_KEY"])) == {*kept, "OPENAI_API_KEY"}
+
+
+def test_own_secret_values_are_those_a_block_holds() -> None:
+    run_values = {"ENVTOKEN-0123456789", "OTHERKEY-0123456789"}
+    block = {"upstream_url": "http://h:1/ENVTOKEN-0123456789/v1", "api_key": "MYKEY-0123456789", "n": 3}
+    assert own_secret_values(block, run_values) == {"ENVTOKEN-0123456789", "MYKEY-0123456789"}
 
 
 def test_scrubber_replaces_values_longest_first_and_in_json_escaped_forms() -> None:

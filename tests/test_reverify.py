@@ -9,6 +9,7 @@ a server whose verify needs live session state is refused unless ``+force=true``
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 from typing import Any
@@ -191,3 +192,65 @@ def test_reverify_without_task_rows_warns(tmp_path: Path, capsys: pytest.Capture
     code, _, err = _run(reverify_main, args, capsys)
     assert code == 2 and "warning: no task rows" in err and "+inputs_jsonl_fpath=<the task JSONL>" in err
     assert not (tmp_path / "o.jsonl").exists()
+
+
+PEAK_RSS = """
+import resource, sys
+from nemo_gym.reverify import main
+code = 0
+try:
+    main(sys.argv[1:])
+except SystemExit as e:
+    code = e.code or 0
+sys.stderr.write(f"PEAK_RSS_KB {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}\\n")
+sys.exit(code)
+"""
+
+
+def test_memory_does_not_grow_with_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A 10 MB and a 100 MB rollouts file (64 KB lines; one line in 25 re-verified, the others copied):
+    ng_reverify's peak memory grows by far less than the file did, and the output is complete and in order."""
+    import subprocess
+    import sys
+
+    from nemo_gym.auth import AUTH_TOKEN_ENV_VAR_NAME, client_token
+
+    with running_servers(CONFIGS) as helper:
+        head_port = helper.head_server_config.port
+        port = ["+head_server.port=" + str(head_port)]
+        rollouts = tmp_path / "rollouts.jsonl"
+        code, _, err = _run(
+            collect_main,
+            [f"+agent_name={WEATHER}_simple_agent", f"+input_jsonl_fpath=resources_servers/{WEATHER}/data/example.jsonl",
+             f"+output_jsonl_fpath={rollouts}", "+progress=false", *port],
+            capsys,
+        )  # fmt: skip
+        assert code == 0, err
+        collected = _lines(rollouts)
+        pad = "x" * 65536
+
+        def peak_rss_mb(n: int) -> tuple[float, Path]:
+            big = tmp_path / f"big{n}.jsonl"
+            with open(big, "wb") as f:
+                for i in range(n):
+                    row = {**collected[i % len(collected)], "pad": pad, "recheck": i % 25 == 0, "seq": i}
+                    f.write(orjson.dumps(row) + b"\n")
+            out = tmp_path / f"out{n}.jsonl"
+            env = {**os.environ, AUTH_TOKEN_ENV_VAR_NAME: client_token(head_port) or ""}
+            proc = subprocess.run(
+                [sys.executable, "-c", PEAK_RSS, f"+input_jsonl_fpath={big}", f"+output_jsonl_fpath={out}",
+                 f"+inputs_jsonl_fpath={tmp_path / 'rollouts_materialized_inputs.jsonl'}",
+                 "+where.recheck=true", "+num_samples_in_parallel=8", *port],
+                capture_output=True, text=True, timeout=300, env=env,
+            )  # fmt: skip
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            with open(out, "rb") as f:
+                seqs = [orjson.loads(line)["seq"] for line in f]
+            assert seqs == list(range(n))
+            assert f"re-verified {len(range(0, n, 25))} line(s)" in proc.stdout, proc.stdout
+            return int(proc.stderr.rsplit("PEAK_RSS_KB ", 1)[1].split()[0]) / 1024, big
+
+        small_mb, small = peak_rss_mb(150)
+        large_mb, large = peak_rss_mb(1500)
+        file_growth_mb = (large.stat().st_size - small.stat().st_size) / 2**20
+        assert large_mb - small_mb < 0.25 * file_growth_mb, (small_mb, large_mb, file_growth_mb)

@@ -2,7 +2,7 @@
 
 A secret is planted in every shape a config holds one (an ``extra_headers`` value, a password in a
 URL, ``private_key``, ``wandb_key``, ``aws_access_key_id``, ``credentials``, and an ``env.yaml`` value
-under an innocent key, ``policy_base_url``, holding a token). Real ``ng_run`` with a probe server
+under an innocent key, ``policy_base_url``, holding a key in its ``api-key`` query parameter). Real ``ng_run`` with a probe server
 that prints its config at start and puts every value into its errors, the real simple agent and
 openai_model (pointed at a dead port so it fails), ``ng_collect_rollouts`` and ``ng_dump_config``;
 then every HTTP answer, every line of output and every file written is searched for each secret.
@@ -110,13 +110,13 @@ class Planted:
             "wandb_key": f"WANDBKEY-{tag}",
             "aws_access_key_id": f"AKIA{tag.upper()}",
             "credentials": f"CREDPIN-{tag}",
-            "env.yaml policy_base_url token": f"ENVTOKEN-{tag}",
+            "env.yaml policy_base_url api-key parameter": f"ENVTOKEN-{tag}",
             "env.yaml policy_api_key": f"sk-ENVKEY-{tag}",
         }
         s = self.secrets
         (root / "env.yaml").write_text(
             textwrap.dedent(f"""\
-                policy_base_url: http://127.0.0.1:{_dead_port()}/{s["env.yaml policy_base_url token"]}/v1
+                policy_base_url: http://127.0.0.1:{_dead_port()}/v1?api-key={s["env.yaml policy_base_url api-key parameter"]}
                 policy_api_key: {s["env.yaml policy_api_key"]}
                 policy_model_name: probe-model
             """)
@@ -294,7 +294,7 @@ def test_collector_scrubs_failures_with_its_own_env_yaml(
 ) -> None:
     token = f"ROWTOKEN-{uuid.uuid4().hex}"
     write_server_folder(tmp_path, "responses_api_agents", "echo_fail_agent", ECHO_AGENT_APP)
-    (tmp_path / "env.yaml").write_text(f"dataset_access_note: {token}\n")
+    (tmp_path / "env.yaml").write_text(f"dataset_access_token: {token}\n")
     rows = tmp_path / "rows.jsonl"
     row = {"responses_create_params": {"input": "hi"}, "note": token}
     rows.write_bytes(orjson.dumps(row) + b"\n")

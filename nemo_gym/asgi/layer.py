@@ -2,7 +2,8 @@
 
 Contract
 --------
-Per HTTP request, in this order (other scope types pass straight through):
+Per HTTP request, in this order (a WebSocket is checked for the run token, as in step 1, and then
+passes straight through, like every other scope type):
 
 1. The run token and the body limit (:meth:`nemo_gym.auth.RequestGuard.admit`): a refused request is
    answered 401 / 413 here, with no session cookie, and nothing behind this layer runs.
@@ -48,8 +49,8 @@ class ServerLayer:
         self.errors = errors
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
+        if scope["type"] != "http":  # a WebSocket needs the run token too; lifespan passes
+            await self.guard.not_http(scope, receive, send, self.app)
             return
         receive = await self.guard.admit(scope, receive, send)
         if receive is None:

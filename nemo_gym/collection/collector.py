@@ -7,8 +7,8 @@ Contract
   runs the (task, rollout) pairs not yet done (on resume: retrying failed ones up to
   ``max_attempts``) with at most ``num_samples_in_parallel`` in flight. Each finished rollout is one
   whole line in the output, written as it completes; each infrastructure failure (or a verify
-  response without a numeric ``reward``) is a scrubbed line in the failures file, never in the
-  output. With model-call capture on, each rollout's model calls go to ``<stem>_model_calls.jsonl``.
+  response without a numeric ``reward``) is a line in the failures file, never in the output. Both
+  files are scrubbed of the secret values this process knows (a 200 answer may quote one too). With model-call capture on, each rollout's model calls go to ``<stem>_model_calls.jsonl``.
 * The circuit breaker stops dispatch to agents whose server is down (rows not sent are "not
   attempted", not failures); ``stop`` cancels the rollouts in flight (not failures either).
 * It returns the summary (counts, failure kinds, down servers, aggregate metrics from
@@ -42,7 +42,6 @@ from nemo_gym.collection.output_files import (
 )
 from nemo_gym.collection.row_schema import check_rows_against_schemas, fetch_row_schemas
 from nemo_gym.observability import ModelCallSink, capture_wanted, model_calls_path
-from nemo_gym.redaction import process_scrubber
 from nemo_gym.replicas import live_replicas, replicated_instances
 from nemo_gym.rollout_stats import aggregate_metrics, k_values
 from nemo_gym.server_client import ServerClient, UpstreamError
@@ -145,8 +144,9 @@ async def collect_rollouts(
     def all_agents_blocked() -> bool:
         return bool(breaker.blocked) and agents.issubset(breaker.blocked)
 
-    out = LineWriter(out_path, truncate=fresh)
-    failures = LineWriter(side["failures"], truncate=fresh)
+    # Both scrubbed of known secrets: a 200 answer may quote one (a model echoing its Authorization header).
+    out = LineWriter(out_path, truncate=fresh, scrubbed=True)
+    failures = LineWriter(side["failures"], truncate=fresh, scrubbed=True)
     worker = lambda r: run_one(client, r, cfg.request_timeout_s)  # noqa: E731
     sink = ModelCallSink.for_client(client, LineWriter(calls_path, truncate=fresh)) if capture else None
     if sink is not None:  # each rollout's model calls, pulled as it ends (nemo_gym.observability)
@@ -190,15 +190,13 @@ async def collect_rollouts(
             kinds[kind] += 1
             kind_paths.setdefault(kind, set()).add(str(failure["path"]))
             failures.write(
-                process_scrubber().scrub_obj(
-                    {
-                        "_ng_task_index": key[0],
-                        "_ng_rollout_index": key[1],
-                        "agent_ref": row["agent_ref"],
-                        "attempt": attempts.get(key, 0) + 1,
-                        **failure,
-                    }
-                )
+                {
+                    "_ng_task_index": key[0],
+                    "_ng_rollout_index": key[1],
+                    "agent_ref": row["agent_ref"],
+                    "attempt": attempts.get(key, 0) + 1,
+                    **failure,
+                }
             )
             n_failed += 1
             progress.update(None)

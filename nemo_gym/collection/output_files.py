@@ -5,7 +5,8 @@ Contract
 * :func:`sidecar_paths` is the one definition of the files written next to the output
   (``<stem>_materialized_inputs.jsonl``, ``<stem>_failures.jsonl``, ``<stem>_aggregate_metrics.json``).
 * :class:`LineWriter` appends each JSON line with one ``write`` call (looping on short writes), so an
-  interrupt never leaves half a line from this process.
+  interrupt never leaves half a line from this process; the rollouts and failures files are written
+  scrubbed of known secrets.
 * :func:`_scan_existing_output` returns the (task, rollout) pairs already done; a trailing line cut
   short by a hard kill is dropped (or completed when it is a whole rollout), and nothing else already
   written is deleted. :func:`_scan_failures` returns the highest attempt per failed pair.
@@ -24,6 +25,7 @@ import orjson
 
 from nemo_gym.collection.input_rows import materialize
 from nemo_gym.collection.options import InputError, RolloutCollectionConfig
+from nemo_gym.redaction import process_scrubber
 
 
 def sidecar_paths(output: Path) -> dict[str, Path]:
@@ -104,17 +106,28 @@ def _scan_failures(path: Path) -> dict[tuple[int, int], int]:
 
 
 class LineWriter:
-    """Appends whole lines with one ``write`` system call each, so an interrupt never splits a line."""
+    """Appends whole lines with one ``write`` system call each, so an interrupt never splits a line.
 
-    def __init__(self, path: Path, truncate: bool = False) -> None:
+    ``scrubbed``: each line is scrubbed of the secret values this process knows (its config and
+    ``env.yaml``: :func:`nemo_gym.redaction.process_scrubber`) before it is written, whatever the
+    answer it holds echoed (a model quoting its ``Authorization`` header, a server's own error text).
+    Scrubbing the serialized line keeps it valid JSON (:data:`~nemo_gym.redaction.REDACTED` needs no
+    escaping; escaped forms of the secrets are matched too).
+    """
+
+    def __init__(self, path: Path, truncate: bool = False, scrubbed: bool = False) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (os.O_TRUNC if truncate else 0)
         self.fd = os.open(path, flags, 0o644)
         self.path = path
+        self.scrubbed = scrubbed
 
     def write(self, obj: Any) -> None:
         """Append ``obj`` as one JSON line."""
-        data = orjson.dumps(obj) + b"\n"
+        data = orjson.dumps(obj)
+        if self.scrubbed:
+            data = process_scrubber().scrub_bytes(data)
+        data += b"\n"
         view = memoryview(data)
         while view:
             written = os.write(self.fd, view)

@@ -50,6 +50,11 @@ LAUNCHER_KEYS = {
     "shutdown_timeout_s",
     "server_auth",  # nemo_gym.auth.SERVER_AUTH_KEY_NAME
     "max_request_body_bytes",  # nemo_gym.auth.MAX_REQUEST_BODY_BYTES_KEY_NAME: the default of every server
+    # nemo_gym.accept_limit: the default of every server (each may set its own)
+    "request_head_timeout_s",
+    "request_body_idle_timeout_s",
+    "keep_alive_timeout_s",
+    "reserved_connection_fraction",
     GLOBAL_AIOHTTP_CONNECTOR_LIMIT_KEY_NAME,
     GLOBAL_AIOHTTP_CONNECTOR_LIMIT_PER_HOST_KEY_NAME,
     DEFAULT_HOST_KEY_NAME,

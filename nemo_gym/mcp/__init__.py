@@ -6,7 +6,11 @@ Contract
 * Installed by :class:`nemo_gym.base_resources_server.SimpleResourcesServer` when the config sets
   ``expose_tools_over_mcp: true`` (:func:`install_mcp`); nothing here is imported otherwise.
 * ``POST /mcp`` is a stateless MCP endpoint (JSON responses). It sits behind the same request guard as
-  every route: MCP clients send the run token (``Authorization: Bearer ...``) like any client.
+  every route: MCP clients send the run token (``Authorization: Bearer ...`` or ``X-NeMo-Gym-Token``)
+  like any client, and a tool call passes on whichever of the two it came with.
+* ``GET /mcp`` (the client's stream for server-initiated messages, which stateless MCP never sends) is
+  ended once no event went out on it for ``mcp_stream_idle_timeout_s`` (default 60 s; keep-alive pings
+  do not count), so idle streams do not hold connections for ever; clients reconnect if they want.
 * ``/seed_session`` answers carry ``{"mcp": {"server_name", "url_path": "/mcp", "transport": "http",
   "headers": {...}}}`` (:class:`~nemo_gym.base_resources_server.MCPServerMetadata`, key
   ``NEMO_GYM_MCP_METADATA_KEY``). ``headers`` hold ``X-NeMo-Gym-Session-Token`` (this session's signed
@@ -49,6 +53,9 @@ if TYPE_CHECKING:
 
 MCP_URL_PATH = "/mcp"
 MCP_TOOL_TIMEOUT_S = 180.0  # one tools/call, as the agents' default tool_timeout_s
+DEFAULT_MCP_STREAM_IDLE_TIMEOUT_S = 60.0
+# The run-token headers a tool call forwards to the route it runs (see nemo_gym.auth).
+_FORWARDED_AUTH_HEADERS = ("authorization", "x-nemo-gym-token")
 # Routes that belong to the protocol, never offered as tools.
 RESERVED_PATHS = frozenset(
     {
@@ -198,8 +205,9 @@ def install_mcp(server: SimpleResourcesServer, app: FastAPI) -> None:
         if params.name not in {t["name"] for t in tool_schemas()}:
             return error(f"unknown tool {params.name!r}")
         headers = {"cookie": f"{cookie_name}={token}", "content-type": "application/json"}
-        if request.headers.get("authorization"):
-            headers["authorization"] = request.headers["authorization"]
+        for header in _FORWARDED_AUTH_HEADERS:
+            if request.headers.get(header):
+                headers[header] = request.headers[header]
         try:
             resp = await asyncio.wait_for(
                 internal.post(
@@ -224,8 +232,13 @@ def install_mcp(server: SimpleResourcesServer, app: FastAPI) -> None:
     mcp_server = Server(name, on_list_tools=list_tools, on_call_tool=call_tool)
     manager = StreamableHTTPSessionManager(app=mcp_server, stateless=True, json_response=True)
 
+    idle_s = float(getattr(server.config, "mcp_stream_idle_timeout_s", DEFAULT_MCP_STREAM_IDLE_TIMEOUT_S))
+
     async def endpoint(scope: dict, receive: Any, send: Any) -> None:
-        await manager.handle_request(scope, receive, send)
+        if scope.get("method") == "GET":
+            await serve_idle_bounded_stream(manager.handle_request, scope, receive, send, idle_s)
+        else:
+            await manager.handle_request(scope, receive, send)
 
     app.router.routes.append(
         Route(MCP_URL_PATH, endpoint=_ASGIEndpoint(endpoint), methods=["GET", "POST", "DELETE"])
@@ -244,6 +257,67 @@ def install_mcp(server: SimpleResourcesServer, app: FastAPI) -> None:
                     await internal.aclose()
 
     app.router.lifespan_context = lifespan
+
+
+async def serve_idle_bounded_stream(app: Any, scope: dict, receive: Any, send: Any, idle_s: float) -> None:
+    """Serve an event-stream response of ``app``, ending it once no event has gone out for ``idle_s``.
+
+    ``app`` is told the client disconnected (its next ``receive()`` says so), the response is finished
+    properly (a last empty chunk) so the connection stays usable, and should ``app`` not return within
+    a few seconds after that it is cancelled. SSE comments (``:``-lines, e.g. keep-alive pings) do not
+    count as events.
+    """
+    loop = asyncio.get_running_loop()
+    last_event = loop.time()
+    started = finished = False
+    expired = False
+
+    async def tracking_send(message: dict) -> None:
+        nonlocal last_event, started, finished
+        if message["type"] == "http.response.start":
+            started = True
+        elif message["type"] == "http.response.body":
+            body = message.get("body", b"")
+            if body and not body.lstrip().startswith(b":"):
+                last_event = loop.time()
+            finished = not message.get("more_body", False)
+        await send(message)
+
+    pending: asyncio.Future | None = None
+
+    async def bounded_receive() -> dict:
+        nonlocal pending, expired
+        while not expired:
+            if pending is None:
+                pending = asyncio.ensure_future(receive())
+            remaining = last_event + idle_s - loop.time()
+            if remaining > 0:
+                done, _ = await asyncio.wait({pending}, timeout=remaining)
+                if done:
+                    message, pending = pending.result(), None
+                    return message
+                continue  # an event may have gone out meanwhile: look again
+            expired = True
+        return {"type": "http.disconnect"}
+
+    task = asyncio.ensure_future(app(scope, bounded_receive, tracking_send))
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=max(0.05, last_event + idle_s - loop.time()))
+            if not task.done() and loop.time() - last_event >= idle_s + 5.0:
+                task.cancel()  # told of the disconnect and still running: stop it
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if not task.cancelled():
+            task.result()
+    finally:
+        if pending is not None:
+            pending.cancel()
+        if not task.done():
+            task.cancel()
+    if started and not finished:
+        finished = True
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 class _ASGIEndpoint:

@@ -57,7 +57,7 @@ from nemo_gym.global_config import (
     NEMO_GYM_PARENT_PID_ENV_VAR_NAME,
     NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME,
 )
-from nemo_gym.redaction import NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME
+from nemo_gym.redaction import NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME, child_environ
 from nemo_gym.replicas import REPLICA_ENV_VAR_NAME
 from nemo_gym.supervision.children import LOG_TAIL_LINES
 
@@ -232,7 +232,8 @@ class ReplicaActor:
             go_r, go_w = os.pipe()
             pipes = (verdict_r, go_w)
             pass_fds = (fd, verdict_w, go_r)
-        env = dict(os.environ)
+        # The node's environment without its secret-looking variables (as a local child's).
+        env = child_environ(os.environ, spec.get("pass_env") or ())
         root = spec["root"]
         env.update(self._env)
         env.update(
@@ -540,8 +541,10 @@ def script_spec(
     script: Path,
     config_yaml: str,
     startup_timeout_s: float,
+    pass_env: list[str] | None = None,
 ) -> dict[str, Any]:
-    """What :meth:`ReplicaActor.start` needs besides the secrets."""
+    """What :meth:`ReplicaActor.start` needs besides the secrets. ``pass_env``: the node's environment
+    variables the server may inherit although their names look secret (its block's ``pass_env``)."""
     return {
         "instance": instance_name,
         "identity": identity,
@@ -549,6 +552,7 @@ def script_spec(
         "script": str(script),
         "config_yaml": config_yaml,
         "startup_timeout_s": startup_timeout_s,
+        "pass_env": list(pass_env or []),
     }
 
 

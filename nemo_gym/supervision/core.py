@@ -14,8 +14,10 @@ Contract
   (:mod:`nemo_gym.supervision.verdicts`).
 * Secrets never leave through the logs: every line relayed from a child (to the terminal, the
   ``log_dir`` files and error messages) is scrubbed (:mod:`nemo_gym.redaction`) of the secret values
-  of the config and of ``env.yaml``; the ``env.yaml`` values are passed to each child
-  (``NEMO_GYM_SECRET_VALUES``) so it can scrub its own error bodies.
+  of the config and of ``env.yaml``. Each child is told only its own secret values and the run token
+  (``NEMO_GYM_SECRET_VALUES``) so it can scrub its own error bodies, and inherits the launcher's
+  environment without secret-looking variables (except its block's ``pass_env``):
+  :mod:`nemo_gym.supervision.spawning`.
 * ``dead_server()`` reports a child that has exited since start, or an instance placed on Ray whose
   every replica is dead. Ray-placed replicas check their config blocks on their nodes and report
   their verdicts with the local ones: nothing serves until every config is valid.
@@ -263,7 +265,7 @@ class ServerSupervisor(
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
         for child in self.children:
-            self._spawn(child, self._child_config_yaml(child, run_scrubber), secret)
+            self._spawn(child, self._child_config_yaml(child, run_scrubber), secret, run_scrubber)
 
         # 4. Every child checks its config, then all go on together; health-poll with a bound.
         deadline = time.monotonic() + self.startup_timeout_s

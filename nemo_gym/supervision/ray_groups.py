@@ -7,13 +7,13 @@ Contract
   without a cluster is a ``ConfigError`` naming the key.
 * Each placed instance is a ``nemo_gym.ray.replicas.RayReplicaGroup``: its replicas' ports are
   reserved on their nodes before anything starts and written into the config (``host``, ``port``,
-  ``replicas``); they check their config blocks and wait for go like local children. A placement or
-  start failure is a :class:`~nemo_gym.supervision.children.StartupError`.
+  ``replicas``); they check their config blocks and wait for go like local children, and get what a
+  local child gets: their own secret values and the run token (sealed), and their node's environment
+  without secret-looking variables except their block's ``pass_env``. A placement or start failure is a :class:`~nemo_gym.supervision.children.StartupError`.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -93,16 +93,18 @@ class RayGroupsMixin:
             return
         from nemo_gym.ray.replicas import script_spec
 
-        secrets_env = {
-            NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME: secret,
-            AUTH_TOKEN_ENV_VAR_NAME: self.auth_token or "",
-            AUTH_DISABLED_ENV_VAR_NAME: "" if self.auth_enabled else "1",
-            NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME: json.dumps(self.env_secret_values),
-        }
         for inst in self.instances:
             group = self.ray_groups.get(inst.name)
             if group is None:
                 continue
+            # Like a local child: its own secret values and the run token, nobody else's.
+            secrets_env = {
+                NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME: secret,
+                AUTH_TOKEN_ENV_VAR_NAME: self.auth_token or "",
+                AUTH_DISABLED_ENV_VAR_NAME: "" if self.auth_enabled else "1",
+                NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME: self._own_secrets_json(inst.name, run_scrubber),
+            }
+            pass_env = self._pass_env(inst.name)
             folder = find_server_dir(inst, self.loaded.root_dir)
             assert folder is not None
             block = OmegaConf.select(self.cfg, inst.config_key)
@@ -120,6 +122,7 @@ class RayGroupsMixin:
                         script,
                         config_yaml,
                         self.startup_timeout_s,
+                        pass_env,
                     )
                 )
             group.start(specs, secrets_env)

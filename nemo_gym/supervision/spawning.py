@@ -5,6 +5,9 @@ Contract
 * A child's config (:meth:`SpawningMixin._child_config_yaml`) holds its own block whole
   (interpolations resolved, its own secrets included), every other server's block with secrets
   redacted, and the top-level values that are neither secret-looking nor from env.yaml.
+* A child's environment (:meth:`SpawningMixin._child_env`) is the launcher's without its secret-looking
+  variables (except those its block names in ``pass_env``), plus its own secret values (what its block
+  holds) and the run token in ``NEMO_GYM_SECRET_VALUES``: never another server's secret.
 * :meth:`SpawningMixin._spawn` starts the child on the supervisor's spawner thread in its own process
   group, hands it its listening socket and its config-verdict pipes, then closes this process's
   copies. Its output is relayed line by line, scrubbed of secrets, prefixed with its label, to the
@@ -33,7 +36,15 @@ from nemo_gym.global_config import (
     NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME,
     is_secret_key,
 )
-from nemo_gym.redaction import NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME, Scrubber, process_scrubber, redact_config
+from nemo_gym.redaction import (
+    NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME,
+    PASS_ENV_KEY_NAME,
+    Scrubber,
+    child_environ,
+    own_secret_values,
+    process_scrubber,
+    redact_config,
+)
 from nemo_gym.replicas import REPLICA_ENV_VAR_NAME, REPLICAS_KEY_NAME
 from nemo_gym.supervision.children import ChildServer, StartupError
 
@@ -86,30 +97,65 @@ class SpawningMixin:
         out[name] = own
         return yaml.safe_dump(out, sort_keys=False)
 
-    def _spawn(self, child: ChildServer, config_yaml: str, secret: str) -> None:
-        assert child.sock is not None
-        fd = child.sock.fileno()
-        verdict_r, verdict_w = os.pipe()
-        go_r, go_w = os.pipe()
-        child.verdict_fd, child.go_fd = verdict_r, go_w
-        env = dict(os.environ)
+    def _own_secrets_json(self, name: str, run_scrubber: Scrubber) -> str:
+        """``NEMO_GYM_SECRET_VALUES`` of server ``name``: the secret values its own block holds (found
+        by the redaction rules, or one of the run's secrets inside one of its strings) and the run
+        token, so it can scrub them from its error bodies and logs. Another server's secrets are not
+        among them."""
+        try:
+            own = _resolved(self.cfg, name)
+        except Exception:  # reported by _config_yaml_for, which runs first
+            own = {}
+        values = own_secret_values(own, run_scrubber.values)
+        if self.auth_token:
+            values.add(self.auth_token)
+        return json.dumps(sorted(values))
+
+    def _pass_env(self, name: str) -> list[str]:
+        """The launcher variables server ``name`` asks for by name (its block's ``pass_env``)."""
+        inst = next(i for i in self.instances if i.name == name)
+        names = OmegaConf.select(self.cfg, f"{inst.config_key}.{PASS_ENV_KEY_NAME}", default=None)
+        if names is None:
+            return []
+        if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+            raise StartupError(
+                f"'{inst.config_key}.{PASS_ENV_KEY_NAME}' must be a list of environment variable names, "
+                f"e.g. [OPENAI_API_KEY]; got {OmegaConf.to_container(names) if OmegaConf.is_config(names) else names!r}"
+            )
+        return [str(n) for n in names]
+
+    def _child_env(
+        self, child: ChildServer, config_yaml: str, secret: str, run_scrubber: Scrubber
+    ) -> dict[str, str]:
+        """The environment ``child`` starts with (see the module docstring)."""
+        env = child_environ(os.environ, self._pass_env(child.name))
         root = str(self.loaded.root_dir)
         env.update(
             {
                 NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME: config_yaml,
                 NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME: child.name,
                 NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME: secret,
-                NEMO_GYM_LISTEN_FD_ENV_VAR_NAME: str(fd),
                 NEMO_GYM_PARENT_PID_ENV_VAR_NAME: str(os.getpid()),
                 AUTH_TOKEN_ENV_VAR_NAME: self.auth_token or "",
                 AUTH_DISABLED_ENV_VAR_NAME: "" if self.auth_enabled else "1",
-                NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME: f"{verdict_w},{go_r}",
-                NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME: json.dumps(self.env_secret_values),
+                NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME: self._own_secrets_json(child.name, run_scrubber),
                 REPLICA_ENV_VAR_NAME: child.identity or "",
                 "PYTHONUNBUFFERED": "1",
                 "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p),
             }
         )
+        return env
+
+    def _spawn(self, child: ChildServer, config_yaml: str, secret: str, run_scrubber: Scrubber) -> None:
+        assert child.sock is not None
+        env = self._child_env(child, config_yaml, secret, run_scrubber)
+        root = str(self.loaded.root_dir)
+        fd = child.sock.fileno()
+        verdict_r, verdict_w = os.pipe()
+        go_r, go_w = os.pipe()
+        child.verdict_fd, child.go_fd = verdict_r, go_w
+        env[NEMO_GYM_LISTEN_FD_ENV_VAR_NAME] = str(fd)
+        env[NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME] = f"{verdict_w},{go_r}"
         try:
             child.process = self._spawner.call(
                 lambda: subprocess.Popen(

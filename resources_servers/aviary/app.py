@@ -37,6 +37,7 @@ import asyncio  # noqa: E402
 import contextlib  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
+import math  # noqa: E402
 import time  # noqa: E402
 import uuid  # noqa: E402
 from abc import ABC  # noqa: E402
@@ -45,7 +46,7 @@ from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Generic, TypeVar  # noqa: E402
 
-from fastapi import FastAPI, HTTPException  # noqa: E402
+from fastapi import FastAPI, HTTPException, Request  # noqa: E402
 from pydantic import ConfigDict, PrivateAttr  # noqa: E402
 
 from aviary.core import (  # noqa: E402
@@ -59,7 +60,9 @@ from aviary.core import (  # noqa: E402
     ToolResponseMessage,
 )
 from nemo_gym.base_resources_server import SimpleResourcesServer  # noqa: E402
+from nemo_gym.disconnect import CLIENT_DISCONNECTED  # noqa: E402
 from nemo_gym.global_config import PACKAGE_PARENT_DIR  # noqa: E402
+from nemo_gym.server_utils import cookie_name_for, get_session_id  # noqa: E402
 from resources_servers.aviary.schemas import (  # noqa: E402
     ENV_STATE_KEY,
     AviaryAgentVerifyRequest,
@@ -167,6 +170,8 @@ def _error_outputs(calls: list[Any], message: str) -> list[dict[str, Any]]:
 class _LiveEnv:
     env: Environment
     task_idx: int
+    session_id: str
+    tool_names: list[str]
     last_used: float
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     step_rewards: list[float] = field(default_factory=list)
@@ -176,6 +181,7 @@ class _LiveEnv:
 @dataclass
 class _Finished:
     task_idx: int
+    session_id: str
     step_rewards: list[float]
     done: bool
     reason: str
@@ -200,6 +206,7 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
             "closed_idle": 0,
             "peak_live": 0,
             "seed_rejected": 0,
+            "closed_client_disconnected": 0,
         }
     )
 
@@ -233,8 +240,11 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
         await super().on_shutdown()
 
     # -- endpoints -----------------------------------------------------------------------------------
-    async def seed_session(self, body: AviarySeedSessionRequest) -> AviarySeedSessionResponse:
-        """Make and reset the env for ``task_idx`` (waits, bounded, for a free slot)."""
+    async def seed_session(
+        self, request: Request, body: AviarySeedSessionRequest
+    ) -> AviarySeedSessionResponse:
+        """Make and reset the env for ``task_idx`` (waits, bounded, for a free slot); the env belongs to
+        the session of this request (its cookie)."""
         n = len(self.dataset)
         if not 0 <= body.task_idx < n:
             raise HTTPException(
@@ -245,10 +255,13 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
             await asyncio.wait_for(slots.acquire(), timeout=self.config.seed_wait_timeout_s)
         except TimeoutError:
             self._stats["seed_rejected"] += 1
+            cap, waited = self.config.max_live_envs, self.config.seed_wait_timeout_s
             raise HTTPException(
                 503,
-                f"all {self.config.max_live_envs} env slots stayed busy for {self.config.seed_wait_timeout_s:g} s "
-                "(max_live_envs / seed_wait_timeout_s)",
+                f"all {cap} env slots are in use (max_live_envs={cap}) and none came free within "
+                f"{waited:g} s (seed_wait_timeout_s): retry later, close envs that are done (/close), "
+                "or raise max_live_envs",
+                headers={"Retry-After": str(max(1, math.ceil(waited)))},
             ) from None
         env: Environment | None = None
         try:
@@ -261,19 +274,25 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
                 await self._safe_close(env, "reset failed")
             raise
         env_id = str(uuid.uuid4())
-        self._live[env_id] = _LiveEnv(env=env, task_idx=body.task_idx, last_used=time.monotonic())
+        self._live[env_id] = _LiveEnv(
+            env=env,
+            task_idx=body.task_idx,
+            session_id=get_session_id(request),
+            tool_names=[t.info.name for t in tools],
+            last_used=time.monotonic(),
+        )
         self._stats["seeded"] += 1
         self._stats["peak_live"] = max(self._stats["peak_live"], len(self._live))
         return AviarySeedSessionResponse(
             env_id=env_id, obs=obs_to_items(obs), tools=[tool_to_function_tool_param(t) for t in tools]
         )
 
-    async def step(self, body: AviaryStepRequest) -> AviaryStepResponse:
+    async def step(self, request: Request, body: AviaryStepRequest) -> AviaryStepResponse:
         """Step the env once with every call of the turn."""
-        live = self._get_live(body.env_id)
+        live = self._get_live(body.env_id, request)
         async with live.lock:
             if body.env_id not in self._live:  # closed while this request waited
-                self._get_live(body.env_id)
+                self._get_live(body.env_id, request)
             live.last_used = time.monotonic()
             if live.done:
                 raise HTTPException(409, f"env_id {body.env_id!r} is done; close it")
@@ -326,11 +345,18 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
             reward = float(reward)
             live.step_rewards.append(reward)
             live.done = bool(done)
+            items = obs_to_items(obs)
+            reason = self._unanswered_calls(live, body.action, items, reward, bool(done))
             return AviaryStepResponse(
-                obs=obs_to_items(obs), reward=reward, done=bool(done), truncated=bool(truncated), step=step_no
+                obs=items,
+                reward=reward,
+                done=bool(done),
+                truncated=bool(truncated),
+                step=step_no,
+                reason=reason,
             )
 
-    async def verify(self, body: AviaryAgentVerifyRequest) -> AviaryAgentVerifyResponse:
+    async def verify(self, request: Request, body: AviaryAgentVerifyRequest) -> AviaryAgentVerifyResponse:
         """The rollout's reward: the sum of the env's per-step rewards."""
         env_id = body.response.env_id
         record: _LiveEnv | _Finished | None = self._live.get(env_id) or self._finished.get(env_id)
@@ -340,6 +366,7 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
                 f"env_id {env_id!r} is unknown to this server (never seeded here, or its record was dropped: "
                 f"max_finished_records={self.config.max_finished_records})",
             )
+        self._check_owner(env_id, record, request)
         if record.task_idx != body.task_idx:
             raise HTTPException(
                 422, f"env_id {env_id!r} ran task_idx {record.task_idx}, but the row says {body.task_idx}"
@@ -353,15 +380,21 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
             env_done=record.done,
         )
 
-    async def close(self, body: AviaryCloseRequest) -> AviaryCloseResponse:
-        """Close and forget ``env_id`` (closing a closed env again is a success)."""
-        if body.env_id in self._finished and body.env_id not in self._live:
-            return AviaryCloseResponse(
-                message=f"already closed ({self._finished[body.env_id].reason})", success=True
-            )
-        if body.env_id not in self._live:
+    async def close(self, request: Request, body: AviaryCloseRequest) -> AviaryCloseResponse:
+        """Close and forget ``env_id`` (closing a closed env again is a success). ``reason`` (optional)
+        says why; ``client_disconnected`` is counted in ``/env_stats``."""
+        finished = self._finished.get(body.env_id)
+        if finished is not None and body.env_id not in self._live:
+            self._check_owner(body.env_id, finished, request)
+            return AviaryCloseResponse(message=f"already closed ({finished.reason})", success=True)
+        live = self._live.get(body.env_id)
+        if live is None:
             raise HTTPException(404, f"unknown env_id {body.env_id!r}")
-        error = await self._close_env(body.env_id, "closed by client")
+        self._check_owner(body.env_id, live, request)
+        if body.reason == CLIENT_DISCONNECTED:
+            self._stats["closed_client_disconnected"] += 1
+        reason = f"closed by client: {body.reason}" if body.reason else "closed by client"
+        error = await self._close_env(body.env_id, reason)
         if error:
             return AviaryCloseResponse(message=error, success=False)
         return AviaryCloseResponse(message="Success", success=True)
@@ -376,14 +409,63 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
         }
 
     # -- internals -----------------------------------------------------------------------------------
-    def _get_live(self, env_id: str) -> _LiveEnv:
+    def _get_live(self, env_id: str, request: Request) -> _LiveEnv:
         live = self._live.get(env_id)
         if live is not None:
+            self._check_owner(env_id, live, request)
             return live
         done = self._finished.get(env_id)
         if done is not None:
+            self._check_owner(env_id, done, request)
             raise HTTPException(409, f"env_id {env_id!r} is closed ({done.reason})")
         raise HTTPException(404, f"unknown env_id {env_id!r} (seed a session first)")
+
+    def _check_owner(self, env_id: str, record: _LiveEnv | _Finished, request: Request) -> None:
+        """Only the session that seeded an env may step, verify or close it (403 otherwise)."""
+        if record.session_id != get_session_id(request):
+            raise HTTPException(
+                403,
+                f"env_id {env_id!r} belongs to another session: only the session that seeded it may use it. "
+                f"Send the session cookie ({cookie_name_for(self.config.name)!r}) that /seed_session set "
+                "with every /step, /verify and /close of that env.",
+            )
+
+    def _unanswered_calls(
+        self,
+        live: _LiveEnv,
+        calls: list[Any],
+        items: list[dict[str, Any]],
+        reward: float,
+        done: bool,
+    ) -> str | None:
+        """Make every call the env did not really answer say why, in its ``function_call_output``
+        (added to ``items`` when missing). Aviary answers a call of an unknown tool with an empty
+        response (GSM8K also ends the episode at ``tool_failure_reward``); the reward stays Aviary's,
+        the text names the tool and the env's tools. The same text is the step's ``reason`` (None when
+        every call got a real answer)."""
+        outputs = {it.get("call_id"): it for it in items if it.get("type") == "function_call_output"}
+        names = [t.info.name for t in getattr(live.env, "tools", None) or []] or live.tool_names
+        texts: list[str] = []
+        for call in calls:
+            item = outputs.get(call.call_id)
+            if call.name in names:
+                if item is not None:
+                    continue
+                why = f"Error: the environment gave no answer to this call of {call.name!r}"
+            elif item is not None and str(item.get("output") or "").strip():
+                continue  # the env explained it itself
+            else:
+                why = (
+                    f"Error: {call.name!r} is not a tool of this environment (its tools: {', '.join(names)})"
+                )
+            if done:
+                why += f"; the environment ended the episode with reward {reward:g}"
+            if item is None:
+                items.append({"type": "function_call_output", "call_id": call.call_id, "output": why})
+            else:
+                item["output"] = why
+            texts.append(why)
+        return "\n".join(texts) or None
 
     async def _safe_close(self, env: Environment, why: str) -> str | None:
         try:
@@ -399,7 +481,9 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
         if live is None:
             return None
         try:
-            self._finished[env_id] = _Finished(live.task_idx, live.step_rewards, live.done, reason)
+            self._finished[env_id] = _Finished(
+                live.task_idx, live.session_id, live.step_rewards, live.done, reason
+            )
             while len(self._finished) > self.config.max_finished_records:
                 self._finished.popitem(last=False)
             return await self._safe_close(live.env, reason)

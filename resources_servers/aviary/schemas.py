@@ -58,10 +58,11 @@ class AviaryResourcesServerConfig(BaseResourcesServerConfig):
     )
     max_live_envs: int = Field(default=64, ge=1, description="Environments alive at once.")
     seed_wait_timeout_s: float = Field(
-        default=30.0,
+        default=1.0,
         ge=0,
-        description="How long /seed_session waits (first come, first served) for a free slot before a 503; "
-        "aviary_agent retries a 503 until its seed_session_timeout_s.",
+        description="How long /seed_session waits (first come, first served) for a free slot before a 503 "
+        "with Retry-After; aviary_agent retries a 503 until its seed_session_timeout_s. Keep it short: "
+        "a waiting seed holds its caller's connection open.",
     )
     idle_timeout_s: float = Field(
         default=900.0, gt=0, description="An env untouched this long is closed (abandoned rollouts)."
@@ -112,6 +113,11 @@ class AviaryStepResponse(BaseModel):
     done: bool
     truncated: bool = False
     step: int = 0
+    reason: str | None = Field(
+        default=None,
+        description="Why a call of this step got no answer from the env (e.g. an unknown tool, which "
+        "Aviary punishes by ending the episode); the same text is the call's function_call_output.",
+    )
 
 
 class AviaryStepRecord(BaseModel):
@@ -128,6 +134,7 @@ class AviaryStepRecord(BaseModel):
     done: bool = False
     truncated: bool = False
     stepped_env: bool = Field(default=True, description="False when the turn had no tool call.")
+    reason: str | None = Field(default=None, description="The env step's reason (see AviaryStepResponse).")
     prompt_token_ids: list[int] | None = None
     generation_token_ids: list[int] | None = None
     generation_log_probs: list[float] | None = None
@@ -155,6 +162,9 @@ class AviaryAgentVerifyResponse(AviaryAgentVerifyRequest, BaseVerifyResponse):
 
 class AviaryCloseRequest(BaseModel):
     env_id: str
+    reason: str | None = Field(
+        default=None, description="Why the client closes it (e.g. client_disconnected); kept in the record."
+    )
 
 
 class AviaryCloseResponse(BaseModel):

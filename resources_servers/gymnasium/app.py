@@ -183,8 +183,12 @@ class GymnasiumEnvServer(GymnasiumServer):
         return app
 
     async def stats(self) -> dict[str, Any]:
-        """``GET /stats``: live episodes and idle (reusable) envs per env name."""
-        return {"live_episodes": len(self._episodes), "idle_envs": {k: len(v) for k, v in self._idle.items()}}
+        """``GET /stats``: live episodes, idle (reusable) envs per env name, ``/close`` calls per reason."""
+        return {
+            "live_episodes": len(self._episodes),
+            "idle_envs": {k: len(v) for k, v in self._idle.items()},
+            "closed_by_reason": dict(self.closed_by_reason),
+        }
 
     async def seed_session(self, body: GymRowRequest) -> BaseSeedSessionResponse:
         """Not used by gymnasium_agent (it calls /reset); declares the row's fields for /row_schema."""

@@ -11,7 +11,8 @@ Contract
   ``function_call_output`` items and ``observation`` (if any) as a user message. When the episode
   ends (``terminated`` or ``truncated``) the session's state is dropped (:meth:`close_session`).
 * ``POST /close``: drops the session's state (the agent calls it when ``/reset``'s ``info`` says
-  ``supports_explicit_close: true``, also after a failed rollout).
+  ``supports_explicit_close: true``, also after a failed rollout). An optional body ``{"reason": ...}``
+  (``client_disconnected`` when the agent's caller went away) is counted in ``closed_by_reason``.
 * Subclasses implement ``async reset(metadata, session_id) -> (observation, info)`` and
   ``async step(action, metadata, session_id) -> (observation, reward, terminated, truncated, info)``;
   ``metadata`` is the row's fields other than ``responses_create_params`` / ``response``. Keep per
@@ -72,6 +73,12 @@ class EnvStepResponse(BaseModel):
     info: dict[str, Any] = {}
 
 
+class EnvCloseRequest(BaseModel):
+    """``/close``'s optional body: why the episode is closed (counted per reason)."""
+
+    reason: str | None = None
+
+
 def extract_text(response: NeMoGymResponse) -> str:
     """All ``output_text`` of the response's assistant messages, joined."""
     parts = []
@@ -89,6 +96,7 @@ class GymnasiumServer(SimpleResourcesServer):
     """Gymnasium-style resources server; subclass and implement :meth:`reset` and :meth:`step`."""
 
     session_state: dict[str, Any] = Field(default_factory=dict)
+    closed_by_reason: dict[str, int] = Field(default_factory=dict)  # /close calls that said why
 
     def setup_webserver(self) -> FastAPI:
         app = super().setup_webserver()
@@ -116,7 +124,9 @@ class GymnasiumServer(SimpleResourcesServer):
             observation=observation, reward=reward, terminated=terminated, truncated=truncated, info=info
         )
 
-    async def _close_endpoint(self, request: Request) -> dict[str, bool]:
+    async def _close_endpoint(self, request: Request, body: EnvCloseRequest | None = None) -> dict[str, bool]:
+        if body is not None and body.reason:
+            self.closed_by_reason[body.reason] = self.closed_by_reason.get(body.reason, 0) + 1
         await self.close_session(get_session_id(request))
         return {"closed": True}
 

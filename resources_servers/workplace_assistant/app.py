@@ -4,7 +4,9 @@ held per session; reward 1 iff the session's final data equals what the row's ``
 Contract
 --------
 * ``POST /seed_session`` gives the session (the signed cookie the server issues) a private copy of the
-  company in ``world_data/company.json`` (re-seeding resets it). Sessions never share data.
+  company in ``world_data/company.json`` (re-seeding resets it). Sessions never share data. The body
+  must be a task row of this environment (:class:`WorkbenchSeedSessionRequest`: a missing or malformed
+  field is a 422 naming it) of at most ``max_seed_session_body_bytes`` (else 413, before it is read).
 * ``POST /<tool>`` for each of the 27 tools in :data:`world.TOOLS` (upstream's names, e.g.
   ``email_send_email``): the body is the tool's JSON arguments; the answer is ``{"output": <result>}``.
   A tool that cannot do what it is asked (unknown id, bad field, bad date, unknown argument) answers
@@ -31,7 +33,7 @@ import json
 from typing import Any, ClassVar
 
 from fastapi import Body, FastAPI, HTTPException, Request
-from pydantic import BaseModel, Field, PrivateAttr
+from pydantic import BaseModel, Field, PrivateAttr, field_validator
 
 from nemo_gym.base_resources_server import (
     BaseResourcesServerConfig,
@@ -39,6 +41,7 @@ from nemo_gym.base_resources_server import (
     BaseSeedSessionResponse,
     BaseVerifyRequest,
     BaseVerifyResponse,
+    NeMoGymResponseCreateParamsNonStreaming,
     ReverifyMode,
     SimpleResourcesServer,
 )
@@ -55,15 +58,36 @@ from resources_servers.workplace_assistant.world import (
     tool_schema,
 )
 
+SEED_BODY_LIMIT_SETTING = "max_seed_session_body_bytes"
+
 
 class WorkbenchResourcesServerConfig(BaseResourcesServerConfig):
     max_sessions: int = Field(default=100_000, ge=1)
+    # A task row (27 tool schemas, a prompt, the ground truth) is ~20 KB; /seed_session refuses more.
+    max_seed_session_body_bytes: int = Field(default=1024 * 1024, gt=0)
     # Verify replays a stored response's calls when its session is gone, so re-verification works.
     REVERIFY_MODE: ClassVar[ReverifyMode] = ReverifyMode.STATELESS
 
 
 class WorkbenchResponse(BaseModel):
     output: Any
+
+
+class WorkbenchSeedSessionRequest(BaseSeedSessionRequest):
+    """A task row as ``/seed_session`` accepts it: the fields ``/verify`` will need, checked up front
+    (other fields of a row are ignored, as everywhere)."""
+
+    responses_create_params: NeMoGymResponseCreateParamsNonStreaming
+    ground_truth: list[dict[str, Any]] | str
+    id: int
+    category: str
+    environment_name: str
+
+    @field_validator("ground_truth")
+    @classmethod
+    def _calls(cls, value: list[dict[str, Any]] | str) -> list[dict[str, Any]] | str:
+        ground_truth_calls(value)  # a ValueError names ground_truth
+        return value
 
 
 class WorkbenchVerifyRequest(BaseVerifyRequest):
@@ -103,6 +127,43 @@ def ground_truth_calls(ground_truth: list[dict[str, Any]] | str) -> list[dict[st
     return calls
 
 
+class SeedBodyLimit:
+    """ASGI wrapper: a ``/seed_session`` body larger than ``limit`` bytes is refused with a 413 naming
+    the setting, by its ``Content-Length`` before anything is read, else as it streams in. It only
+    wraps ``receive``, so the request guard (run token, server-wide limit) still answers first."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    def _too_large(self, size: str) -> HTTPException:
+        return HTTPException(
+            413,
+            f"/seed_session body of {size} bytes is larger than a task row may be "
+            f"({SEED_BODY_LIMIT_SETTING}={self.limit}); raise {SEED_BODY_LIMIT_SETTING} if your rows are that big",
+        )
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not str(scope.get("path", "")).endswith("/seed_session"):
+            await self.app(scope, receive, send)
+            return
+        declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        seen = 0
+
+        async def bounded() -> dict:
+            nonlocal seen
+            if declared is not None and declared.isdigit() and int(declared) > self.limit:
+                raise self._too_large(declared.decode())
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise self._too_large(f"more than {self.limit}")
+            return message
+
+        await self.app(scope, bounded, send)
+
+
 class WorkbenchResourcesServer(SimpleResourcesServer):
     config: WorkbenchResourcesServerConfig
 
@@ -112,6 +173,7 @@ class WorkbenchResourcesServer(SimpleResourcesServer):
 
     def setup_webserver(self) -> FastAPI:
         app = super().setup_webserver()
+        app.add_middleware(SeedBodyLimit, limit=self.config.max_seed_session_body_bytes)
         for name in TOOLS:
             app.post(f"/{name}", name=name, description=TOOLS[name].description)(self._route(name))
         return app
@@ -143,7 +205,9 @@ class WorkbenchResourcesServer(SimpleResourcesServer):
         except ToolError as e:
             return f"Error: {e}"
 
-    async def seed_session(self, request: Request, body: BaseSeedSessionRequest) -> BaseSeedSessionResponse:
+    async def seed_session(
+        self, request: Request, body: WorkbenchSeedSessionRequest
+    ) -> BaseSeedSessionResponse:
         session_id = get_session_id(request)
         self._worlds.pop(session_id, None)
         self._worlds[session_id] = new_world()
@@ -181,6 +245,7 @@ class WorkbenchResourcesServer(SimpleResourcesServer):
 __all__ = [
     "WorkbenchResourcesServer",
     "WorkbenchResourcesServerConfig",
+    "WorkbenchSeedSessionRequest",
     "WorkbenchVerifyRequest",
     "WorkbenchVerifyResponse",
     "ground_truth_calls",

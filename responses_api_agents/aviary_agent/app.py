@@ -6,9 +6,12 @@ Contract
   (``/seed_session``), takes its tools and first observation, then repeats {model turn -> one
   ``/step`` with every function call of the turn} until the env says ``done``, ``max_steps`` model
   turns were made, or the model answers without a tool call (``done_if_no_tool_calls: true`` stops;
-  ``false`` nudges it with ``no_tool_call_message``, still within ``max_steps``). The env is always
-  closed (also when anything fails, and when the caller disconnects, which stops the loop after the
-  current turn). Then ``/verify`` gives the reward (the sum of the env's per-step rewards).
+  ``false`` nudges it with ``no_tool_call_message``, still within ``max_steps``). Then ``/verify``
+  gives the reward (the sum of the env's per-step rewards). Every call to the resources server carries
+  the session cookie ``/seed_session`` set (the env is bound to that session).
+* The env is always closed (bounded by ``close_timeout_s``), also when anything fails. When the caller
+  of ``/run`` disconnects, the rollout is cancelled at once, whatever it is waiting on (the model, a
+  step; :mod:`nemo_gym.disconnect`), and the env is closed with reason ``client_disconnected``.
 * The response: ``output`` is the whole trajectory as Responses items (first observation, then per
   turn the model's items and the env's observations, in order), ``tools`` the env's tools, usage
   summed over turns, plus ``env_id``, ``group_id`` (the task index), ``contains_transitions``
@@ -40,9 +43,21 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
+from nemo_gym.disconnect import (
+    ClientDisconnected,
+    cancel_reason,
+    disconnected_response,
+    run_until_disconnected,
+)
 from nemo_gym.export_transitions import render_step_context
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
-from nemo_gym.server_utils import UpstreamError, raise_for_status, response_body, validated_body
+from nemo_gym.server_utils import (
+    UpstreamError,
+    raise_for_status,
+    response_body,
+    response_cookies,
+    validated_body,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -145,21 +160,35 @@ class AviaryAgent(SimpleResponsesAPIAgent):
     async def run(self, request: Request) -> Response:
         row = await validated_body(request, AviaryAgentRunRequest)
         row.setdefault("responses_create_params", {"input": []})
-        response = await self.run_episode(row, request)
+        try:
+            verify = await run_until_disconnected(request, self._rollout(row))
+        except ClientDisconnected as e:
+            return disconnected_response(self.config.name, e)
+        return Response(orjson.dumps(verify), media_type="application/json")
+
+    async def _rollout(self, row: dict[str, Any]) -> dict[str, Any]:
+        cookies: dict[str, str] = {}
+        response = await self.run_episode(row, cookies=cookies)
         verify, _ = await self.server_client.post_json(
             self.config.resources_server.name,
             "/verify",
             json={**row, "response": response},
+            cookies=cookies,
             **self.timeout("verify_timeout_s"),
         )
-        return Response(orjson.dumps(verify), media_type="application/json")
+        return verify
 
-    async def _close(self, env_id: str) -> None:
+    async def _close(self, env_id: str, cookies: dict[str, str], reason: str | None = None) -> None:
+        body: dict[str, Any] = {"env_id": env_id}
+        if reason is not None:
+            body["reason"] = reason
+            logger.info("closing env %s: %s", env_id, reason)
         try:
             resp = await self.server_client.post(
                 self.config.resources_server.name,
                 "/close",
-                json={"env_id": env_id},
+                json=body,
+                cookies=cookies,
                 timeout_s=self.config.close_timeout_s,
                 timeout_setting=f"close_timeout_s of agent '{self.config.name}'",
             )
@@ -168,9 +197,9 @@ class AviaryAgent(SimpleResponsesAPIAgent):
         except UpstreamError as e:  # the server's idle reaper closes it eventually
             logger.warning("could not close env %s: %s", env_id, e)
 
-    async def _seed(self, row: dict[str, Any]) -> dict[str, Any]:
-        """``/seed_session``; a 503 (every env slot busy) is retried with backoff until
-        ``seed_session_timeout_s`` has passed, then fails the rollout like any other error."""
+    async def _seed(self, row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+        """``/seed_session`` (its answer and the session cookie it set); a 503 (every env slot busy) is
+        retried with backoff until ``seed_session_timeout_s`` has passed, then fails the rollout."""
         resources = self.config.resources_server.name
         body = {"task_idx": row["task_idx"], "responses_create_params": row["responses_create_params"]}
         deadline = time.monotonic() + self.config.seed_session_timeout_s
@@ -186,24 +215,44 @@ class AviaryAgent(SimpleResponsesAPIAgent):
             )
             if resp.status != 503 or time.monotonic() + delay >= deadline:
                 raise_for_status(resp, resources, "/seed_session")
-                return orjson.loads(response_body(resp))
+                return orjson.loads(response_body(resp)), response_cookies(resp)
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 1.0)
 
-    async def run_episode(self, row: dict[str, Any], request: Request | None = None) -> dict[str, Any]:
-        """Seed, loop, close; the trajectory as an ``AviaryNeMoGymResponse`` dict."""
+    async def run_episode(
+        self, row: dict[str, Any], request: Request | None = None, cookies: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """Seed, loop, close; the trajectory as an ``AviaryNeMoGymResponse`` dict. ``cookies`` (if given)
+        receives the resources server's session cookie, for ``/verify``. ``request`` is not read
+        (cancel the task to stop a rollout: :func:`nemo_gym.disconnect.run_until_disconnected`)."""
         cfg = self.config
         resources, model = cfg.resources_server.name, cfg.model_server.name
-        seed = await self._seed(row)
-        env_id: str = seed["env_id"]
+        cookies = {} if cookies is None else cookies
+        seeding = asyncio.ensure_future(self._seed(row))
         try:
-            return await self._loop(row, seed, request, model, resources)
+            seed, new_cookies = await asyncio.shield(seeding)
+        except asyncio.CancelledError as e:
+            # The server may make the env anyway: wait (bounded) for its answer, then close that env.
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                async with asyncio.timeout(cfg.close_timeout_s):
+                    seed, new_cookies = await seeding
+                    await self._close(seed["env_id"], new_cookies, cancel_reason(e))
+            seeding.cancel()
+            raise
+        cookies.update(new_cookies)
+        env_id: str = seed["env_id"]
+        reason: str | None = None
+        try:
+            return await self._loop(row, seed, cookies, model, resources)
+        except asyncio.CancelledError as e:
+            reason = cancel_reason(e)
+            raise
         finally:
-            # Shielded: a cancelled request still closes its env (bounded by close_timeout_s).
-            await asyncio.shield(self._close(env_id))
+            # Shielded: a cancelled rollout still closes its env (bounded by close_timeout_s).
+            await asyncio.shield(self._close(env_id, cookies, reason))
 
     async def _loop(
-        self, row: dict[str, Any], seed: dict[str, Any], request: Request | None, model: str, resources: str
+        self, row: dict[str, Any], seed: dict[str, Any], cookies: dict[str, str], model: str, resources: str
     ) -> dict[str, Any]:
         cfg = self.config
         params = dict(row["responses_create_params"])
@@ -218,9 +267,6 @@ class AviaryAgent(SimpleResponsesAPIAgent):
         keep_ids = not cfg.collapse_old_env_states
         model_path = self.url_path_for_run("/v1/responses", row)  # /ng-rollout/<id> when capturing
         for step_no in range(1, cfg.max_steps + 1):
-            if request is not None and await _disconnected(request):
-                stop_reason = "client_disconnected"
-                break
             model_input = render_step_context(
                 prefix + output, cfg.collapse_old_env_states, cfg.old_env_state_message, keep_ids
             )
@@ -248,6 +294,7 @@ class AviaryAgent(SimpleResponsesAPIAgent):
                 resources,
                 "/step",
                 json={"env_id": seed["env_id"], "action": calls},
+                cookies=cookies,
                 **self.timeout("tool_timeout_s"),
             )
             obs = list(result.get("obs") or [])
@@ -260,6 +307,7 @@ class AviaryAgent(SimpleResponsesAPIAgent):
                     "reward": result.get("reward", 0.0),
                     "done": bool(result.get("done")),
                     "truncated": bool(result.get("truncated")),
+                    "reason": result.get("reason"),
                 }
             )
             if result.get("done"):
@@ -289,13 +337,6 @@ class AviaryAgent(SimpleResponsesAPIAgent):
                 "token_ids_in_context": keep_ids,
             },
         }
-
-
-async def _disconnected(request: Request) -> bool:
-    """Whether the caller has gone (checked between turns; never blocks)."""
-    with contextlib.suppress(Exception):
-        return await asyncio.wait_for(request.is_disconnected(), timeout=0.01)
-    return False
 
 
 if __name__ == "__main__":

@@ -16,10 +16,14 @@ Contract
   episode, also when the rollout failed; a failing close after a good episode is recorded in
   ``info.cleanup_warning``. A failure to reach the model or the server fails the rollout (502/504
   naming the server and path), never a reward.
+* When the caller of ``/run`` disconnects, the rollout is cancelled at once, whatever it waits on
+  (:mod:`nemo_gym.disconnect`), and a closable episode is closed with body
+  ``{"reason": "client_disconnected"}`` (bounded by ``tool_timeout_s``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -31,6 +35,12 @@ from pydantic import Field
 from nemo_gym.base_resources_server import BaseRunRequest
 from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
+from nemo_gym.disconnect import (
+    ClientDisconnected,
+    cancel_reason,
+    disconnected_response,
+    run_until_disconnected,
+)
 from nemo_gym.openai_utils import new_id
 from nemo_gym.server_utils import validated_body
 from responses_api_agents.simple_agent.app import _add_usage, _empty_usage
@@ -61,7 +71,13 @@ class GymnasiumAgent(SimpleResponsesAPIAgent):
 
     async def run(self, request: Request) -> Response:
         row = await validated_body(request, BaseRunRequest)
-        cookies = dict(request.cookies)
+        try:
+            result = await run_until_disconnected(request, self._rollout(row, dict(request.cookies)))
+        except ClientDisconnected as e:
+            return disconnected_response(self.config.name, e)
+        return Response(orjson.dumps(result), media_type="application/json")
+
+    async def _rollout(self, row: dict[str, Any], cookies: dict[str, str]) -> dict[str, Any]:
         env = self.config.resources_server.name
         reset, new_cookies = await self.server_client.post_json(
             env, "/reset", json=row, cookies=cookies, **self.timeout("seed_session_timeout_s")
@@ -71,6 +87,10 @@ class GymnasiumAgent(SimpleResponsesAPIAgent):
         closable = info.get("supports_explicit_close") is True
         try:
             result = await self._episode(row, reset, cookies)
+        except asyncio.CancelledError as e:
+            if closable:  # shielded: the episode's state is dropped even though the rollout was cancelled
+                await asyncio.shield(self._close_after_failure(cookies, cancel_reason(e)))
+            raise
         except BaseException:
             if closable:
                 try:
@@ -83,13 +103,20 @@ class GymnasiumAgent(SimpleResponsesAPIAgent):
                 await self._close(cookies)
             except Exception as e:  # the episode itself is complete and scored
                 result["info"] = {**result["info"], "cleanup_warning": f"{type(e).__name__}: {e}"}
-        return Response(orjson.dumps({**row, **result}), media_type="application/json")
+        return {**row, **result}
 
-    async def _close(self, cookies: dict[str, str]) -> None:
+    async def _close_after_failure(self, cookies: dict[str, str], reason: str) -> None:
+        _LOGGER.info("closing the episode: %s", reason)
+        try:
+            await self._close(cookies, reason)
+        except Exception:
+            _LOGGER.exception("closing the environment after a cancelled rollout failed")
+
+    async def _close(self, cookies: dict[str, str], reason: str | None = None) -> None:
         await self.server_client.post_json(
             self.config.resources_server.name,
             "/close",
-            json={},
+            json={"reason": reason} if reason else {},
             cookies=cookies,
             **self.timeout("tool_timeout_s"),
         )

@@ -22,6 +22,9 @@ Contract
   in ``response.usage``).
 * A simulator answer with no text, or a failure to reach any server, fails the rollout (a non-2xx
   naming the server), never a reward.
+* When the caller of ``/run`` disconnects, the conversation is cancelled at once, whatever it waits
+  on (the policy, the simulator, a tool; :mod:`nemo_gym.disconnect`): no model is called for a rollout
+  nobody will read. (The resources server's session has no close call; its own bounds drop it.)
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from pydantic import Field
 
 from nemo_gym.base_resources_server import BaseRunRequest
 from nemo_gym.config_types import ModelServerRef
+from nemo_gym.disconnect import ClientDisconnected, disconnected_response, run_until_disconnected
 from nemo_gym.openai_utils import text_of_message
 from nemo_gym.server_client import UpstreamError
 from nemo_gym.server_utils import validated_body
@@ -76,7 +80,13 @@ class SimulatedUserAgent(SimpleAgent):
 
     async def run(self, request: Request) -> Response:
         row = await validated_body(request, SimulatedUserRunRequest)
-        cookies = dict(request.cookies)
+        try:
+            result = await run_until_disconnected(request, self._conversation(row, dict(request.cookies)))
+        except ClientDisconnected as e:
+            return disconnected_response(self.config.name, e)
+        return Response(orjson.dumps(result), media_type="application/json")
+
+    async def _conversation(self, row: dict[str, Any], cookies: dict[str, str]) -> dict[str, Any]:
         resources = self.config.resources_server.name
         _, new_cookies = await self.server_client.post_json(
             resources, "/seed_session", json=row, cookies=cookies, **self.timeout("seed_session_timeout_s")
@@ -147,7 +157,7 @@ class SimulatedUserAgent(SimpleAgent):
             "ended_by": ended_by,
             "user_usage": user_usage,
         }
-        return Response(orjson.dumps({**row, **verify, **extra}), media_type="application/json")
+        return {**row, **verify, **extra}
 
     def _rules(self) -> str:
         return USER_RULES.format(marker=self.config.done_marker)

@@ -1,7 +1,7 @@
 """Aviary GSM8K and HotPotQA against real servers: the real fhaviary envs, the aviary_agent, the scripted model.
 
 One set of servers serves the module: the GSM8K and HotPotQA configs as shipped, a GSM8K server with
-tiny bounds (one live env, short waits, a one-second idle timeout), and a second agent that nudges the
+tiny bounds (one live env, a three-second idle timeout), and a second agent that nudges the
 model instead of stopping when it answers without a tool call. The scripted model picks its turns by a
 substring of the first user message: the env's problem text, or a tag the row puts in its input.
 """
@@ -15,12 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import psutil
 import pytest
 
 from nemo_gym.cli import RunHelper
-from nemo_gym.server_utils import close_shared_session, request
+from nemo_gym.server_utils import close_shared_session, request, response_cookies
 from nemo_gym.testing import get, post_json, run_rollout, running_servers, server_url
 
 HERE = Path(__file__).resolve().parents[1]
@@ -48,6 +49,7 @@ TAGGED: dict[str, list[dict[str, Any]]] = {
     "[wrong]": [_calc({"expr": "3*12+7"}), _submit("43")],
     "[malformed]": [_submit("twenty-nine")],
     "[unknown-tool]": [{"tool_calls": [{"name": "abacus", "arguments": {"beads": 3}}]}],
+    "[slow-model]": [{"delay_s": 60.0, **_calc({"expr": "3*12-7"})}, _submit("29")],
     "[env-raises]": [_calc({}), _submit("29")],
     "[bad-json]": [{"tool_calls": [{"name": "calculator", "arguments": "{not json"}]}, _submit("29")],
     "[no-tool]": [{"text": "I think the answer is 29."}, _submit("29")],
@@ -98,8 +100,7 @@ def helper() -> Iterator[RunHelper]:
                 "aviary": {
                     **gsm8k_block,
                     "max_live_envs": 1,
-                    "seed_wait_timeout_s": 0.3,
-                    "idle_timeout_s": 1.0,
+                    "idle_timeout_s": 3.0,
                 }
             }
         },
@@ -144,6 +145,10 @@ def test_right_wrong_and_malformed_answers_get_aviarys_rewards(helper: RunHelper
     assert malformed["reward"] == -1.0 and malformed["step_rewards"] == [-1.0]
     unknown = run_rollout(helper, GSM8K_AGENT, _row(0, "[unknown-tool]"))
     assert unknown["reward"] == -1.0 and unknown["response"]["stop_reason"] == "done"
+    # Aviary's reward stays; the model's call gets an answer and the rollout says why it ended.
+    (why,) = _outputs(unknown)
+    assert "'abacus' is not a tool of this environment" in why and "calculator, submit_answer" in why
+    assert "ended the episode" in why and unknown["response"]["steps"][-1]["reason"] == why
     for r in (right, wrong, malformed, unknown):
         assert r["task_idx"] == 0 and r["response"]["group_id"] == "0"
         assert [s["reward"] for s in r["response"]["steps"]] == r["step_rewards"]
@@ -217,16 +222,18 @@ def test_bad_requests_get_clear_4xx(helper: RunHelper) -> None:
     assert resp.status_code == 422 and "task_idx" in resp.text
     resp = post_json(base + "/step", {"env_id": "nope", "action": []})
     assert resp.status_code == 404 and "unknown env_id 'nope'" in resp.text
-    seeded = post_json(base + "/seed_session", {"task_idx": 1}).json()
-    env_id = seeded["env_id"]
-    resp = post_json(base + "/step", {"env_id": env_id, "action": [{"type": "function_call", "name": "x"}]})
+    seeded = post_json(base + "/seed_session", {"task_idx": 1})
+    env_id, cookies = seeded.json()["env_id"], dict(seeded.cookies)
+    bad_call = {"env_id": env_id, "action": [{"type": "function_call", "name": "x"}]}
+    resp = post_json(base + "/step", bad_call, cookies=cookies)
     assert resp.status_code == 422 and "call_id" in resp.text and "arguments" in resp.text
-    resp = post_json(base + "/step", {"env_id": env_id, "action": "submit 170"})
+    resp = post_json(base + "/step", {"env_id": env_id, "action": "submit 170"}, cookies=cookies)
     assert resp.status_code == 422 and "action" in resp.text
-    assert post_json(base + "/close", {"env_id": env_id}).json() == {"message": "Success", "success": True}
-    again = post_json(base + "/close", {"env_id": env_id}).json()
+    closed = post_json(base + "/close", {"env_id": env_id}, cookies=cookies).json()
+    assert closed == {"message": "Success", "success": True}
+    again = post_json(base + "/close", {"env_id": env_id}, cookies=cookies).json()
     assert again["success"] and "already closed" in again["message"]
-    resp = post_json(base + "/step", {"env_id": env_id, "action": []})
+    resp = post_json(base + "/step", {"env_id": env_id, "action": []}, cookies=cookies)
     assert resp.status_code == 409 and "closed by client" in resp.text
     # /run with a task the server does not have: a failed rollout naming the server, never a reward.
     resp = post_json(server_url(helper, GSM8K_AGENT) + "/run", _row(99))
@@ -234,6 +241,44 @@ def test_bad_requests_get_clear_4xx(helper: RunHelper) -> None:
     resp = post_json(server_url(helper, GSM8K_AGENT) + "/run", {"responses_create_params": {"input": []}})
     assert resp.status_code == 422 and "task_idx" in resp.text
     assert _stats(helper, GSM8K)["live"] == 0
+
+
+def test_an_env_answers_only_the_session_that_seeded_it(helper: RunHelper) -> None:
+    base = server_url(helper, GSM8K)
+    seeded = post_json(base + "/seed_session", {"task_idx": 0})
+    env_id, cookies = seeded.json()["env_id"], dict(seeded.cookies)
+    args = json.dumps({"answer": ANSWERS[0]})
+    step = {
+        "env_id": env_id,
+        "action": [{"type": "function_call", "call_id": "c", "name": "submit_answer", "arguments": args}],
+    }
+    # Another client (no cookie: a session of its own) knows the id and the run token, and is refused.
+    for path, body in (("/step", step), ("/close", {"env_id": env_id})):
+        resp = post_json(base + path, body)
+        assert resp.status_code == 403, (path, resp.text)
+        assert f"env_id {env_id!r} belongs to another session" in resp.text and "cookie" in resp.text
+    verify = {**_row(0), "response": {"env_id": env_id, "group_id": "0", "output": []}}
+    assert post_json(base + "/verify", verify).status_code == 403
+    assert _stats(helper, GSM8K)["live"] >= 1  # still alive: the refused close did nothing
+    # The seeding session steps, verifies and closes it.
+    assert post_json(base + "/step", step, cookies=cookies).json()["reward"] == 1.0
+    assert post_json(base + "/verify", verify, cookies=cookies).json()["reward"] == 1.0
+    assert post_json(base + "/close", {"env_id": env_id}, cookies=cookies).json()["success"]
+
+
+def test_a_dropped_rollout_closes_its_env_at_once(helper: RunHelper) -> None:
+    """The client gives up while the model is thinking (a 60 s turn); the agent notices at once,
+    stops and closes the env. The server's idle timeout is the production 900 s, so only the agent
+    can have closed it."""
+    before = _stats(helper, GSM8K)
+    with pytest.raises(httpx.ReadTimeout):
+        post_json(server_url(helper, GSM8K_AGENT) + "/run", _row(0, "[slow-model]"), timeout=3)
+    dropped = time.monotonic()
+    while time.monotonic() - dropped < 10 and _stats(helper, GSM8K)["live"] > before["live"]:
+        time.sleep(0.05)
+    after = _stats(helper, GSM8K)
+    assert after["seeded"] == before["seeded"] + 1 and after["live"] == before["live"], after
+    assert after["closed_client_disconnected"] == before.get("closed_client_disconnected", 0) + 1, after
 
 
 def test_verify_of_an_unknown_env_is_an_error_not_a_reward(helper: RunHelper) -> None:
@@ -255,19 +300,23 @@ def test_slot_bound_and_idle_reaper(helper: RunHelper) -> None:
     base = server_url(helper, BOUNDED)
     first = post_json(base + "/seed_session", {"task_idx": 0})
     assert first.status_code == 200
-    second = post_json(base + "/seed_session", {"task_idx": 1})
-    assert second.status_code == 503 and "max_live_envs" in second.text
-    # The abandoned env is closed by the reaper after idle_timeout_s (1 s); bound the wait at 30 s.
+    # Full: refused at once (the default seed_wait_timeout_s is short), with a Retry-After, naming the cap.
+    second = post_json(base + "/seed_session", {"task_idx": 1}, timeout=10)
+    assert second.status_code == 503 and "max_live_envs=1" in second.text, second.text
+    assert "seed_wait_timeout_s" in second.text and int(second.headers["retry-after"]) >= 1
+    # The abandoned env is closed by the reaper after idle_timeout_s (3 s); bound the wait at 30 s.
     deadline = time.monotonic() + 30
     while _stats(helper, BOUNDED)["live"] and time.monotonic() < deadline:
         time.sleep(0.2)
     stats = _stats(helper, BOUNDED)
     assert stats["live"] == 0 and stats["closed_idle"] >= 1
-    resp = post_json(base + "/step", {"env_id": first.json()["env_id"], "action": []})
+    resp = post_json(base + "/step", {"env_id": first.json()["env_id"], "action": []}, cookies=first.cookies)
     assert resp.status_code == 409 and "idle" in resp.text
     third = post_json(base + "/seed_session", {"task_idx": 1})
     assert third.status_code == 200
-    assert post_json(base + "/close", {"env_id": third.json()["env_id"]}).json()["success"]
+    assert post_json(base + "/close", {"env_id": third.json()["env_id"]}, cookies=third.cookies).json()[
+        "success"
+    ]
 
 
 def test_a_thousand_concurrent_sessions_stay_bounded_and_all_close(helper: RunHelper) -> None:
@@ -279,18 +328,19 @@ def test_a_thousand_concurrent_sessions_stay_bounded_and_all_close(helper: RunHe
     rss_before = proc.memory_info().rss
     n = 1000
 
-    async def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
-        resp = await request("POST", base + path, json=body, timeout=120)
+    async def post(path: str, body: dict[str, Any], cookies: dict[str, str] | None = None) -> Any:
+        resp = await request("POST", base + path, json=body, timeout=120, cookies=cookies)
         assert resp.status == 200, (path, resp.status)
-        return await resp.json()
+        return await resp.json(), response_cookies(resp)
 
     async def one(i: int) -> float:
         task = i % len(PROBLEMS)
-        env_id = (await post("/seed_session", {"task_idx": task}))["env_id"]
+        seeded, cookies = await post("/seed_session", {"task_idx": task})
+        env_id = seeded["env_id"]
         args = json.dumps({"answer": ANSWERS[task]})
         call = {"type": "function_call", "call_id": f"c{i}", "name": "submit_answer", "arguments": args}
-        step = await post("/step", {"env_id": env_id, "action": [call]})
-        assert (await post("/close", {"env_id": env_id}))["success"]
+        step, _ = await post("/step", {"env_id": env_id, "action": [call]}, cookies)
+        assert (await post("/close", {"env_id": env_id}, cookies))[0]["success"]
         return step["reward"]
 
     async def main() -> list[float]:

@@ -30,6 +30,7 @@ pytestmark = pytest.mark.slow
 CONFIG = "resources_servers/aviary/configs/notebook_aviary.yaml"
 NB, NB_AGENT = "notebook_aviary_resources_server", "notebook_aviary_agent"
 SHORT, SHORT_AGENT = "notebook_short", "notebook_short_agent"
+REAPED = "notebook_reaped"  # a one-second idle timeout, for the reaper's test only
 LIMIT_AS = 1024**3
 
 REVENUE = "import pandas as pd\ndf = pd.read_csv('sales.csv')\nprint((df.units * df.price).sum())"
@@ -76,7 +77,7 @@ SCRIPTS = [
     },
     {
         "contains": "[slow]",
-        "turns": [_cell("print(1)"), {"delay_s": 4.0, **_cell("print(2)")}, _cell("print(3)")],
+        "turns": [_cell("print(1)"), {"delay_s": 60.0, **_cell("print(2)")}, _cell("print(3)")],
     },
     {"contains": "[wrong]", "turns": [_cell(REVENUE), _submit("11100")]},
     {
@@ -103,15 +104,17 @@ def helper() -> Iterator[RunHelper]:
                 "scripted_model": {"scripts_by_input": SCRIPTS, "return_token_id_information": True}
             }
         },
+        # The production idle timeout: a dropped rollout's kernel must be stopped by the agent, not the reaper.
         SHORT: {
             "resources_servers": {
                 "aviary": {
                     "entrypoint": "notebook_app.py",
-                    "idle_timeout_s": 1.0,
+                    "idle_timeout_s": 300.0,
                     "kernel_limits": {"address_space_bytes": LIMIT_AS},
                 }
             }
         },
+        REAPED: {"resources_servers": {"aviary": {"entrypoint": "notebook_app.py", "idle_timeout_s": 1.0}}},
         SHORT_AGENT: {
             "responses_api_agents": {
                 "aviary_agent": {
@@ -201,7 +204,8 @@ def test_bounded_context_shows_only_the_latest_notebook_view(helper: RunHelper) 
 
 def test_kernel_has_rlimits_and_no_server_environment(helper: RunHelper) -> None:
     base = server_url(helper, SHORT)
-    seeded = post_json(base + "/seed_session", {"task_idx": 0}).json()
+    seeded_resp = post_json(base + "/seed_session", {"task_idx": 0})
+    seeded = seeded_resp.json()
     try:
         assert _wait_until(lambda: len(_kernels(_pid(helper, SHORT))) == 1)
         (kernel,) = _kernels(_pid(helper, SHORT))
@@ -210,7 +214,7 @@ def test_kernel_has_rlimits_and_no_server_environment(helper: RunHelper) -> None
         # Sandboxed: no network, read-only filesystem outside its work dir (checked from inside below).
         assert any(p.name() == "bwrap" for p in kernel.parents())
     finally:
-        post_json(base + "/close", {"env_id": seeded["env_id"]})
+        post_json(base + "/close", {"env_id": seeded["env_id"]}, cookies=dict(seeded_resp.cookies))
     result = run_rollout(helper, SHORT_AGENT, _row(0, "[limits]"), timeout=180)
     views = [o["content"] for o in result["response"]["output"] if o.get("is_env_state")]
     assert "MemoryError" in views[1]
@@ -221,22 +225,29 @@ def test_kernel_has_rlimits_and_no_server_environment(helper: RunHelper) -> None
 
 
 def test_closed_abandoned_and_dropped_sessions_leave_no_kernel(helper: RunHelper) -> None:
-    server_pid = _pid(helper, SHORT)
-    base = server_url(helper, SHORT)
     # Abandoned: seeded, never closed -> the idle reaper (1 s) stops the kernel.
-    post_json(base + "/seed_session", {"task_idx": 1})
-    assert _wait_until(lambda: len(_kernels(server_pid)) == 1)
-    assert _wait_until(lambda: not _kernels(server_pid)), get(base + "/env_stats").json()
-    assert get(base + "/env_stats").json()["closed_idle"] >= 1
-    # Dropped: the client gives up mid-rollout (the model's second turn takes 4 s); the agent stops at
-    # its next check (after that turn, or before the first one on a slow machine) and closes the env.
-    seeded = get(base + "/env_stats").json()["seeded"]
+    reaped_pid, reaped = _pid(helper, REAPED), server_url(helper, REAPED)
+    post_json(reaped + "/seed_session", {"task_idx": 1})
+    assert _wait_until(lambda: len(_kernels(reaped_pid)) == 1)
+    assert _wait_until(lambda: not _kernels(reaped_pid)), get(reaped + "/env_stats").json()
+    assert get(reaped + "/env_stats").json()["closed_idle"] >= 1
+    # Dropped: the client gives up mid-rollout, while the model thinks (its second turn takes 60 s). The
+    # agent notices at once, cancels the rollout and closes the env; the server's idle timeout is 300 s.
+    server_pid, base = _pid(helper, SHORT), server_url(helper, SHORT)
+    before = get(base + "/env_stats").json()
     with pytest.raises(httpx.ReadTimeout):
-        post_json(server_url(helper, SHORT_AGENT) + "/run", _row(2, "[slow]"), timeout=1.5)
-    assert _wait_until(lambda: get(base + "/env_stats").json()["seeded"] == seeded + 1)
-    assert _wait_until(lambda: not _kernels(server_pid) and get(base + "/env_stats").json()["live"] == 0), (
+        post_json(server_url(helper, SHORT_AGENT) + "/run", _row(2, "[slow]"), timeout=3)
+    assert _wait_until(
+        lambda: not _kernels(server_pid) and get(base + "/env_stats").json()["live"] == 0, 10
+    ), (
         get(base + "/env_stats").json(),
         [k.cmdline() for k in _kernels(server_pid)],
+    )
+    after = get(base + "/env_stats").json()
+    assert after["seeded"] == before["seeded"] + 1
+    assert (
+        after["closed_client_disconnected"] == before["closed_client_disconnected"] + 1
+        and after["closed_idle"] == 0
     )
 
 

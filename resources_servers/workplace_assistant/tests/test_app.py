@@ -276,7 +276,7 @@ def test_broken_ground_truth_is_an_error_not_zero(helper: RunHelper) -> None:
 
 def test_tool_errors_reach_the_model_and_unseeded_sessions_are_refused(helper: RunHelper) -> None:
     base = server_url(helper, ENV)
-    seeded = post_json(base + "/seed_session", {})
+    seeded = post_json(base + "/seed_session", ROWS[0])
     cookies = {COOKIE: seeded.cookies[COOKIE]}
     cases = {
         "calendar_update_event": (
@@ -346,7 +346,7 @@ async def _drive_sessions(base: str) -> list[dict[str, Any]]:
             return resp
 
         async def session(i: int) -> dict[str, Any]:
-            cookie = (await post("/seed_session", {}, None)).cookies[COOKIE]
+            cookie = (await post("/seed_session", ROWS[0], None)).cookies[COOKIE]
             for name, args in _session_calls(i):
                 out = (await post(f"/{name}", args, cookie)).json()["output"]
                 assert not str(out).startswith("Error"), out
@@ -371,3 +371,20 @@ def test_500_concurrent_sessions_mutate_only_their_own_data(helper: RunHelper) -
     leaks = [(r["id"], r["state_differences"]) for r in results if r["reward"] != 1.0]
     assert not leaks, leaks[:3]
     assert all(r["state_source"] == "session" for r in results)
+
+
+def test_seed_session_refuses_what_is_not_a_task_row(helper: RunHelper) -> None:
+    """/seed_session starts a session only for a row of this environment: a body missing a field, or
+    with a malformed one, is a 422 naming the field; a body past max_seed_session_body_bytes a 413."""
+    base = server_url(helper, ENV)
+    resp = post_json(base + "/seed_session", {})
+    assert resp.status_code == 422 and "ground_truth" in resp.text and "responses_create_params" in resp.text
+    for field in ("ground_truth", "id", "category", "environment_name", "responses_create_params"):
+        row = {k: v for k, v in ROWS[0].items() if k != field}
+        resp = post_json(base + "/seed_session", row)
+        assert resp.status_code == 422 and field in resp.text, (field, resp.text)
+    resp = post_json(base + "/seed_session", {**ROWS[0], "ground_truth": "not json"})
+    assert resp.status_code == 422 and "ground_truth" in resp.text, resp.text
+    resp = post_json(base + "/seed_session", {**ROWS[0], "junk": "x" * 10_000_000})
+    assert resp.status_code == 413 and "max_seed_session_body_bytes" in resp.text, resp.text[:500]
+    assert post_json(base + "/seed_session", ROWS[0]).status_code == 200

@@ -50,7 +50,7 @@ async def _mcp(
 
 
 def _seed(base: str) -> tuple[dict[str, str], dict[str, Any]]:
-    resp = post_json(base + "/seed_session", {})
+    resp = post_json(base + "/seed_session", example_rows("workplace_assistant")[0])
     assert resp.status_code == 200, resp.text
     return {COOKIE: resp.cookies[COOKIE]}, resp.json()[NEMO_GYM_MCP_METADATA_KEY]
 

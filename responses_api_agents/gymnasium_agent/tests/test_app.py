@@ -1,9 +1,14 @@
-"""gymnasium_agent against the real gymnasium server: episodes are closed after success and after a
-failed model call; a failed model call fails the rollout (502), never a reward."""
+"""gymnasium_agent against the real gymnasium server: episodes are closed after success, after a
+failed model call, and at once when the caller disconnects; a failed model call fails the rollout (502),
+never a reward."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+import httpx
+import pytest
 
 from nemo_gym.testing import example_rows, get, post_json, running_servers, server_url
 
@@ -38,3 +43,19 @@ def test_episodes_close_after_success_and_after_failure() -> None:
         stats = get(env + "/stats").json()
         assert stats["live_episodes"] == 0  # both episodes were closed
         assert stats["idle_envs"]["blackjack"] >= 1 and stats["idle_envs"]["frozen_lake"] >= 1
+
+
+def test_a_dropped_rollout_closes_its_episode_at_once() -> None:
+    """The caller gives up while the model thinks (a 60 s turn): the agent cancels the rollout and
+    closes the episode with reason client_disconnected, without waiting for the model."""
+    scripts = [{"contains": "Reach the goal.", "turns": [{"delay_s": 60.0, **_act("right")}, _act("down")]}]
+    extra = {"policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": scripts}}}}
+    with running_servers([CONFIG], extra) as helper:
+        agent, env = server_url(helper, "gymnasium_agent"), server_url(helper, "gymnasium")
+        with pytest.raises(httpx.ReadTimeout):
+            post_json(agent + "/run", ROWS[0], timeout=3)
+        deadline = time.monotonic() + 10
+        while get(env + "/stats").json()["live_episodes"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stats = get(env + "/stats").json()
+        assert stats["live_episodes"] == 0 and stats["closed_by_reason"] == {"client_disconnected": 1}, stats

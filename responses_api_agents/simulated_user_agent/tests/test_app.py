@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from nemo_gym.cli import RunHelper
-from nemo_gym.testing import post_json, run_rollout, running_servers, server_url
+from nemo_gym.testing import get, post_json, run_rollout, running_servers, server_url
 
 CONFIGS = [
     "resources_servers/calendar/configs/calendar.yaml",
@@ -72,6 +74,7 @@ def helper() -> Iterator[RunHelper]:
         "policy_model": _scripted(
             by_input=[
                 {"contains": OPEN + " [impatient]", "turns": POLICY_WRONG},
+                {"contains": OPEN + " [slow]", "turns": [{"delay_s": 5.0, "text": "Let me think."}]},
                 {"contains": OPEN, "turns": POLICY_RIGHT},
             ]
         ),
@@ -83,6 +86,18 @@ def helper() -> Iterator[RunHelper]:
         "impatient_user_model": _scripted(
             script=[{"text": OPEN + " [impatient]"}, {"text": ASK_2}, {"text": ASK_3}, {"text": "Hello?"}] * 3
         ),
+        # ... and one whose policy takes 5 s to answer (its caller gives up before).
+        "slow_user_model": _scripted(script=[{"text": OPEN + " [slow]"}, {"text": ASK_2}] * 3),
+        "slow_agent": {
+            "responses_api_agents": {
+                "simulated_user_agent": {
+                    "entrypoint": "app.py",
+                    "resources_server": {"type": "resources_servers", "name": "calendar"},
+                    "model_server": {"type": "responses_api_models", "name": "policy_model"},
+                    "user_model_server": {"type": "responses_api_models", "name": "slow_user_model"},
+                }
+            }
+        },
         AGENT: agent_block,
         "impatient_agent": {
             "responses_api_agents": {
@@ -147,3 +162,14 @@ def test_the_user_sees_only_the_policys_text() -> None:
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Here it is."}]},
     ]
     assert _visible_text(turn) == "Here it is."
+
+
+def test_a_dropped_conversation_stops_at_once(helper: RunHelper) -> None:
+    """The caller gives up while the policy thinks (5 s): the agent cancels the conversation, so the
+    simulated user is never asked for its next message."""
+    users = server_url(helper, "slow_user_model")
+    with pytest.raises(httpx.ReadTimeout):
+        post_json(server_url(helper, "slow_agent") + "/run", ROW, timeout=3)
+    assert get(users + "/stats").json()["requests"] == 1  # the opening message
+    time.sleep(5)  # past the policy's answer: an agent still running would now ask the user again
+    assert get(users + "/stats").json()["requests"] == 1
