@@ -141,6 +141,7 @@ def test_token_ids_ride_on_the_tool_call_item(urls: dict[str, str], vocab: Any) 
         "input": WEATHER_INPUT,
         "tools": TOOLS,
         "tool_choice": "required",
+        "parallel_tool_calls": False,  # exactly one call: the model cannot choose to add more
         "temperature": 0,
         "max_output_tokens": 128,
     }
@@ -330,7 +331,13 @@ def test_sdk_chat_completions_text_with_logprobs(client: openai.OpenAI) -> None:
 def test_output_budget_and_context_overflow_are_incomplete_not_errors(urls: dict[str, str]) -> None:
     short = post_json(
         urls["policy_model"] + "/v1/responses",
-        {"input": "Write a long poem about the sea.", "max_output_tokens": 3},
+        # A forced call cannot end within 3 tokens, so the budget runs out whatever the model prefers.
+        {
+            "input": "Write a long poem about the sea.",
+            "tools": [ESSAY_TOOL],
+            "tool_choice": {"type": "function", "name": "write_essay"},
+            "max_output_tokens": 3,
+        },
         timeout=WAIT_S,
     )
     assert short.status_code == 200
@@ -421,7 +428,11 @@ def test_forced_call_is_valid_for_the_schema_and_bad_tool_choice_is_a_400(urls: 
             "type": "object",
             "properties": {
                 "hour": {"type": "integer", "minimum": 0, "maximum": 23},
-                "days": {"type": "array", "items": {"type": "string", "enum": ["mon", "tue", "wed"]}},
+                "days": {
+                    "type": "array",
+                    "items": {"type": "string", "enum": ["mon", "tue", "wed"]},
+                    "maxItems": 3,  # bounded, so the call ends within the budget whatever the model picks
+                },
             },
             "required": ["hour", "days"],
             "additionalProperties": False,
