@@ -74,6 +74,22 @@ class ConnectionLimits:
         if not 0 <= self.reserved_fraction < 1:
             raise ValueError(f"reserved_fraction must be in [0, 1), got {self.reserved_fraction!r}")
 
+    @classmethod
+    def from_settings(cls, setting: Callable[[str, Any], Any]) -> tuple[ConnectionLimits, float]:
+        """(limits, keep-alive timeout) read through ``setting(key, default)`` from the keys
+        ``request_head_timeout_s``, ``request_body_idle_timeout_s``, ``reserved_connection_fraction`` and
+        ``keep_alive_timeout_s`` (one reading for every server: ours, the head server, ``ng_viewer``)."""
+        limits = cls(
+            head_timeout_s=float(setting("request_head_timeout_s", DEFAULT_REQUEST_HEAD_TIMEOUT_S)),
+            body_idle_timeout_s=float(
+                setting("request_body_idle_timeout_s", DEFAULT_REQUEST_BODY_IDLE_TIMEOUT_S)
+            ),
+            reserved_fraction=float(
+                setting("reserved_connection_fraction", DEFAULT_RESERVED_CONNECTION_FRACTION)
+            ),
+        )
+        return limits, float(setting("keep_alive_timeout_s", DEFAULT_KEEP_ALIVE_TIMEOUT_S))
+
     @property
     def eviction_grace_s(self) -> float:
         """How long a new connection may be silent before it can lose its place to a trusted client."""
@@ -411,3 +427,28 @@ class BoundedServer(uvicorn.Server):
         if self.gate is not None:
             self.gate.stop()
         await super().shutdown(sockets=sockets)
+
+
+def bounded_server(
+    app: Any,
+    max_accepted: int,
+    limits: ConnectionLimits,
+    keep_alive_s: float,
+    trusts: Callable[[dict], bool] | None = None,
+    lifespan: str = "on",
+) -> BoundedServer:
+    """A :class:`BoundedServer` for ``app`` with the uvicorn settings every server of ours uses (quiet,
+    no proxy headers, no server/date headers, a deep backlog); serve with ``.run(sockets=[sock])``."""
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]  # uvicorn takes a float too
+        timeout_graceful_shutdown=3,
+        backlog=4096,
+        lifespan=lifespan,  # type: ignore[arg-type]
+        proxy_headers=False,  # our servers talk to each other directly, never behind a proxy
+        server_header=False,
+        date_header=False,
+    )
+    return BoundedServer(config, max_accepted, limits, trusts)

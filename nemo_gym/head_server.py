@@ -47,9 +47,15 @@ def build_head_app(supervisor: RunState, token: str | None = None, auth_disabled
     """The head server's FastAPI app, reading live state from ``supervisor``; every request must carry
     the run ``token`` (see :mod:`nemo_gym.auth`) unless ``auth_disabled``."""
     app = FastAPI(title="NeMo Gym head server", docs_url="/docs", redoc_url=None)
-    app.add_middleware(
-        RequestGuard, server_name="head_server", token=token, disabled=auth_disabled, max_body_bytes=1 << 20
-    )
+    guard_args: dict[str, Any] = {
+        "server_name": "head_server",
+        "token": token,
+        "disabled": auth_disabled,
+        "max_body_bytes": 1 << 20,
+    }
+    app.add_middleware(RequestGuard, **guard_args)
+    # Its ``trusts`` gives token bearers the connection places kept for them (nemo_gym.accept_limit).
+    app.state.nemo_gym_request_guard = RequestGuard(None, **guard_args)
 
     @app.get("/")
     async def health() -> dict[str, str]:

@@ -36,10 +36,6 @@ from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from nemo_gym.accept_limit import (
-    DEFAULT_KEEP_ALIVE_TIMEOUT_S,
-    DEFAULT_REQUEST_BODY_IDLE_TIMEOUT_S,
-    DEFAULT_REQUEST_HEAD_TIMEOUT_S,
-    DEFAULT_RESERVED_CONNECTION_FRACTION,
     ConnectionLimits,
 )
 from nemo_gym.asgi import InternalErrorMiddleware as InternalErrorMiddleware
@@ -318,40 +314,17 @@ class BaseServer(BaseModel):
     def connection_limits(self) -> tuple[ConnectionLimits, float]:
         """(head/body timeouts and reserved places, keep-alive timeout) of this server, from its block,
         else the run's top-level keys, else the defaults (see :mod:`nemo_gym.accept_limit`)."""
-        limits = ConnectionLimits(
-            head_timeout_s=float(self._setting("request_head_timeout_s", DEFAULT_REQUEST_HEAD_TIMEOUT_S)),
-            body_idle_timeout_s=float(
-                self._setting("request_body_idle_timeout_s", DEFAULT_REQUEST_BODY_IDLE_TIMEOUT_S)
-            ),
-            reserved_fraction=float(
-                self._setting("reserved_connection_fraction", DEFAULT_RESERVED_CONNECTION_FRACTION)
-            ),
-        )
-        return limits, float(self._setting("keep_alive_timeout_s", DEFAULT_KEEP_ALIVE_TIMEOUT_S))
+        return ConnectionLimits.from_settings(self._setting)
 
     def serve_app(self, app: FastAPI, sock: socket.socket, max_accepted: int) -> None:
         """Serve ``app`` on the listening ``sock`` until told to stop, accepting at most ``max_accepted``
         connections at once, with this server's connection limits."""
-        import uvicorn
-
-        from nemo_gym.accept_limit import BoundedServer
+        from nemo_gym.accept_limit import bounded_server
 
         limits, keep_alive_s = self.connection_limits()
         guard = getattr(app.state, "nemo_gym_request_guard", None)
-        uv_config = uvicorn.Config(
-            app,
-            log_level="warning",
-            access_log=False,
-            timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]  # uvicorn takes a float too
-            timeout_graceful_shutdown=3,
-            backlog=4096,
-            lifespan="on",
-            proxy_headers=False,  # our servers talk to each other directly, never behind a proxy
-            server_header=False,
-            date_header=False,
-        )
         trusts = guard.trusts if guard is not None else None
-        BoundedServer(uv_config, max_accepted, limits, trusts).run(sockets=[sock])
+        bounded_server(app, max_accepted, limits, keep_alive_s, trusts).run(sockets=[sock])
 
     # -- start-up ------------------------------------------------------------------------------------
     @classmethod

@@ -3,7 +3,8 @@
 Contract
 --------
 * The head server (:mod:`nemo_gym.head_server`) is served by uvicorn on a thread of this process, on
-  the socket reserved for it; it is up within 10 s or start-up fails with
+  the socket reserved for it, with the run's connection limits (:mod:`nemo_gym.accept_limit`: silent
+  and slow connections closed, places kept for token bearers); it is up within 10 s or start-up fails with
   :class:`~nemo_gym.supervision.children.StartupError`.
 * The run token is registered for this process's clients (every port of the run) and written to a
   0600 file for the user's other processes; with ``+server_auth=false`` a loud warning says
@@ -47,13 +48,18 @@ class HeadMixin:
         return [self.head_port] + [c.port for c in self.children] + ray_ports
 
     def _start_head_server(self, sock: socket.socket) -> None:
-        import uvicorn
-
+        from nemo_gym.accept_limit import ConnectionLimits, bounded_server
+        from nemo_gym.fd_limits import socket_budget
         from nemo_gym.head_server import build_head_app
 
         app = build_head_app(self, token=self.auth_token, auth_disabled=not self.auth_enabled)
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
-        self._head_server = uvicorn.Server(config)
+        # Bounded like every server of the run: silent or slow connections are closed, token bearers keep
+        # places, at most a quarter of this process's free descriptors (the launcher needs the rest).
+        limits, keep_alive_s = ConnectionLimits.from_settings(lambda key, default: self.cfg.get(key, default))
+        trusts = app.state.nemo_gym_request_guard.trusts
+        self._head_server = bounded_server(
+            app, max(16, socket_budget() // 4), limits, keep_alive_s, trusts, lifespan="off"
+        )
         self._head_thread = threading.Thread(
             target=self._head_server.run, kwargs={"sockets": [sock]}, name="head-server", daemon=True
         )

@@ -177,6 +177,17 @@ def create_app(state: ViewerState, token: TokenGuard | None = None) -> FastAPI:
     app.state.loopback_only = True
     guard_token = token if token is not None else TokenGuard(None)
 
+    def trusts(scope: dict) -> bool:
+        """Whether a request head carries the token (or none is needed): its connection then keeps a
+        place kept for trusted clients (nemo_gym.accept_limit)."""
+        if not guard_token.required:
+            return True
+        server = scope.get("server")
+        supplied, _ = _supplied_token(Request(scope), TokenGuard.cookie_name(server[1] if server else None))
+        return guard_token.matches(supplied)
+
+    app.state.viewer_trusts = trusts
+
     @app.middleware("http")
     async def guard(request: Request, call_next: Any) -> Response:
         if app.state.loopback_only:

@@ -5,13 +5,17 @@ Usage::
     ng_viewer +jsonl_fpath=<rollouts.jsonl> [+host=127.0.0.1] [+port=0]
               [+compare_jsonl_fpath=<other.jsonl>] [+pass_threshold=1.0] [+index_dir=<dir>]
               [+allowed_roots=<dir>|[<dir>,...]] [+token=<secret>]
+              [+request_head_timeout_s=10] [+request_body_idle_timeout_s=30] [+keep_alive_timeout_s=60]
+              [+reserved_connection_fraction=0.1]
 
 The server binds first (port 0 picks a free port), prints ``ng_viewer: open http://...``, and
 indexes the file(s) in the background; the page shows the progress. Ctrl-C stops it.
 
 It serves only the files it was started with (and their sidecars) and files under
 ``+allowed_roots``. Off loopback (or with ``+token`` / ``NG_VIEWER_TOKEN``) every request needs the
-access token; the printed URL carries it (``?token=...``), printed once.
+access token; the printed URL carries it (``?token=...``), printed once. Connections that send no
+complete request within ``+request_head_timeout_s`` are closed, and places are kept for requests with
+the token, as on every server of a run (:mod:`nemo_gym.accept_limit`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ USAGE = (
     "usage: ng_viewer +jsonl_fpath=<rollouts.jsonl> [+host=127.0.0.1] [+port=0]\n"
     "                 [+compare_jsonl_fpath=<other rollouts.jsonl>] [+pass_threshold=1.0] [+index_dir=<dir>]\n"
     "                 [+allowed_roots=<dir>|[<dir>,...]] [+token=<secret>]\n"
+    "                 [+request_head_timeout_s=10] [+request_body_idle_timeout_s=30] [+keep_alive_timeout_s=60]\n"
+    "                 [+reserved_connection_fraction=0.1]\n"
     "Opens a local web page for reading the rollouts (port 0 = a free port, printed at start).\n"
     "Serves only the given files, their sidecars and files under +allowed_roots (symlinks resolved first).\n"
     "Off 127.0.0.1 every request needs a token (random, or +token / $NG_VIEWER_TOKEN): the printed URL has it.\n"
@@ -53,6 +59,11 @@ class ViewerConfig(BaseModel):
     index_dir: str | None = None
     allowed_roots: list[str] = Field(default_factory=list)
     token: str | None = Field(default=None, min_length=MIN_TOKEN_CHARS)
+    # Connection limits, as for every server of a run (nemo_gym.accept_limit; defaults there).
+    request_head_timeout_s: float | None = Field(default=None, gt=0)
+    request_body_idle_timeout_s: float | None = Field(default=None, gt=0)
+    keep_alive_timeout_s: float | None = Field(default=None, gt=0)
+    reserved_connection_fraction: float | None = Field(default=None, ge=0, lt=1)
 
     @field_validator("allowed_roots", mode="before")
     @classmethod
@@ -135,8 +146,8 @@ def main(argv: list[str] | None = None) -> None:
         if not Path(root).expanduser().is_dir():
             _fail(f"+allowed_roots: {root} is not a directory")
 
-    import uvicorn
-
+    from nemo_gym.accept_limit import ConnectionLimits, bounded_server
+    from nemo_gym.fd_limits import split_server_budget
     from nemo_gym.ports import reserve_listening_socket
     from nemo_gym.viewer.access import AccessPolicy, TokenGuard, is_loopback_host
     from nemo_gym.viewer.app import ViewerState, create_app
@@ -165,8 +176,15 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
     threading.Thread(target=_report_when_indexed, args=(state,), daemon=True).start()
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
-    server.run(sockets=[sock])
+    # Silent or slow connections are closed and requests with the token keep places: no connection flood
+    # can stop the viewer (nemo_gym.accept_limit).
+    limits, keep_alive_s = ConnectionLimits.from_settings(
+        lambda key, default: default if getattr(cfg, key) is None else getattr(cfg, key)
+    )
+    trusts = app.state.viewer_trusts
+    bounded_server(app, split_server_budget(), limits, keep_alive_s, trusts, lifespan="off").run(
+        sockets=[sock]
+    )
 
 
 if __name__ == "__main__":
