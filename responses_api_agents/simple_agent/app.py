@@ -4,7 +4,9 @@ seed the session with the task row -> repeat {model turn -> run its tool calls i
 model answers without tool calls, the response is incomplete, or ``max_steps`` model turns were
 made -> verify. Anything wrong with a tool call (unknown tool, arguments that are not JSON or fail
 the tool's schema, a tool that raises) becomes a ``function_call_output`` the model reads; only a
-failure to reach a server (or a model error) fails the rollout, as a 502 naming that server.
+failure to reach a server (or a model error) fails the rollout, as a 502 naming that server. When the
+caller of ``/run`` or ``/v1/responses`` disconnects, the rollout stops at once, whatever it waits on
+(:mod:`nemo_gym.disconnect`): no further model turn, tool call or verify is made for it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pydantic import Field
 from nemo_gym.base_resources_server import BaseRunRequest
 from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
+from nemo_gym.disconnect import ClientDisconnected, disconnected_response, run_until_disconnected
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, new_id
 from nemo_gym.server_utils import UpstreamError, response_body, response_cookies, validated_body
 
@@ -63,7 +66,12 @@ class SimpleAgent(SimpleResponsesAPIAgent):
         """Run the model/tool loop for one request (no seeding, no verify) and return the trajectory."""
         params = await validated_body(request, NeMoGymResponseCreateParamsNonStreaming)
         model_path = self.url_path_for_request("/v1/responses", request)
-        response, _ = await self.run_loop(params, dict(request.cookies), model_path)
+        try:
+            response, _ = await run_until_disconnected(
+                request, self.run_loop(params, dict(request.cookies), model_path)
+            )
+        except ClientDisconnected as e:
+            return disconnected_response(self.config.name, e)
         return Response(orjson.dumps(response), media_type="application/json")
 
     async def run(self, request: Request) -> Response:
@@ -77,8 +85,16 @@ class SimpleAgent(SimpleResponsesAPIAgent):
         values a re-run row carries (an old ``reward``) are replaced by the verifier's.
         """
         row = await validated_body(request, BaseRunRequest)
+        # A caller that goes away stops the rollout at once: no more model turns, tools or verify.
+        try:
+            result = await run_until_disconnected(request, self._rollout(row, dict(request.cookies)))
+        except ClientDisconnected as e:
+            return disconnected_response(self.config.name, e)
+        return Response(orjson.dumps(result), media_type="application/json")
+
+    async def _rollout(self, row: dict[str, Any], cookies: dict[str, str]) -> dict[str, Any]:
+        """Seed, loop, verify; the verify response laid over the row."""
         # Cookies are named per server instance, so one dict serves every server of this rollout.
-        cookies = dict(request.cookies)
         resources = self.config.resources_server.name
         _, new_cookies = await self.server_client.post_json(
             resources, "/seed_session", json=row, cookies=cookies, **self.timeout("seed_session_timeout_s")
@@ -94,7 +110,7 @@ class SimpleAgent(SimpleResponsesAPIAgent):
             cookies=cookies,
             **self.timeout("verify_timeout_s"),
         )
-        return Response(orjson.dumps({**row, **verify}), media_type="application/json")
+        return {**row, **verify}
 
     # ------------------------------------------------------------------------------------------------
     async def run_loop(

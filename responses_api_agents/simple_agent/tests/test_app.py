@@ -11,18 +11,20 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from openai.types.responses import Response
 from pydantic import ValidationError
 
 from nemo_gym.openai_utils import TOKEN_ID_FIELDS, NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
-from nemo_gym.testing import post_json, running_servers, server_url
+from nemo_gym.testing import get, post_json, running_servers, server_url
 
 FIXTURE_ROOT = Path(__file__).resolve().parent / "fixture_root"
 CONFIG = str(FIXTURE_ROOT / "resources_servers" / "agent_test_tools" / "configs" / "agent_test_tools.yaml")
@@ -92,6 +94,7 @@ SCRIPTS = [
     _case("infra", {"tool_calls": [_call("broken_infra")]}, DONE),
     _case("tool_hangs", {"tool_calls": [_call("hang", {"seconds": 30})]}, DONE),
     _case("model_hangs", {"delay_s": 30, "text": "too late"}),
+    _case("dropped", {"delay_s": 3, "tool_calls": [_call("record", {"value": "late"})]}, DONE),
 ]
 
 EXTRA_CONFIG = {"policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": SCRIPTS}}}}
@@ -383,3 +386,16 @@ def test_the_default_bounds_keep_the_model_servers_own_timeout_first() -> None:
     assert agent.model_timeout_s > model_server_default and agent.verify_timeout_s > model_server_default
     assert agent.tool_timeout_s < 600.0  # a hanging tool no longer costs ten minutes
     assert isinstance(agent, BaseResponsesAPIAgentConfig)
+
+
+def test_a_dropped_rollout_stops_at_once(urls: dict[str, str]) -> None:
+    """The caller gives up during a 3 s model turn: the rollout is cancelled there, so the agent neither
+    calls the tool the turn asked for nor makes the second model turn (before: it went on to the end)."""
+    stats = urls["policy_model"] + "/stats"
+    before = get(stats).json()["requests"]
+    with pytest.raises(httpx.ReadTimeout):
+        post_json(urls["test_agent"] + "/run", make_row("dropped"), timeout=1)
+    time.sleep(4.5)  # the model's turn has ended; a rollout still running would have made turn 2 by now
+    assert get(stats).json()["requests"] == before + 1
+    # The agent is unharmed: the next rollout runs to the end.
+    assert run(urls, make_row("happy"))["reward"] == 1.0
