@@ -354,12 +354,23 @@ def is_secret_env_name(name: str) -> bool:
     return any(w in _ENV_SECRET_WORDS for w in upper.split("_"))
 
 
+def is_secret_env_value(value: str) -> bool:
+    """True for a value that carries a credential whatever its variable's name: a URL with a password
+    (``HTTPS_PROXY=http://user:pw@proxy:3128``) or a secret query parameter, or a well-known key format
+    (``sk-...``, ``hf_...``, ``AKIA...``)."""
+    return bool(
+        url_userinfo_secrets(value) or url_query_secrets(value) or _CREDENTIAL_VALUE_RE.match(value.strip())
+    )
+
+
 def child_environ(environ: Mapping[str, str], pass_env: Iterable[str] = ()) -> dict[str, str]:
-    """``environ`` without its secret-looking variables, except those named in ``pass_env`` (a server
-    block's ``pass_env`` list). Everything else (PATH, HOME, locale, venv, CUDA, HF, Ray, Python
-    variables) passes."""
+    """``environ`` without its secret-looking variables (by name or by value), except those named in
+    ``pass_env`` (a server block's ``pass_env`` list). Everything else (PATH, HOME, locale, venv, CUDA,
+    HF, Ray, Python variables, a proxy without credentials) passes."""
     keep = set(pass_env)
-    return {k: v for k, v in environ.items() if k in keep or not is_secret_env_name(k)}
+    return {
+        k: v for k, v in environ.items() if k in keep or not (is_secret_env_name(k) or is_secret_env_value(v))
+    }
 
 
 def own_secret_values(own_block: Any, run_values: Iterable[str]) -> set[str]:

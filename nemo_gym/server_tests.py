@@ -18,6 +18,9 @@ Contract
   upstream does: ``data/example.jsonl`` has exactly 5 rows, ``data/example_metrics.json`` says
   ``"Number of examples": 5``, no ``data/*conflict*`` file exists, ``data/example_rollouts.jsonl``
   has exactly 5 rows; every problem is listed with the command that fixes it, exit status 1.
+* A server folder's tests run without the secret-looking environment variables (``OPENAI_API_KEY``,
+  ``HF_TOKEN``, a proxy URL with a password: :func:`nemo_gym.redaction.child_environ`), as a server
+  under ``ng_run`` does, except those named by ``+pass_env=[NAME,...]``.
 * The pytest run is bounded by ``+test_timeout_s`` (default 3600 s); on timeout its whole process
   group is killed and the exit status is 124.
 * Without ``+entrypoint`` the whole project's test suite runs from the repository root.
@@ -40,7 +43,7 @@ from nemo_gym.global_config import (
     check_options,
     load_global_config,
 )
-from nemo_gym.redaction import scrub
+from nemo_gym.redaction import child_environ, scrub
 
 DEFAULT_TEST_TIMEOUT_S = 3600.0
 EXAMPLE_ROWS = 5
@@ -49,8 +52,9 @@ EXAMPLE_ROWS = 5
 PYTEST_OPTIONS = ("-o", "asyncio_mode=auto", "-o", "asyncio_default_fixture_loop_scope=function")
 USAGE = """\
 usage: ng_test [+entrypoint=<server_type>/<name>] [+should_validate_data=true] [+isolate_server_venvs=true]
-               [+venv_cache_dir=DIR] [+test_timeout_s=SECONDS] [-- pytest args]
-Runs the folder's tests from inside the folder (cd <folder> && pytest tests), as upstream NeMo Gym does."""
+               [+venv_cache_dir=DIR] [+test_timeout_s=SECONDS] [+pass_env=[NAME,...]] [-- pytest args]
+Runs the folder's tests from inside the folder (cd <folder> && pytest tests), as upstream NeMo Gym does.
+A folder's tests do not see secret-looking environment variables (*KEY*, *TOKEN*, ...) unless +pass_env names them."""
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -76,9 +80,14 @@ def folder_root(folder: Path) -> Path:
     return folder.parent.parent if folder.parent.name in SERVER_TYPES else PACKAGE_PARENT_DIR
 
 
-def test_env(folder: Path) -> dict[str, str]:
-    """The environment pytest runs with: the server dir, its root and nemo_gym's root on PYTHONPATH."""
-    env = dict(os.environ)
+def test_env(folder: Path, pass_env: list[str] | None = None) -> dict[str, str]:
+    """The environment pytest runs with: the server dir, its root and nemo_gym's root on PYTHONPATH.
+
+    With ``pass_env`` (a server folder's tests: code of whoever wrote the environment), the secret-looking
+    variables are left out as for a server under ``ng_run`` (:func:`nemo_gym.redaction.child_environ`),
+    except those ``pass_env`` names; without it (the project's own suite) the environment passes whole.
+    """
+    env = dict(os.environ) if pass_env is None else child_environ(os.environ, pass_env)
     parts = [str(folder), str(folder_root(folder)), str(PACKAGE_PARENT_DIR)]
     parts += [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
@@ -197,7 +206,8 @@ def main(argv: list[str]) -> None:
     target = "tests" if (folder / "tests").is_dir() else "."
     cmd = [python, "-m", "pytest", *PYTEST_OPTIONS, target, *extra]
     print(f"+ cd {folder} && {' '.join(cmd)}", flush=True)
-    code = _run_bounded(cmd, folder, test_env(folder), timeout_s)
+    pass_env = [str(v) for v in OmegaConf.select(cfg, "pass_env", default=None) or []]
+    code = _run_bounded(cmd, folder, test_env(folder, pass_env), timeout_s)
     if code != 0:
         sys.exit(code)
     if OmegaConf.select(cfg, "should_validate_data", default=False):

@@ -90,6 +90,38 @@ def test_upstream_layout_tests_pass_from_a_scratch_root(tmp_path: Path) -> None:
     assert f"cd {tmp_path / 'resources_servers' / NAME}" in out
 
 
+def test_a_folders_tests_do_not_see_secret_variables_unless_passed(tmp_path: Path) -> None:
+    """An environment's tests are its author's code: an exported key does not reach them (before: the
+    whole environment did), unless ``+pass_env`` names it."""
+    folder = make_env(tmp_path)
+    (folder / "tests" / "test_environ.py").write_text(
+        "import os\n\n"
+        "def test_environ():\n"
+        "    assert os.environ.get('OPENAI_API_KEY') == os.environ.get('EXPECT_KEY')\n"
+        "    assert 'HTTPS_PROXY' not in os.environ and os.environ['HF_HOME'] == '/tmp/hf'\n"
+    )
+    secrets = {"OPENAI_API_KEY": "sk-test-0123456789abcdef", "HTTPS_PROXY": "http://u:pw-0123456@p:3128"}
+    os.environ.update({**secrets, "HF_HOME": "/tmp/hf"})
+    try:
+        hidden = ng_test(
+            tmp_path, f"+entrypoint=resources_servers/{NAME}", "--", "-q", "tests/test_environ.py"
+        )
+        assert hidden.returncode == 0, hidden.stdout + hidden.stderr
+        os.environ["EXPECT_KEY"] = secrets["OPENAI_API_KEY"]
+        passed = ng_test(
+            tmp_path,
+            f"+entrypoint=resources_servers/{NAME}",
+            "+pass_env=[OPENAI_API_KEY,EXPECT_KEY]",
+            "--",
+            "-q",
+            "tests/test_environ.py",
+        )
+        assert passed.returncode == 0, passed.stdout + passed.stderr
+    finally:
+        for name in (*secrets, "HF_HOME", "EXPECT_KEY"):
+            os.environ.pop(name, None)
+
+
 def test_failing_test_gives_pytests_exit_code(tmp_path: Path) -> None:
     make_env(tmp_path, failing=True)
     result = ng_test(tmp_path, f"+entrypoint=resources_servers/{NAME}", "--", "-q")

@@ -165,6 +165,23 @@ def test_secret_looking_environment_variables() -> None:
     assert set(child_environ(env, ["OPENAI_API_KEY"])) == {*kept, "OPENAI_API_KEY"}
 
 
+def test_environment_variables_whose_value_is_a_credential() -> None:
+    """A proxy URL with a password, a URL with a token parameter, a bare key under an innocent name: the
+    name says nothing, the value does (before: all of them reached every server)."""
+    env = {
+        "HTTPS_PROXY": "http://alice:pr0xy-pw-0123@proxy.corp:3128",
+        "https_proxy": "http://bob:another-pw-0123@proxy.corp:3128",
+        "STORE_URL": "https://store.example.com/bucket?sig=SIGNATURE0123456789&n=1",
+        "MY_OPENAI": "sk-proj-0123456789abcdef",
+        "NO_PROXY": "localhost,127.0.0.1",
+        "HTTP_PROXY": "http://proxy.corp:3128",
+        "DOCS_URL": "https://docs.example.com/a?page=2",
+        "GREETING": "hello@example.com",
+    }
+    assert set(child_environ(env)) == {"NO_PROXY", "HTTP_PROXY", "DOCS_URL", "GREETING"}
+    assert "HTTPS_PROXY" in child_environ(env, ["HTTPS_PROXY"])
+
+
 def test_own_secret_values_are_those_a_block_holds() -> None:
     run_values = {"ENVTOKEN-0123456789", "OTHERKEY-0123456789"}
     block = {"upstream_url": "http://h:1/ENVTOKEN-0123456789/v1", "api_key": "MYKEY-0123456789", "n": 3}

@@ -115,6 +115,7 @@ COMMAND_OPTIONS: dict[str, frozenset[str]] = {
             "isolate_server_venvs",
             "venv_cache_dir",
             "test_timeout_s",
+            "pass_env",
         }
     ),
     "ng_init_resources_server": frozenset({"entrypoint", "name"}),
