@@ -21,11 +21,13 @@ from typing import Any
 
 from fastapi import Body as Body
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from pydantic import Field, PrivateAttr
 
 from nemo_gym.config_types import AnyDatasetConfig
 from nemo_gym.reward_profile import AggregateMetricsMixin
 from nemo_gym.rollout_correlation import (
+    InvalidRolloutId,
     apply_rollout_prefix,
     current_rollout_id,
     maybe_rollout_id_from_run_body,
@@ -83,7 +85,12 @@ class SimpleResponsesAPIAgent(SimpleServer, AggregateMetricsMixin):
         """The rollout id to put into downstream paths for this run (``None``: no prefix)."""
         if not self._capture_correlation_enabled():
             return None
-        return maybe_rollout_id_from_run_body(body)
+        try:
+            return maybe_rollout_id_from_run_body(body)
+        except InvalidRolloutId as e:  # the row's fault: a 422 naming the field, never a 500
+            raise RequestValidationError(
+                [{"type": "value_error", "loc": ("body", e.field), "msg": str(e), "input": None}]
+            ) from None
 
     def url_path_for_run(self, url_path: str, body: Any) -> str:
         """``url_path`` with this run's rollout prefix (unchanged when there is none)."""

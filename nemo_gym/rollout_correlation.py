@@ -66,21 +66,47 @@ def maybe_rollout_id_from_run_body(body: BaseModel | Mapping[str, Any] | None) -
         return None
     explicit = get(ROLLOUT_ID_KEY_NAME)
     if explicit is not None:
-        if not isinstance(explicit, str) or not ROLLOUT_ID_PATTERN.match(explicit):
-            raise ValueError(
-                f"{ROLLOUT_ID_KEY_NAME} must be a string of letters, digits, '.', '_' or '-' starting with a "
-                f"letter or digit, got {explicit!r}"
+        if not isinstance(explicit, str) or not ROLLOUT_ID_PATTERN.match(explicit) or len(explicit) > 256:
+            raise InvalidRolloutId(
+                ROLLOUT_ID_KEY_NAME,
+                f"{ROLLOUT_ID_KEY_NAME} must be a string of at most 256 letters, digits, '.', '_' or '-' "
+                f"starting with a letter or digit, got {_shown(explicit)}",
             )
         rollout_id = explicit
     else:
         task, rollout = get(TASK_INDEX_KEY_NAME), get(ROLLOUT_INDEX_KEY_NAME)
         if task is None or rollout is None:
             return None
+        for key, value in ((TASK_INDEX_KEY_NAME, task), (ROLLOUT_INDEX_KEY_NAME, rollout)):
+            if not _is_index(value):
+                raise InvalidRolloutId(key, f"{key} must be a non-negative integer, got {_shown(value)}")
         rollout_id = f"{task}-{rollout}"
     attempt = get(ATTEMPT_INDEX_KEY_NAME)
-    if attempt is not None and int(attempt) > 0:
-        rollout_id = f"{rollout_id}-a{int(attempt)}"
+    if attempt is not None and not _is_index(attempt):
+        raise InvalidRolloutId(
+            ATTEMPT_INDEX_KEY_NAME,
+            f"{ATTEMPT_INDEX_KEY_NAME} must be a non-negative integer, got {_shown(attempt)}",
+        )
+    if attempt:
+        rollout_id = f"{rollout_id}-a{attempt}"
     return rollout_id
+
+
+class InvalidRolloutId(ValueError):
+    """A run row's identity fields cannot make a rollout id; ``field`` names the one at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _is_index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def rollout_path_prefix(rollout_id: str | None, *, token_capture: bool = False) -> str:

@@ -24,7 +24,7 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -32,6 +32,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from fastapi.routing import APIRoute
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -94,6 +95,29 @@ logger = logging.getLogger("nemo_gym")
 
 # ------------------------------------------------------------------------------------------------
 # Request plumbing (one ASGI layer; see :mod:`nemo_gym.asgi`).
+
+
+class StrictJSONRequest(Request):
+    """A request whose ``json()`` is parsed by orjson: strict UTF-8, so a lone surrogate (``"\\ud800"``,
+    or the bytes of one) is a 422 ``json_invalid`` at the door instead of a string no JSON encoder can
+    write back (a 500 when a handler echoes it), and faster than the standard library's parser."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = orjson.loads(await self.body())  # orjson.JSONDecodeError is a json.JSONDecodeError
+        return self._json
+
+
+class StrictJSONRoute(APIRoute):
+    """The route class of every server of ours: its handlers get a :class:`StrictJSONRequest`."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def strict_handler(request: Request) -> Response:
+            return await handler(StrictJSONRequest(request.scope, request.receive))
+
+        return strict_handler
 
 
 async def validated_body(request: Request, model: type[BaseModel]) -> dict[str, Any]:
@@ -181,6 +205,7 @@ class BaseServer(BaseModel):
     def _install_base(self, app: FastAPI) -> None:
         """Give ``app`` what every server of ours has (also used for an app a subclass built itself)."""
         app.state.nemo_gym_base_installed = True
+        app.router.route_class = StrictJSONRoute  # the routes added from now on
         # What this server knows of secrets: its own config and the whole config it got.
         add_secret_values(collect_secret_values(self.config))
         global_cfg = current_global_config_dict()
@@ -421,6 +446,9 @@ def _jsonable_errors(errors: Any) -> list[dict[str, Any]]:
     out = []
     for e in errors:
         d = {k: v for k, v in e.items() if k in ("loc", "msg", "type")}
+        reason = (e.get("ctx") or {}).get("error")
+        if e.get("type") == "json_invalid" and isinstance(reason, str) and reason not in str(d.get("msg")):
+            d["msg"] = f"{d.get('msg')}: {reason}"  # say what is wrong with the JSON
         if "input" in e:
             try:
                 orjson.dumps(e["input"])

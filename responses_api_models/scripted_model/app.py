@@ -338,6 +338,9 @@ class ScriptedModel(SimpleResponsesAPIModel):
 
     async def chat_completions(self, request: Request, body: dict[str, Any] = Body(...)) -> Response:
         messages = body.get("messages") or []
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            error = {"kind": "bad_request", "message": "`messages` must be a list of objects with a `role`."}
+            return Response(orjson.dumps({"error": error}), status_code=400, media_type="application/json")
         items: list[dict[str, Any]] = []
         for m in messages:
             if m.get("role") == "tool":
