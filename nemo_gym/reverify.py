@@ -226,7 +226,8 @@ def payload_for(
     where_at = f"{source}: line {number}"
     if not isinstance(line.get("response"), dict):
         return None, f"{where_at}: no recorded 'response' to verify"
-    if not isinstance((line.get("agent_ref") or {}).get("name"), str):
+    agent_ref = line.get("agent_ref")
+    if not isinstance(agent_ref, dict) or not isinstance(agent_ref.get("name"), str):
         return None, f"{where_at}: no 'agent_ref.name' (which agent's environment scored it?)"
     if rows is None:
         return ({k: v for k, v in line.items() if k != "reward"} if build else {}), None

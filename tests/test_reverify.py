@@ -254,3 +254,14 @@ def test_memory_does_not_grow_with_the_file(tmp_path: Path, capsys: pytest.Captu
         large_mb, large = peak_rss_mb(1500)
         file_growth_mb = (large.stat().st_size - small.stat().st_size) / 2**20
         assert large_mb - small_mb < 0.25 * file_growth_mb, (small_mb, large_mb, file_growth_mb)
+
+
+@pytest.mark.parametrize("agent_ref", ["x", ["a"], {"name": 5}, None, {}])
+def test_a_line_with_a_malformed_agent_ref_is_named_not_a_crash(agent_ref: object, tmp_path: Path) -> None:
+    """Before: ``"agent_ref": "x"`` ended ng_reverify with an AttributeError traceback (exit 1)."""
+    from nemo_gym.reverify import payload_for
+
+    line = {"agent_ref": agent_ref, "response": {"output": []}, "reward": 1.0}
+    payload, why = payload_for(line, 7, None, tmp_path / "rollouts.jsonl")
+    assert payload is None and why is not None
+    assert "line 7" in why and "agent_ref.name" in why

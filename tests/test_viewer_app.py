@@ -279,3 +279,12 @@ def test_a_real_collected_rollouts_file(launch: Launcher, tmp_path: Path) -> Non
         assert r["agent"] == "example_single_tool_call_simple_agent"
     one = get(f"{base}/api/files/1/rollouts/{listing['rows'][0]['row']}").json()["data"]
     assert one["_ng_task_index"] == 0 and "expected_city" in one
+
+
+def test_every_answer_tells_the_browser_to_run_only_the_viewers_own_script(viewer: str) -> None:
+    """Defence in depth for untrusted rollout text: a Content-Security-Policy on the page, the API and errors."""
+    for path in ("/", "/api/files", "/api/files/nope"):
+        resp = get(viewer + path)
+        csp = resp.headers.get("content-security-policy", "")
+        assert "script-src 'self'" in csp and "object-src 'none'" in csp, (path, resp.headers)
+        assert resp.headers.get("x-content-type-options") == "nosniff"

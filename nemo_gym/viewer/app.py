@@ -153,6 +153,12 @@ def filters_from_request(request: Request) -> Filters:
     )
 
 
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; object-src 'none'; "
+    "base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
+)
+
+
 def _supplied_token(request: Request, cookie_name: str) -> tuple[str | None, bool]:
     """The token a request carries (header, bearer, cookie or query), and whether it came in the query."""
     auth = request.headers.get("authorization", "")
@@ -219,6 +225,10 @@ def create_app(state: ViewerState, token: TokenGuard | None = None) -> FastAPI:
             return _error(415, "POST bodies must be application/json")
         response = await call_next(request)
         response.headers.setdefault("cache-control", "no-store")
+        # Rollouts are untrusted text: the page builds its DOM from text nodes only, and the browser is
+        # told to run nothing but the viewer's own script even if that ever slipped.
+        response.headers.setdefault("content-security-policy", CONTENT_SECURITY_POLICY)
+        response.headers.setdefault("x-content-type-options", "nosniff")
         if set_cookie is not None:
             _set_token_cookie(response, set_cookie, guard_token)
         return response
