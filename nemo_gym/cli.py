@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from nemo_gym import __version__
 from nemo_gym.auth import AUTH_TOKEN_ENV_VAR_NAME, auth_headers, client_token
+from nemo_gym.config.loading import file_override_notes
 from nemo_gym.config_types import BaseServerConfig
 from nemo_gym.fd_limits import raise_open_file_limit
 from nemo_gym.global_config import (
@@ -101,7 +102,10 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _note_no_effect_keys(loaded: LoadedConfig) -> None:
-    """One stderr line naming the upstream-only keys that are set (accepted, but nothing reads them)."""
+    """One stderr line naming the upstream-only keys that are set (accepted, but nothing reads them),
+    and one per value a config file replaced in another's (:func:`file_override_notes`)."""
+    for line in file_override_notes(loaded):
+        sys.stderr.write(f"nemo_gym: {line}\n")
     keys = no_effect_upstream_keys(loaded.config)
     if keys:
         sys.stderr.write(

@@ -12,6 +12,9 @@ Contract
   YAML (with line, column and a caret) or a merge clash is a :class:`ConfigError` naming the file.
 * The result, :class:`LoadedConfig`, keeps where each key was set (:class:`Provenance`) and
   ``env_yaml_data``, env.yaml as read: its values are secrets (:mod:`nemo_gym.redaction`).
+* A value one config file sets over another file's is recorded (``file_overrides``);
+  :func:`file_override_notes` words them (loudly for keys that route traffic or hold a credential) and
+  ``ng_run`` prints them: layering is allowed, a silent redirect of a server is not.
 * Loading checks nothing beyond syntax: :mod:`nemo_gym.config.validation` does.
 """
 
@@ -127,6 +130,9 @@ class LoadedConfig:
     files: list[Path]
     root_dir: Path
     env_yaml_data: dict = field(default_factory=dict)  # env.yaml as read (its values are secrets)
+    # (dotted key, where it was set first, the later config file that replaced it): a config file that
+    # changes a value another file set, e.g. a server's base_url (see :func:`file_override_notes`).
+    file_overrides: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 def load_global_config(
@@ -143,6 +149,7 @@ def load_global_config(
     """
     cwd = (cwd or Path.cwd()).resolve()
     provenance = Provenance()
+    file_overrides: list[tuple[str, str, str]] = []
     overrides = parse_cli_overrides(argv or [])
 
     env_data: dict = {}
@@ -201,6 +208,7 @@ def load_global_config(
             raise ConfigError(
                 f"{_display_path(path, cwd)}: cannot merge into the config loaded so far: {first}"
             ) from None
+        _record_file_overrides(data, locations, provenance, file_overrides)
         provenance.update(locations)
         files.append(path)
 
@@ -228,8 +236,54 @@ def load_global_config(
     provenance.update(_apply_overrides(merged, [o for o in overrides if o.key != CONFIG_PATHS_KEY_NAME]))
     merged.pop(CONFIG_PATHS_KEY_NAME, None)
     return LoadedConfig(
-        config=merged, provenance=provenance, files=files, root_dir=cwd, env_yaml_data=env_yaml_data
+        config=merged,
+        provenance=provenance,
+        files=files,
+        root_dir=cwd,
+        env_yaml_data=env_yaml_data,
+        file_overrides=file_overrides,
     )
+
+
+def _leaf_keys(data: Any, prefix: str = "") -> list[str]:
+    if isinstance(data, dict) and data:
+        return [k for key, value in data.items() for k in _leaf_keys(value, f"{prefix}{key}.")]
+    return [prefix[:-1]] if prefix else []
+
+
+def _record_file_overrides(
+    data: dict, locations: dict[str, str], provenance: Provenance, out: list[tuple[str, str, str]]
+) -> None:
+    """Note each value of ``data`` (one config file) that replaces a value another file set."""
+    for key in _leaf_keys(data):
+        earlier, later = provenance.locations.get(key), locations.get(key)
+        if (
+            earlier is not None
+            and later is not None
+            and earlier.rpartition(":")[0] != later.rpartition(":")[0]
+        ):
+            out.append((key, earlier, later))
+
+
+# Key words that route requests or carry credentials: a config file changing one of these in a block
+# another file wrote could send that server's traffic (and its API key) somewhere else.
+_SENSITIVE_KEY_WORDS = ("url", "host", "port", "key", "token", "secret", "password", "endpoint", "entrypoint")
+
+
+def file_override_notes(loaded: LoadedConfig, limit: int = 10) -> list[str]:
+    """One line per config-file value that replaced another file's (at most ``limit``, then a count):
+    layering files is allowed, but it is said, and loudly when the key routes traffic or holds a
+    credential (a downloaded environment's config that redirects the model server's ``base_url``)."""
+    lines = []
+    for key, earlier, later in loaded.file_overrides[:limit]:
+        leaf = key.rpartition(".")[2].lower()
+        level = "WARNING" if any(w in leaf for w in _SENSITIVE_KEY_WORDS) else "note"
+        lines.append(f"{level}: {later} replaces {key}, set at {earlier}")
+    if len(loaded.file_overrides) > limit:
+        lines.append(
+            f"note: and {len(loaded.file_overrides) - limit} more value(s) replaced by later config files"
+        )
+    return lines
 
 
 def config_to_yaml(cfg: DictConfig) -> str:
