@@ -90,9 +90,40 @@ def _reference_verdict(utils: ModuleType, instruction_id: str, kwargs: dict[str,
 
 PLAIN = ["river", "stone", "garden", "light", "quiet", "table", "window", "market", "paper", "winter"]
 TRICKY = [
-    "well-known", "state-of-the-art", "don't", "it's", "NASA's", "rock'n'roll", "3.14", "1,000", "2nd",
-    "U.S.", "e.g.", "USA", "OK", "I", "A", "café", "naïve", "snake_case", "x2", "HELLO-WORLD", "CAN'T",
-    "1990s", "—", "--", "...", "&", "(see", "below)", "#tag", "@home", "50%", "$5", "Mr.", "etc.",
+    "well-known",
+    "state-of-the-art",
+    "don't",
+    "it's",
+    "NASA's",
+    "rock'n'roll",
+    "3.14",
+    "1,000",
+    "2nd",
+    "U.S.",
+    "e.g.",
+    "USA",
+    "OK",
+    "I",
+    "A",
+    "café",
+    "naïve",
+    "snake_case",
+    "x2",
+    "HELLO-WORLD",
+    "CAN'T",
+    "1990s",
+    "—",
+    "--",
+    "...",
+    "&",
+    "(see",
+    "below)",
+    "#tag",
+    "@home",
+    "50%",
+    "$5",
+    "Mr.",
+    "etc.",
 ]
 ENDS = [".", "!", "?", "...", '."', '!"', ".)", "", ":", ";"]
 ABBREV_SENTENCES = [
@@ -100,7 +131,7 @@ ABBREV_SENTENCES = [
     "Dr. Jones lives on Baker St. near the park.",
     "The price rose 3.5 percent in the U.S. last year.",
     "Bring fruit, e.g. apples and pears.",
-    "He said \"Stop.\" Then he left.",
+    'He said "Stop." Then he left.',
     "Wait... what happened?",
     "It costs $4.99. Buy two!",
     "See Fig. 2 for details.",
@@ -171,16 +202,20 @@ def _frequency(rng: random.Random) -> list[Case]:
 
 def _forbidden(rng: random.Random) -> list[Case]:
     forbidden = rng.sample(["cat", "run", "blue", "sun"], 2)
-    forms = {"cat": ["cats", "cat's", "cat-like", "Cat", "concatenate"], "run": ["running", "RUN", "run."],
-             "blue": ["blueberry", "Blue!", "sky-blue"], "sun": ["sunny", "Sun", "sun_dial"]}
+    forms = {
+        "cat": ["cats", "cat's", "cat-like", "Cat", "concatenate"],
+        "run": ["running", "RUN", "run."],
+        "blue": ["blueberry", "Blue!", "sky-blue"],
+        "sun": ["sunny", "Sun", "sun_dial"],
+    }
     text = _text(rng, 2) + " " + rng.choice(forms[forbidden[0]] + forms[forbidden[1]])
     return [("keywords:forbidden_words", {"forbidden_words": forbidden}, text)]
 
 
 def _letter(rng: random.Random) -> list[Case]:
-    letter = rng.choice(["a", "E", "z", "q", " t "])
+    letter = rng.choice(["a", "E", "z", "q", "T"])
     text = _text(rng, 2)
-    count = text.lower().count(letter.strip().lower())
+    count = text.lower().count(letter.lower())
     return [
         ("keywords:letter_frequency", {"letter": letter, "let_frequency": f, "let_relation": rel}, text)
         for f in _around(count, text.count(letter))
@@ -234,7 +269,9 @@ def _paragraphs(rng: random.Random) -> list[Case]:
         text = rng.choice(["***\n", "*** "]) + text
     if rng.random() < 0.3:
         text += rng.choice(["\n***", " ***", "\n***\n"])
-    return [("length_constraints:number_paragraphs", {"num_paragraphs": k}, text) for k in _around(n) if k <= 6]
+    return [
+        ("length_constraints:number_paragraphs", {"num_paragraphs": k}, text) for k in _around(n) if k <= 6
+    ]
 
 
 def _words(rng: random.Random) -> list[Case]:
@@ -249,8 +286,25 @@ def _words(rng: random.Random) -> list[Case]:
 
 
 FIRST_WORD_FORMS = [
-    "{w}", "{w},", "{w}.", "\"{w}\"", "'{w}'", "\"'{w}", "'\"{w}", "{w}'s", "{w}—more", "{w}-more", "({w}",
-    "*{w}*", "{W}", "{w}!?", "{w}:", "“{w}”", "{w}?!", "{w}...", "{w}.,",
+    "{w}",
+    "{w},",
+    "{w}.",
+    '"{w}"',
+    "'{w}'",
+    "\"'{w}",
+    "'\"{w}",
+    "{w}'s",
+    "{w}—more",
+    "{w}-more",
+    "({w}",
+    "*{w}*",
+    "{W}",
+    "{w}!?",
+    "{w}:",
+    "“{w}”",
+    "{w}?!",
+    "{w}...",
+    "{w}.,",
 ]
 
 
@@ -272,8 +326,13 @@ def _nth_first(rng: random.Random) -> list[Case]:
     out = []
     for k in _around(n):
         if k <= 5:
-            out.append(("length_constraints:nth_paragraph_first_word",
-                        {"num_paragraphs": k, "nth_paragraph": min(nth, k), "first_word": word}, text))
+            out.append(
+                (
+                    "length_constraints:nth_paragraph_first_word",
+                    {"num_paragraphs": k, "nth_paragraph": min(nth, k), "first_word": word},
+                    text,
+                )
+            )
     return out
 
 
@@ -281,7 +340,10 @@ def _placeholders(rng: random.Random) -> list[Case]:
     forms = ["[name]", "[]", "[a [b] c]", "[line\nbreak]", "[ ]", "[[x]]", "[address]", "[x", "y]"]
     picked = [rng.choice(forms) for _ in range(rng.randint(0, 4))]
     text = " ".join([_sentence(rng)] + picked + [_sentence(rng)])
-    return [("detectable_content:number_placeholders", {"num_placeholders": k}, text) for k in _around(len(picked))]
+    return [
+        ("detectable_content:number_placeholders", {"num_placeholders": k}, text)
+        for k in _around(len(picked))
+    ]
 
 
 POSTSCRIPTS = ["P.S.", "P.P.S", "P.P.S.", "p.s.", "P. S.", "PS:", "P.S", "p. p. s", "Note:", "ps"]
@@ -291,11 +353,27 @@ def _postscript(rng: random.Random) -> list[Case]:
     marker = rng.choice(["P.S.", "P.P.S", " P.S. ", "P.S", "Note:", "PS"])
     tail = rng.choice(POSTSCRIPTS)
     layout = rng.choice(["\n\n{t} More.", " {t} more", "\n{t}", "\n  {t} end", "{t}", "\nthe {t} is here"])
-    return [("detectable_content:postscript", {"postscript_marker": marker}, _text(rng) + layout.format(t=tail))]
+    return [
+        ("detectable_content:postscript", {"postscript_marker": marker}, _text(rng) + layout.format(t=tail))
+    ]
 
 
-BULLETS = ["* a", "*a", "  * indented", "- dash", "-- double", "---", "**bold** line", "*", "• dot", "\t- tab",
-           "1. one", "*\tstar tab", " -", "***"]
+BULLETS = [
+    "* a",
+    "*a",
+    "  * indented",
+    "- dash",
+    "-- double",
+    "---",
+    "**bold** line",
+    "*",
+    "• dot",
+    "\t- tab",
+    "1. one",
+    "*\tstar tab",
+    " -",
+    "***",
+]
 
 
 def _bullets(rng: random.Random) -> list[Case]:
@@ -306,25 +384,59 @@ def _bullets(rng: random.Random) -> list[Case]:
 
 
 def _constrained(rng: random.Random) -> list[Case]:
-    opts = ["My answer is yes.", "My answer is no.", "My answer is maybe.", "my answer is yes.", "My answer is yes",
-            "My answer is Yes.", "My answer is  no.", "My answer is maybe!"]
+    opts = [
+        "My answer is yes.",
+        "My answer is no.",
+        "My answer is maybe.",
+        "my answer is yes.",
+        "My answer is yes",
+        "My answer is Yes.",
+        "My answer is  no.",
+        "My answer is maybe!",
+    ]
     layout = rng.choice(["{o}", "  {o}  ", "{s} {o}", "{o}\n{s}", "{s}"])
-    return [("detectable_format:constrained_response", {}, layout.format(o=rng.choice(opts), s=_sentence(rng)))]
+    return [
+        ("detectable_format:constrained_response", {}, layout.format(o=rng.choice(opts), s=_sentence(rng)))
+    ]
 
 
-HIGHLIGHTS = ["*a*", "**b**", "* *", "***c***", "*a\nb*", "****", "*a* *b*", "**", "*x**y*", "** **", "*one two*"]
+HIGHLIGHTS = [
+    "*a*",
+    "**b**",
+    "* *",
+    "***c***",
+    "*a\nb*",
+    "****",
+    "*a* *b*",
+    "**",
+    "*x**y*",
+    "** **",
+    "*one two*",
+]
 
 
 def _highlights(rng: random.Random) -> list[Case]:
     picked = [rng.choice(HIGHLIGHTS) for _ in range(rng.randint(0, 3))]
     text = " ".join([_sentence(rng)] + picked)
-    return [("detectable_format:number_highlighted_sections", {"num_highlights": k}, text) for k in _around(len(picked))]
+    return [
+        ("detectable_format:number_highlighted_sections", {"num_highlights": k}, text)
+        for k in _around(len(picked))
+    ]
 
 
 def _sections(rng: random.Random) -> list[Case]:
     spliter = rng.choice(["Section", "SECTION", " Section ", "Paragraph"])
-    heads = ["Section 1", "SECTION 2", "Section3", "Section X", " Section  4", "Paragraph 1", "section 5",
-             "Section 12", "Sections 2"]
+    heads = [
+        "Section 1",
+        "SECTION 2",
+        "Section3",
+        "Section X",
+        " Section  4",
+        "Paragraph 1",
+        "section 5",
+        "Section 12",
+        "Sections 2",
+    ]
     picked = [rng.choice(heads) for _ in range(rng.randint(0, 4))]
     text = "\n".join(h + "\n" + _sentence(rng) for h in picked) or _sentence(rng)
     return [
@@ -334,9 +446,22 @@ def _sections(rng: random.Random) -> list[Case]:
 
 
 JSONS = [
-    '{"a": 1}', '```json\n{"a": 1}\n```', '```JSON\n[1, 2]\n```', '```Json {"x": null} ```', '```\n"str"\n```',
-    '```python\n{"a": 1}\n```', '{"a": 1} trailing', "{a: 1}", "```json```{}```", "```json\n```", "NaN",
-    '  \n{"nested": {"b": [true, false]}}\n  ', "```json\n{}\n``` ", "```json{}", '{}```', "```\n```\n",
+    '{"a": 1}',
+    '```json\n{"a": 1}\n```',
+    "```JSON\n[1, 2]\n```",
+    '```Json {"x": null} ```',
+    '```\n"str"\n```',
+    '```python\n{"a": 1}\n```',
+    '{"a": 1} trailing',
+    "{a: 1}",
+    "```json```{}```",
+    "```json\n```",
+    "NaN",
+    '  \n{"nested": {"b": [true, false]}}\n  ',
+    "```json\n{}\n``` ",
+    "```json{}",
+    "{}```",
+    "```\n```\n",
     '```json\n{"a": 1}\n```\nDone.',
 ]
 
@@ -345,8 +470,21 @@ def _json(rng: random.Random) -> list[Case]:
     return [("detectable_format:json_format", {}, rng.choice(JSONS))]
 
 
-TITLES = ["<<T>>", "<< >>", "<<>>", "<<<>>>", "<<a\nb>>", "<<<<x>>>>", "< <x> >", "<<Big Day>>", "<< >> <<x>>",
-          "<<>>>", "<<<>>", "<<\t>>", "<x>"]
+TITLES = [
+    "<<T>>",
+    "<< >>",
+    "<<>>",
+    "<<<>>>",
+    "<<a\nb>>",
+    "<<<<x>>>>",
+    "< <x> >",
+    "<<Big Day>>",
+    "<< >> <<x>>",
+    "<<>>>",
+    "<<<>>",
+    "<<\t>>",
+    "<x>",
+]
 
 
 def _title(rng: random.Random) -> list[Case]:
@@ -355,36 +493,93 @@ def _title(rng: random.Random) -> list[Case]:
 
 def _two(rng: random.Random) -> list[Case]:
     a, b = _sentence(rng), _sentence(rng)
-    forms = [a + "\n******\n" + b, a + "\n******\n" + a, a + "******" + a + " ", "******\n" + a + "\n******\n" + b,
-             a + "\n******\n\n******\n" + b, a + "\n*******\n" + b, a + "\n******\n" + b + "\n******\n" + a,
-             a + "\n******\n" + b + "\n******", a, "******"]
+    forms = [
+        a + "\n******\n" + b,
+        a + "\n******\n" + a,
+        a + "******" + a + " ",
+        "******\n" + a + "\n******\n" + b,
+        a + "\n******\n\n******\n" + b,
+        a + "\n*******\n" + b,
+        a + "\n******\n" + b + "\n******\n" + a,
+        a + "\n******\n" + b + "\n******",
+        a,
+        "******",
+    ]
     return [("combination:two_responses", {}, rng.choice(forms))]
 
 
 def _repeat(rng: random.Random) -> list[Case]:
     prompt = rng.choice(["Say hi.", "Write a poem about tea. ", "  List three fruits"])
-    forms = [prompt + " Answer.", prompt.upper() + " ok", "  " + prompt.strip() + "!", "Answer. " + prompt,
-             prompt.strip()[:-1], "\n" + prompt]
+    forms = [
+        prompt + " Answer.",
+        prompt.upper() + " ok",
+        "  " + prompt.strip() + "!",
+        "Answer. " + prompt,
+        prompt.strip()[:-1],
+        "\n" + prompt,
+    ]
     return [("combination:repeat_prompt", {"prompt_to_repeat": prompt}, rng.choice(forms))]
 
 
 def _end(rng: random.Random) -> list[Case]:
     phrase = rng.choice(["Any other questions?", "Is there anything else I can help with?", " Bye now. "])
     p = phrase.strip()
-    forms = [p, '"' + p + '"', '"' + p + '" ', p + "\n\n", "'" + p + "'", p.lower(), p + ".", '"' + p,
-             p + '"\n', '""' + p + '""', "“" + p + "”", '"' + p + ' "', p[:-1]]
+    forms = [
+        p,
+        '"' + p + '"',
+        '"' + p + '" ',
+        p + "\n\n",
+        "'" + p + "'",
+        p.lower(),
+        p + ".",
+        '"' + p,
+        p + '"\n',
+        '""' + p + '""',
+        "“" + p + "”",
+        '"' + p + ' "',
+        p[:-1],
+    ]
     return [("startend:end_checker", {"end_phrase": phrase}, _text(rng) + " " + rng.choice(forms))]
 
 
 def _quotation(rng: random.Random) -> list[Case]:
     s = _sentence(rng)
-    forms = ['"' + s + '"', '"', '""', ' "' + s + '" ', "“" + s + "”", "'" + s + "'", '"' + s, s + '"',
-             '\n"' + s + '"\n']
+    forms = [
+        '"' + s + '"',
+        '"',
+        '""',
+        ' "' + s + '" ',
+        "“" + s + "”",
+        "'" + s + "'",
+        '"' + s,
+        s + '"',
+        '\n"' + s + '"\n',
+    ]
     return [("startend:quotation", {}, rng.choice(forms))]
 
 
-CAPS = ["U.S.", "NASA's", "HELLO-WORLD", "A", "I", "OK!", "CAN'T", "1ST", "X1", "USA", "I'M", "ABC-def", "AI.", "Q&A",
-        "FAQ?", "T-SHIRT", "R2-D2", "\"WOW\"", "(BBC)", "MR. SMITH"]
+CAPS = [
+    "U.S.",
+    "NASA's",
+    "HELLO-WORLD",
+    "A",
+    "I",
+    "OK!",
+    "CAN'T",
+    "1ST",
+    "X1",
+    "USA",
+    "I'M",
+    "ABC-def",
+    "AI.",
+    "Q&A",
+    "FAQ?",
+    "T-SHIRT",
+    "R2-D2",
+    '"WOW"',
+    "(BBC)",
+    "MR. SMITH",
+]
 
 
 def _capital(rng: random.Random) -> list[Case]:
@@ -403,19 +598,35 @@ def _capital(rng: random.Random) -> list[Case]:
 
 
 CASE_TEXTS = [
-    LANG_TEXTS["en"], LANG_TEXTS["de"], LANG_TEXTS["fr"], "12345 67890", "!!! ???", "ÉTÉ À PARIS", "İstanbul",
-    "THE ANSWER IS 42, AS EVERYONE KNOWS.", "I ❤ NY", "ß", "x", "HELLO WORLD",
+    LANG_TEXTS["en"],
+    "I think that the best way to learn is to practice every day with patience and care.",
+    "This is my answer: the theory of evolution explains how species change over time (1859).",
+    LANG_TEXTS["de"],
+    LANG_TEXTS["fr"],
+    "12345 67890",
+    "!!! ???",
+    "ÉTÉ À PARIS",
+    "İstanbul",
+    "THE ANSWER IS 42, AS EVERYONE KNOWS.",
+    "I ❤ NY",
+    "ß",
+    "x",
+    "HELLO WORLD",
 ]
 
 
 def _english_capital(rng: random.Random) -> list[Case]:
     t = rng.choice(CASE_TEXTS)
-    return [("change_case:english_capital", {}, rng.choice([t, t.upper(), t.upper() + " ok", " " + t.upper()]))]
+    return [
+        ("change_case:english_capital", {}, rng.choice([t, t.upper(), t.upper() + " ok", " " + t.upper()]))
+    ]
 
 
 def _english_lowercase(rng: random.Random) -> list[Case]:
     t = rng.choice(CASE_TEXTS)
-    return [("change_case:english_lowercase", {}, rng.choice([t, t.lower(), t.lower() + " OK", t.lower() + " I"]))]
+    return [
+        ("change_case:english_lowercase", {}, rng.choice([t, t.lower(), t.lower() + " OK", t.lower() + " I"]))
+    ]
 
 
 def _comma(rng: random.Random) -> list[Case]:
@@ -451,17 +662,182 @@ GENERATORS: dict[str, Callable[[random.Random], list[Case]]] = {
 }
 
 # IFEval rows carry the union of every instruction's kwargs, unused ones as None.
-_ALL_KWARGS = sorted({"keywords", "keyword", "frequency", "relation", "forbidden_words", "letter", "let_frequency",
-                      "let_relation", "language", "num_sentences", "num_paragraphs", "num_words", "nth_paragraph",
-                      "first_word", "num_placeholders", "postscript_marker", "num_bullets", "num_highlights",
-                      "section_spliter", "num_sections", "prompt_to_repeat", "end_phrase", "capital_frequency",
-                      "capital_relation"})
+_ALL_KWARGS = sorted(
+    {
+        "keywords",
+        "keyword",
+        "frequency",
+        "relation",
+        "forbidden_words",
+        "letter",
+        "let_frequency",
+        "let_relation",
+        "language",
+        "num_sentences",
+        "num_paragraphs",
+        "num_words",
+        "nth_paragraph",
+        "first_word",
+        "num_placeholders",
+        "postscript_marker",
+        "num_bullets",
+        "num_highlights",
+        "section_spliter",
+        "num_sections",
+        "prompt_to_repeat",
+        "end_phrase",
+        "capital_frequency",
+        "capital_relation",
+    }
+)
+
+
+# Hand-written edge cases, each aimed at one rule a checker can get subtly wrong.
+END = "Any other questions?"
+LESS, AT_LEAST = "less than", "at least"
+FIXED_CASES: list[Case] = [
+    ("startend:end_checker", {"end_phrase": END}, f'Here it is. "{END}"'),
+    ("startend:end_checker", {"end_phrase": END}, f'"Here it is. {END}"\n'),
+    ("startend:end_checker", {"end_phrase": END}, f'Here it is. "{END}" '),
+    ("startend:end_checker", {"end_phrase": END}, f"Here it is. '{END}'"),
+    ("startend:end_checker", {"end_phrase": END}, f"Here it is. “{END}”"),
+    ("startend:end_checker", {"end_phrase": f"  {END} "}, f"Here it is. {END.upper()}"),
+    (
+        "length_constraints:nth_paragraph_first_word",
+        {"num_paragraphs": 2, "nth_paragraph": 2, "first_word": "then"},
+        "First.\n\nThen—more text.",
+    ),
+    (
+        "length_constraints:nth_paragraph_first_word",
+        {"num_paragraphs": 2, "nth_paragraph": 2, "first_word": "then"},
+        "First.\n\nThen's more text.",
+    ),
+    (
+        "length_constraints:nth_paragraph_first_word",
+        {"num_paragraphs": 2, "nth_paragraph": 2, "first_word": "then"},
+        "First.\n\n\"'Then more text.",
+    ),
+    (
+        "length_constraints:nth_paragraph_first_word",
+        {"num_paragraphs": 2, "nth_paragraph": 2, "first_word": "then"},
+        "First.\n\n\n\nThen more text.",
+    ),
+    (
+        "length_constraints:nth_paragraph_first_word",
+        {"num_paragraphs": 3, "nth_paragraph": 3, "first_word": "then"},
+        "First.\n\n\n\nSecond.\n\nThen more.",
+    ),
+    (
+        "length_constraints:nth_paragraph_first_word",
+        {"num_paragraphs": 2, "nth_paragraph": 1, "first_word": "first"},
+        "\n\nFirst.\n\nSecond.",
+    ),
+    (
+        "length_constraints:nth_paragraph_first_word",
+        {"num_paragraphs": 2, "nth_paragraph": 2, "first_word": "then"},
+        "First.\n\n\nThen more text.",
+    ),
+    ("length_constraints:number_paragraphs", {"num_paragraphs": 2}, "A.\n***\n\n***\nB."),
+    ("length_constraints:number_paragraphs", {"num_paragraphs": 2}, "***\nA.\n***\nB.\n***"),
+    ("length_constraints:number_paragraphs", {"num_paragraphs": 3}, "A.****B.***C."),
+    (
+        "length_constraints:number_words",
+        {"num_words": 6, "relation": AT_LEAST},
+        "Don't stop: well-known 3.5 hits",
+    ),
+    (
+        "length_constraints:number_words",
+        {"num_words": 8, "relation": LESS},
+        "Don't stop: well-known 3.5 hits",
+    ),
+    (
+        "length_constraints:number_words",
+        {"num_words": 9, "relation": LESS},
+        "Don't stop: well-known 3.5 hits",
+    ),
+    (
+        "length_constraints:number_words",
+        {"num_words": 3, "relation": AT_LEAST},
+        "café naïve snake_case — ...",
+    ),
+    (
+        "length_constraints:number_sentences",
+        {"num_sentences": 2, "relation": LESS},
+        "Mr. Smith came at 5 p.m. today.",
+    ),
+    ("length_constraints:number_sentences", {"num_sentences": 3, "relation": AT_LEAST}, "One. Two? Three!"),
+    ("length_constraints:number_sentences", {"num_sentences": 3, "relation": LESS}, "One. Two? Three!"),
+    (
+        "length_constraints:number_sentences",
+        {"num_sentences": 2, "relation": AT_LEAST},
+        "no capital. after a dot",
+    ),
+    (
+        "change_case:capital_word_frequency",
+        {"capital_frequency": 2, "capital_relation": AT_LEAST},
+        "The U.S. rocks",
+    ),
+    (
+        "change_case:capital_word_frequency",
+        {"capital_frequency": 2, "capital_relation": LESS},
+        "HELLO-WORLD is here",
+    ),
+    (
+        "change_case:capital_word_frequency",
+        {"capital_frequency": 1, "capital_relation": AT_LEAST},
+        "NASA's plan",
+    ),
+    (
+        "change_case:capital_word_frequency",
+        {"capital_frequency": 2, "capital_relation": AT_LEAST},
+        "I CAN'T go",
+    ),
+    ("change_case:english_capital", {}, "THE ANSWER IS 42, AS EVERYONE KNOWS FROM THE BOOK."),
+    ("change_case:english_lowercase", {}, "the answer is 42, as everyone knows from the book."),
+    ("change_case:english_lowercase", {}, "12345"),
+    ("language:response_language", {"language": "en"}, "12345 !!!"),
+    ("detectable_format:json_format", {}, "```json```{}```"),
+    ("detectable_format:json_format", {}, '```json\n{"a": 1}\n```'),
+    ("detectable_format:json_format", {}, '```JSON\n{"a": 1}\n```'),
+    ("detectable_format:json_format", {}, '```js\n{"a": 1}\n```'),
+    ("detectable_format:title", {}, "<<<>> text"),
+    ("detectable_format:title", {}, "<<>>> text"),
+    ("detectable_format:title", {}, "<<a>> and <<>>"),
+    ("detectable_content:postscript", {"postscript_marker": "P.S"}, "Text.\npas de deux"),
+    ("detectable_content:postscript", {"postscript_marker": "P.S."}, "Text.\nP. S. more"),
+    ("detectable_content:postscript", {"postscript_marker": "P.P.S"}, "Text.\np. p. s more"),
+    ("keywords:existence", {"keywords": ["e.g."]}, "english"),
+    ("keywords:frequency", {"keyword": "a.c", "frequency": 2, "relation": AT_LEAST}, "abc a.c"),
+    ("keywords:forbidden_words", {"forbidden_words": ["c.t"]}, "the cat sat"),
+    ("keywords:forbidden_words", {"forbidden_words": ["cat"]}, "concatenate cats"),
+    (
+        "detectable_format:multiple_sections",
+        {"section_spliter": " Section ", "num_sections": 2},
+        "Section 1\nA.\nSection 2\nB.",
+    ),
+    (
+        "detectable_format:multiple_sections",
+        {"section_spliter": "Section", "num_sections": 2},
+        "Section1 A. Section 2: B.",
+    ),
+    ("detectable_format:number_bullet_lists", {"num_bullets": 2}, "* a\n**b**\n- c"),
+    ("detectable_format:number_highlighted_sections", {"num_highlights": 3}, "*a* **b** ***c***"),
+    ("detectable_format:constrained_response", {}, "  My answer is maybe.  "),
+    ("detectable_content:number_placeholders", {"num_placeholders": 2}, "[a [b] c] [line\nbreak]"),
+    ("combination:two_responses", {}, "A.\n******\nA. "),
+    ("combination:two_responses", {}, "A.\n*******\nB."),
+    ("combination:repeat_prompt", {"prompt_to_repeat": "  Say HI. "}, "say hi. Hi!"),
+    ("startend:quotation", {}, '"'),
+    ("punctuation:no_comma", {}, "Fullwidth，comma"),
+    ("keywords:letter_frequency", {"letter": "T", "let_frequency": 2, "let_relation": AT_LEAST}, "Tt"),
+]
 
 
 def generate_cases(seed: int = SEED) -> list[Case]:
-    """The oracle's cases: per instruction, random edge-case compositions, then blank responses."""
+    """The oracle's cases: the fixed ones, then per instruction random edge-case compositions and blank
+    responses."""
     rng = random.Random(seed)
-    cases: list[Case] = []
+    cases: list[Case] = list(FIXED_CASES)
     for instruction_id, gen in GENERATORS.items():
         produced: list[Case] = []
         attempts = 0
@@ -486,6 +862,7 @@ def test_the_generator_covers_every_instruction_and_is_deterministic() -> None:
     per_id = Counter(c[0] for c in cases)
     assert set(per_id) == set(GENERATORS) and len(GENERATORS) == 25
     assert min(per_id.values()) >= RANDOM_CASES_PER_INSTRUCTION
+    assert {c[0] for c in FIXED_CASES} == set(GENERATORS)
     assert generate_cases() == cases
 
 
@@ -501,11 +878,17 @@ def test_checkers_agree_with_ifeval_reference(reference: ModuleType) -> None:
             shown = {k: v for k, v in kwargs.items() if v is not None}
             disagreements[instruction_id].append(f"  IFEval {expected}, ours {got}: {shown} {response!r}")
     report = "\n".join(
-        f"{iid}: {len(lines)} disagreement(s)\n" + "\n".join(lines[:5]) for iid, lines in sorted(disagreements.items())
+        f"{iid}: {len(lines)} disagreement(s)\n" + "\n".join(lines[:5])
+        for iid, lines in sorted(disagreements.items())
     )
-    print(f"{len(cases)} cases; disagreements per instruction: "
-          f"{ {k: len(v) for k, v in sorted(disagreements.items())} }", file=sys.stderr)
-    assert not disagreements, f"{sum(map(len, disagreements.values()))} of {len(cases)} cases disagree:\n{report}"
+    print(
+        f"{len(cases)} cases; disagreements per instruction: "
+        f"{ {k: len(v) for k, v in sorted(disagreements.items())} }",
+        file=sys.stderr,
+    )
+    assert not disagreements, (
+        f"{sum(map(len, disagreements.values()))} of {len(cases)} cases disagree:\n{report}"
+    )
     # The cases are not one-sided: every instruction is both followed and broken at least once.
     one_sided = [iid for iid in GENERATORS if not (verdicts[(iid, True)] and verdicts[(iid, False)])]
     assert not one_sided, f"instructions never both followed and broken: {one_sided}"
