@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections import defaultdict
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +42,14 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text)
 
 
+class _OrthoFlags(dict[str, int]):
+    """Punkt's orthographic flags: 0 for an unseen word type, without storing it (NLTK's defaultdict
+    would grow by every new word a long-running server ever checks)."""
+
+    def __missing__(self, key: str) -> int:
+        return 0
+
+
 @functools.cache
 def _sentence_splitter() -> PunktSentenceTokenizer:
     """NLTK's Punkt sentence splitter with NLTK's English model (``punkt_tab/english``)."""
@@ -52,8 +60,14 @@ def _sentence_splitter() -> PunktSentenceTokenizer:
     params.abbrev_types = set(english.ABBREV_TYPES)
     params.collocations = set(english.COLLOCATIONS)
     params.sent_starters = set(english.SENT_STARTERS)
-    params.ortho_context = defaultdict(int, english.ORTHO_CONTEXT)
+    params.ortho_context = _OrthoFlags(english.ORTHO_CONTEXT)
     return PunktSentenceTokenizer(params)
+
+
+def warm_up() -> None:
+    """Load the tokenizers now (importing NLTK takes seconds) rather than on the first check."""
+    tokens("Warm up. Done.")
+    _is_english("Warm up the language profiles too.")
 
 
 @functools.cache
@@ -159,15 +173,21 @@ def _two_responses(r: str) -> bool:
     return len(parts) == 2 and all(parts) and parts[0] != parts[1]
 
 
+# langdetect loads its language profiles on first use without a lock: two threads doing that at once
+# corrupt its factory (it then raises, which would read as "followed"). One detection at a time.
+_LANGDETECT_LOCK = threading.Lock()
+
+
 def _language(r: str, language: str) -> bool:
     from langdetect import DetectorFactory, detect
     from langdetect.lang_detect_exception import LangDetectException
 
-    DetectorFactory.seed = 0
-    try:
-        return detect(r) == language
-    except LangDetectException:
-        return True  # nothing to detect (IFEval counts this as followed)
+    with _LANGDETECT_LOCK:
+        DetectorFactory.seed = 0
+        try:
+            return detect(r) == language
+        except LangDetectException:
+            return True  # nothing to detect (IFEval counts this as followed)
 
 
 def _is_english(r: str) -> bool:

@@ -2,6 +2,8 @@
 instruction checkers one by one."""
 
 import copy
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -236,3 +238,22 @@ def test_unknown_or_unusable_instructions_are_bad_data() -> None:
     with pytest.raises(BadInstruction, match="nth_paragraph"):
         kwargs = {"num_paragraphs": 2, "nth_paragraph": 3, "first_word": "a"}
         check("length_constraints:nth_paragraph_first_word", kwargs, "")
+
+
+def test_checks_from_many_threads_at_once_agree() -> None:
+    """/verify checks in threads: langdetect's first load, racing in a fresh process, must not turn
+    into "followed" (it did: its factory was loaded twice and raised)."""
+    script = (
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "from resources_servers.instruction_following.instructions import check\n"
+        "text = 'The weather is lovely today and we are going for a long walk along the river after lunch.'\n"
+        "with ThreadPoolExecutor(8) as pool:\n"
+        "    got = list(pool.map(lambda _: check('language:response_language', {'language': 'de'}, text), range(8)))\n"
+        "print(got)\n"
+    )
+    repo = Path(__file__).resolve().parents[3]
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=repo, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == str([False] * 8)
