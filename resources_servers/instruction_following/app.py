@@ -19,6 +19,7 @@ Contract
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, ClassVar, Literal
 
 from fastapi import HTTPException
@@ -32,7 +33,12 @@ from nemo_gym.base_resources_server import (
     ReverifyMode,
     SimpleResourcesServer,
 )
-from resources_servers.instruction_following.instructions import INSTRUCTION_IDS, BadInstruction, check
+from resources_servers.instruction_following.instructions import (
+    INSTRUCTION_IDS,
+    BadInstruction,
+    check,
+    warm_up,
+)
 
 InstructionId = Literal[INSTRUCTION_IDS]  # type: ignore[valid-type]
 _VERIFIER_FIELDS = ("instruction_id_list", "prompt", "kwargs", "grading_mode")
@@ -80,8 +86,21 @@ def _last_assistant_text(body: BaseVerifyRequest) -> str:
     return ""
 
 
+def _check_all(ids: list[str], kwargs_list: list[Any], text: str) -> list[bool]:
+    return [check(i, k, text) for i, k in zip(ids, kwargs_list, strict=True)]
+
+
+_WARMUPS: list[asyncio.Future[None]] = []  # kept referenced until done
+
+
 class InstructionFollowingResourcesServer(SimpleResourcesServer):
     config: InstructionFollowingResourcesServerConfig
+
+    async def on_startup(self) -> None:
+        await super().on_startup()
+        # NLTK (IFEval's sentence and word tokenizers) takes seconds to import: load it in the
+        # background so neither the first /verify nor the event loop waits for it.
+        _WARMUPS[:] = [asyncio.get_running_loop().run_in_executor(None, warm_up)]
 
     async def verify(self, body: InstructionFollowingVerifyRequest) -> InstructionFollowingVerifyResponse:
         meta = body.verifier_metadata
@@ -96,8 +115,8 @@ class InstructionFollowingResourcesServer(SimpleResourcesServer):
         if mode not in ("binary", "fraction"):
             raise HTTPException(422, f"bad row: grading_mode must be binary or fraction, got {mode!r}")
         text = _last_assistant_text(body)
-        try:
-            followed = [check(i, k, text) for i, k in zip(ids, kwargs_list, strict=True)]
+        try:  # off the event loop: Punkt and langdetect are CPU work
+            followed = await asyncio.to_thread(_check_all, ids, kwargs_list, text)
         except BadInstruction as e:
             raise HTTPException(422, f"bad row: {e}") from None
         reward = float(all(followed)) if mode == "binary" else sum(followed) / len(followed)

