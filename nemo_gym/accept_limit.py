@@ -18,6 +18,9 @@ Slow and silent clients (:class:`ConnectionLimits`) cannot hold places either:
   sent part of a head, it is told ``408`` first.
 * A request body that stalls (no byte for ``body_idle_timeout_s`` while the server is reading it; time
   the application leaves a large body unread does not count) closes the connection.
+* A client that stops reading the answer (the server's writes stay paused by flow control, no byte
+  drained, for ``body_idle_timeout_s``) has its connection closed, which releases the handler waiting
+  to write.
 * Idle keep-alive connections between requests are closed after uvicorn's ``timeout_keep_alive``.
 * A connection becomes *trusted* once one of its request heads passes ``trusts(scope)`` (the run-token
   check). Untrusted connections may hold at most ``1 - reserved_fraction`` of the places: past that,
@@ -137,6 +140,7 @@ class _Gate:
             _ng_head_since: float | None = None
             _ng_head_bytes = False  # whether part of that head arrived
             _ng_rx = 0.0  # when the last bytes arrived
+            _ng_write_stalled_since: float | None = None  # since when the client has read nothing we sent
 
             def connection_made(self, transport: Any) -> None:
                 super().connection_made(transport)
@@ -254,7 +258,20 @@ class _Gate:
         body_deadline = now - self.limits.body_idle_timeout_s
         for conn in list(self.conns):
             transport = conn.transport
-            if transport is None or transport.is_closing():
+            if transport is None:
+                continue
+            if conn.flow is not None and conn.flow.write_paused:
+                # The client stopped reading our answer (a close waits for the buffer to drain, so a
+                # closing connection can hang here too): past the bound, abort.
+                stalled = conn._ng_write_stalled_since
+                if stalled is None:
+                    conn._ng_write_stalled_since = now
+                elif stalled < body_deadline:
+                    self.conns.discard(conn)
+                    transport.abort()  # wakes a handler waiting to write (uvicorn resumes it as lost)
+                continue
+            conn._ng_write_stalled_since = None
+            if transport.is_closing():
                 continue
             since = conn._ng_head_since
             if since is not None:

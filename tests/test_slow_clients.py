@@ -172,3 +172,35 @@ def test_refused_clients_are_closed_and_the_keep_alive_pool_reconnects_by_itself
     finally:
         proc.kill()
         proc.communicate(timeout=10)
+
+
+def test_a_client_that_stops_reading_the_answer_is_closed() -> None:
+    """Before: a client that sent a request and never read the (large) answer held its connection and
+    the handler, blocked on writing, for good."""
+    proc, port = _start_server()
+    payload = "x" * 20_000_000  # far more than the socket buffers hold: the server's writes must pause
+    body = ('{"a": "' + payload + '"}').encode()
+    try:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.settimeout(5)
+        s.connect(("127.0.0.1", port))
+        head = (
+            f"POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        s.sendall(head.encode() + body)
+        time.sleep(2 * TIMEOUT_S + 2)  # read nothing: the server's writes stall past its bound
+        received = 0
+        s.settimeout(10)
+        try:
+            while chunk := s.recv(1 << 20):
+                received += len(chunk)
+        except (ConnectionResetError, TimeoutError):
+            pass
+        s.close()
+        assert received < len(body), "the whole answer arrived: the stalled connection was kept"
+        assert _get_with_token(port, timeout_s=5).startswith(b"HTTP/1.1 200")  # the server is fine
+    finally:
+        proc.kill()
+        proc.communicate(timeout=10)
