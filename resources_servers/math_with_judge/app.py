@@ -301,6 +301,7 @@ class LibraryJudgeMathResourcesServer(SimpleResourcesServer):
         if r.get("judge_evaluations") is not None:
             scores["judge_accuracy"] = r["reward"]
             scores["judge_verdict_unparseable"] = float(bool(r.get("judge_verdict_unparseable")))
+            scores["library_verify_timed_out"] = float(bool(r.get("library_verify_timed_out")))
         return scores
 
     def compute_metrics(self, tasks: list[list[dict[str, Any]]]) -> dict[str, Any]:
