@@ -135,9 +135,15 @@ TIMEOUT_RULES = [
 def test_math_verify_timeout_goes_to_the_judge_or_is_a_503(tmp_path: Path, use_judge: bool) -> None:
     base = example_rows("math_with_judge")[0]
     hard = _with_question({**base, "expected_answer": HARD_EXPECTED}, "Simplify the sum. [q-hard]")
-    extra = _models(TIMEOUT_RULES, should_use_judge=use_judge, math_verify_timeout_seconds=1)
+    easy_rule = _rule(base["question"], f"So it is \\boxed{{{base['expected_answer']}}}.")
+    extra = _models([*TIMEOUT_RULES, easy_rule], should_use_judge=use_judge, math_verify_timeout_seconds=1)
     with running_servers([CONFIG], extra) as helper:
-        code, out, err = collect_rollouts(helper, [hard], tmp_path, AGENT, "+max_attempts=1")
+        # One at a time, a breaker that opens on the first "server down": a verify_timeout is not one,
+        # so the row after it still runs.
+        args = ("+max_attempts=1", "+num_samples_in_parallel=1", "+circuit_breaker_threshold=1")
+        code, out, err = collect_rollouts(helper, [hard, base], tmp_path, AGENT, *args)
+        assert out[-1]["question"] == base["question"] and out[-1]["reward"] == 1.0, err[-3000:]
+        out = out[:-1]
         if use_judge:  # as upstream: no verdict from math-verify, so the judge decides
             assert code == 0 and len(out) == 1, err[-3000:]
             r = out[0]
