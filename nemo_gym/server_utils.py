@@ -8,7 +8,10 @@ Contract
   per-instance session cookie, and JSON errors that name the server, the path and the inner error.
   Every error answer (status >= 400, whoever built it) is scrubbed of the secret values this process
   knows (its config, the whole config it got, the env.yaml values ``ng_run`` passed): see
-  :mod:`nemo_gym.redaction`. Successful answers are never touched.
+  :mod:`nemo_gym.redaction`. Successful answers are never touched. A
+  :class:`~nemo_gym.verify_pool.VerifyPoolError` escaping a handler (a check that timed out or whose
+  worker died, or a library's own timeout reported as :class:`~nemo_gym.verify_pool.VerifyTimeoutError`)
+  is answered 503 with its ``kind`` (``verify_timeout`` / ``verify_failed``): never a score.
 * ``run_webserver()`` is what each ``app.py`` calls under ``if __name__ == "__main__"``. It validates
   the instance's config block (unknown keys are errors, with "did you mean"); under ``ng_run`` it
   reports the verdict to the launcher and waits for its go before building and serving, so a typo
@@ -90,6 +93,7 @@ from nemo_gym.supervision.verdicts import _loc_text as _loc_text
 from nemo_gym.supervision.verdicts import _model_in as _model_in
 from nemo_gym.supervision.verdicts import _report_config_verdict as _report_config_verdict
 from nemo_gym.supervision.verdicts import config_problems as config_problems
+from nemo_gym.verify_pool import VerifyPoolError
 
 logger = logging.getLogger("nemo_gym")
 
@@ -227,6 +231,21 @@ class BaseServer(BaseModel):
             # A server that did not answer in time is a gateway timeout; anything else a bad gateway.
             status = 504 if exc.kind == "timeout" else 502
             return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+        @app.exception_handler(VerifyPoolError)
+        async def verify_error(request: Request, exc: VerifyPoolError) -> Response:
+            # A check that could not be carried out (timed out, worker died): not a score, and this
+            # server is up (it answered), so 503 with the kind the failures sidecar files it under.
+            body = {
+                "error": {
+                    "kind": exc.kind,
+                    "server": name,
+                    "path": request.url.path,
+                    "type": type(exc).__name__,
+                    "message": str(exc),  # scrubbed with every error answer (nemo_gym.asgi)
+                }
+            }
+            return Response(orjson.dumps(body), status_code=503, media_type="application/json")
 
         @app.exception_handler(RequestValidationError)
         async def validation_error(request: Request, exc: RequestValidationError) -> Response:

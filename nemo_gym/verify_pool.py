@@ -17,6 +17,13 @@ Contract
   :class:`VerifyPoolError` subclasses: infrastructure failures for the caller to report, NEVER a reward
   of 0. An exception raised by ``fn`` itself is re-raised in the caller unchanged (its traceback from the
   worker is attached as a note); one that cannot be pickled becomes a :class:`VerifyPoolError` with it.
+  ``fn`` may raise :class:`VerifyTimeoutError` itself (a library's own time bound, e.g. math-verify's
+  ``signal.alarm``, ran out): the caller gets the same error as for the pool's own bound.
+* Every error class carries its ``kind`` (:data:`VERIFY_TIMEOUT_KIND` ``"verify_timeout"`` for both
+  timeouts, :data:`VERIFY_FAILED_KIND` ``"verify_failed"`` otherwise). Every server of ours answers one
+  that escapes a handler with HTTP 503 and ``{"error": {"kind", "server", "path", "message"}}``
+  (:mod:`nemo_gym.server_utils`); the collector files it in the failures sidecar under that kind, and a
+  server answering it is not counted as down (it answered).
 * Cancelling the awaiting coroutine kills the worker running the call (its state is unknown).
 * Workers die with their parent: they are daemonic, and each asks the kernel for SIGKILL when the process
   that started it dies (``PR_SET_PDEATHSIG``), so a killed server leaves no worker behind.
@@ -45,6 +52,9 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 __all__ = [
+    "VERIFY_ERROR_KINDS",
+    "VERIFY_FAILED_KIND",
+    "VERIFY_TIMEOUT_KIND",
     "VerifyPool",
     "VerifyPoolError",
     "VerifyTimeoutError",
@@ -57,12 +67,21 @@ __all__ = [
 ]
 
 
+VERIFY_TIMEOUT_KIND = "verify_timeout"
+VERIFY_FAILED_KIND = "verify_failed"
+VERIFY_ERROR_KINDS = frozenset({VERIFY_TIMEOUT_KIND, VERIFY_FAILED_KIND})
+
+
 class VerifyPoolError(RuntimeError):
     """The verification could not be carried out (infrastructure failure, never a reward of 0)."""
 
+    kind: str = VERIFY_FAILED_KIND
+
 
 class VerifyTimeoutError(VerifyPoolError):
-    """The call ran past its timeout; its worker was killed."""
+    """The check ran past a time bound: the pool's (its worker was killed) or the library's own."""
+
+    kind = VERIFY_TIMEOUT_KIND
 
 
 class VerifyWorkerCrashedError(VerifyPoolError):

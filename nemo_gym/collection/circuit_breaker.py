@@ -7,7 +7,9 @@ Contract
   the one named); the error text is scrubbed of known secrets (:mod:`nemo_gym.redaction`) and cut to
   length.
 * :func:`down_server`: a server is down when unreachable past the client's retries
-  (``connection_error``) or answering 502/503/504; a timeout, a 4xx or a 500 says nothing about that.
+  (``connection_error``) or answering 502/503/504; a timeout, a 4xx, a 500 or a 503 of kind
+  ``verify_timeout`` / ``verify_failed`` (the server answered; its check could not be carried out) says
+  nothing about that. Such a failure is filed under that kind, also when the agent reports it.
 * :class:`CircuitBreaker`: after ``threshold`` consecutive "down" failures of one server, the agents
   whose failures named it are blocked for the run (O(1) per rollout). A server with several replicas
   is down only when none of them answers: the caller checks and calls :meth:`~CircuitBreaker.confirm_down`
@@ -22,6 +24,7 @@ from typing import Any
 
 from nemo_gym.redaction import process_scrubber
 from nemo_gym.server_client import UpstreamError
+from nemo_gym.verify_pool import VERIFY_ERROR_KINDS
 
 
 def classify_failure(exc: BaseException, agent: str) -> dict[str, Any]:
@@ -37,7 +40,7 @@ def classify_failure(exc: BaseException, agent: str) -> dict[str, Any]:
         inner = error.get("inner")
         if isinstance(inner, dict) and inner:
             return {
-                "kind": inner.get("kind") or "upstream_error",
+                "kind": _verify_error_kind(inner.get("detail")) or inner.get("kind") or "upstream_error",
                 "server": inner.get("server"),
                 "path": inner.get("path"),
                 "status": inner.get("status"),
@@ -62,6 +65,14 @@ def classify_failure(exc: BaseException, agent: str) -> dict[str, Any]:
     }
 
 
+def _verify_error_kind(detail: Any) -> str | None:
+    """``verify_timeout`` / ``verify_failed`` when ``detail`` is a server's answer saying its check could
+    not be carried out (:mod:`nemo_gym.verify_pool`), else None."""
+    error = detail.get("error") if isinstance(detail, dict) else None
+    kind = error.get("kind") if isinstance(error, dict) else None
+    return kind if kind in VERIFY_ERROR_KINDS else None
+
+
 def _error_text(detail: Any) -> str:
     """Error text for the failures file: secrets scrubbed, then cut to 4000 characters."""
     return process_scrubber().scrub(str(detail))[:4000]
@@ -77,8 +88,11 @@ def down_server(failure: dict[str, Any]) -> str | None:
 
     Down means unreachable past the client's retries (``connection_error``) or answering 502/503/504.
     When the agent reports an inner failure, the inner server is the one named. A timeout, a 4xx, a
-    500 (a bug) or a bad response says nothing about a server being down.
+    500 (a bug) or a bad response says nothing about a server being down, and neither does a 503 that
+    says a check could not be carried out (``verify_timeout`` / ``verify_failed``): that server answered.
     """
+    if failure.get("kind") in VERIFY_ERROR_KINDS:
+        return None
     if failure.get("kind") == "connection_error" or failure.get("status") in DOWN_STATUSES:
         server = failure.get("server")
         return server if isinstance(server, str) and server else None

@@ -5,7 +5,8 @@ Contract
 * ``NeMoGymResponseCreateParamsNonStreaming`` is strict at the top level: an unknown key is a
   validation error (FastAPI turns it into a 422 whose message names the key). ``input`` is required;
   ``tools`` defaults to ``[]``, ``parallel_tool_calls`` to ``True`` and ``tool_choice`` to ``"auto"``
-  (the OpenAI defaults). ``tools`` and input content parts stay plain dicts (as the SDK's TypedDicts
+  (the OpenAI defaults); ``parallel_tool_calls: null`` is accepted (the OpenAI API allows it, upstream's
+  recorded rows carry it) and kept as given, meaning the default. ``tools`` and input content parts stay plain dicts (as the SDK's TypedDicts
   do), checked for the keys that matter (a function tool needs a string ``name``).
 * Items (input and output) are lenient: fields we do not model are kept and passed on unchanged, so
   ``previous_input + response.output`` round-trips without loss. An item's class is chosen from its
@@ -525,7 +526,9 @@ class NeMoGymResponseCreateParamsNonStreaming(_OmitNone):
     top_p: float | None = None
     max_output_tokens: int | None = None
     max_tool_calls: int | None = None
-    parallel_tool_calls: bool = True
+    # null is accepted (the OpenAI API and the SDK's params type allow it; upstream's recorded rows carry
+    # it) and means the default, True; it is kept as given.
+    parallel_tool_calls: bool | None = True
     metadata: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
     text: dict[str, Any] | None = None
@@ -635,7 +638,9 @@ class NeMoGymResponse(BaseModel):
     object: Literal["response"] = "response"
     created_at: float = Field(default_factory=lambda: float(int(time.time())))
     model: str = ""
-    status: str | None = "completed"  # some providers answer null (upstream accepts it)
+    # Unset stays None, as in the SDK's ``Response`` and upstream's subclass of it (not "completed": a
+    # response that did not say is not claimed to be complete). Our model servers always set it.
+    status: str | None = None
     output: list[NeMoGymResponseOutputItem] = Field(default_factory=list)
     usage: NeMoGymResponseUsage | None = None
     parallel_tool_calls: bool = True

@@ -12,7 +12,8 @@ Contract
   passes when stdout equals the expected output line by line, ignoring trailing whitespace (numbers compare
   with a 1e-6 relative tolerance). Call-based tests (``fn_name`` set, LeetCode style): each input is one
   JSON value per line (the arguments), the function is ``Solution().<fn_name>`` or a top-level
-  ``<fn_name>``, and its JSON-compared return value must equal the expected JSON.
+  ``<fn_name>``, and its return value, as JSON, must equal the expected JSON exactly (a tuple is a
+  list; numbers within a 1e-6 relative tolerance; a bare ``3`` is not ``[3]``, as upstream).
 * reward = 1.0 iff every test passes (``reasoning_format_penalty`` instead when the answer breaks the
   <think> format, as upstream). ``result`` = per-test booleans, ``pass_fraction`` = passed / total,
   ``failure_reason`` = the first failing test's reason (``compile_error``, ``runtime_error``,
@@ -170,9 +171,7 @@ def _call_matches(actual: str, expected: str) -> bool:
         want = json.loads(expected)
     except json.JSONDecodeError:
         return False
-    if got == want:
-        return True
-    if isinstance(want, list) and len(want) == 1 and got == want[0]:  # some datasets wrap the value
+    if got == want:  # exact: a bare value is not the expected one-element list (nor the reverse)
         return True
     return (
         isinstance(got, float | int)

@@ -21,8 +21,12 @@ Contract
   :mod:`nemo_gym.verify_pool`, on a worker's main thread, since math-verify uses ``signal.alarm``).
   Returns ``extracted_answer`` and ``accuracy`` (upstream's fields) and ``used_python``.
 * Infrastructure failures are never a reward of 0: a sandbox that cannot run answers the tool with a
-  503 (the agent fails the rollout), and a verification that times out or whose worker dies makes
-  ``/verify`` answer 503. The server refuses to START if bubblewrap is missing (naming the package).
+  503 (the agent fails the rollout). A check that runs out of time, math-verify's own bound
+  (``math_verify_timeout_seconds`` per parse / comparison; math-verify would swallow it and answer
+  "not equal") or the pool's (``verify_timeout_s``), raises
+  :class:`~nemo_gym.verify_pool.VerifyTimeoutError`: ``/verify`` answers 503 of kind ``verify_timeout``
+  (:mod:`nemo_gym.server_utils`), and a worker that dies a 503 of kind ``verify_failed``. The server
+  refuses to START if bubblewrap is missing (naming the package).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from nemo_gym.sandbox import (
     check_sandbox_available,
 )
 from nemo_gym.server_utils import get_session_id
-from nemo_gym.verify_pool import VerifyPoolError, run_in_verify_pool
+from nemo_gym.verify_pool import VerifyTimeoutError, run_in_verify_pool
 
 
 class PythonExecutorResourcesServerConfig(BaseResourcesServerConfig):
@@ -61,7 +65,10 @@ class PythonExecutorResourcesServerConfig(BaseResourcesServerConfig):
     max_output_chars: int = Field(default=20_000, ge=100, description="stdout/stderr kept per call")
     max_cells_per_session: int = Field(default=30, ge=1)
     max_sessions: int = Field(default=10_000, ge=1)
-    verify_timeout_s: float = Field(default=30.0, gt=0, description="Bound on one math-verify check")
+    verify_timeout_s: float = Field(default=30.0, gt=0, description="Bound on one whole answer check")
+    math_verify_timeout_seconds: int = Field(
+        default=5, ge=1, description="math-verify's own bound on each parse / comparison"
+    )
     sandbox: SandboxProviderConfig = Field(default_factory=SandboxProviderConfig)
 
 
@@ -162,14 +169,35 @@ def _strip_delimiters(s: str) -> str:
     return s
 
 
-def check_answer(expected: str, answer: str) -> bool:
-    """math-verify equivalence of two LaTeX/plain answers. Runs in a verify-pool worker (main thread)."""
-    from math_verify import parse, verify
+def check_answer(expected: str, answer: str, timeout_seconds: int = 5) -> bool:
+    """math-verify equivalence of two LaTeX/plain answers. Runs in a verify-pool worker (main thread).
 
-    gold = parse(f"${_strip_delimiters(expected)}$")
-    pred = parse(f"${_strip_delimiters(answer)}$")
-    if gold and pred and verify(gold, pred):
-        return True
+    Equal when math-verify shows them equal or their whitespace-normalised texts are the same. A parse
+    or comparison past ``timeout_seconds`` raises :class:`VerifyTimeoutError` (math-verify itself would
+    swallow the timeout and answer "not equal"): not knowing is not a wrong answer.
+    """
+    from math_verify import parse, verify
+    from math_verify.errors import TimeoutException
+
+    def parsed(text: str, what: str) -> list[Any]:
+        try:
+            return parse(f"${_strip_delimiters(text)}$", parsing_timeout=timeout_seconds, raise_on_error=True)
+        except TimeoutException as e:  # a BaseException
+            raise VerifyTimeoutError(f"math-verify timed out parsing {what} {text[:200]!r}: {e}") from None
+        except Exception:  # not math: only the text comparison below can match it
+            return []
+
+    gold, pred = parsed(expected, "expected_result"), parsed(answer, "the answer")
+    if gold and pred:
+        try:
+            if verify(gold, pred, timeout_seconds=timeout_seconds, raise_on_error=True):
+                return True
+        except TimeoutException as e:
+            raise VerifyTimeoutError(
+                f"math-verify timed out comparing {answer[:200]!r} with expected_result {expected[:200]!r}: {e}"
+            ) from None
+        except Exception:  # sympy could not compare them: not shown equal
+            pass
     return " ".join(_strip_delimiters(expected).split()) == " ".join(_strip_delimiters(answer).split())
 
 
@@ -278,14 +306,14 @@ class PythonExecutorResourcesServer(SimpleResourcesServer):
                         break
         accuracy = False
         if actual is not None:
-            try:
-                accuracy = await run_in_verify_pool(
-                    check_answer, body.expected_result, actual, timeout=self.config.verify_timeout_s
-                )
-            except VerifyPoolError as exc:
-                raise HTTPException(
-                    status_code=503, detail=f"answer check failed (not scored): {exc}"
-                ) from exc
+            # A timeout or a dead worker raises a VerifyPoolError: HTTP 503 (nemo_gym.server_utils).
+            accuracy = await run_in_verify_pool(
+                check_answer,
+                body.expected_result,
+                actual,
+                self.config.math_verify_timeout_seconds,
+                timeout=self.config.verify_timeout_s,
+            )
         if accuracy and body.expected_code_contains:
             code = " ".join(
                 str(json.loads(i.arguments).get("code", ""))

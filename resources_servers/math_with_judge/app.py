@@ -17,11 +17,17 @@ Contract
   :class:`~nemo_gym.judge.JudgeError` (the server answers 502; the collector records a failure).
   A judge reply without a verdict label is, by ``unparseable_verdict``: ``error`` (default) the same
   JudgeError, or ``metric`` a reward of 0.0 with ``judge_verdict_unparseable: true`` in the
-  response (counted in aggregate metrics). A math-verify parse or comparison past its own
-  ``math_verify_timeout_seconds`` (on a loaded machine a right answer can time out), a check past
-  ``library_verifier_timeout_seconds`` or one that crashes its worker, and an ``expected_answer``
-  math-verify cannot parse, are server errors (HTTP 500), not a 0. (Upstream scores all of these 0.0.) The pool's
-  workers import math-verify in the background when the server starts.
+  response (counted in aggregate metrics).
+* A math-verify check that runs out of time (its own ``math_verify_timeout_seconds`` per parse /
+  comparison, or ``library_verifier_timeout_seconds`` for the whole check, whose worker is then killed)
+  is not a verdict. With ``should_use_judge: true`` the judge decides instead, as upstream does
+  (``library_reward`` 0.0, ``extracted_answer`` None, the whole answer text goes to the judge, and
+  ``library_verify_timed_out: true`` says so). Without a judge it is a
+  :class:`~nemo_gym.verify_pool.VerifyTimeoutError`: HTTP 503 of kind ``verify_timeout`` (the rollout
+  goes to the failures sidecar), never a 0 and never an unhandled 500. (Upstream scores it 0.0 when no
+  judge is configured.) A check whose worker crashes is a 503 of kind ``verify_failed``; an
+  ``expected_answer`` math-verify cannot parse is a server error (HTTP 500) naming the field. The
+  pool's workers import math-verify in the background when the server starts.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ from nemo_gym.openai_utils import (
     NeMoGymResponseCreateParamsNonStreaming,
 )
 from nemo_gym.reward_profile import compute_pass_majority_metrics, highest_k_metrics
-from nemo_gym.verify_pool import get_verify_pool, run_in_verify_pool
+from nemo_gym.verify_pool import VerifyTimeoutError, get_verify_pool, run_in_verify_pool
 
 JUDGE_SYSTEM_MESSAGE = (
     "You are a strict grader of math answers. You are shown a problem and two answers, A and B. "
@@ -76,9 +82,10 @@ class LibraryJudgeMathResourcesServerConfig(BaseResourcesServerConfig):
         default_factory=lambda: NeMoGymResponseCreateParamsNonStreaming(input=[])
     )
     should_use_judge: bool = False
-    # Bound on one whole check in the pool (a hung worker is killed: HTTP 500).
+    # Bound on one whole check in the pool (a hung worker is killed). Past either bound: the judge
+    # decides when should_use_judge, else HTTP 503 verify_timeout (never a 0).
     library_verifier_timeout_seconds: PositiveFloat = 30.0
-    # math-verify's own bound on each parse / comparison (a timeout is an error, not a 0).
+    # math-verify's own bound on each parse / comparison.
     math_verify_timeout_seconds: int = Field(default=5, ge=1)
     unparseable_verdict: Literal["error", "metric"] = "error"
     judge_system_message: str = JUDGE_SYSTEM_MESSAGE
@@ -112,6 +119,8 @@ class LibraryJudgeMathVerifyResponse(BaseVerifyResponse):
     library_reward: float
     judge_evaluations: list[JudgeEvaluation] | None = None
     judge_verdict_unparseable: bool = False
+    # math-verify ran out of time and the judge decided (only with should_use_judge).
+    library_verify_timed_out: bool = False
 
 
 def strip_math_delimiters(s: str) -> str:
@@ -131,8 +140,9 @@ def math_verify_answer(
 
     An ``expected_answer`` math-verify cannot parse raises (bad data is not a wrong answer). What it
     cannot read in the model's text is no answer; an error while comparing is no match. A parse or
-    comparison that outlives ``timeout_seconds`` (math-verify's own ``signal.alarm``) raises: on a
-    loaded machine a right answer can time out, and that must not become a 0.
+    comparison that outlives ``timeout_seconds`` (math-verify's own ``signal.alarm``) raises
+    :class:`VerifyTimeoutError`: on a loaded machine a right answer can time out, and that must not
+    become a 0.
     """
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
     from math_verify.errors import TimeoutException
@@ -148,7 +158,7 @@ def math_verify_answer(
                 raise_on_error=True,
             )
         except TimeoutException as e:  # a BaseException: turn it into an error the caller reports
-            raise RuntimeError(
+            raise VerifyTimeoutError(
                 f"math-verify timed out parsing expected_answer {expected_answer!r}: {e}"
             ) from None
         if not gold:
@@ -161,13 +171,13 @@ def math_verify_answer(
                 raise_on_error=True,
             )
         except TimeoutException as e:
-            raise RuntimeError(f"math-verify timed out parsing the answer: {e}") from None
+            raise VerifyTimeoutError(f"math-verify timed out parsing the answer: {e}") from None
         except Exception:  # text math-verify cannot turn into math: no answer
             pred = []
         try:
             ok = bool(pred) and verify(gold, pred, timeout_seconds=timeout_seconds, raise_on_error=True)
         except TimeoutException as e:
-            raise RuntimeError(
+            raise VerifyTimeoutError(
                 f"math-verify timed out comparing {pred[-1]!s:.200} with the expected answer: {e}"
             ) from None
         except Exception:  # sympy could not compare them: not shown equal
@@ -209,13 +219,20 @@ class LibraryJudgeMathResourcesServer(SimpleResourcesServer):
             for part in item.content
             if part.type == "output_text"
         )
-        library_reward, extracted = await run_in_verify_pool(
-            math_verify_answer,
-            body.expected_answer,
-            text,
-            self.config.math_verify_timeout_seconds,
-            timeout=self.config.library_verifier_timeout_seconds,
-        )
+        timed_out = False
+        try:
+            library_reward, extracted = await run_in_verify_pool(
+                math_verify_answer,
+                body.expected_answer,
+                text,
+                self.config.math_verify_timeout_seconds,
+                timeout=self.config.library_verifier_timeout_seconds,
+            )
+        except VerifyTimeoutError:
+            if not self.config.should_use_judge:
+                raise  # HTTP 503 verify_timeout (nemo_gym.server_utils): not scored
+            # Upstream's fallback: math-verify gave no verdict, so the judge decides.
+            library_reward, extracted, timed_out = 0.0, None, True
         reward, evaluations, unparseable = library_reward, None, False
         if self.config.should_use_judge and library_reward <= 0.5:
             reward, evaluations, unparseable = await self._judge(
@@ -228,6 +245,7 @@ class LibraryJudgeMathResourcesServer(SimpleResourcesServer):
             library_reward=library_reward,
             judge_evaluations=evaluations,
             judge_verdict_unparseable=unparseable,
+            library_verify_timed_out=timed_out,
         )
 
     async def _judge(self, question: str, expected: str, generated: str) -> tuple[float, list, bool]:
@@ -283,6 +301,7 @@ class LibraryJudgeMathResourcesServer(SimpleResourcesServer):
         if r.get("judge_evaluations") is not None:
             scores["judge_accuracy"] = r["reward"]
             scores["judge_verdict_unparseable"] = float(bool(r.get("judge_verdict_unparseable")))
+            scores["library_verify_timed_out"] = float(bool(r.get("library_verify_timed_out")))
         return scores
 
     def compute_metrics(self, tasks: list[list[dict[str, Any]]]) -> dict[str, Any]:

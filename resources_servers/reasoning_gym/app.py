@@ -8,7 +8,9 @@ Contract
   reads, exactly as ``reasoning_gym`` generates them (upstream NeMo Gym's field names). Rows are
   generated offline by ``scripts/create_dataset.py`` (task names, seed, size).
 * The model's answer is read from the assistant text: the last ``<answer>...</answer>``; failing that
-  the first ``\\boxed{...}``; failing that the whole text (as upstream).
+  the content of the first non-empty ``\\boxed{...}``, its nested braces balanced (``\\boxed{\\frac{1}{2}}``
+  is ``\\frac{1}{2}``; upstream's regex cuts it at the first ``}``, ``\\frac{1``); failing that the
+  whole text (as upstream).
 * ``reward`` = ``score`` = ``reasoning_gym.get_score_answer_fn(task)(answer, entry)`` (0.0 .. 1.0;
   partial credit where the task gives it). The scorer runs in :mod:`nemo_gym.verify_pool` (some tasks
   use sympy or search), with ``score_timeout_seconds``.
@@ -36,7 +38,7 @@ from nemo_gym.base_resources_server import (
 from nemo_gym.verify_pool import get_verify_pool, run_in_verify_pool
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_BOXED = re.compile(r"\\boxed\{([^}]+)\}")
+_BOXED_OPEN = "\\boxed{"
 
 
 class ReasoningGymResourcesServerConfig(BaseResourcesServerConfig):
@@ -65,14 +67,31 @@ class ReasoningGymVerifyResponse(BaseVerifyResponse):
 
 
 def extract_model_answer(text: str) -> str:
-    """The last ``<answer>`` block, else the first ``\\boxed{}``, else the stripped text."""
+    """The last ``<answer>`` block, else the first ``\\boxed{}`` (braces balanced), else the stripped text."""
     tagged = _ANSWER_TAG.findall(text)
     if tagged:
         return tagged[-1].strip()
-    boxed = _BOXED.search(text)
-    if boxed:
-        return boxed.group(1).strip()
+    boxed = first_boxed(text)
+    if boxed is not None:
+        return boxed
     return text.strip()
+
+
+def first_boxed(text: str) -> str | None:
+    """The stripped content of the first ``\\boxed{...}`` that closes and is not empty (nested braces
+    balanced), or None."""
+    start = text.find(_BOXED_OPEN)
+    while start >= 0:
+        begin = i = start + len(_BOXED_OPEN)
+        depth = 1
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        content = text[begin : i - 1].strip() if depth == 0 else ""
+        if content:
+            return content
+        start = text.find(_BOXED_OPEN, begin)
+    return None
 
 
 def score_answer(task: str, answer: str, entry: dict[str, Any]) -> float:

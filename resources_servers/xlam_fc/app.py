@@ -9,11 +9,15 @@ Contract
 * The tools are not executed: ``POST /<any tool name>`` answers a fixed note, so the agent loop
   goes on. The config runs one model turn (``max_steps: 1``): the calls of that turn are graded.
 * Matching: each expected call is paired with a distinct predicted call of the same name whose
-  arguments contain every expected argument with an equal value (extra predicted arguments are
-  allowed; order of calls does not matter). Reward 1.0 iff every expected call is matched and the
-  model made exactly as many calls as expected; else 0.0. ``expected_answers == []``: 1.0 iff no
-  call was made. The response adds ``num_expected``, ``num_predicted``, ``num_correct`` and
-  ``predicted_calls`` (arguments that are not a JSON object count as ``{}``).
+  arguments contain every expected argument with an equal value (order of calls does not matter).
+  Extra predicted arguments (ones the expected call does not name) are allowed by default, as
+  upstream grades; with ``exact_arguments: true`` a paired call's arguments must equal the expected
+  ones exactly (no extras). Reward 1.0 iff every expected call is paired and the model made exactly
+  as many calls as expected; else 0.0. ``expected_answers == []``: 1.0 iff no call was made.
+* The response states the rule and what it let through: ``extra_arguments_allowed`` (the rule in
+  force) and ``num_extra_arguments`` (arguments the model added beyond those of the expected call its
+  call pairs with under upstream's rule, counted under either rule; aggregate metrics carry the means), besides ``num_expected``, ``num_predicted``, ``num_correct`` and ``predicted_calls``
+  (arguments that are not a JSON object count as ``{}``).
 """
 
 from __future__ import annotations
@@ -35,6 +39,11 @@ from nemo_gym.base_resources_server import (
 
 class XlamFcResourcesServerConfig(BaseResourcesServerConfig):
     REVERIFY_MODE: ClassVar[ReverifyMode] = ReverifyMode.STATELESS
+    exact_arguments: bool = Field(
+        default=False,
+        description="true: a call's arguments must equal the expected ones (no extras); "
+        "false (upstream's rule): they must contain the expected ones",
+    )
 
 
 class ExpectedCall(BaseModel):
@@ -59,6 +68,8 @@ class XlamFcVerifyResponse(BaseVerifyResponse):
     num_predicted: int = 0
     num_correct: int = 0
     predicted_calls: list[dict[str, Any]] = Field(default_factory=list)
+    extra_arguments_allowed: bool = True
+    num_extra_arguments: int = 0
 
 
 def as_arguments(arguments: Any) -> dict[str, Any]:
@@ -71,26 +82,51 @@ def as_arguments(arguments: Any) -> dict[str, Any]:
     return arguments if isinstance(arguments, dict) else {}
 
 
-def call_matches(predicted: dict[str, Any], expected: dict[str, Any]) -> bool:
+def call_matches(predicted: dict[str, Any], expected: dict[str, Any], exact: bool = False) -> bool:
+    """Same name, and the predicted arguments contain every expected one with an equal value (``exact``:
+    and no others)."""
     if predicted.get("name") != expected.get("name"):
         return False
     got, want = as_arguments(predicted.get("arguments")), as_arguments(expected.get("arguments"))
+    if exact and got.keys() != want.keys():
+        return False
     return all(key in got and got[key] == value for key, value in want.items())
 
 
-def grade_calls(predicted: list[dict[str, Any]], expected: list[dict[str, Any]]) -> tuple[float, int]:
+def pair_calls(
+    predicted: list[dict[str, Any]], expected: list[dict[str, Any]], exact: bool = False
+) -> list[tuple[int, int]]:
+    """(expected index, predicted index) of each expected call paired with a distinct predicted call."""
+    used: set[int] = set()
+    pairs = []
+    for j, want in enumerate(expected):
+        for i, got in enumerate(predicted):
+            if i not in used and call_matches(got, want, exact):
+                used.add(i)
+                pairs.append((j, i))
+                break
+    return pairs
+
+
+def grade_calls(
+    predicted: list[dict[str, Any]], expected: list[dict[str, Any]], exact: bool = False
+) -> tuple[float, int]:
     """(reward, number of expected calls matched by distinct predicted calls)."""
     if not expected:
         return (0.0 if predicted else 1.0), 0
-    used: set[int] = set()
-    correct = 0
-    for want in expected:
-        for i, got in enumerate(predicted):
-            if i not in used and call_matches(got, want):
-                used.add(i)
-                correct += 1
-                break
+    correct = len(pair_calls(predicted, expected, exact))
     return (1.0 if correct == len(expected) == len(predicted) else 0.0), correct
+
+
+def count_extra_arguments(predicted: list[dict[str, Any]], expected: list[dict[str, Any]]) -> int:
+    """Arguments of the predicted calls paired under upstream's rule that their expected call does not name."""
+    return sum(
+        len(
+            as_arguments(predicted[i].get("arguments")).keys()
+            - as_arguments(expected[j].get("arguments")).keys()
+        )
+        for j, i in pair_calls(predicted, expected)
+    )
 
 
 class XlamFcResourcesServer(SimpleResourcesServer):
@@ -115,9 +151,10 @@ class XlamFcResourcesServer(SimpleResourcesServer):
             if item.type == "function_call"
         ]
         expected = [call.model_dump() for call in body.expected_answers]
-        reward, correct = grade_calls(predicted, expected)
+        exact = self.config.exact_arguments
+        reward, correct = grade_calls(predicted, expected, exact)
         fields = body.model_dump(
-            exclude={"reward", "num_expected", "num_predicted", "num_correct", "predicted_calls"}
+            exclude=set(XlamFcVerifyResponse.model_fields) - set(XlamFcVerifyRequest.model_fields)
         )
         return XlamFcVerifyResponse(
             **fields,
@@ -126,6 +163,8 @@ class XlamFcResourcesServer(SimpleResourcesServer):
             num_predicted=len(predicted),
             num_correct=correct,
             predicted_calls=predicted,
+            extra_arguments_allowed=not exact,
+            num_extra_arguments=count_extra_arguments(predicted, expected),
         )
 
 

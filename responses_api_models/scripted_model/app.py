@@ -323,7 +323,7 @@ class ScriptedModel(SimpleResponsesAPIModel):
                 "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                 "output_tokens_details": {"reasoning_tokens": 0},
             },
-            "parallel_tool_calls": params.get("parallel_tool_calls", True),
+            "parallel_tool_calls": params.get("parallel_tool_calls") is not False,
             "tool_choice": params.get("tool_choice") or "auto",
             "tools": params.get("tools") or [],
             "temperature": params.get("temperature"),

@@ -183,3 +183,20 @@ def test_aggregate_metrics_have_pass_at_k(helper: RunHelper) -> None:
     body = resp.json()
     assert body["agent_metrics"]["pass@2/accuracy"] == 100.0
     assert body["agent_metrics"]["pass@1[avg-of-2]/accuracy"] == 75.0
+
+
+def test_call_based_results_compare_exactly(helper: RunHelper) -> None:
+    # A bare value does not pass for an expected one-element list (nor the reverse); a tuple is a list.
+    url = server_url(helper, ENV) + "/verify"
+    row = copy.deepcopy(ROWS[0])
+    for expected, body, passed in [
+        ("[3]", "return a + b", False),
+        ("3", "return [a + b]", False),
+        ("[3]", "return [a + b]", True),
+        ("[3]", "return (a + b,)", True),
+    ]:
+        row["verifier_metadata"]["unit_tests"] = {"inputs": ["1\n2"], "outputs": [expected], "fn_name": "f"}
+        code = f"class Solution:\n    def f(self, a, b):\n        {body}"
+        resp = post_json(url, _verify_body(row, _fenced(code)))
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["result"] == [passed], (expected, body, resp.json()["metadata"])

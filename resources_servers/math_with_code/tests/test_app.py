@@ -174,3 +174,33 @@ def test_session_state_is_per_session_and_ends(helper: RunHelper) -> None:
     assert post_json(url + "/end_session", {}, cookies=jar).status_code == 200
     after = post_json(url + "/execute_python", {"code": "secret_value"}, cookies=jar)
     assert "NameError" in after.json()["error_message"]
+
+
+# (2+sqrt3)^(2n) = (7+4 sqrt3)^n: equal, but sympy needs far longer than math-verify's 5 s to show it
+# (n = 2500 took 37 s unbounded on this 2-core machine; n = 25000 is ten times the work).
+HARD_EXPECTED = "(2+\\sqrt{3})^{50000}+(2-\\sqrt{3})^{50000}"
+HARD_ANSWER = "(7+4\\sqrt{3})^{25000}+(7-4\\sqrt{3})^{25000}"
+
+
+def test_a_math_verify_timeout_is_a_503_not_a_zero(helper: RunHelper) -> None:
+    # math-verify swallows its own timeout and answers "not equal"; that must not become reward 0.
+    body = {
+        **ROWS[0],
+        "expected_result": HARD_EXPECTED,
+        "response": {
+            "output": [
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [
+                        {"type": "output_text", "text": f"\\boxed{{{HARD_ANSWER}}}", "annotations": []}
+                    ],
+                }
+            ]
+        },
+    }
+    resp = post_json(server_url(helper, ENV) + "/verify", body, timeout=120)
+    assert resp.status_code == 503, resp.text[:500]
+    error = resp.json()["error"]
+    assert (error["kind"], error["server"], error["path"]) == ("verify_timeout", ENV, "/verify")
+    assert "math-verify timed out comparing" in error["message"]

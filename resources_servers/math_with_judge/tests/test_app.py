@@ -118,3 +118,58 @@ def test_judge_fallback_scripted_both_ways(tmp_path: Path, unparseable: str) -> 
 )
 def test_math_verify_equivalence(expected: str, answer: str, reward: float) -> None:
     assert math_verify_answer(expected, answer)[0] == reward
+
+
+# (2+sqrt3)^(2n) = (7+4 sqrt3)^n: equal, but far past a 1 s math-verify bound (n = 2500 took 37 s
+# unbounded on this 2-core machine; n = 25000 is ten times the work).
+HARD_EXPECTED = "(2+\\sqrt{3})^{50000}+(2-\\sqrt{3})^{50000}"
+HARD_ANSWER = "(7+4\\sqrt{3})^{25000}+(7-4\\sqrt{3})^{25000}"
+TIMEOUT_RULES = [
+    _rule("(a-hard)", "Both are the same number. [[A=B]]"),  # the judge's prompt holds the answer
+    _rule("[q-hard]", f"It is (a-hard) \\boxed{{{HARD_ANSWER}}}"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("use_judge", [False, True])
+def test_math_verify_timeout_goes_to_the_judge_or_is_a_503(tmp_path: Path, use_judge: bool) -> None:
+    base = example_rows("math_with_judge")[0]
+    hard = _with_question({**base, "expected_answer": HARD_EXPECTED}, "Simplify the sum. [q-hard]")
+    easy_rule = _rule(base["question"], f"So it is \\boxed{{{base['expected_answer']}}}.")
+    extra = _models([*TIMEOUT_RULES, easy_rule], should_use_judge=use_judge, math_verify_timeout_seconds=1)
+    with running_servers([CONFIG], extra) as helper:
+        # One at a time, a breaker that opens on the first "server down": a verify_timeout is not one,
+        # so the row after it still runs.
+        args = ("+max_attempts=1", "+num_samples_in_parallel=1", "+circuit_breaker_threshold=1")
+        code, out, err = collect_rollouts(helper, [hard, base], tmp_path, AGENT, *args)
+        assert out[-1]["question"] == base["question"] and out[-1]["reward"] == 1.0, err[-3000:]
+        out = out[:-1]
+        if use_judge:  # as upstream: no verdict from math-verify, so the judge decides
+            assert code == 0 and len(out) == 1, err[-3000:]
+            r = out[0]
+            assert r["reward"] == 1.0 and r["library_reward"] == 0.0 and r["library_verify_timed_out"] is True
+            assert r["extracted_answer"] is None and len(r["judge_evaluations"]) == 2
+            return
+        # No judge: a typed verify_timeout in the failures sidecar, never a reward, never an internal error.
+        assert out == [], out
+        failures = _failures(tmp_path)
+        assert len(failures) == 1, err[-3000:]
+        f = failures[0]
+        assert (f["kind"], f["server"], f["path"], f["status"]) == ("verify_timeout", SERVER, "/verify", 503)
+        # The same answer straight from /verify.
+        body = {
+            **hard,
+            "response": {
+                "output": [
+                    {
+                        "type": "message",
+                        "role": "assistant",
+                        "content": [
+                            {"type": "output_text", "text": f"\\boxed{{{HARD_ANSWER}}}", "annotations": []}
+                        ],
+                    }
+                ]
+            },
+        }
+        resp = post_json(server_url(helper, SERVER) + "/verify", body, timeout=120)
+        assert resp.status_code == 503 and resp.json()["error"]["kind"] == "verify_timeout", resp.text[:500]

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym.testing import collect_rollouts, example_rows, running_servers
+from nemo_gym.testing import collect_rollouts, example_rows, post_json, running_servers, server_url
 from resources_servers.mcqa.app import extract_answer
 
 CONFIG = "resources_servers/mcqa/configs/mcqa.yaml"
@@ -109,3 +109,56 @@ def test_extraction_by_grading_mode(text: str, mode: str, want: str | None) -> N
 def test_output_regex_is_tried_first() -> None:
     assert extract_answer("Final choice -> [d]", OPTS, "strict_single_letter_boxed", r"\[([A-J])\]") == "D"
     assert extract_answer("\\boxed{B}", OPTS, "strict_single_letter_boxed", [r"\[([A-J])\]"]) == "B"
+
+
+def _upstream_shaped_params(content: str) -> dict:
+    """responses_create_params as upstream's recorded rollouts dump them: every field, unset ones null
+    (``parallel_tool_calls`` and ``tool_choice`` included)."""
+    nulls = ["background", "include", "instructions", "max_output_tokens", "max_tool_calls", "metadata"]
+    nulls += ["model", "parallel_tool_calls", "previous_response_id", "prompt", "reasoning", "service_tier"]
+    nulls += ["store", "stream", "temperature", "text", "tool_choice", "top_logprobs", "top_p", "truncation"]
+    return {
+        **dict.fromkeys(nulls),
+        "input": [{"content": content, "role": "user", "type": "message"}],
+        "tools": [],
+        "user": None,
+    }
+
+
+@pytest.mark.slow
+def test_upstream_shaped_rows_are_accepted_and_echoed_as_given(tmp_path: Path) -> None:
+    row = example_rows("mcqa")[0]
+    content = row["responses_create_params"]["input"][0]["content"] + " [upstream-shaped]"
+    shaped = {**row, "responses_create_params": _upstream_shaped_params(content)}
+    answer = _answer_text(row, row["expected_answer"])
+    extra = _script([shaped], lambda r: answer)
+    with running_servers([CONFIG], extra) as helper:
+        # Through the collector, the agent and the model: a null parallel_tool_calls is the default.
+        code, out, err = collect_rollouts(helper, [shaped], tmp_path, AGENT)
+        assert code == 0 and len(out) == 1, err[-3000:]
+        assert out[0]["reward"] == 1.0 and out[0]["response"]["parallel_tool_calls"] is True
+        # Straight to /verify, with a response the way upstream records one: no `status` key.
+        response = {
+            "id": "resp_1",
+            "created_at": 1.0,
+            "model": "m",
+            "object": "response",
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "output": [
+                {
+                    "id": "msg_1",
+                    "type": "message",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": answer, "annotations": [], "logprobs": None}],
+                }
+            ],
+        }
+        resp = post_json(server_url(helper, "mcqa") + "/verify", {**shaped, "response": response})
+        assert resp.status_code == 200, resp.text[:1000]
+        body = resp.json()
+        assert body["reward"] == 1.0 and body["extracted_answer"] == row["expected_answer"]
+        assert body["responses_create_params"]["parallel_tool_calls"] is None  # kept as given
+        assert body["response"].get("status") is None  # left unset, as upstream's Response leaves it

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym.testing import collect_rollouts, example_rows, running_servers
+from nemo_gym.testing import collect_rollouts, example_rows, post_json, running_servers, server_url
 from resources_servers.reasoning_gym.app import extract_model_answer
 from resources_servers.reasoning_gym.scripts.create_dataset import generate_rows
 
@@ -60,6 +60,8 @@ def test_scripted_right_and_wrong_answers(tmp_path: Path) -> None:
 def test_answer_extraction() -> None:
     assert extract_model_answer("a <answer>1</answer> b <answer> 2 </answer>") == "2"
     assert extract_model_answer("so \\boxed{7} and \\boxed{8}") == "7"
+    assert extract_model_answer("so \\boxed{\\frac{1}{2}}.") == "\\frac{1}{2}"  # braces balanced
+    assert extract_model_answer("\\boxed{} then \\boxed{ \\{1, 2\\} }") == "\\{1, 2\\}"
     assert extract_model_answer("  just 9 ") == "just 9"
 
 
@@ -87,3 +89,27 @@ def test_generation_is_offline_and_reproducible(tmp_path: Path) -> None:
         timeout=300,
     )
     assert done.returncode == 2 and "unknown reasoning_gym task(s) ['nope']" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_boxed_fraction_is_read_whole_over_http() -> None:
+    # \boxed{\dfrac{242}{311}} is \dfrac{242}{311}, not \dfrac{242 (cut at the first closing brace).
+    row = generate_rows(["fraction_simplification"], size=2, seed=3, instruction="")[1]
+    assert row["answer"] == "$\\dfrac{242}{311}$"
+    text = "Dividing both by 14: \\boxed{\\dfrac{242}{311}}"
+    response = {
+        "output": [
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        ]
+    }
+    with running_servers([CONFIG]) as helper:
+        resp = post_json(
+            server_url(helper, "reasoning_gym") + "/verify", {**row, "response": response}, timeout=120
+        )
+    assert resp.status_code == 200, resp.text[:1000]
+    body = resp.json()
+    assert body["extracted_answer"] == "\\dfrac{242}{311}" and body["reward"] == 1.0, body["extracted_answer"]

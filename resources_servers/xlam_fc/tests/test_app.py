@@ -1,11 +1,12 @@
 """xlam_fc against real servers: scripted right and wrong calls, and the matching rules."""
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
 
-from nemo_gym.testing import collect_rollouts, example_rows, running_servers
+from nemo_gym.testing import collect_rollouts, example_rows, post_json, running_servers, server_url
 from resources_servers.xlam_fc.app import grade_calls
 
 CONFIG = "resources_servers/xlam_fc/configs/xlam_fc.yaml"
@@ -46,6 +47,9 @@ def test_scripted_right_and_wrong_calls(tmp_path: Path) -> None:
         code, out, err = collect_rollouts(helper, rows + wrong_rows, tmp_path, AGENT)
         assert code == 0, err[-3000:]
         assert [r["reward"] for r in out] == [1.0] * 5 + [0.0] * 5
+        # The rule is stated in each response: the extra argument of row 0 was allowed, and counted.
+        assert all(r["extra_arguments_allowed"] is True for r in out)
+        assert [r["num_extra_arguments"] for r in out[:5]] == [1, 0, 0, 0, 0]
         assert [r["num_correct"] for r in out[5:]] == [0, 1, 2, 0, 0]
         assert [r["num_predicted"] for r in out[5:]] == [1, 1, 3, 1, 1]
         # The tools are not run: each call gets the fixed note, and there is one model turn.
@@ -75,3 +79,33 @@ def test_grading_rules() -> None:
     ) == (1.0, 1)
     assert grade_calls([{"name": "f", "arguments": {"a": "1"}}], want[:1]) == (0.0, 0)  # types matter
     assert grade_calls([], []) == (1.0, 0) and grade_calls([{"name": "f", "arguments": {}}], []) == (0.0, 0)
+
+
+def _verify_body(row: dict, calls: list[dict]) -> dict:
+    output = [
+        {
+            "type": "function_call",
+            "call_id": f"c{i}",
+            "name": c["name"],
+            "arguments": json.dumps(c["arguments"]),
+        }
+        for i, c in enumerate(calls)
+    ]
+    return {**row, "response": {"output": output}}
+
+
+@pytest.mark.slow
+def test_exact_arguments_refuses_extra_arguments() -> None:
+    row = example_rows("xlam_fc")[0]
+    calls = _calls(row["expected_answers"])
+    padded = [{**calls[0], "arguments": {**calls[0]["arguments"], "note": "an extra argument"}}, *calls[1:]]
+    extra = {"xlam_fc": {"resources_servers": {"xlam_fc": {"exact_arguments": True}}}}
+    with running_servers([CONFIG], extra) as helper:
+        url = server_url(helper, "xlam_fc") + "/verify"
+        exact = post_json(url, _verify_body(row, calls)).json()
+        assert exact["reward"] == 1.0 and exact["num_extra_arguments"] == 0
+        resp = post_json(url, _verify_body(row, padded))
+        assert resp.status_code == 200, resp.text[:1000]
+        body = resp.json()
+        assert body["reward"] == 0.0 and body["num_correct"] == 0
+        assert body["extra_arguments_allowed"] is False and body["num_extra_arguments"] == 1
