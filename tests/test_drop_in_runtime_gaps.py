@@ -1,0 +1,191 @@
+"""Runtime gaps that made upstream NeMo Gym environments' own test suites fail here: module paths upstream
+added later, and behaviour their tests rely on. Servers run under real uvicorn on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from pydantic import BaseModel
+
+from nemo_gym.base_resources_server import (
+    BaseResourcesServerConfig,
+    BaseSeedSessionRequest,
+    BaseSeedSessionResponse,
+    BaseVerifyRequest,
+    BaseVerifyResponse,
+    SimpleResourcesServer,
+)
+from nemo_gym.judge import JudgeError, call_judge
+from nemo_gym.openai_utils import NeMoGymResponse
+from nemo_gym.server_utils import SESSION_ID_KEY, ServerClient
+
+BOUND_S = 30.0
+STUB = {"responses_create_params": {"input": "hi"}, "response": {"output": []}}
+
+
+# --- nemo_gym.mcp_auto_exposure -------------------------------------------------------------------------
+
+
+class CityRequest(BaseModel):
+    city: str
+
+
+class WeatherServer(SimpleResourcesServer):
+    """Written as upstream's example_mcp_weather: a plain tool route, state keyed by the session id."""
+
+    config: BaseResourcesServerConfig
+    calls: dict[str, list[str]] = {}
+
+    def setup_webserver(self) -> FastAPI:
+        app = super().setup_webserver()
+        app.post("/get_weather")(self.get_weather)
+        return app
+
+    async def seed_session(self, request: Request, body: BaseSeedSessionRequest) -> BaseSeedSessionResponse:
+        self.calls[request.session[SESSION_ID_KEY]] = []
+        return BaseSeedSessionResponse()
+
+    async def get_weather(self, request: Request, body: CityRequest) -> dict[str, str]:
+        self.calls.setdefault(request.session[SESSION_ID_KEY], []).append(body.city)
+        return {"weather": f"sunny in {body.city}"}
+
+    async def verify(self, request: Request, body: BaseVerifyRequest) -> BaseVerifyResponse:
+        seen = self.calls.get(request.session[SESSION_ID_KEY], [])
+        return BaseVerifyResponse(**body.model_dump(), reward=float(seen == ["Paris"]))
+
+
+def _weather_server(name: str, expose: bool) -> WeatherServer:
+    config = BaseResourcesServerConfig(name=name, host="127.0.0.1", port=0, expose_tools_over_mcp=expose)
+    return WeatherServer(config=config, server_client=ServerClient(global_config_dict={}))
+
+
+@contextlib.contextmanager
+def serve_with_lifespan(app: FastAPI) -> Iterator[str]:
+    """Serve ``app`` under uvicorn (lifespan on: the MCP session manager runs in it); yields its URL."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    ready = threading.Event()
+    for _ in range(int(BOUND_S / 0.01)):
+        if server.started:
+            ready.set()
+            break
+        ready.wait(0.01)
+    try:
+        assert ready.is_set(), "test server did not start"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(BOUND_S)
+        sock.close()
+
+
+async def _call_weather_over_mcp(url: str, headers: dict[str, str]) -> tuple[list[str], str]:
+    pytest.importorskip("mcp", reason="the `mcp` extra is not installed")
+    import httpx2
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    async with httpx2.AsyncClient(headers=headers, timeout=BOUND_S) as http:
+        async with streamable_http_client(url, http_client=http) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                names = sorted(t.name for t in (await session.list_tools()).tools)
+                result = await session.call_tool("get_weather", {"city": "Paris"})
+                assert not result.is_error, result
+                return names, result.content[0].text
+
+
+def test_maybe_auto_expose_serves_an_upstream_style_server_once_and_binds_the_session() -> None:
+    pytest.importorskip("mcp", reason="the `mcp` extra is not installed")
+    from nemo_gym.mcp_auto_exposure import MCP_URL_PATH, TOKEN_HEADER, maybe_auto_expose
+
+    server = _weather_server("weather_env", expose=True)
+    app = server.setup_webserver()
+    # Upstream's tests and launch code call it after setup_webserver; calling it again changes nothing.
+    assert maybe_auto_expose(server, app) is True
+    assert maybe_auto_expose(server, app) is True
+    assert [getattr(r, "path", None) for r in app.router.routes].count(MCP_URL_PATH) == 1
+
+    with serve_with_lifespan(app) as base:
+        seeded = httpx.post(base + "/seed_session", json=STUB, timeout=BOUND_S, trust_env=False)
+        assert seeded.status_code == 200, seeded.text
+        meta = seeded.json()["mcp"]
+        assert meta["server_name"] == "weather_env" and meta["url_path"] == MCP_URL_PATH
+        assert TOKEN_HEADER == "X-NeMo-Gym-Session-Token" and TOKEN_HEADER in meta["headers"]
+        names, text = asyncio.run(
+            asyncio.wait_for(_call_weather_over_mcp(base + meta["url_path"], meta["headers"]), BOUND_S)
+        )
+        assert names == ["get_weather"]
+        assert text == '{"weather":"sunny in Paris"}'
+        verify = httpx.post(
+            base + "/verify", json=STUB, cookies=seeded.cookies, timeout=BOUND_S, trust_env=False
+        )
+        assert verify.status_code == 200 and verify.json()["reward"] == 1.0  # the MCP call hit this session
+
+
+def test_maybe_auto_expose_without_the_flag_serves_nothing() -> None:
+    from nemo_gym.mcp_auto_exposure import MCP_URL_PATH, maybe_auto_expose
+
+    server = _weather_server("plain_env", expose=False)
+    app = server.setup_webserver()
+    assert maybe_auto_expose(server, app) is False
+    with serve_with_lifespan(app) as base:
+        resp = httpx.post(base + MCP_URL_PATH, json={}, timeout=BOUND_S, trust_env=False)
+        assert resp.status_code == 404
+
+
+def test_maybe_auto_expose_refuses_an_app_that_routes_mcp_itself() -> None:
+    from nemo_gym.mcp_auto_exposure import maybe_auto_expose
+
+    server = _weather_server("own_mcp_env", expose=False)
+    app = server.setup_webserver()
+    app.post("/mcp")(lambda: {"mine": True})
+    server.config.expose_tools_over_mcp = True
+    with pytest.raises(ValueError, match=r"'own_mcp_env' already routes /mcp"):
+        maybe_auto_expose(server, app)
+
+
+# --- nemo_gym.judge ---------------------------------------------------------------------------------------
+
+
+class _RaisingClient:
+    """A client whose ``post`` raises what upstream's environment tests make their mocks raise."""
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+        self.calls = 0
+
+    async def post(self, **kwargs: Any) -> Any:
+        self.calls += 1
+        raise self.exc
+
+
+async def test_any_exception_from_the_client_post_is_a_judge_error_chained_to_it() -> None:
+    client = _RaisingClient(RuntimeError("judge timeout"))
+    with pytest.raises(JudgeError, match="RuntimeError: judge timeout") as failure:
+        await asyncio.wait_for(
+            call_judge(
+                client,
+                server_name="judge_model",
+                url_path="/v1/responses",
+                json={"input": "x"},
+                response_model=NeMoGymResponse,
+            ),
+            BOUND_S,
+        )
+    assert isinstance(failure.value.__cause__, RuntimeError)
+    assert failure.value.server == "judge_model" and failure.value.path == "/v1/responses"
+    assert client.calls == 1  # not a transient status: not retried
