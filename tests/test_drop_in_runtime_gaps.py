@@ -189,3 +189,69 @@ async def test_any_exception_from_the_client_post_is_a_judge_error_chained_to_it
     assert isinstance(failure.value.__cause__, RuntimeError)
     assert failure.value.server == "judge_model" and failure.value.path == "/v1/responses"
     assert client.calls == 1  # not a transient status: not retried
+
+
+# --- NeMoGymResponse fields as the SDK's Response has them ---------------------------------------------
+
+
+class SeenStatusVerifyResponse(BaseVerifyResponse):
+    seen_status: str
+
+
+class TruncationAwareServer(SimpleResourcesServer):
+    """Reads the response the way upstream environments do: attributes of the SDK's sub-objects."""
+
+    config: BaseResourcesServerConfig
+
+    async def verify(self, body: BaseVerifyRequest) -> SeenStatusVerifyResponse:
+        details = body.response.incomplete_details
+        truncated = getattr(details, "reason", None) == "max_output_tokens"
+        failed = getattr(body.response.error, "message", None)
+        return SeenStatusVerifyResponse(
+            **body.model_dump(),
+            reward=0.0 if truncated or failed else 1.0,
+            seen_status=body.response.status or "unset",
+        )
+
+
+def test_verify_reads_incomplete_details_and_error_as_attributes_and_status_stays_unset() -> None:
+    from tests.test_sessions import serve
+
+    server = TruncationAwareServer(
+        config=BaseResourcesServerConfig(name="truncation_env", host="127.0.0.1", port=0),
+        server_client=ServerClient(global_config_dict={}),
+    )
+    base_response = {"id": "r", "created_at": 0, "model": "m", "object": "response", "output": []}
+    with serve(server.setup_webserver()) as base:
+
+        def verify(**response: Any) -> dict[str, Any]:
+            body = {"responses_create_params": {"input": "hi"}, "response": {**base_response, **response}}
+            resp = httpx.post(base + "/verify", json=body, timeout=BOUND_S, trust_env=False)
+            assert resp.status_code == 200, resp.text
+            return resp.json()
+
+        truncated = verify(status="incomplete", incomplete_details={"reason": "max_output_tokens"})
+        assert truncated["reward"] == 0.0 and truncated["seen_status"] == "incomplete"
+        assert truncated["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+        failed = verify(status="failed", error={"code": "server_error", "message": "boom"})
+        assert failed["reward"] == 0.0 and failed["response"]["error"] == {
+            "code": "server_error",
+            "message": "boom",
+        }
+        # A response without a status (some model servers leave it out) keeps it unset, as the SDK does:
+        # re-verifying a recorded rollout must not invent "completed".
+        plain = verify()
+        assert (
+            plain["reward"] == 1.0 and plain["seen_status"] == "unset" and plain["response"]["status"] is None
+        )
+
+
+def test_response_sub_objects_also_answer_dict_style_reads() -> None:
+    response = NeMoGymResponse.model_validate(
+        {"output": [], "incomplete_details": {"reason": "max_output_tokens", "message": "n_ctx 4096"}}
+    )
+    details = response.incomplete_details
+    assert details is not None and details.reason == details["reason"] == "max_output_tokens"
+    assert details.get("message") == "n_ctx 4096" and "message" in details and details.get("x") is None
+    with pytest.raises(KeyError):
+        details["x"]

@@ -626,8 +626,43 @@ def accumulate_response_usage(
     return total.plus(additional)
 
 
+class _AttributeOrKey(_Lenient):
+    """A small sub-object read as the SDK reads it (``details.reason``) and as a dict (``details["reason"]``,
+    ``details.get("reason")``), so code written either way works."""
+
+    def __getitem__(self, key: str) -> Any:
+        data = self.model_dump()
+        if key not in data:
+            raise KeyError(key)
+        return data[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.model_dump().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.model_dump()
+
+
+class NeMoGymResponseIncompleteDetails(_AttributeOrKey):
+    """Why a response is incomplete (``reason``: ``"max_output_tokens"``, ``"content_filter"``, ...)."""
+
+    reason: str | None = None
+
+
+class NeMoGymResponseError(_AttributeOrKey):
+    """A failed response's error (``code``, ``message``)."""
+
+    code: str | None = None
+    message: str | None = None
+
+
 class NeMoGymResponse(BaseModel):
-    """A Responses API response object, as the SDK's ``Response`` parses it (every field always present)."""
+    """A Responses API response object, as the SDK's ``Response`` parses it (every field always present).
+
+    As in the SDK, ``status`` is ``None`` unless the server set it (some providers leave it out), and
+    ``incomplete_details`` / ``error`` are objects with attributes (``incomplete_details.reason``);
+    they also answer dict-style reads.
+    """
 
     model_config = ConfigDict(extra="allow")
 
@@ -635,7 +670,7 @@ class NeMoGymResponse(BaseModel):
     object: Literal["response"] = "response"
     created_at: float = Field(default_factory=lambda: float(int(time.time())))
     model: str = ""
-    status: str | None = "completed"  # some providers answer null (upstream accepts it)
+    status: str | None = None  # some providers leave it out or answer null (the SDK's default)
     output: list[NeMoGymResponseOutputItem] = Field(default_factory=list)
     usage: NeMoGymResponseUsage | None = None
     parallel_tool_calls: bool = True
@@ -646,8 +681,8 @@ class NeMoGymResponse(BaseModel):
     max_output_tokens: int | None = None
     instructions: str | None = None
     metadata: dict[str, Any] | None = None
-    incomplete_details: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
+    incomplete_details: NeMoGymResponseIncompleteDetails | None = None
+    error: NeMoGymResponseError | None = None
 
     @property
     def output_text(self) -> str:
