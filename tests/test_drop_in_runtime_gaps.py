@@ -255,3 +255,199 @@ def test_response_sub_objects_also_answer_dict_style_reads() -> None:
     assert details.get("message") == "n_ctx 4096" and "message" in details and details.get("x") is None
     with pytest.raises(KeyError):
         details["x"]
+
+
+# --- nemo_gym.sandbox: upstream's provider names, config resolution and spec fields ---------------------
+
+
+def test_sandbox_provider_blocks_resolve_by_name_or_inline_and_errors_name_the_problem() -> None:
+    from omegaconf import OmegaConf
+
+    from nemo_gym.sandbox import resolve_provider_config, resolve_provider_metadata
+
+    merged = OmegaConf.create(
+        {
+            "sandbox": {"docker": {"host": "${host}"}, "default_metadata": {"team": "rl"}},
+            "host": "unix:///d.sock",
+            "two": {"a": {}, "b": {}},
+        }
+    )
+    assert resolve_provider_config("sandbox", merged) == {"docker": {"host": "unix:///d.sock"}}
+    assert resolve_provider_metadata("sandbox", merged) == {"team": "rl"}
+    assert resolve_provider_config({"local": {"x": 1}}) == {"local": {"x": 1}}
+    assert resolve_provider_metadata({"local": {"x": 1}}) == {}
+    with pytest.raises(ValueError, match=r"'sandbx' is not a top-level block.*found: 'sandbox'"):
+        resolve_provider_config("sandbx", merged)
+    with pytest.raises(ValueError, match=r"exactly one provider key.*\['a', 'b'\]"):
+        resolve_provider_config("two", merged)
+    with pytest.raises(TypeError, match="got int"):
+        resolve_provider_config(3, merged)  # type: ignore[arg-type]
+
+
+def test_an_upstream_style_spec_is_accepted_and_refused_only_by_the_workdir_backends_at_start() -> None:
+    from nemo_gym.sandbox import AsyncSandbox, SandboxSpec, SandboxUnavailableError
+
+    spec = SandboxSpec(
+        image="python:3.12",
+        ttl_s=600,
+        ready_timeout_s=60,
+        workdir="/app",
+        provider_options={"x": 1},
+        ports=[8080],
+    )
+    assert spec.resources.memory_mib == 512 and spec.workdir == "/app"
+    with pytest.raises(SandboxUnavailableError, match=r"image='python:3.12', ports=\[8080\]"):
+        asyncio.run(AsyncSandbox(provider={"backend": UNSAFE}, spec=spec).start())
+    with pytest.raises(ValueError, match="must be relative"):
+        asyncio.run(
+            AsyncSandbox(provider={"backend": UNSAFE}, spec=SandboxSpec(files={"/etc/x": "y"})).start()
+        )
+    with pytest.raises(ValueError, match="ports"):
+        SandboxSpec(ports=[0])
+    with pytest.raises(ValueError, match=r"'docker' is not registered here.*built-in backends"):
+        AsyncSandbox(provider={"docker": {}})
+
+
+UNSAFE = "unsafe_local_subprocess"
+
+
+class _InMemoryProvider:
+    """An outside provider as upstream environments write one: files in memory, programs run locally."""
+
+    name = "in_memory_test_provider"
+    made: list[_InMemoryProvider] = []
+
+    def __init__(self, greeting: str = "hi") -> None:
+        from nemo_gym.sandbox import SandboxHandle
+
+        self.handle_cls = SandboxHandle
+        self.greeting = greeting
+        self.files: dict[str, str] = {}
+        self.calls: list[tuple[str, Any]] = []
+        _InMemoryProvider.made.append(self)
+
+    async def create(self, spec: Any) -> Any:
+        self.calls.append(("create", spec.image))
+        return self.handle_cls(sandbox_id="sb-1", provider_name=self.name, raw=None)
+
+    async def upload_file(self, handle: Any, source_path: Any, target_path: str) -> None:
+        self.files[target_path] = source_path.read_text()
+
+    async def download_file(self, handle: Any, source_path: str, target_path: Any) -> None:
+        target_path.write_text(self.files[source_path])
+
+    async def exec(self, handle: Any, command: str, *, cwd=None, env=None, timeout_s=None, user=None) -> Any:
+        from nemo_gym.sandbox import SandboxExecResult
+
+        self.calls.append(("exec", (command, cwd, env, timeout_s, user)))
+        return SandboxExecResult(
+            stdout=f"{self.greeting} {self.files.get(command.split()[-1], '')}", stderr="", return_code=0
+        )
+
+    async def status(self, handle: Any) -> Any:
+        from nemo_gym.sandbox import SandboxStatus
+
+        return SandboxStatus.RUNNING
+
+    async def close(self, handle: Any) -> None:
+        self.calls.append(("close", handle.sandbox_id))
+
+    async def aclose(self) -> None:
+        self.calls.append(("aclose", None))
+
+
+def test_a_registered_outside_provider_runs_the_sandbox_the_upstream_way() -> None:
+    from nemo_gym.sandbox import AsyncSandbox, SandboxSpec, SandboxStatus, list_providers, register_provider
+
+    if _InMemoryProvider.name not in list_providers():
+        register_provider(_InMemoryProvider.name, _InMemoryProvider)
+    register_provider(_InMemoryProvider.name, _InMemoryProvider)  # the same class again: fine
+    with pytest.raises(ValueError, match="already registered"):
+        register_provider(_InMemoryProvider.name, dict)
+    with pytest.raises(ValueError, match="reserved"):
+        register_provider("bubblewrap", _InMemoryProvider)
+
+    async def session() -> tuple[Any, Any, bytes]:
+        spec = SandboxSpec(image="img:1", files={"/opt/run.py": "print(1)"})
+        sandbox = await AsyncSandbox({_InMemoryProvider.name: {"greeting": "hello"}}, spec).start()
+        try:
+            result = await sandbox.exec("python3 /opt/run.py", env={"A": "1"}, timeout_s=5, user="agent")
+            status = await sandbox.status()
+            await sandbox.write_file("/opt/out.txt", "done")
+            back = await sandbox.read_file("/opt/out.txt")
+        finally:
+            await sandbox.stop()
+            await sandbox.stop()  # twice: closes once
+        return result, status, back
+
+    result, status, back = asyncio.run(asyncio.wait_for(session(), BOUND_S))
+    provider = _InMemoryProvider.made[-1]
+    assert result.stdout == "hello print(1)" and status == SandboxStatus.RUNNING and back == b"done"
+    assert provider.calls == [
+        ("create", "img:1"),
+        ("exec", ("python3 /opt/run.py", None, {"A": "1"}, 5, "agent")),  # no workdir set: cwd None
+        ("close", "sb-1"),
+        ("aclose", None),
+    ]
+
+
+def test_an_upstream_config_may_name_the_instance_server_type() -> None:
+    from pydantic import ValidationError
+
+    config = BaseResourcesServerConfig(type="resources_servers", name="x", host="127.0.0.1", port=1)
+    assert config.type == "resources_servers"
+    with pytest.raises(ValidationError, match="type"):
+        BaseResourcesServerConfig(type="resource_servers", name="x")
+    with pytest.raises(ValidationError, match="typo_key"):
+        BaseResourcesServerConfig(typo_key=1, name="x")
+
+
+# --- nemo_gym.responses_converter ----------------------------------------------------------------------
+
+
+def test_responses_converter_maps_tool_turns_both_ways_with_upstreams_method_names() -> None:
+    from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
+    from nemo_gym.responses_converter import ResponsesConverter
+
+    converter = ResponsesConverter(return_token_id_information=False)
+    params = NeMoGymResponseCreateParamsNonStreaming(
+        model="m",
+        instructions="be brief",
+        max_output_tokens=64,
+        input=[
+            {"role": "user", "content": "weather?"},
+            {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city":"Oslo"}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+        ],
+        tools=[{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}],
+    )
+    chat = converter.responses_to_chat_completion_create_params(params)
+    assert [m["role"] for m in chat.messages] == ["system", "user", "assistant", "tool"]
+    assert chat.messages[2]["tool_calls"][0]["id"] == chat.messages[3]["tool_call_id"] == "c1"
+    assert chat.max_completion_tokens == 64 and chat.model == "m"
+    assert chat.tools[0]["function"]["name"] == "get_weather"
+
+    items = converter.chat_completions_messages_to_responses_items(chat.messages[1:])
+    assert [type(i).__name__ for i in items] == [
+        "NeMoGymEasyInputMessage",
+        "NeMoGymResponseFunctionToolCall",
+        "NeMoGymFunctionCallOutput",
+    ]
+    completion = {
+        "id": "x",
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": "<think>hmm</think>It is sunny."},
+            }
+        ],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
+    }
+    response = converter.chat_completion_to_response(params, completion)
+    assert response.output_text == "It is sunny." and response.output[0].type == "reasoning"
+    assert response.usage.input_tokens == 5 and response.status == "completed"
+    assert converter._wrap_reasoning_in_think_tags(["a", "", "b"]) == "<think>a</think><think>b</think>"
+    with pytest.raises(ValueError, match="'robot'"):
+        converter.chat_completions_messages_to_responses_items([{"role": "robot", "content": "x"}])

@@ -671,7 +671,7 @@ class NeMoGymResponse(BaseModel):
     created_at: float = Field(default_factory=lambda: float(int(time.time())))
     model: str = ""
     status: str | None = None  # some providers leave it out or answer null (the SDK's default)
-    output: list[NeMoGymResponseOutputItem] = Field(default_factory=list)
+    output: list[NeMoGymResponseOutputItem]  # required, as in the SDK: `{}` is not a response
     usage: NeMoGymResponseUsage | None = None
     parallel_tool_calls: bool = True
     tool_choice: Any = "auto"
