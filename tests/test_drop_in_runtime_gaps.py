@@ -451,3 +451,41 @@ def test_responses_converter_maps_tool_turns_both_ways_with_upstreams_method_nam
     assert converter._wrap_reasoning_in_think_tags(["a", "", "b"]) == "<think>a</think><think>b</think>"
     with pytest.raises(ValueError, match="'robot'"):
         converter.chat_completions_messages_to_responses_items([{"role": "robot", "content": "x"}])
+
+
+class _AnsweringClient:
+    """A client whose ``post`` answers HTTP 200 with ``body`` (what upstream's judge tests mock)."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    async def post(self, **kwargs: Any) -> Any:
+        body = self.body
+
+        class _Answer:
+            status = 200
+            ok = True
+
+            async def read(self) -> bytes:
+                return body
+
+        return _Answer()
+
+
+async def test_a_judge_answer_without_output_is_not_a_response() -> None:
+    with pytest.raises(JudgeError, match=r"not a NeMoGymResponse.*output.*Field required"):
+        await call_judge(
+            _AnsweringClient(b"{}"),
+            server_name="judge_model",
+            url_path="/v1/responses",
+            json={"input": "x"},
+            response_model=NeMoGymResponse,
+        )
+    empty = await call_judge(
+        _AnsweringClient(b'{"output": []}'),
+        server_name="judge_model",
+        url_path="/v1/responses",
+        json={"input": "x"},
+        response_model=NeMoGymResponse,
+    )
+    assert empty.output == [] and empty.status is None
