@@ -489,3 +489,32 @@ async def test_a_judge_answer_without_output_is_not_a_response() -> None:
         response_model=NeMoGymResponse,
     )
     assert empty.output == [] and empty.status is None
+
+
+# --- the top-level benchmarks package ------------------------------------------------------------------
+
+
+def test_benchmarks_is_a_top_level_package_and_a_dropped_in_folder_imports_under_it(tmp_path: Any) -> None:
+    import importlib
+    import sys
+    import tomllib
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    benchmarks = importlib.import_module("benchmarks")
+    assert Path(benchmarks.__file__).resolve() == repo / "benchmarks" / "__init__.py"
+    include = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert "benchmarks*" in include["include"]  # installed with nemo_gym, not only found from a checkout
+
+    # An upstream benchmark folder (no __init__.py) placed in the package imports as benchmarks.<name>.
+    folder = tmp_path / "demo_bench"
+    folder.mkdir()
+    (folder / "prepare.py").write_text("_UPSTREAM_SHA = 'abc'\n")
+    benchmarks.__path__.append(str(tmp_path))
+    try:
+        prepare = importlib.import_module("benchmarks.demo_bench.prepare")
+        assert prepare._UPSTREAM_SHA == "abc"
+    finally:
+        benchmarks.__path__.remove(str(tmp_path))
+        for name in ("benchmarks.demo_bench.prepare", "benchmarks.demo_bench"):
+            sys.modules.pop(name, None)
