@@ -612,3 +612,25 @@ def test_run_answers_with_a_failure_class_go_to_the_failures_file_and_no_persist
         summary = collect(resume=True)
         assert sorted(app.state.runs) == ["judge_down", "killed"]
         assert summary["skipped_after_max_attempts"] == 1
+
+
+def test_an_explicit_start_inside_async_with_is_upstreams_pattern_and_starts_once() -> None:
+    from nemo_gym.sandbox import AsyncSandbox, SandboxSpec, list_providers, register_provider
+
+    if _InMemoryProvider.name not in list_providers():
+        register_provider(_InMemoryProvider.name, _InMemoryProvider)
+
+    async def upstream_pattern(provider: Any, command: str) -> str:
+        async with AsyncSandbox(provider, SandboxSpec(files={"run.py": "x"})) as sandbox:
+            await sandbox.start()  # upstream's __aenter__ does not start; ours did already: a no-op
+            result = await sandbox.exec(command)
+            with pytest.raises(RuntimeError, match="already started"):
+                await sandbox.start()
+            return result.stdout
+
+    assert asyncio.run(asyncio.wait_for(upstream_pattern({"backend": UNSAFE}, "cat run.py"), BOUND_S)) == "x"
+    out = asyncio.run(
+        asyncio.wait_for(upstream_pattern({_InMemoryProvider.name: {}}, "python3 run.py"), BOUND_S)
+    )
+    assert out == "hi x"
+    assert [c[0] for c in _InMemoryProvider.made[-1].calls] == ["create", "exec", "close", "aclose"]

@@ -224,6 +224,7 @@ class AsyncSandbox:
         spec: SandboxSpec | None = None,
     ) -> None:
         self._spec = spec or SandboxSpec()
+        self._autostarted = False
         self._outside: OutsideSandbox | None = None
         if is_registered_provider_config(provider):
             self._outside = OutsideSandbox(create_provider(provider))
@@ -255,6 +256,11 @@ class AsyncSandbox:
         return self._host_dir
 
     async def start(self, spec: SandboxSpec | None = None) -> AsyncSandbox:
+        if self._autostarted and (spec is None or spec == self._spec):
+            # Upstream's ``async with AsyncSandbox(...) as sb: await sb.start()``: entering already started it.
+            self._autostarted = False
+            return self
+        self._autostarted = False
         if self._host_dir is not None:
             raise RuntimeError("Sandbox is already started")
         if spec is not None:
@@ -470,7 +476,9 @@ class AsyncSandbox:
                 await asyncio.to_thread(shutil.rmtree, host_dir, True)
 
     async def __aenter__(self) -> AsyncSandbox:
-        return await self.start()
+        await self.start()
+        self._autostarted = True  # one explicit start() right after entering is then a no-op
+        return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
