@@ -62,6 +62,8 @@ class BaseRunServerInstanceConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = ""  # the instance name, filled in by the launcher
+    # The instance's server type; upstream code sometimes passes it (``type="resources_servers"``).
+    type: Literal["resources_servers", "responses_api_agents", "responses_api_models"] | None = None
     entrypoint: str = "app.py"
     host: str = "127.0.0.1"
     port: int | None = None

@@ -9,8 +9,9 @@ Contract
   (rate limits, 5xx) or no answer in time is tried again, at most ``max_tries`` times in all, with
   exponential backoff. (Upstream retries rate limits without bound; here every wait has a bound.)
 * Anything else that goes wrong with the call (the server cannot be reached, a non-retryable error
-  status, a body that is not JSON or not a ``response_model``) raises :class:`JudgeError`, naming the
-  server, the path, the status and the error. A judge *reply* that arrives but does not contain a
+  status, a body that is not JSON or not a ``response_model``, any exception the client's ``post``
+  raises) raises :class:`JudgeError` chained to the cause, naming the server, the path, the status and
+  the error. A judge *reply* that arrives but does not contain a
   verdict is the caller's business (typically a wrong answer), not a JudgeError.
 * A judge failure is never a reward. :class:`JudgeError` is an
   :class:`~nemo_gym.server_client.UpstreamError` (kind ``judge_failed``), so a ``/verify`` that lets it
@@ -142,7 +143,7 @@ async def call_judge(
             if e.kind in ("timeout", "connection_error") and attempt + 1 < max_tries:
                 continue
             raise last from e
-        except (KeyError, TypeError) as e:  # no such server instance, wrong arguments: not transient
+        except Exception as e:  # no such server instance, a client that raised: not transient
             raise JudgeError(f"{where}: {type(e).__name__}: {e}", server=server_name, path=url_path) from e
         status, ok = _status_ok(resp)
         body = await _read_body(resp)

@@ -17,6 +17,10 @@ Contract
 * Each finished rollout is one whole line in the output, written and flushed as it completes. An
   infrastructure failure (connection refused, timeout, 5xx, a 4xx from the agent) goes to
   ``<stem>_failures.jsonl`` with its kind, server, error and attempt number — never to the output.
+* A ``/run`` answer may mark itself as not a result (upstream's keys): ``_ng_failure_class`` sends it
+  to the failures file with that class as its kind (``_ng_failure_terminal: true``: never retried on
+  resume), ``_ng_no_persist`` writes it nowhere (a resume runs it again). ``max_attempts`` defaults to
+  ``NEMO_GYM_MAX_ROLLOUT_ATTEMPTS`` (else 3).
 * With model-call capture on (the servers' ``observability_enabled``; the collector's own option can
   turn it off, or require it), each rollout's model calls are taken from the model servers as it ends
   and appended to ``<stem>_model_calls.jsonl`` (:mod:`nemo_gym.observability`).
@@ -74,9 +78,13 @@ from nemo_gym.collection.input_rows import _iter_input as _iter_input
 from nemo_gym.collection.input_rows import check_agents_running as check_agents_running
 from nemo_gym.collection.input_rows import materialize as materialize
 from nemo_gym.collection.input_rows import validate_input as validate_input
+from nemo_gym.collection.options import NG_FAILURE_CLASS_KEY as NG_FAILURE_CLASS_KEY
+from nemo_gym.collection.options import NG_NO_PERSIST_KEY as NG_NO_PERSIST_KEY
+from nemo_gym.collection.options import NG_TERMINAL_KEY as NG_TERMINAL_KEY
 from nemo_gym.collection.options import CollectionOptions as CollectionOptions
 from nemo_gym.collection.options import InputError as InputError
 from nemo_gym.collection.options import RolloutCollectionConfig as RolloutCollectionConfig
+from nemo_gym.collection.options import _get_max_rollout_attempts as _get_max_rollout_attempts
 from nemo_gym.collection.output_files import LineWriter as LineWriter
 from nemo_gym.collection.output_files import _check_materialized_matches as _check_materialized_matches
 from nemo_gym.collection.output_files import _check_output_paths as _check_output_paths

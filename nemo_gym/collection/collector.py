@@ -28,16 +28,23 @@ from typing import Any
 
 import orjson
 
-from nemo_gym.collection.circuit_breaker import CircuitBreaker, classify_failure, describe_down
+from nemo_gym.collection.circuit_breaker import CircuitBreaker, _error_text, classify_failure, describe_down
 from nemo_gym.collection.dispatch import bounded_map, run_one
 from nemo_gym.collection.input_rows import check_agents_running, materialize, validate_input
-from nemo_gym.collection.options import InputError, RolloutCollectionConfig
+from nemo_gym.collection.options import (
+    NG_FAILURE_CLASS_KEY,
+    NG_NO_PERSIST_KEY,
+    NG_TERMINAL_KEY,
+    InputError,
+    RolloutCollectionConfig,
+)
 from nemo_gym.collection.output_files import (
     LineWriter,
     _check_materialized_matches,
     _check_output_paths,
     _scan_existing_output,
     _scan_failures,
+    _scan_terminal_failures,
     sidecar_paths,
 )
 from nemo_gym.collection.row_schema import check_rows_against_schemas, fetch_row_schemas
@@ -113,12 +120,14 @@ async def collect_rollouts(
     fresh = not cfg.resume_from_cache
     done: set[tuple[int, int]] = set()
     attempts: dict[tuple[int, int], int] = {}
+    terminal: set[tuple[int, int]] = set()
     unreadable = 0
     if not fresh:
         # Check before touching anything, so a refused resume leaves every file as it was.
         _check_materialized_matches(cfg, side["materialized"])
         done, unreadable = _scan_existing_output(out_path)
         attempts = _scan_failures(side["failures"])
+        terminal = _scan_terminal_failures(side["failures"])
     if fresh or not side["materialized"].exists():
         writer = LineWriter(side["materialized"], truncate=True)
         try:
@@ -127,7 +136,7 @@ async def collect_rollouts(
         finally:
             writer.close()
 
-    exhausted = {k for k, a in attempts.items() if a >= cfg.max_attempts and k not in done}
+    exhausted = {k for k, a in attempts.items() if (a >= cfg.max_attempts or k in terminal) and k not in done}
     total = n_rows * cfg.num_repeats
     todo = total - len(done) - len(exhausted)
     breaker = CircuitBreaker(cfg.circuit_breaker_threshold, replicated_instances(client.global_config_dict))
@@ -153,7 +162,7 @@ async def collect_rollouts(
         worker = sink.wrap(worker)
     progress = _Progress(todo, cfg.progress)
     t0 = time.monotonic()
-    n_ok = n_failed = 0
+    n_ok = n_failed = n_unpersisted = 0
     kinds: Counter[tuple[Any, ...]] = Counter()
     kind_paths: dict[tuple[Any, ...], set[str]] = {}
     try:
@@ -169,6 +178,42 @@ async def collect_rollouts(
             key = (row["_ng_task_index"], row["_ng_rollout_index"])
             agent = row["agent_ref"]["name"]
             reward = result.get("reward") if isinstance(result, dict) else None
+            if exc is None and isinstance(result, dict) and result.get(NG_NO_PERSIST_KEY):
+                n_unpersisted += 1  # the environment asked: written nowhere, a resume runs it again
+                progress.update(None)
+                continue
+            reported = result.get(NG_FAILURE_CLASS_KEY) if exc is None and isinstance(result, dict) else None
+            if reported is not None:
+                # The environment says this rollout failed (e.g. its judge did): a failure, never a reward.
+                details = {
+                    k: v for k, v in result.items() if k.startswith("_ng_failure_") and k != NG_TERMINAL_KEY
+                }
+                failure = {
+                    "kind": str(reported),
+                    "server": agent,
+                    "path": "/run",
+                    "status": None,
+                    "error": _error_text(
+                        details or f"the /run answer carries {NG_FAILURE_CLASS_KEY}={reported!r}"
+                    ),
+                }
+                if result.get(NG_TERMINAL_KEY):
+                    failure[NG_TERMINAL_KEY] = True
+                kind = (failure["kind"], agent, None, None)  # as _KIND_FIELDS
+                kinds[kind] += 1
+                kind_paths.setdefault(kind, set()).add("/run")
+                failures.write(
+                    {
+                        "_ng_task_index": key[0],
+                        "_ng_rollout_index": key[1],
+                        "agent_ref": row["agent_ref"],
+                        "attempt": attempts.get(key, 0) + 1,
+                        **failure,
+                    }
+                )
+                n_failed += 1
+                progress.update(None)
+                continue
             if exc is None and isinstance(reward, (int, float)) and not isinstance(reward, bool):
                 out.write(result)
                 n_ok += 1
@@ -230,7 +275,9 @@ async def collect_rollouts(
         },
         "interrupted": interrupted,
         # Rows not sent this run (a server was down, or an interrupt): not failures, a resume runs them.
-        "not_attempted": todo - n_ok - n_failed,
+        "not_attempted": todo - n_ok - n_failed - n_unpersisted,
+        # Rollouts whose /run answer carried _ng_no_persist: written nowhere, a resume runs them.
+        "not_persisted": n_unpersisted,
         "down_servers": breaker.report(),
         # Failures of a replicated server's sessions while another replica of it was alive.
         "replica_losses": breaker.replica_losses,

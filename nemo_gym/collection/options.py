@@ -11,9 +11,33 @@ Contract
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+# Keys a /run answer may carry to say "this rollout is not a result" (upstream's names and meanings):
+# a failure class sends it to the failures file (terminal: never retried on resume); no-persist writes
+# it nowhere (a resume runs it again).
+NG_FAILURE_CLASS_KEY = "_ng_failure_class"
+NG_NO_PERSIST_KEY = "_ng_no_persist"
+NG_TERMINAL_KEY = "_ng_failure_terminal"
+MAX_ROLLOUT_ATTEMPTS_ENV_VAR = "NEMO_GYM_MAX_ROLLOUT_ATTEMPTS"
+DEFAULT_MAX_ROLLOUT_ATTEMPTS = 3
+
+
+def _get_max_rollout_attempts() -> int:
+    """``NEMO_GYM_MAX_ROLLOUT_ATTEMPTS`` (a positive integer), else 3: the default of ``max_attempts``."""
+    raw = os.environ.get(MAX_ROLLOUT_ATTEMPTS_ENV_VAR, "").strip()
+    if not raw:
+        return DEFAULT_MAX_ROLLOUT_ATTEMPTS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{MAX_ROLLOUT_ATTEMPTS_ENV_VAR}={raw!r}: expected a positive integer")
+    return value
 
 
 class CollectionOptions(BaseModel):
@@ -29,7 +53,7 @@ class CollectionOptions(BaseModel):
     num_repeats_add_seed: bool = False
     resume_from_cache: bool = False
     overwrite: bool = False
-    max_attempts: int = Field(default=3, ge=1)
+    max_attempts: int = Field(default_factory=_get_max_rollout_attempts, ge=1)
     # Consecutive "server down" failures of one server (each after its retries) that stop dispatching.
     circuit_breaker_threshold: int = Field(default=3, ge=1)
     pass_threshold: float = 1.0

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from nemo_gym.collection.input_rows import materialize
-from nemo_gym.collection.options import InputError, RolloutCollectionConfig
+from nemo_gym.collection.options import NG_TERMINAL_KEY, InputError, RolloutCollectionConfig
 from nemo_gym.redaction import process_scrubber
 
 
@@ -103,6 +103,24 @@ def _scan_failures(path: Path) -> dict[tuple[int, int], int]:
                 continue
             attempts[key] = max(attempts.get(key, 0), int(row.get("attempt", 1)))
     return attempts
+
+
+def _scan_terminal_failures(path: Path) -> set[tuple[int, int]]:
+    """The (task, rollout) pairs whose recorded failure is terminal (``_ng_failure_terminal``)."""
+    terminal: set[tuple[int, int]] = set()
+    if not path.exists():
+        return terminal
+    with open(path, "rb") as f:
+        for line in f:
+            if NG_TERMINAL_KEY.encode() not in line:
+                continue
+            try:
+                row = orjson.loads(line)
+                if row.get(NG_TERMINAL_KEY):
+                    terminal.add((int(row["_ng_task_index"]), int(row["_ng_rollout_index"])))
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+                continue
+    return terminal
 
 
 class LineWriter:

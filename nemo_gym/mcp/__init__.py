@@ -146,9 +146,20 @@ class _SeedMetadataMiddleware:
         await self.app(scope, receive, capture)
 
 
+_INSTALLED_FLAG = "nemo_gym_mcp_installed"
+
+
+def mcp_installed(app: FastAPI) -> bool:
+    """True once :func:`install_mcp` has served MCP on ``app``."""
+    return bool(getattr(app.state, _INSTALLED_FLAG, False))
+
+
 def install_mcp(server: SimpleResourcesServer, app: FastAPI) -> None:
     """Mount ``/mcp`` on ``app``, announce it in ``/seed_session`` answers, run its session manager with
-    the app. Tools are collected on first use, so routes registered after this call are included."""
+    the app. Tools are collected on first use, so routes registered after this call are included.
+    A second call on the same app does nothing."""
+    if mcp_installed(app):
+        return
     import mcp.types as types
     from mcp.server.lowlevel import Server
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -257,6 +268,7 @@ def install_mcp(server: SimpleResourcesServer, app: FastAPI) -> None:
                     await internal.aclose()
 
     app.router.lifespan_context = lifespan
+    setattr(app.state, _INSTALLED_FLAG, True)
 
 
 async def serve_idle_bounded_stream(app: Any, scope: dict, receive: Any, send: Any, idle_s: float) -> None:

@@ -629,8 +629,43 @@ def accumulate_response_usage(
     return total.plus(additional)
 
 
+class _AttributeOrKey(_Lenient):
+    """A small sub-object read as the SDK reads it (``details.reason``) and as a dict (``details["reason"]``,
+    ``details.get("reason")``), so code written either way works."""
+
+    def __getitem__(self, key: str) -> Any:
+        data = self.model_dump()
+        if key not in data:
+            raise KeyError(key)
+        return data[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.model_dump().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.model_dump()
+
+
+class NeMoGymResponseIncompleteDetails(_AttributeOrKey):
+    """Why a response is incomplete (``reason``: ``"max_output_tokens"``, ``"content_filter"``, ...)."""
+
+    reason: str | None = None
+
+
+class NeMoGymResponseError(_AttributeOrKey):
+    """A failed response's error (``code``, ``message``)."""
+
+    code: str | None = None
+    message: str | None = None
+
+
 class NeMoGymResponse(BaseModel):
-    """A Responses API response object, as the SDK's ``Response`` parses it (every field always present)."""
+    """A Responses API response object, as the SDK's ``Response`` parses it (every field always present).
+
+    As in the SDK, ``status`` is ``None`` unless the server set it (some providers leave it out), and
+    ``incomplete_details`` / ``error`` are objects with attributes (``incomplete_details.reason``);
+    they also answer dict-style reads.
+    """
 
     model_config = ConfigDict(extra="allow")
 
@@ -641,7 +676,7 @@ class NeMoGymResponse(BaseModel):
     # Unset stays None, as in the SDK's ``Response`` and upstream's subclass of it (not "completed": a
     # response that did not say is not claimed to be complete). Our model servers always set it.
     status: str | None = None
-    output: list[NeMoGymResponseOutputItem] = Field(default_factory=list)
+    output: list[NeMoGymResponseOutputItem]  # required, as in the SDK: `{}` is not a response
     usage: NeMoGymResponseUsage | None = None
     parallel_tool_calls: bool = True
     tool_choice: Any = "auto"
@@ -651,8 +686,8 @@ class NeMoGymResponse(BaseModel):
     max_output_tokens: int | None = None
     instructions: str | None = None
     metadata: dict[str, Any] | None = None
-    incomplete_details: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
+    incomplete_details: NeMoGymResponseIncompleteDetails | None = None
+    error: NeMoGymResponseError | None = None
 
     @property
     def output_text(self) -> str:

@@ -1,7 +1,9 @@
 """nemo_gym.sandbox: the only way model-written code runs (bubblewrap isolation, limits, bounded pool).
 
 Upstream's names ``AsyncSandbox``, ``SandboxSpec``, ``SandboxResources``, ``SandboxExecResult`` (and
-``ExecResult``) are importable from here; see :mod:`nemo_gym.sandbox.api` for the contract and
+``ExecResult``), ``resolve_provider_config`` and ``resolve_provider_metadata`` (:mod:`nemo_gym.sandbox.config`)
+and the outside-provider names (``register_provider``, ``list_providers``, ``SandboxHandle``, ``SandboxStatus``,
+``SandboxCreateError``, ...; :mod:`nemo_gym.sandbox.providers`) are importable from here; see :mod:`nemo_gym.sandbox.api` for the contract and
 :mod:`nemo_gym.sandbox.bwrap` for what the isolation consists of.
 """
 
@@ -21,8 +23,29 @@ from nemo_gym.sandbox.api import (
     run_in_sandbox,
     sandbox_pool_size,
 )
+from nemo_gym.sandbox.config import resolve_provider_config, resolve_provider_metadata
+from nemo_gym.sandbox.providers import (
+    SandboxCreateError,
+    SandboxCreateVerificationError,
+    SandboxHandle,
+    SandboxProvider,
+    SandboxStatus,
+    create_provider,
+    get_provider_class,
+    list_providers,
+    register_provider,
+)
 
 __all__ = [
+    "SandboxCreateError",
+    "SandboxCreateVerificationError",
+    "SandboxHandle",
+    "SandboxProvider",
+    "SandboxStatus",
+    "create_provider",
+    "get_provider_class",
+    "list_providers",
+    "register_provider",
     "UNSAFE_BACKEND",
     "AsyncSandbox",
     "ExecResult",
@@ -35,6 +58,8 @@ __all__ = [
     "SandboxUnavailableError",
     "check_sandbox_available",
     "python_argv",
+    "resolve_provider_config",
+    "resolve_provider_metadata",
     "run_in_sandbox",
     "sandbox_pool_size",
 ]

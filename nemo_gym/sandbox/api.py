@@ -43,6 +43,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shlex
 import shutil
 import tempfile
 import time
@@ -51,8 +52,14 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from nemo_gym.sandbox.errors import SandboxBusyError as SandboxBusyError
+from nemo_gym.sandbox.errors import SandboxCreateError as SandboxCreateError
 from nemo_gym.sandbox.errors import SandboxError as SandboxError
 from nemo_gym.sandbox.errors import SandboxUnavailableError as SandboxUnavailableError
+from nemo_gym.sandbox.providers.registry import (
+    create_provider,
+    get_provider_class,
+    is_registered_provider_config,
+)
 from nemo_gym.sandbox.slots import _SLOTS as _SLOTS
 from nemo_gym.sandbox.slots import _Slots as _Slots
 from nemo_gym.sandbox.slots import sandbox_pool_size as sandbox_pool_size
@@ -110,6 +117,8 @@ def check_sandbox_available(provider: Mapping[str, Any] | SandboxProviderConfig 
     """Raise :class:`SandboxUnavailableError` (naming what to install) unless the backend can run here.
     Servers call this at start so a missing bwrap fails the server, not every request. With
     ``run_on: ray`` it checks that the run has a Ray cluster instead (the nodes check their own bwrap)."""
+    if is_registered_provider_config(provider) or _is_provider_object(provider):
+        return  # an outside provider checks itself when it creates a sandbox
     config = _provider_config(provider)
     if _runs_on_ray(config):
         from nemo_gym.ray.sandbox import check_ray_sandbox
@@ -124,7 +133,86 @@ def _provider_config(provider: Mapping[str, Any] | SandboxProviderConfig | None)
         return SandboxProviderConfig()
     if isinstance(provider, SandboxProviderConfig):
         return provider
+    if not isinstance(provider, Mapping):
+        raise TypeError(
+            f"sandbox provider must be a mapping ({{'backend': ...}} or {{registered_name: settings}}), a "
+            f"SandboxProviderConfig or a provider object, got {type(provider).__name__}"
+        )
+    fields = set(SandboxProviderConfig.model_fields)
+    if len(provider) == 1 and not set(provider) & fields:
+        get_provider_class(next(iter(provider)))  # raises, naming the registered providers and the backends
     return SandboxProviderConfig.model_validate(dict(provider))
+
+
+def _is_provider_object(provider: Any) -> bool:
+    return (
+        provider is not None
+        and not isinstance(provider, (Mapping, SandboxProviderConfig))
+        and callable(getattr(provider, "create", None))
+        and callable(getattr(provider, "exec", None))
+    )
+
+
+class OutsideSandbox:
+    """One sandbox of an outside provider: create, upload the spec's files, exec, stop (close + aclose)."""
+
+    def __init__(self, provider: Any) -> None:
+        self.provider = provider
+        self.handle: Any = None
+        self.closed = False
+
+    def _need_handle(self) -> Any:
+        if self.handle is None:
+            raise RuntimeError("Sandbox has not been started")
+        return self.handle
+
+    async def start(self, spec: SandboxSpec) -> None:
+        if self.closed:
+            raise RuntimeError("Sandbox has been stopped")
+        if self.handle is not None:
+            raise RuntimeError("Sandbox is already started")
+        handle = await self.provider.create(spec)
+        try:
+            if spec.files:
+                with tempfile.TemporaryDirectory(prefix="nemo-gym-sandbox-upload-") as tmp:
+                    for n, (target, content) in enumerate(spec.files.items()):
+                        source = Path(tmp) / f"file-{n}"
+                        source.write_bytes(content.encode() if isinstance(content, str) else content)
+                        await self.provider.upload_file(handle, source, target)
+        except BaseException:
+            await self._close(handle)
+            raise
+        self.handle = handle
+
+    async def exec(self, command: str | Sequence[str], **kwargs: Any) -> SandboxExecResult:
+        if not isinstance(command, str):
+            command = shlex.join(command)
+        return await self.provider.exec(self._need_handle(), command, **kwargs)
+
+    async def upload(self, local_path: Path | str, remote_path: str) -> None:
+        await self.provider.upload_file(self._need_handle(), Path(local_path), remote_path)
+
+    async def download(self, remote_path: str, local_path: Path | str) -> None:
+        await self.provider.download_file(self._need_handle(), remote_path, Path(local_path))
+
+    async def status(self) -> Any:
+        return await self.provider.status(self._need_handle())
+
+    async def _close(self, handle: Any) -> None:
+        self.closed = True
+        try:
+            if handle is not None:
+                await self.provider.close(handle)
+        finally:
+            aclose = getattr(self.provider, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def stop(self) -> None:
+        if self.closed:
+            return
+        handle, self.handle = self.handle, None
+        await self._close(handle)
 
 
 class AsyncSandbox:
@@ -132,11 +220,21 @@ class AsyncSandbox:
 
     def __init__(
         self,
-        provider: Mapping[str, Any] | SandboxProviderConfig | None = None,
+        provider: Mapping[str, Any] | SandboxProviderConfig | Any | None = None,
         spec: SandboxSpec | None = None,
     ) -> None:
-        self._config = _provider_config(provider)
         self._spec = spec or SandboxSpec()
+        self._autostarted = False
+        self._outside: OutsideSandbox | None = None
+        if is_registered_provider_config(provider):
+            self._outside = OutsideSandbox(create_provider(provider))
+        elif _is_provider_object(provider):
+            self._outside = OutsideSandbox(provider)
+        if self._outside is not None:
+            self._config = SandboxProviderConfig()
+            self._host_dir = None
+            return
+        self._config = _provider_config(provider)
         self._backend = _backend_for(self._config)
         self._host_dir: Path | None = None
         self._running = 0  # execs in flight in this work dir
@@ -158,10 +256,28 @@ class AsyncSandbox:
         return self._host_dir
 
     async def start(self, spec: SandboxSpec | None = None) -> AsyncSandbox:
+        if self._autostarted and (spec is None or spec == self._spec):
+            # Upstream's ``async with AsyncSandbox(...) as sb: await sb.start()``: entering already started it.
+            self._autostarted = False
+            return self
+        self._autostarted = False
         if self._host_dir is not None:
             raise RuntimeError("Sandbox is already started")
         if spec is not None:
             self._spec = spec
+        if self._outside is not None:
+            await self._outside.start(self._spec)
+            return self
+        container = self._spec.container_fields()
+        if container:
+            raise SandboxUnavailableError(
+                f"SandboxSpec {', '.join(container)}: the {self._config.backend} backend runs programs in a "
+                "work dir over the host's read-only /usr, not in a container; leave these fields unset "
+                "(or register an outside provider: nemo_gym.sandbox.register_provider)"
+            )
+        problems = self._spec.workdir_backend_problems()
+        if problems:
+            raise ValueError("; ".join(problems))
         self._on_ray = _runs_on_ray(self._config)
         if not self._on_ray:  # on Ray, the node that runs the program checks its own backend
             self._backend.check()
@@ -188,9 +304,21 @@ class AsyncSandbox:
         target.write_bytes(content.encode() if isinstance(content, str) else content)
 
     async def write_file(self, path: str, content: str | bytes) -> None:
+        if self._outside is not None:
+            with tempfile.TemporaryDirectory(prefix="nemo-gym-sandbox-upload-") as tmp:
+                source = Path(tmp) / "file"
+                source.write_bytes(content.encode() if isinstance(content, str) else content)
+                await self._outside.upload(source, path)
+            return
         self._write(path, content)
 
     async def read_file(self, path: str, max_bytes: int = 10_000_000) -> bytes:
+        if self._outside is not None:
+            with tempfile.TemporaryDirectory(prefix="nemo-gym-sandbox-download-") as tmp:
+                target = Path(tmp) / "file"
+                await self._outside.download(path, target)
+                with open(target, "rb") as f:
+                    return f.read(max_bytes)
         target = self.host_workdir / _safe_relative(path)
         if target.is_symlink():
             raise ValueError(f"{path!r} is a symlink; not followed out of the sandbox")
@@ -198,9 +326,15 @@ class AsyncSandbox:
             return f.read(max_bytes)
 
     async def upload(self, local_path: Path | str, remote_path: str) -> None:
+        if self._outside is not None:
+            await self._outside.upload(local_path, remote_path)
+            return
         self._write(self._relative_to_workdir(remote_path), Path(local_path).read_bytes())
 
     async def download(self, remote_path: str, local_path: Path | str) -> None:
+        if self._outside is not None:
+            await self._outside.download(remote_path, local_path)
+            return
         Path(local_path).write_bytes(await self.read_file(self._relative_to_workdir(remote_path)))
 
     def _relative_to_workdir(self, remote_path: str) -> str:
@@ -221,6 +355,18 @@ class AsyncSandbox:
         resources: SandboxResources | Mapping[str, Any] | None = None,
     ) -> SandboxExecResult:
         """Run one program; see the module docstring. ``timeout_s`` overrides the wall-clock limit."""
+        if self._outside is not None:
+            if stdin is not None or resources is not None:
+                raise ValueError(
+                    "AsyncSandbox.exec: stdin= and resources= apply to the built-in backends only"
+                )
+            return await self._outside.exec(
+                command,
+                cwd=cwd if cwd is not None else self._spec.workdir if self._spec.workdir_given else None,
+                env=env,
+                timeout_s=timeout_s,
+                user=user,
+            )
         if user is not None:
             raise ValueError("AsyncSandbox.exec(user=...): programs always run as the unprivileged uid 65534")
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
@@ -302,7 +448,19 @@ class AsyncSandbox:
         _bwrap().remove_dir_later(old)  # empty now
         return True
 
+    async def status(self) -> Any:
+        """The outside provider's :class:`~nemo_gym.sandbox.providers.SandboxStatus` of this sandbox
+        (built-in backends: RUNNING while started, else STOPPED)."""
+        from nemo_gym.sandbox.providers.base import SandboxStatus
+
+        if self._outside is not None:
+            return await self._outside.status()
+        return SandboxStatus.RUNNING if self._host_dir is not None else SandboxStatus.STOPPED
+
     async def stop(self) -> None:
+        if self._outside is not None:
+            await self._outside.stop()
+            return
         if self._host_dir is not None:
             host_dir, self._host_dir = self._host_dir, None
             if isinstance(self._backend, _bwrap().BubblewrapBackend):
@@ -318,7 +476,9 @@ class AsyncSandbox:
                 await asyncio.to_thread(shutil.rmtree, host_dir, True)
 
     async def __aenter__(self) -> AsyncSandbox:
-        return await self.start()
+        await self.start()
+        self._autostarted = True  # one explicit start() right after entering is then a no-op
+        return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()

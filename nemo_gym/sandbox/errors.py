@@ -21,3 +21,11 @@ class SandboxUnavailableError(SandboxError):
 
 class SandboxBusyError(SandboxError):
     """The program waited longer than ``queue_timeout_s`` for a free slot of the pool."""
+
+
+class SandboxCreateError(SandboxError):
+    """A sandbox could not be created or made ready (upstream's name; outside providers raise it)."""
+
+
+class SandboxCreateVerificationError(SandboxCreateError):
+    """A sandbox was created but failed the provider's readiness check."""

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 UNSAFE_BACKEND = "unsafe_local_subprocess"
+DEFAULT_WORKDIR = "/sandbox"
 BackendName = Literal["bubblewrap", "unsafe_local_subprocess"]
 
 
@@ -85,34 +86,59 @@ class SandboxResources:
 
 @dataclass
 class SandboxSpec:
-    """What a sandbox starts with. ``files`` maps paths relative to the work dir to their text.
-    ``image`` exists for upstream's container providers; this backend runs the host's read-only /usr."""
+    """What a sandbox starts with. ``files`` maps paths to their text (for the built-in backends: paths
+    relative to the work dir, default ``/sandbox``).
+
+    Upstream's container-provider fields are accepted so environments build their specs unchanged, and an
+    outside provider (:mod:`nemo_gym.sandbox.providers`) gets the spec as built. For the built-in backends
+    (:meth:`workdir_backend_problems`, checked when the sandbox starts): ``ttl_s``, ``ready_timeout_s`` and
+    ``provider_options`` do not apply to a work dir and are ignored; ``image``, ``entrypoint`` and
+    ``ports`` need a container and are refused, naming the field."""
 
     image: str | None = None
-    workdir: str = "/sandbox"
+    workdir: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     files: dict[str, str | bytes] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
     resources: SandboxResources | Mapping[str, Any] = field(default_factory=SandboxResources)
+    ttl_s: int | float | None = None
+    ready_timeout_s: int | float | None = None
+    entrypoint: list[str] | None = None
+    provider_options: dict[str, Any] = field(default_factory=dict)
+    ports: tuple[int, ...] | list[int] = field(default_factory=tuple)
+    workdir_given: bool = field(init=False, repr=False, compare=False, default=False)
 
     def __post_init__(self) -> None:
         self.resources = SandboxResources.from_mapping(self.resources)
-        if self.image is not None:
-            raise ValueError(
-                f"SandboxSpec.image={self.image!r}: the bubblewrap sandbox runs the host's read-only /usr, "
-                "not container images; leave image unset"
-            )
-        if not PurePosixPath(self.workdir).is_absolute() or PurePosixPath(self.workdir).parts[1:2] in (
-            ("usr",),
-            ("proc",),
-            ("dev",),
-            ("tmp",),
-        ):
-            raise ValueError(
+        self.workdir_given = self.workdir is not None
+        if self.workdir is None:
+            self.workdir = DEFAULT_WORKDIR
+        for port in self.ports:
+            if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+                raise ValueError(f"SandboxSpec.ports: {port!r} is not a TCP port number")
+
+    def container_fields(self) -> list[str]:
+        """The set fields only a container provider can honour (``image``, ``entrypoint``, ``ports``)."""
+        return [
+            f"{name}={getattr(self, name)!r}"
+            for name in ("image", "entrypoint", "ports")
+            if getattr(self, name)
+        ]
+
+    def workdir_backend_problems(self) -> list[str]:
+        """Why the built-in (work dir) backends cannot run this spec; empty when they can."""
+        problems = []
+        workdir = PurePosixPath(str(self.workdir))
+        if not workdir.is_absolute() or workdir.parts[1:2] in (("usr",), ("proc",), ("dev",), ("tmp",)):
+            problems.append(
                 f"SandboxSpec.workdir must be an absolute path outside /usr /proc /dev /tmp: {self.workdir!r}"
             )
         for path in self.files:
-            _safe_relative(path)
+            try:
+                _safe_relative(path)
+            except ValueError as e:
+                problems.append(f"SandboxSpec.files: {e}")
+        return problems
 
 
 @dataclass
