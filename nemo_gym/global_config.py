@@ -86,6 +86,7 @@ from nemo_gym.config.keys import SKILLS_REF_KEY_NAME as SKILLS_REF_KEY_NAME
 from nemo_gym.config.keys import TASK_INDEX_KEY_NAME as TASK_INDEX_KEY_NAME
 from nemo_gym.config.loading import LoadedConfig as LoadedConfig
 from nemo_gym.config.loading import config_to_yaml as config_to_yaml
+from nemo_gym.config.loading import file_override_notes as file_override_notes
 from nemo_gym.config.loading import load_global_config as load_global_config
 from nemo_gym.config.loading import load_yaml_file as load_yaml_file
 from nemo_gym.config.missing import find_missing_values as find_missing_values

@@ -163,6 +163,10 @@ COMMAND_OPTIONS: dict[str, frozenset[str]] = {
             "index_dir",
             "allowed_roots",
             "token",
+            "request_head_timeout_s",
+            "request_body_idle_timeout_s",
+            "keep_alive_timeout_s",
+            "reserved_connection_fraction",
         }
     ),
 }
