@@ -564,12 +564,19 @@ class NgRun:
         return f"not ready within {timeout_s:g} s (+start_timeout_s): {self.why()}"
 
     def why(self) -> str:
-        """The lines of its output that say what went wrong (the error, not the log chatter)."""
-        lines = [ln for ln in self.lines if ln.strip()]
-        for i, line in enumerate(lines):
-            if re.search(r"(start-up failed|problem|Error|error:|Missing|missing)", line):
-                return " | ".join(ln.strip() for ln in lines[i : i + 6])[:600]
-        return " | ".join(ln.strip() for ln in lines[-4:])[:600]
+        """What went wrong, from its output: the last exception line, then ng_run's own verdict."""
+        lines = [ln.strip() for ln in self.lines if ln.strip()]
+        verdict = next(
+            (
+                i
+                for i, ln in enumerate(lines)
+                if re.search(r"start-up failed|configuration is not valid", ln, re.I)
+            ),
+            None,
+        )
+        errors = [ln for ln in lines[:verdict] if re.search(r"\b\w*(Error|Exception)\b:", ln)]
+        parts = errors[-1:] + (lines[verdict : verdict + 5] if verdict is not None else lines[-4:])
+        return " | ".join(parts)[:700]
 
     def stop(self) -> None:
         _kill_group(self.proc, STOP_GRACE_S, signal.SIGINT)
@@ -806,9 +813,10 @@ def check_env(opts: Options, env: str, base: Path, echo: Any = print) -> EnvResu
         why = run.wait_ready(opts.start_timeout_s + 15)
         if why is not None:
             result.started, result.start_note = False, why
-            if re.search(r"missing|not set|api[_ ]?key|base_url", why, re.I) and "ConfigError" not in why:
+            needed = re.findall(r"\+\+([\w.]+)=<value>", " ".join(run.lines))
+            if "Missing or unresolvable values" in why and needed:
                 result.status = "skipped"
-                result.reason = "config needs values only the user can give (see start note)"
+                result.reason = f"config needs values only the user can give: {', '.join(needed)}"
             return result
         result.started = True
         assert run.head is not None
