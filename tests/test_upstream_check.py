@@ -408,3 +408,14 @@ def test_ctrl_c_stops_the_running_suite_and_leaves_no_process_or_scratch(tmp_pat
     else:
         pytest.fail(f"the env's pytest (pid {pytest_pid}) outlived Ctrl+C")
     assert list(scratch.iterdir()) == []
+
+
+def test_options_registry_and_help_list_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    from nemo_gym.config.options import COMMAND_OPTIONS
+    from nemo_gym.upstream_check import OPTIONS, main
+
+    assert COMMAND_OPTIONS["ng_check_upstream_env"] == OPTIONS
+    main(["--help"])
+    text = capsys.readouterr().out
+    assert text.startswith("ng_check_upstream_env: ") and "usage:" in text
+    assert not [k for k in sorted(OPTIONS) if f"+{k}=" not in text]
