@@ -24,7 +24,8 @@ Contract
       within 1e-6). A ``/verify`` that fails (5xx, timeout) is listed as a failure, never a mismatch.
 * Requirements: a ``requirements.txt`` the shared environment satisfies is used as is; otherwise the
   folder gets its own venv (``nemo_gym.server_venvs``, the same cache as ``+isolate_server_venvs``;
-  ``+venv_cache_dir``); an install that fails is its own status, ``install failed``.
+  ``+venv_cache_dir``), built within ``+install_timeout_s``; an install that fails or runs over is its
+  own status, ``install failed``.
 * Skipped, not failed (the rule, in order): requirements naming a GPU-only or CUDA package
   (:data:`GPU_PACKAGES`) or a download outside the package registries (``git+``, ``https://``): the env
   is not run; a config with a model server besides ``policy_model`` (a judge) or that ``ng_run`` refuses
@@ -82,6 +83,7 @@ SUMMARY = (
 DEFAULT_TEST_TIMEOUT_S = 600.0
 DEFAULT_START_TIMEOUT_S = 180.0
 DEFAULT_VERIFY_TIMEOUT_S = 120.0
+DEFAULT_INSTALL_TIMEOUT_S = 600.0
 STOP_GRACE_S = 30.0
 REWARD_TOLERANCE = 1e-6
 SCRIPTED_MODEL_CONFIG = "responses_api_models/scripted_model/configs/scripted_model.yaml"
@@ -156,6 +158,7 @@ class Options:
     venv_cache_dir: Path | None = None
     replay_tool_calls: bool = True
     run_tests: bool = True
+    install_timeout_s: float = DEFAULT_INSTALL_TIMEOUT_S
 
 
 OPTION_HELP: dict[str, tuple[str, str]] = {
@@ -170,6 +173,10 @@ OPTION_HELP: dict[str, tuple[str, str]] = {
     "venv_cache_dir": ("DIR", f"where envs with unmet requirements get their venv (default {DEFAULT_VENV_CACHE_DIR})"),
     "replay_tool_calls": ("false", "post /verify without replaying the recorded tool calls first"),
     "run_tests": ("false", "do not run the envs' own tests"),
+    "install_timeout_s": (
+        "SECONDS",
+        f"bound on building an env's venv when its requirements are unmet (default {DEFAULT_INSTALL_TIMEOUT_S:g})",
+    ),
 }  # fmt: skip
 OPTIONS = frozenset(OPTION_HELP)
 
@@ -280,6 +287,7 @@ def parse_options(argv: list[str]) -> Options:
         venv_cache_dir=Path(str(cfg["venv_cache_dir"])).expanduser() if cfg.get("venv_cache_dir") else None,
         replay_tool_calls=flag("replay_tool_calls", True),
         run_tests=flag("run_tests", True),
+        install_timeout_s=number("install_timeout_s", DEFAULT_INSTALL_TIMEOUT_S),
     )
 
 
@@ -777,14 +785,24 @@ def check_env(opts: Options, env: str, base: Path, echo: Any = print) -> EnvResu
     if req is not None and unmet_requirements(req):
         echo(f"[{env}] requirements not met here: building its venv")
         try:
+            deadline = time.monotonic() + opts.install_timeout_s
             python = str(
                 ensure_server_venv(
-                    folder, f"resources_servers/{env}", opts.venv_cache_dir, echo=lambda s: echo(s)
+                    folder,
+                    f"resources_servers/{env}",
+                    opts.venv_cache_dir,
+                    echo=lambda s: echo(s),
+                    should_stop=lambda: time.monotonic() > deadline,
                 )
             )
             isolate = True
         except ConfigError as e:
-            result.status, result.reason = "install failed", " ".join(str(e).split())[:500]
+            why = " ".join(str(e).split())
+            if time.monotonic() > deadline:
+                why = (
+                    f"installing its requirements took over {opts.install_timeout_s:g} s (+install_timeout_s)"
+                )
+            result.status, result.reason = "install failed", why[:500]
             return result
     if opts.run_tests:
         echo(f"[{env}] running its tests (at most {opts.test_timeout_s:g} s)")

@@ -132,6 +132,7 @@ COMMAND_OPTIONS: dict[str, frozenset[str]] = {
             "venv_cache_dir",
             "replay_tool_calls",
             "run_tests",
+            "install_timeout_s",
         }
     ),
     "ng_prepare_data": frozenset(
