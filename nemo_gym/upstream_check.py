@@ -28,12 +28,13 @@ Contract
   own status, ``install failed``.
 * Skipped, not failed (the rule, in order): requirements naming a GPU-only or CUDA package
   (:data:`GPU_PACKAGES`) or a download outside the package registries (``git+``, ``https://``): the env
-  is not run; a config with a model server besides ``policy_model`` (a judge) or that ``ng_run`` refuses
-  for values only the user can give (an API key, a judge URL): tests run, start and verify are skipped;
+  is not run; a config with a model server besides ``policy_model`` (a judge), or that ``ng_run`` refuses
+  because it names a model server the config does not define (a judge the user adds) or values only the
+  user can give (an API key, a judge URL): tests run, start and verify are skipped;
   a suite whose every failure is a network error (:data:`NETWORK_ERROR`): tests counted, marked skipped.
 * Output: a Markdown table (env | suite passed | started | recorded rewards reproduced k/n | note) on
   stdout and the same as JSON at ``+output`` (default ``results/upstream_check/<UTC time>.json`` under the
-  working directory). Exit status 0 when it ran (whatever the envs showed), 2 bad options, 130 interrupted.
+  working directory), rewritten after each env. Exit status 0 when it ran (whatever the envs showed), 2 bad options, 130 interrupted.
 * Every wait is bounded; Ctrl+C or SIGTERM stops the running step, kills the process groups it started
   and removes the scratch directory (kept with ``+keep_scratch=true``, then its path is printed).
 """
@@ -366,6 +367,20 @@ def config_skip_reason(config: Path) -> str | None:
     ]
     if others:
         return f"config needs a model endpoint besides policy_model: {', '.join(others)}"
+    return None
+
+
+def judge_note(config: Path, env: str) -> str | None:
+    """A note when the env's own server judges with ``policy_model`` (here: the scripted model)."""
+    for _name, server_type, impl, block in _config_instances(_load_yaml(config)):
+        if server_type != "resources_servers" or impl != env:
+            continue
+        for key, value in block.items():
+            if "judge" in str(key) and isinstance(value, dict) and value.get("name") == "policy_model":
+                return (
+                    f"its judge ({key}) is policy_model, the scripted model here: recorded judge verdicts "
+                    "are not expected to reproduce"
+                )
     return None
 
 
@@ -810,6 +825,9 @@ def check_env(opts: Options, env: str, base: Path, echo: Any = print) -> EnvResu
     if config is None:
         result.started, result.start_note = False, "no configs/*.yaml"
         return result
+    note = judge_note(config, env)
+    if note:
+        result.notes.append(note)
     skip = config_skip_reason(config)
     if skip:
         result.status, result.reason = "skipped", skip
@@ -831,10 +849,20 @@ def check_env(opts: Options, env: str, base: Path, echo: Any = print) -> EnvResu
         why = run.wait_ready(opts.start_timeout_s + 15)
         if why is not None:
             result.started, result.start_note = False, why
-            needed = re.findall(r"\+\+([\w.]+)=<value>", " ".join(run.lines))
+            output = " ".join(run.lines)
+            needed = re.findall(r"\+\+([\w.]+)=<value>", output)
+            undefined = re.findall(
+                r"refers to responses_api_models instance '([^']+)', which does not exist", output
+            )
             if "Missing or unresolvable values" in why and needed:
                 result.status = "skipped"
                 result.reason = f"config needs values only the user can give: {', '.join(needed)}"
+            elif undefined:
+                result.status = "skipped"
+                result.reason = (
+                    f"config needs a model server it does not define (a judge the user provides): "
+                    f"{', '.join(dict.fromkeys(undefined))}"
+                )
             return result
         result.started = True
         assert run.head is not None
@@ -912,8 +940,21 @@ def to_json(opts: Options, results: list[EnvResult], started_at: str, interrupte
 # Entry point
 
 
-def run_checks(opts: Options, echo: Any = print) -> tuple[list[EnvResult], bool]:
-    """Check every env of ``opts`` in turn; returns the results and whether it was interrupted."""
+def write_json(opts: Options, results: list[EnvResult], started_at: str, interrupted: bool) -> None:
+    """The JSON at ``opts.output``, replaced whole (written next to it, then renamed)."""
+    opts.output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = opts.output.with_name(f".{opts.output.name}.tmp")
+    tmp.write_bytes(
+        orjson.dumps(to_json(opts, results, started_at, interrupted), option=orjson.OPT_INDENT_2) + b"\n"
+    )
+    os.replace(tmp, opts.output)
+
+
+def run_checks(
+    opts: Options, echo: Any = print, started_at: str | None = None
+) -> tuple[list[EnvResult], bool]:
+    """Check every env of ``opts`` in turn; returns the results and whether it was interrupted. With
+    ``started_at``, the JSON output is rewritten after each env (a long run shows its progress there)."""
     results: list[EnvResult] = []
     if opts.scratch_dir:
         opts.scratch_dir.mkdir(parents=True, exist_ok=True)
@@ -931,6 +972,8 @@ def run_checks(opts: Options, echo: Any = print) -> tuple[list[EnvResult], bool]
                 result = EnvResult(env=env, status="error", reason=f"{type(e).__name__}: {e}"[:500])
             results.append(result)
             echo(f"[{env}] done in {time.monotonic() - t0:.0f} s: {' | '.join(row_cells(result)[1:4])}")
+            if started_at is not None:
+                write_json(opts, results, started_at, False)
     finally:
         if opts.keep_scratch:
             echo(f"{COMMAND}: scratch copies kept in {base}")
@@ -962,13 +1005,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.flush()
 
     try:
-        results, interrupted = run_checks(opts, echo)
+        results, interrupted = run_checks(opts, echo, started_at)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    opts.output.parent.mkdir(parents=True, exist_ok=True)
-    opts.output.write_bytes(
-        orjson.dumps(to_json(opts, results, started_at, interrupted), option=orjson.OPT_INDENT_2) + b"\n"
-    )
+    write_json(opts, results, started_at, interrupted)
     print(format_table(results), flush=True)
     print(f"\nJSON: {opts.output}", flush=True)
     if interrupted:
