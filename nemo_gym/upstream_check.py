@@ -588,7 +588,11 @@ class NgRun:
 
     def why(self) -> str:
         """What went wrong, from its output: the last exception line, then ng_run's own verdict."""
-        lines = [ln.strip() for ln in self.lines if ln.strip()]
+        lines = [
+            ln.strip()
+            for ln in self.lines
+            if ln.strip() and not re.search(r"\bINFO\b|^--- last log lines|^Traceback", ln.strip())
+        ]
         verdict = next(
             (
                 i
@@ -857,6 +861,9 @@ def check_env(opts: Options, env: str, base: Path, echo: Any = print) -> EnvResu
             if "Missing or unresolvable values" in why and needed:
                 result.status = "skipped"
                 result.reason = f"config needs values only the user can give: {', '.join(needed)}"
+            elif NETWORK_ERROR.search(why):
+                result.status = "skipped"
+                result.reason = "start-up needs the network (see start note)"
             elif undefined:
                 result.status = "skipped"
                 result.reason = (
@@ -908,7 +915,7 @@ def row_cells(r: EnvResult) -> list[str]:
         notes.append("skipped: its failing tests fail only on network errors")
     if s.first_failure and (s.failed or s.errors or s.timed_out):
         notes.append(f"first failure: {s.first_failure}")
-    if r.started is False and r.status == "checked":
+    if r.started is False and (r.status == "checked" or r.reason.endswith("(see start note)")):
         notes.append(f"start: {r.start_note}")
     if r.mismatches:
         notes.append(
