@@ -87,6 +87,7 @@ DEFAULT_VERIFY_TIMEOUT_S = 120.0
 DEFAULT_INSTALL_TIMEOUT_S = 600.0
 STOP_GRACE_S = 30.0
 REWARD_TOLERANCE = 1e-6
+NOTE_WIDTH = 320  # characters of the table's note column (the JSON has everything)
 SCRIPTED_MODEL_CONFIG = "responses_api_models/scripted_model/configs/scripted_model.yaml"
 # Packages that need a GPU (or CUDA) or are the large GPU-first ML stack; an env naming one is skipped.
 GPU_PACKAGES = frozenset(
@@ -925,7 +926,10 @@ def row_cells(r: EnvResult) -> list[str]:
     if r.verify_failures:
         notes.append(f"/verify failed on {len(r.verify_failures)} line(s): {r.verify_failures[0]['error']}")
     notes += r.notes
-    return [r.env, suite, started, reproduced, _cell("; ".join(notes))[:700]]
+    note = _cell("; ".join(notes))
+    if len(note) > NOTE_WIDTH:
+        note = note[: NOTE_WIDTH - 1].rstrip("\\") + "…"
+    return [r.env, suite, started, reproduced, note]
 
 
 def format_table(results: list[EnvResult]) -> str:
