@@ -431,7 +431,35 @@ def make_scratch(
             if not target.exists() and source.is_dir():
                 shutil.copytree(source, target, ignore=_IGNORE, symlinks=True)
                 notes.append(f"{server_type}/{impl} taken from upstream (not in this repo)")
+    # Server folders the copied code imports (blackjack imports resources_servers.gymnasium): upstream's,
+    # since that is the code it was written against; followed until nothing new is imported.
+    todo = [root / "resources_servers" / env]
+    while todo:
+        for server_type, impl in sorted(_imported_server_folders(todo.pop())):
+            target, source = root / server_type / impl, upstream / server_type / impl
+            if source.is_dir() and not target.exists():  # ours stay: our agents and models are the runtime
+                shutil.copytree(source, target, ignore=_IGNORE, symlinks=True)
+                notes.append(f"{server_type}/{impl} (imported by its code) taken from upstream")
+                todo.append(target)
     return root, notes
+
+
+_IMPORT_RE = re.compile(
+    r"^\s*(?:from|import)\s+(resources_servers|responses_api_agents|responses_api_models)\.(\w+)", re.M
+)
+
+
+def _imported_server_folders(folder: Path) -> set[tuple[str, str]]:
+    """``(server type, folder)`` of every other server folder the Python files of ``folder`` import."""
+    found: set[tuple[str, str]] = set()
+    for path in folder.rglob("*.py"):
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        found.update(_IMPORT_RE.findall(text))
+    found.discard((folder.parent.name, folder.name))
+    return found
 
 
 # ------------------------------------------------------------------------------------------------

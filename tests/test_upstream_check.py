@@ -22,6 +22,7 @@ from nemo_gym.config.keys import PACKAGE_PARENT_DIR
 from nemo_gym.upstream_check import (
     CheckError,
     Options,
+    make_scratch,
     parse_options,
     requirement_skip_reason,
     rewards_match,
@@ -419,3 +420,35 @@ def test_options_registry_and_help_list_every_option(capsys: pytest.CaptureFixtu
     text = capsys.readouterr().out
     assert text.startswith("ng_check_upstream_env: ") and "usage:" in text
     assert not [k for k in sorted(OPTIONS) if f"+{k}=" not in text]
+
+
+def test_the_scratch_copy_brings_the_server_folders_the_env_imports(tmp_path: Path) -> None:
+    upstream = _checkout(tmp_path)
+    folder = _write_env(upstream, "card_game")
+    (folder / "app.py").write_text(
+        "from resources_servers.game_base.app import Base\n" + (folder / "app.py").read_text()
+    )
+    base = upstream / "resources_servers" / "game_base"
+    base.mkdir()
+    (base / "app.py").write_text(
+        "from responses_api_agents.upstream_only_agent.app import Agent\n\nBase = object\n"
+    )
+    (upstream / "responses_api_agents" / "upstream_only_agent").mkdir(parents=True)
+    (upstream / "responses_api_agents" / "upstream_only_agent" / "app.py").write_text("Agent = object\n")
+    (upstream / "responses_api_agents" / "simple_agent").mkdir()
+    (upstream / "responses_api_agents" / "simple_agent" / "app.py").write_text("UPSTREAMS = 1\n")
+    with open(base / "app.py", "a") as f:
+        f.write("from responses_api_agents.simple_agent.app import SimpleAgent\n")
+    root, notes = make_scratch(
+        tmp_path / "scratch", upstream, "card_game", [folder / "configs" / "card_game.yaml"]
+    )
+    assert (root / "resources_servers" / "game_base" / "app.py").is_file()
+    assert (root / "responses_api_agents" / "upstream_only_agent" / "app.py").is_file()
+    # Our own agent stays ours (it is the runtime under test), and this repo's nemo_gym is the one copied.
+    ours = (PACKAGE_PARENT_DIR / "responses_api_agents" / "simple_agent" / "app.py").read_text()
+    assert (root / "responses_api_agents" / "simple_agent" / "app.py").read_text() == ours
+    assert (root / "nemo_gym" / "upstream_check.py").is_file()
+    assert sorted(notes) == [
+        "resources_servers/game_base (imported by its code) taken from upstream",
+        "responses_api_agents/upstream_only_agent (imported by its code) taken from upstream",
+    ]
