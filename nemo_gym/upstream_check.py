@@ -620,7 +620,10 @@ class NgRun:
         lines = [
             ln.strip()
             for ln in self.lines
-            if ln.strip() and not re.search(r"\bINFO\b|^--- last log lines|^Traceback", ln.strip())
+            if ln.strip()
+            and not re.search(
+                r"\bINFO\b|^--- last log lines|^Traceback|(reusing|building) venv|venv ready", ln.strip()
+            )
         ]
         verdict = next(
             (
@@ -725,7 +728,7 @@ def reverify_recorded(
     rows = [row for _, _, row in iter_jsonl(tasks, "task file", [])] if tasks.is_file() else []
     same_count = len(rows) == len(lines) + len(bad)
     result.recorded = 0
-    unmatched = unrewarded = 0
+    unmatched = unrewarded = by_number = 0
     headers = auth_headers(token)
     for number, line in enumerate(lines):
         recorded = line.get("reward")
@@ -736,7 +739,8 @@ def reverify_recorded(
             result.verify_failures.append({"line": number + 1, "error": "no recorded 'response'"})
             result.recorded += 1
             continue
-        row, _how = _task_row(line, number, rows, same_count)
+        row, how = _task_row(line, number, rows, same_count)
+        by_number += how == "same line number"
         if row is None:
             unmatched += 1
             row = {k: v for k, v in line.items() if k not in ("reward", "response")}
@@ -779,6 +783,10 @@ def reverify_recorded(
             result.mismatches.append({"line": number + 1, "recorded": recorded, "got": got})
     if unrewarded:
         result.notes.append(f"{unrewarded} recorded line(s) carry no numeric reward (not counted)")
+    if by_number:
+        result.notes.append(
+            f"{by_number} recorded line(s) matched to example.jsonl by line number only (no row has their input)"
+        )
     if unmatched:
         result.notes.append(
             f"{unmatched} recorded line(s) match no row of example.jsonl (posted as recorded)"
