@@ -19,8 +19,10 @@ Contract
       ``ng_reverify`` builds it (the task row from ``data/example.jsonl`` plus the recorded
       ``response``); first ``/seed_session`` with the row and, unless ``+replay_tool_calls=false``, the
       recorded tool calls replayed in that session (stateful environments score the state they left).
-      The row is the line's ``_ng_task_index`` row, else the row with the same input, else the row of
-      the same number. A reward reproduces when it equals the recorded one (0 and 1 exactly, others
+      The row is the line's ``_ng_task_index`` row, else the row with the same input, else the line
+      itself when it carries task fields of its own (``expected_answer``, ...), else the row of the
+      same number (the table's note counts those). A server without ``/verify`` (404: gymnasium-style,
+      the reward comes from its steps) shows ``no /verify``. A reward reproduces when it equals the recorded one (0 and 1 exactly, others
       within 1e-6). A ``/verify`` that fails (5xx, timeout) is listed as a failure, never a mismatch.
 * Requirements: a ``requirements.txt`` the shared environment satisfies is used as is; otherwise the
   folder gets its own venv (``nemo_gym.server_venvs``, the same cache as ``+isolate_server_venvs``;
@@ -141,6 +143,7 @@ class EnvResult:
     started: bool | None = None
     start_note: str = ""
     recorded: int | None = None  # lines with a numeric recorded reward (None: no example_rollouts.jsonl)
+    no_verify: bool = False  # the server has no /verify (404): its reward comes from its steps
     reproduced: int = 0
     mismatches: list[dict[str, Any]] = field(default_factory=list)
     verify_failures: list[dict[str, Any]] = field(default_factory=list)
@@ -658,9 +661,16 @@ def _task_row(
         for row in rows:
             if _input_key(row) == given:
                 return row, "same input"
+    own = {k for k in line if k not in _RECORD_KEYS and not k.startswith("_ng_")}
+    if own:  # the line carries task fields of its own (expected_answer, ...): those are its task
+        return None, "own fields"
     if same_count and number < len(rows):
         return rows[number], "same line number"
     return None, ""
+
+
+# Keys of a recorded line that are not task fields.
+_RECORD_KEYS = frozenset({"responses_create_params", "response", "reward", "agent_ref"})
 
 
 def _text_of(content: Any) -> str:
@@ -742,7 +752,7 @@ def reverify_recorded(
         row, how = _task_row(line, number, rows, same_count)
         by_number += how == "same line number"
         if row is None:
-            unmatched += 1
+            unmatched += how != "own fields"
             row = {k: v for k, v in line.items() if k not in ("reward", "response")}
         payload = {**row, "response": line["response"]}
         result.recorded += 1
@@ -768,6 +778,10 @@ def reverify_recorded(
         except (httpx.HTTPError, RuntimeError) as e:
             result.verify_failures.append({"line": number + 1, "error": f"{type(e).__name__}: {e}"[:500]})
             continue
+        if resp.status_code == 404 and not result.reproduced and not result.mismatches:
+            result.no_verify = True  # gymnasium-style: the reward comes from its steps, not from /verify
+            result.recorded = None
+            break
         if resp.status_code != 200:
             result.verify_failures.append(
                 {"line": number + 1, "error": f"/verify answered {resp.status_code}: {resp.text[:400]}"}
@@ -941,7 +955,9 @@ def row_cells(r: EnvResult) -> list[str]:
         total = s.passed + s.failed + s.errors
         suite = f"{s.passed}/{total}" if total else "no tests"
     started = "—" if r.started is None else ("yes" if r.started else "no")
-    if r.recorded is None:
+    if r.no_verify:
+        reproduced = "no /verify"
+    elif r.recorded is None:
         reproduced = "no example_rollouts" if r.started else "—"
     else:
         reproduced = f"{r.reproduced}/{r.recorded}"
@@ -961,6 +977,8 @@ def row_cells(r: EnvResult) -> list[str]:
         )
     if r.verify_failures:
         notes.append(f"/verify failed on {len(r.verify_failures)} line(s): {r.verify_failures[0]['error']}")
+    if r.no_verify:
+        notes.append("its server has no /verify (the reward comes from its steps): nothing to re-verify")
     notes += r.notes
     note = _cell("; ".join(notes))
     if len(note) > NOTE_WIDTH:
