@@ -21,7 +21,8 @@ Contract
       recorded tool calls replayed in that session (stateful environments score the state they left).
       The row is the line's ``_ng_task_index`` row, else the row with the same input, else the line
       itself when it carries task fields of its own (``expected_answer``, ...), else the row of the
-      same number (the table's note counts those). A server without ``/verify`` (404: gymnasium-style,
+      same number (the table's note counts those). The first call that times out (+verify_timeout_s)
+      ends the env's re-verification (the note counts the lines not tried). A server without ``/verify`` (404: gymnasium-style,
       the reward comes from its steps) shows ``no /verify``. A reward reproduces when it equals the recorded one (0 and 1 exactly, others
       within 1e-6). A ``/verify`` that fails (5xx, timeout) is listed as a failure, never a mismatch.
 * Requirements: a ``requirements.txt`` the shared environment satisfies is used as is; otherwise the
@@ -777,6 +778,11 @@ def reverify_recorded(
                 )
         except (httpx.HTTPError, RuntimeError) as e:
             result.verify_failures.append({"line": number + 1, "error": f"{type(e).__name__}: {e}"[:500]})
+            if isinstance(e, httpx.TimeoutException):  # one bound per env, not per line: stop here
+                left = len(lines) - number - 1
+                if left:
+                    result.notes.append(f"stopped after a timeout; {left} later line(s) not tried")
+                break
             continue
         if resp.status_code == 404 and not result.reproduced and not result.mismatches:
             result.no_verify = True  # gymnasium-style: the reward comes from its steps, not from /verify
