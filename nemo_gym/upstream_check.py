@@ -105,6 +105,7 @@ NETWORK_ERROR = re.compile(
     r"Network is unreachable|getaddrinfo failed|No address associated with hostname|"
     r"Max retries exceeded with url|HfHubHTTPError|LocalEntryNotFoundError|OfflineModeIsEnabled|"
     r"Cannot connect to host (?!127\.0\.0\.1|localhost)|ConnectTimeout|api_key client option must be set|"
+    r"couldn't connect to 'https?://|urlopen error|'git', 'clone'|git clone https?://|"
     r"OPENAI_API_KEY)",
     re.I,
 )
@@ -522,6 +523,10 @@ def parse_junit(path: Path) -> SuiteResult:
         failures.append(detail)
         if not result.first_failure:
             first_line = next((ln for ln in message.splitlines() if ln.strip()), "")
+            if first_line in ("", "collection failure") or first_line.startswith("failed on setup"):
+                # pytest's generic message: the error itself is the last "E   ..." line of the report
+                errors = [ln[1:].strip() for ln in (outcome.text or "").splitlines() if ln.startswith("E ")]
+                first_line = f"{first_line}: {errors[-1]}" if errors else first_line
             result.first_failure = f"{where}: {first_line}"[:300]
     result.network_only = bool(failures) and all(NETWORK_ERROR.search(f) for f in failures)
     return result
@@ -880,6 +885,12 @@ def check_env(opts: Options, env: str, base: Path, echo: Any = print) -> EnvResu
                 )
             result.status, result.reason = "install failed", why[:500]
             return result
+    if not isolate and any(
+        unmet_requirements(r)
+        for r in root.glob("responses_api_*/*/requirements.txt")
+        if f"{r.parent.parent.name}/{r.parent.name}" in " ".join(notes)
+    ):
+        isolate = True  # a server folder taken from upstream needs packages we lack: ng_run builds its venv
     if opts.run_tests:
         echo(f"[{env}] running its tests (at most {opts.test_timeout_s:g} s)")
         result.suite = run_suite(root, env, python, opts.test_timeout_s, base / f"{env}.pytest.log")
