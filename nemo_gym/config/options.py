@@ -119,6 +119,23 @@ COMMAND_OPTIONS: dict[str, frozenset[str]] = {
         }
     ),
     "ng_init_resources_server": frozenset({"entrypoint", "name"}),
+    # nemo_gym.upstream_check.OPTION_HELP's keys
+    "ng_check_upstream_env": frozenset(
+        {
+            "upstream_checkout",
+            "envs",
+            "output",
+            "keep_scratch",
+            "scratch_dir",
+            "test_timeout_s",
+            "start_timeout_s",
+            "verify_timeout_s",
+            "venv_cache_dir",
+            "replay_tool_calls",
+            "run_tests",
+            "install_timeout_s",
+        }
+    ),
     "ng_prepare_data": frozenset(
         {
             CONFIG_PATHS_KEY_NAME,

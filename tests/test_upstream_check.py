@@ -1,0 +1,454 @@
+"""``ng_check_upstream_env`` on small fake upstream checkouts built here: real scratch copies, real pytest
+runs, real ``ng_run`` with the scripted model, real HTTP to ``/seed_session``, the tools and ``/verify``.
+
+One run covers five fake environments (suite passes and rewards reproduce; suite fails; a recorded reward
+differs; start-up fails; no recorded rollouts); the cheap checks (options, skip rules) start nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nemo_gym.config.keys import PACKAGE_PARENT_DIR
+from nemo_gym.upstream_check import (
+    CheckError,
+    Options,
+    make_scratch,
+    parse_options,
+    requirement_skip_reason,
+    rewards_match,
+    run_checks,
+)
+
+# A stateful resources server in upstream's style: the tool `note` stores a word in the rollout's session;
+# /verify rewards the word noted in that session against the row's `expected` (REWARD is filled in).
+APP = """\
+from fastapi import FastAPI, Request
+from pydantic import BaseModel, Field
+
+from nemo_gym.base_resources_server import (
+    BaseResourcesServerConfig,
+    BaseVerifyRequest,
+    BaseVerifyResponse,
+    SimpleResourcesServer,
+)
+from nemo_gym.server_utils import SESSION_ID_KEY
+
+{prelude}
+
+
+class NoteConfig(BaseResourcesServerConfig):
+    pass
+
+
+class NoteRequest(BaseModel):
+    word: str
+
+
+class NoteVerifyRequest(BaseVerifyRequest):
+    expected: str
+
+
+class NoteServer(SimpleResourcesServer):
+    config: NoteConfig
+    noted: dict = Field(default_factory=dict)
+
+    def setup_webserver(self) -> FastAPI:
+        app = super().setup_webserver()
+        app.post("/note")(self.note)
+        return app
+
+    async def note(self, request: Request, body: NoteRequest) -> dict:
+        self.noted[request.session[SESSION_ID_KEY]] = body.word
+        return {{"ok": True}}
+
+    async def verify(self, request: Request, body: NoteVerifyRequest) -> BaseVerifyResponse:
+        noted = self.noted.get(request.session[SESSION_ID_KEY])
+        return BaseVerifyResponse(**body.model_dump(), reward={reward})
+
+
+if __name__ == "__main__":
+    NoteServer.run_webserver()
+"""
+HONEST = "1.0 if noted == body.expected else 0.0"
+
+PASSING_TESTS = """\
+from app import NoteVerifyRequest
+
+
+def test_the_verify_request_needs_expected():
+    assert "expected" in NoteVerifyRequest.model_fields
+"""
+FAILING_TESTS = """\
+def test_passes():
+    assert True
+
+
+def test_fails():
+    assert 2 + 2 == 5, "arithmetic is broken in this fake env"
+"""
+
+
+def _config(env: str) -> str:
+    return (
+        f"{env}_resources_server:\n  resources_servers:\n    {env}:\n      entrypoint: app.py\n"
+        f"{env}_simple_agent:\n  responses_api_agents:\n    simple_agent:\n      entrypoint: app.py\n"
+        f"      resources_server: {{type: resources_servers, name: {env}_resources_server}}\n"
+        "      model_server: {type: responses_api_models, name: policy_model}\n"
+    )
+
+
+def _row(word: str) -> dict[str, Any]:
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": f"note the word {word}"}]},
+        "expected": word,
+    }
+
+
+def _rollout(word: str, noted: str, reward: float) -> dict[str, Any]:
+    """A recorded line as upstream records it: its input normalised by the model server, one tool call."""
+    return {
+        "responses_create_params": {
+            "input": [{"role": "user", "content": f"note the word {word}", "type": "message"}]
+        },
+        "response": {
+            "id": "resp_1",
+            "created_at": 0.0,
+            "model": "recorded",
+            "object": "response",
+            "output": [
+                {
+                    "type": "function_call",
+                    "name": "note",
+                    "arguments": json.dumps({"word": noted}),
+                    "call_id": "c1",
+                },
+                {
+                    "type": "message",
+                    "id": "m1",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": "noted", "annotations": []}],
+                },
+            ],
+            "parallel_tool_calls": False,
+            "tool_choice": "auto",
+            "tools": [],
+        },
+        "reward": reward,
+    }
+
+
+def _write_env(
+    upstream: Path,
+    env: str,
+    *,
+    reward: str = HONEST,
+    prelude: str = "",
+    tests: str = PASSING_TESTS,
+    rollouts: list[dict[str, Any]] | None = None,
+    requirements: str = "-e nemo-gym[dev] @ ../../\n",
+) -> Path:
+    folder = upstream / "resources_servers" / env
+    (folder / "configs").mkdir(parents=True)
+    (folder / "tests").mkdir()
+    (folder / "data").mkdir()
+    (folder / "app.py").write_text(APP.format(prelude=prelude, reward=reward))
+    (folder / "configs" / f"{env}.yaml").write_text(_config(env))
+    (folder / "tests" / "test_app.py").write_text(tests)
+    (folder / "requirements.txt").write_text(requirements)
+    rows = [_row("apple"), _row("pear")]
+    (folder / "data" / "example.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if rollouts is not None:
+        (folder / "data" / "example_rollouts.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in rollouts)
+        )
+    return folder
+
+
+def _checkout(tmp_path: Path) -> Path:
+    upstream = tmp_path / "upstream"
+    (upstream / "nemo_gym").mkdir(parents=True)
+    (upstream / "resources_servers").mkdir()
+    return upstream
+
+
+# Recorded: 'pear' noted as 'plum' (0.0), 'apple' noted right (1.0): not in example.jsonl's order, so
+# each line must find its task row by its input (normalised by the model server), not by its number.
+RECORDED = [_rollout("pear", "plum", 0.0), _rollout("apple", "apple", 1.0)]
+
+
+@pytest.fixture(scope="module")
+def fake_upstream(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    upstream = _checkout(tmp_path_factory.mktemp("fake"))
+    _write_env(upstream, "good_env", rollouts=RECORDED)
+    _write_env(upstream, "failing_suite_env", tests=FAILING_TESTS, rollouts=RECORDED)
+    _write_env(upstream, "differing_env", reward="1.0", rollouts=RECORDED)  # scores every line 1.0
+    _write_env(
+        upstream,
+        "no_start_env",
+        prelude='raise RuntimeError("this fake env cannot start")',
+        tests=FAILING_TESTS,
+    )
+    _write_env(upstream, "no_rollouts_env", rollouts=None)
+    return upstream
+
+
+def _options(upstream: Path, tmp_path: Path, envs: list[str], **kw: Any) -> Options:
+    return Options(
+        upstream=upstream,
+        envs=envs,
+        output=tmp_path / "out.json",
+        scratch_dir=tmp_path / "scratch",
+        test_timeout_s=kw.pop("test_timeout_s", 120),
+        start_timeout_s=60,
+        verify_timeout_s=30,
+        **kw,
+    )
+
+
+def _cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE_PARENT_DIR)}
+    return subprocess.run(
+        [sys.executable, "-c", "from nemo_gym.upstream_check import main; main()", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.slow
+def test_five_fake_envs_one_run_table_and_json(fake_upstream: Path, tmp_path: Path) -> None:
+    before = sorted(p.relative_to(fake_upstream) for p in fake_upstream.rglob("*"))
+    out = tmp_path / "result.json"
+    scratch = tmp_path / "scratch"
+    proc = _cli(
+        [
+            f"+upstream_checkout={fake_upstream}",
+            f"+output={out}",
+            f"+scratch_dir={scratch}",
+            "+start_timeout_s=60",
+        ],
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {
+        line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+        for line in proc.stdout.splitlines()
+        if line.startswith("| ") and not line.startswith("| env |")
+    }
+    assert set(rows) == {
+        "good_env",
+        "failing_suite_env",
+        "differing_env",
+        "no_start_env",
+        "no_rollouts_env",
+    }, proc.stdout
+    # env | suite passed | started | reproduced | note
+    assert rows["good_env"][:3] == ["1/1", "yes", "2/2"], rows["good_env"]
+    assert rows["failing_suite_env"][:3] == ["1/2", "yes", "2/2"]
+    assert (
+        "test_fails" in rows["failing_suite_env"][3]
+        and "arithmetic is broken" in rows["failing_suite_env"][3]
+    )
+    assert rows["differing_env"][:3] == ["1/1", "yes", "1/2"]
+    assert "line 1 0.0 -> 1.0" in rows["differing_env"][3]
+    assert rows["no_start_env"][1] == "no" and "this fake env cannot start" in rows["no_start_env"][3]
+    assert rows["no_rollouts_env"][:3] == ["1/1", "yes", "no example_rollouts"]
+
+    data = json.loads(out.read_text())
+    by_env = {e["env"]: e for e in data["envs"]}
+    assert by_env["good_env"]["reproduced"] == 2 and by_env["good_env"]["recorded"] == 2
+    assert by_env["differing_env"]["mismatches"] == [{"line": 1, "recorded": 0.0, "got": 1.0}]
+    assert (
+        by_env["failing_suite_env"]["suite"]["failed"] == 1
+        and by_env["failing_suite_env"]["suite"]["passed"] == 1
+    )
+    assert by_env["no_start_env"]["started"] is False
+    assert by_env["no_rollouts_env"]["recorded"] is None
+    # The scratch copies are gone, the upstream checkout is as it was, and this repo got no env folder.
+    assert list(scratch.iterdir()) == []
+    assert sorted(p.relative_to(fake_upstream) for p in fake_upstream.rglob("*")) == before
+    assert not any((PACKAGE_PARENT_DIR / "resources_servers" / e).exists() for e in by_env)
+
+
+@pytest.mark.slow
+def test_replaying_the_recorded_tool_calls_is_what_reproduces_a_stateful_reward(
+    fake_upstream: Path, tmp_path: Path
+) -> None:
+    """Without the replay, the 'apple' line's session holds no note and scores 0, not the recorded 1."""
+    with_replay, _ = run_checks(
+        _options(fake_upstream, tmp_path, ["good_env"], run_tests=False), echo=lambda s: None
+    )
+    without, _ = run_checks(
+        _options(fake_upstream, tmp_path, ["good_env"], run_tests=False, replay_tool_calls=False),
+        echo=lambda s: None,
+    )
+    assert (with_replay[0].reproduced, with_replay[0].recorded) == (2, 2)
+    assert (without[0].reproduced, without[0].recorded) == (1, 2)
+    assert without[0].mismatches == [{"line": 2, "recorded": 1.0, "got": 0.0}]
+
+
+def test_an_env_needing_a_gpu_package_is_skipped_without_running(tmp_path: Path) -> None:
+    upstream = _checkout(tmp_path)
+    _write_env(upstream, "gpu_env", requirements="torch==2.12.0\nnumpy\n", rollouts=RECORDED)
+    _write_env(upstream, "git_env", requirements="pkg @ git+https://example.invalid/pkg.git\n")
+    results, interrupted = run_checks(
+        _options(upstream, tmp_path, ["gpu_env", "git_env"]), echo=lambda s: None
+    )
+    assert not interrupted
+    assert [(r.status, r.started, r.suite.ran) for r in results] == [("skipped", None, False)] * 2
+    assert "GPU package (torch==2.12.0)" in results[0].reason
+    assert "outside the package registries" in results[1].reason
+
+
+def test_an_env_needing_a_judge_or_a_key_runs_its_tests_and_is_skipped_at_start(tmp_path: Path) -> None:
+    upstream = _checkout(tmp_path)
+    folder = _write_env(upstream, "judge_env", rollouts=RECORDED)
+    with open(folder / "configs" / "judge_env.yaml", "a") as f:
+        f.write("judge_model:\n  responses_api_models:\n    openai_model:\n      entrypoint: app.py\n")
+    folder = _write_env(upstream, "key_env", rollouts=RECORDED)
+    config = folder / "configs" / "key_env.yaml"
+    config.write_text(
+        config.read_text().replace(
+            "entrypoint: app.py\n", "entrypoint: app.py\n      api_key: ${grader_api_key}\n", 1
+        )
+    )
+    results, _ = run_checks(_options(upstream, tmp_path, ["judge_env", "key_env"]), echo=lambda s: None)
+    judge, key = results
+    assert judge.status == "skipped" and "judge_model (openai_model)" in judge.reason
+    assert judge.suite.ran and judge.suite.passed == 1 and judge.started is None
+    assert key.status == "skipped" and key.reason.endswith("user can give: grader_api_key"), key
+    assert key.suite.passed == 1 and key.started is False
+
+
+def test_options_name_the_bad_path_or_env(tmp_path: Path) -> None:
+    upstream = _checkout(tmp_path)
+    _write_env(upstream, "calendar")
+    with pytest.raises(CheckError, match="no such directory"):
+        parse_options([f"+upstream_checkout={tmp_path / 'nowhere'}"])
+    not_checkout = tmp_path / "plain"
+    not_checkout.mkdir()
+    with pytest.raises(CheckError, match=rf"{not_checkout} is not an upstream NeMo Gym checkout"):
+        parse_options([f"+upstream_checkout={not_checkout}"])
+    with pytest.raises(CheckError, match=r"'calender' \(did you mean 'calendar'\?\)"):
+        parse_options([f"+upstream_checkout={upstream}", "+envs=[calender]"])
+    with pytest.raises(CheckError, match="upstream_checkout"):
+        parse_options([])
+    with pytest.raises(CheckError, match="test_timout_s"):
+        parse_options([f"+upstream_checkout={upstream}", "+test_timout_s=5"])
+    with pytest.raises(CheckError, match=r"\+start_timeout_s must be a positive number"):
+        parse_options([f"+upstream_checkout={upstream}", "+start_timeout_s=-1"])
+    opts = parse_options([f"+upstream_checkout={upstream}"])
+    assert opts.envs == ["calendar"] and opts.output.parent.name == "upstream_check"
+    proc = _cli([f"+upstream_checkout={tmp_path / 'nowhere'}"], cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2 and str(tmp_path / "nowhere") in proc.stderr
+
+
+def test_reward_comparison_rule() -> None:
+    assert rewards_match(1.0, 1) and rewards_match(0.0, 0.0)
+    assert not rewards_match(1.0, 0.9999999) and not rewards_match(0.0, 1e-9)
+    assert rewards_match(0.75, 0.75 + 5e-7) and not rewards_match(0.75, 0.75 + 5e-6)
+
+
+def test_requirement_rule_leaves_registry_packages_and_nemo_gym_alone(tmp_path: Path) -> None:
+    req = tmp_path / "requirements.txt"
+    req.write_text("-e nemo-gym[dev] @ ../../\nnumpy>=1.26\ntiktoken\n")
+    assert requirement_skip_reason(req) is None
+    req.write_text("nvidia-cublas-cu12\n")
+    assert "GPU package" in (requirement_skip_reason(req) or "")
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_running_suite_and_leaves_no_process_or_scratch(tmp_path: Path) -> None:
+    upstream = _checkout(tmp_path)
+    pid_file = tmp_path / "pytest.pid"
+    hanging = f"import os, time\n\ndef test_hangs():\n    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n    time.sleep(300)\n"
+    _write_env(upstream, "hanging_env", tests=hanging)
+    scratch = tmp_path / "scratch"
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE_PARENT_DIR)}
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-c", "from nemo_gym.upstream_check import main; main()",
+            f"+upstream_checkout={upstream}", f"+scratch_dir={scratch}", f"+output={tmp_path / 'o.json'}",
+        ],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not pid_file.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert pid_file.exists(), "the fake env's test never started"
+        time.sleep(0.3)
+        pytest_pid = int(pid_file.read_text())
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == 130, err[-2000:]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pytest_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the env's pytest (pid {pytest_pid}) outlived Ctrl+C")
+    assert list(scratch.iterdir()) == []
+
+
+def test_options_registry_and_help_list_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    from nemo_gym.config.options import COMMAND_OPTIONS
+    from nemo_gym.upstream_check import OPTIONS, main
+
+    assert COMMAND_OPTIONS["ng_check_upstream_env"] == OPTIONS
+    main(["--help"])
+    text = capsys.readouterr().out
+    assert text.startswith("ng_check_upstream_env: ") and "usage:" in text
+    assert not [k for k in sorted(OPTIONS) if f"+{k}=" not in text]
+
+
+def test_the_scratch_copy_brings_the_server_folders_the_env_imports(tmp_path: Path) -> None:
+    upstream = _checkout(tmp_path)
+    folder = _write_env(upstream, "card_game")
+    (folder / "app.py").write_text(
+        "from resources_servers.game_base.app import Base\n" + (folder / "app.py").read_text()
+    )
+    base = upstream / "resources_servers" / "game_base"
+    base.mkdir()
+    (base / "app.py").write_text(
+        "from responses_api_agents.upstream_only_agent.app import Agent\n\nBase = object\n"
+    )
+    (upstream / "responses_api_agents" / "upstream_only_agent").mkdir(parents=True)
+    (upstream / "responses_api_agents" / "upstream_only_agent" / "app.py").write_text("Agent = object\n")
+    (upstream / "responses_api_agents" / "simple_agent").mkdir()
+    (upstream / "responses_api_agents" / "simple_agent" / "app.py").write_text("UPSTREAMS = 1\n")
+    with open(base / "app.py", "a") as f:
+        f.write("from responses_api_agents.simple_agent.app import SimpleAgent\n")
+    root, notes = make_scratch(
+        tmp_path / "scratch", upstream, "card_game", [folder / "configs" / "card_game.yaml"]
+    )
+    assert (root / "resources_servers" / "game_base" / "app.py").is_file()
+    assert (root / "responses_api_agents" / "upstream_only_agent" / "app.py").is_file()
+    # Our own agent stays ours (it is the runtime under test), and this repo's nemo_gym is the one copied.
+    ours = (PACKAGE_PARENT_DIR / "responses_api_agents" / "simple_agent" / "app.py").read_text()
+    assert (root / "responses_api_agents" / "simple_agent" / "app.py").read_text() == ours
+    assert (root / "nemo_gym" / "upstream_check.py").is_file()
+    assert sorted(notes) == [
+        "resources_servers/game_base (imported by its code) taken from upstream",
+        "responses_api_agents/upstream_only_agent (imported by its code) taken from upstream",
+    ]
