@@ -70,6 +70,11 @@ SKIP: dict[tuple[str, str], str] = {
         "responses_api_models/local_model/tests/test_quickstart.py"
     ),
     ("README.md", "bash .ci/run"): "the whole CI run (installs packages, runs every test, this one included)",
+    ("README.md", 'ng_run "+config_paths=[resources_servers/aviary/configs/gsm8k_aviary.yaml,'): (
+        "runs local_model on five Aviary rows (3-5 minutes on 2 cores, a real LLM's free output); the same "
+        "Aviary server, agent, collection and ng_export_transitions run on the scripted model in "
+        "responses_api_agents/aviary_agent/tests/test_app.py"
+    ),
     ("README.md", "cp -r <upstream checkout>/resources_servers/<name> resources_servers/"): (
         "needs a checkout of NVIDIA NeMo Gym; docs/writing_an_environment.md lists what was checked"
     ),
