@@ -38,6 +38,7 @@ import io
 import logging
 from typing import Any, ClassVar, Literal
 
+from fastapi import HTTPException
 from pydantic import BaseModel, Field, PositiveFloat
 
 from nemo_gym.base_resources_server import (
@@ -133,12 +134,16 @@ def strip_math_delimiters(s: str) -> str:
     return s
 
 
+_BAD_EXPECTED = "math-verify cannot parse expected_answer"
+
+
 def math_verify_answer(
     expected_answer: str, generated_answer: str, timeout_seconds: int = 5
 ) -> tuple[float, str | None]:
     """(1.0 or 0.0, the extracted answer or None). Runs in a verify-pool worker (main thread).
 
-    An ``expected_answer`` math-verify cannot parse raises (bad data is not a wrong answer). What it
+    An ``expected_answer`` math-verify cannot parse raises ValueError (bad data is not a wrong answer:
+    ``/verify`` answers 422 "bad row"). What it
     cannot read in the model's text is no answer; an error while comparing is no match. A parse or
     comparison that outlives ``timeout_seconds`` (math-verify's own ``signal.alarm``) raises
     :class:`VerifyTimeoutError`: on a loaded machine a right answer can time out, and that must not
@@ -162,7 +167,7 @@ def math_verify_answer(
                 f"math-verify timed out parsing expected_answer {expected_answer!r}: {e}"
             ) from None
         if not gold:
-            raise ValueError(f"math-verify cannot parse expected_answer {expected_answer!r}")
+            raise ValueError(f"{_BAD_EXPECTED} {expected_answer!r}")
         try:
             pred = parse(
                 generated_answer,
@@ -228,6 +233,10 @@ class LibraryJudgeMathResourcesServer(SimpleResourcesServer):
                 self.config.math_verify_timeout_seconds,
                 timeout=self.config.library_verifier_timeout_seconds,
             )
+        except ValueError as e:  # the row's expected_answer (math_verify_answer): bad data, not a 0 or a 500
+            if _BAD_EXPECTED not in str(e):
+                raise
+            raise HTTPException(422, f"bad row: {e}") from None
         except VerifyTimeoutError:
             if not self.config.should_use_judge:
                 raise  # HTTP 503 verify_timeout (nemo_gym.server_utils): not scored

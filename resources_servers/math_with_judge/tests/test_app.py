@@ -54,10 +54,12 @@ def test_scripted_right_and_wrong_answers(tmp_path: Path) -> None:
         assert [r["library_reward"] for r in out] == [1.0] * 5 + [0.0] * 5
         assert all(r["judge_evaluations"] is None for r in out)
         assert out[5]["extracted_answer"] == "999"
-        # An expected_answer math-verify cannot read is a server error, not a 0.
+        # An expected_answer math-verify cannot read is the row's fault: a 422 naming it, never a 0 (was a 500).
         body = {**out[0], "expected_answer": "   "}
         resp = post_json(server_url(helper, SERVER) + "/verify", body)
-        assert resp.status_code == 500 and "cannot parse expected_answer" in resp.text
+        assert (
+            resp.status_code == 422 and "bad row" in resp.text and "cannot parse expected_answer" in resp.text
+        )
         # A row without expected_answer never reaches a rollout.
         bad = [rows[0], {k: v for k, v in rows[1].items() if k != "expected_answer"}]
         code, out, err = collect_rollouts(helper, bad, tmp_path / "bad", AGENT)
