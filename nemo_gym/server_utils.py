@@ -101,6 +101,18 @@ logger = logging.getLogger("nemo_gym")
 # Request plumbing (one ASGI layer; see :mod:`nemo_gym.asgi`).
 
 
+def _is_foreign_key(problem: dict[str, Any]) -> bool:
+    """An unknown key at the top of a server's block whose name is close to no setting (not a typo)."""
+    loc = str(problem.get("loc") or "")
+    return (
+        problem.get("type") == "extra_forbidden"
+        and bool(loc)
+        and "." not in loc
+        and "[" not in loc
+        and not problem.get("suggest")
+    )
+
+
 class StrictJSONRequest(Request):
     """A request whose ``json()`` is parsed by orjson: strict UTF-8, so a lone surrogate (``"\\ud800"``,
     or the bytes of one) is a 422 ``json_invalid`` at the door instead of a string no JSON encoder can
@@ -401,10 +413,26 @@ class BaseServer(BaseModel):
                 f"[nemo_gym] {name}: {message}", [{"loc": "", "msg": message}]
             ) from None
         data["name"] = name
+        model = cls.config_class()
         try:
-            return cls.config_class().model_validate(data)
+            return model.model_validate(data)
         except ValidationError as e:
-            problems = config_problems(cls.config_class(), e)
+            problems = config_problems(model, e)
+            # Keys of the block that are no setting and resemble none (upstream's configs carry a few that
+            # their own config class never declared): ignored, as upstream does, and said. A key close to a
+            # setting's name is a typo and stays an error.
+            foreign = [p for p in problems if _is_foreign_key(p)]
+            if foreign:
+                for p in foreign:
+                    data.pop(p["loc"], None)
+                sys.stderr.write(
+                    f"[nemo_gym] {name}: ignoring {', '.join(repr(p['loc']) for p in foreign)}: not a setting "
+                    f"of {server_type}/{impl} and close to none (upstream NeMo Gym ignores such keys too)\n"
+                )
+                try:
+                    return model.model_validate(data)
+                except ValidationError as again:
+                    problems = config_problems(model, again)
             lines = [f"[nemo_gym] Invalid config for server instance '{name}' ({server_type}/{impl}):"]
             for p in problems:
                 hint = (

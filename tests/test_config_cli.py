@@ -398,6 +398,34 @@ def test_ng_run_typos_in_server_blocks_stop_the_run_before_any_server_starts(
     assert run.our_processes() == []
 
 
+def test_a_key_close_to_no_setting_is_ignored_and_said_as_upstream_ignores_it(
+    tmp_path: Path, launch: Launcher
+) -> None:
+    """Upstream's configs carry keys their own config class never declared (``dataset_name``, ``env``):
+    upstream ignores them, so its environments start there. Here they start too, with a line naming the
+    key (before: refused like a typo). A key close to a setting's name stays an error (test above)."""
+    marker = tmp_path / "marker_started"
+    write_files(
+        tmp_path,
+        {
+            "resources_servers/marker_probe/app.py": MARKER_APP,
+            "servers.yaml": f"""\
+            marker:
+              resources_servers:
+                marker_probe:
+                  entrypoint: app.py
+                  marker_path: {marker}
+                  dataset_name: an_upstream_leftover
+            """,
+        },
+    )
+    run = launch("+config_paths=[servers.yaml]", "++head_server.port=0", cwd=tmp_path)
+    assert run.wait_ready() == 1
+    assert marker.read_text() == "started"
+    line = next((x for x in run.output.splitlines() if "ignoring 'dataset_name'" in x), None)
+    assert line is not None and "resources_servers/marker_probe" in line, run.output
+
+
 @pytest.mark.parametrize(
     "cmd, args, expected",
     [

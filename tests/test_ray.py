@@ -919,7 +919,7 @@ def test_run_helper_poll_reports_an_instance_whose_ray_replicas_all_died(cluster
 def test_ray_placed_replicas_config_is_checked_before_anything_serves(cluster: Any) -> None:
     """An unknown key in a Ray-placed block is reported like one in a local block (file, "did you
     mean"), together with the local servers' problems, and no server starts serving."""
-    extra = _placed_extra(cluster.address, [{"node_a": 1}, {"node_b": 1}], bogus_settting=1)
+    extra = _placed_extra(cluster.address, [{"node_a": 1}, {"node_b": 1}], expose_tools_over_mpc=True)
     extra[AGENT] = {"responses_api_agents": {"simple_agent": {"max_stepz": 3}}}
     before = _descendants()
     with pytest.raises(ConfigError) as info:
@@ -927,7 +927,10 @@ def test_ray_placed_replicas_config_is_checked_before_anything_serves(cluster: A
             pass
     message = str(info.value)
     assert "no server was started" in message, message
-    assert f"'{RES}.resources_servers.{RES}.bogus_settting'" in message and "has no setting" in message
+    assert f"'{RES}.resources_servers.{RES}.expose_tools_over_mpc'" in message and "has no setting" in message
+    assert (
+        "expose_tools_over_mcp" in message
+    )  # the "did you mean" of a typo (a key close to no setting is ignored)
     assert f"'{AGENT}.responses_api_agents.simple_agent.max_stepz'" in message and "max_steps" in message
     assert "(2 problems;" in message  # the agent's and the resources server's (two replicas, one problem)
     assert not _wait_gone(_descendants() - before), "a server of the refused run is still running"
