@@ -514,3 +514,119 @@ def test_a_benchmark_folder_next_to_the_environments_imports_as_benchmarks_dot_n
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)},
     )
     assert out.returncode == 0 and out.stdout.strip() == "abc", out.stderr
+
+
+# --- /run answers that mark themselves as not a result (upstream's _ng_failure_class & co) -------------
+
+
+def _marking_agent() -> FastAPI:
+    """An agent whose /run answers as upstream agents and judge_failsafe verifiers do, per the row's mode."""
+    app = FastAPI()
+    runs: list[str] = []
+
+    @app.post("/run")
+    async def run(request: Request) -> dict[str, Any]:
+        row = await request.json()
+        runs.append(row["mode"])
+        answer = {**row, "response": {"output": []}, "reward": 0.0}
+        if row["mode"] == "ok":
+            answer["reward"] = 1.0
+        elif row["mode"] in ("judge_down", "terminal"):
+            answer["_ng_failure_class"] = "judge_failed"
+            answer["_ng_failure_judge_error"] = "judge timeout"
+            answer["_ng_failure_terminal"] = row["mode"] == "terminal"
+        elif row["mode"] == "killed":
+            answer["_ng_no_persist"] = True
+        return answer
+
+    app.state.runs = runs
+    return app
+
+
+def test_run_answers_with_a_failure_class_go_to_the_failures_file_and_no_persist_nowhere(
+    tmp_path: Any,
+) -> None:
+    import orjson
+
+    from nemo_gym.collection.collector import collect_rollouts
+    from nemo_gym.rollout_collection import RolloutCollectionConfig, sidecar_paths
+    from nemo_gym.server_utils import close_shared_session
+    from tests.test_sessions import serve
+
+    modes = ["ok", "judge_down", "terminal", "killed"]
+    rows = [{"responses_create_params": {"input": "hi"}, "mode": m} for m in modes]
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    out = tmp_path / "rollouts.jsonl"
+    side = sidecar_paths(out)
+    app = _marking_agent()
+
+    def collect(resume: bool) -> dict[str, Any]:
+        cfg = RolloutCollectionConfig(
+            input_jsonl_fpath=str(tasks),
+            output_jsonl_fpath=str(out),
+            agent_name="marking_agent",
+            resume_from_cache=resume,
+            progress=False,
+        )
+
+        async def go() -> dict[str, Any]:
+            try:
+                return await collect_rollouts(cfg, client)
+            finally:
+                await close_shared_session()
+
+        return asyncio.run(asyncio.wait_for(go(), BOUND_S))
+
+    with serve(app) as base:
+        port = int(base.rsplit(":", 1)[1])
+        client = ServerClient(
+            global_config_dict={
+                "marking_agent": {"responses_api_agents": {"marking": {"host": "127.0.0.1", "port": port}}}
+            }
+        )
+        summary = collect(resume=False)
+        written = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+        failures = [orjson.loads(line) for line in side["failures"].read_bytes().splitlines()]
+        assert [r["mode"] for r in written] == ["ok"]  # the judge outage is not a reward of 0
+        assert sorted((f["_ng_task_index"], f["kind"], f["attempt"]) for f in failures) == [
+            (1, "judge_failed", 1),
+            (2, "judge_failed", 1),
+        ]
+        assert "judge timeout" in failures[0]["error"]
+        assert [
+            f.get("_ng_failure_terminal", False) for f in sorted(failures, key=lambda f: f["_ng_task_index"])
+        ] == [
+            False,
+            True,
+        ]
+        assert summary["not_persisted"] == 1 and summary["this_run"]["failed"] == 2
+        assert summary["rollouts_missing"] == 3
+
+        # Resume: the retryable failure and the unpersisted rollout run again; the terminal one never does.
+        app.state.runs.clear()
+        summary = collect(resume=True)
+        assert sorted(app.state.runs) == ["judge_down", "killed"]
+        assert summary["skipped_after_max_attempts"] == 1
+
+
+def test_an_explicit_start_inside_async_with_is_upstreams_pattern_and_starts_once() -> None:
+    from nemo_gym.sandbox import AsyncSandbox, SandboxSpec, list_providers, register_provider
+
+    if _InMemoryProvider.name not in list_providers():
+        register_provider(_InMemoryProvider.name, _InMemoryProvider)
+
+    async def upstream_pattern(provider: Any, command: str) -> str:
+        async with AsyncSandbox(provider, SandboxSpec(files={"run.py": "x"})) as sandbox:
+            await sandbox.start()  # upstream's __aenter__ does not start; ours did already: a no-op
+            result = await sandbox.exec(command)
+            with pytest.raises(RuntimeError, match="already started"):
+                await sandbox.start()
+            return result.stdout
+
+    assert asyncio.run(asyncio.wait_for(upstream_pattern({"backend": UNSAFE}, "cat run.py"), BOUND_S)) == "x"
+    out = asyncio.run(
+        asyncio.wait_for(upstream_pattern({_InMemoryProvider.name: {}}, "python3 run.py"), BOUND_S)
+    )
+    assert out == "hi x"
+    assert [c[0] for c in _InMemoryProvider.made[-1].calls] == ["create", "exec", "close", "aclose"]

@@ -16,6 +16,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from tests.conftest import EXAMPLE_CONFIG_PATHS, Launcher
+from tests.test_slow_clients import _closed_by_server, _connect
 from tests.test_viewer_app import URL_RE
 from tests.test_viewer_support import write_files
 
@@ -24,29 +25,6 @@ TIMEOUT_S = 1.5
 # connections at once (nemo_gym.fd_limits: half of what is left after the descriptors it keeps).
 NOFILE = 200
 FLOOD = 120
-
-
-def _connect(port: int, data: bytes = b"") -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", port), timeout=5)
-    if data:
-        s.sendall(data)
-    s.setblocking(False)
-    return s
-
-
-def _closed_by_server(s: socket.socket) -> bytes | None:
-    """What the server sent before closing ``s``, or None while it is still open."""
-    got = b""
-    while True:
-        try:
-            chunk = s.recv(65536)
-        except BlockingIOError:
-            return None
-        except ConnectionResetError:
-            return got
-        if not chunk:
-            return got
-        got += chunk
 
 
 def _wait_all_closed(held: list[socket.socket], bound_s: float) -> dict[int, bytes]:

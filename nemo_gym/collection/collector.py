@@ -199,37 +199,23 @@ async def collect_rollouts(
                 }
                 if result.get(NG_TERMINAL_KEY):
                     failure[NG_TERMINAL_KEY] = True
-                kind = (failure["kind"], agent, None, None)  # as _KIND_FIELDS
-                kinds[kind] += 1
-                kind_paths.setdefault(kind, set()).add("/run")
-                failures.write(
-                    {
-                        "_ng_task_index": key[0],
-                        "_ng_rollout_index": key[1],
-                        "agent_ref": row["agent_ref"],
-                        "attempt": attempts.get(key, 0) + 1,
-                        **failure,
-                    }
-                )
-                n_failed += 1
-                progress.update(None)
-                continue
-            if exc is None and isinstance(reward, (int, float)) and not isinstance(reward, bool):
+            elif exc is None and isinstance(reward, (int, float)) and not isinstance(reward, bool):
                 out.write(result)
                 n_ok += 1
                 breaker.success(agent)
                 progress.update(float(reward))
                 continue
-            if exc is None:
-                no_reward = "the verify response has no numeric `reward`"
-                exc = UpstreamError(agent, "/run", 200, no_reward, kind="bad_response")
-            failure = classify_failure(exc, agent)
-            check = breaker.failure(agent, failure)
-            if check is not None:  # one dead replica of several is not a dead server
-                if await live_replicas(client, check):
-                    breaker.still_serving(check)
-                else:
-                    breaker.confirm_down(check)
+            else:
+                if exc is None:
+                    no_reward = "the verify response has no numeric `reward`"
+                    exc = UpstreamError(agent, "/run", 200, no_reward, kind="bad_response")
+                failure = classify_failure(exc, agent)
+                check = breaker.failure(agent, failure)
+                if check is not None:  # one dead replica of several is not a dead server
+                    if await live_replicas(client, check):
+                        breaker.still_serving(check)
+                    else:
+                        breaker.confirm_down(check)
             via = (failure.get("via") or {}).get("server")
             kind = (failure["kind"], failure["server"], failure["status"], via)  # as _KIND_FIELDS
             kinds[kind] += 1
