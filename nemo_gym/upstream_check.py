@@ -166,6 +166,7 @@ class Options:
     replay_tool_calls: bool = True
     run_tests: bool = True
     install_timeout_s: float = DEFAULT_INSTALL_TIMEOUT_S
+    imported_from: str = "upstream"
 
 
 OPTION_HELP: dict[str, tuple[str, str]] = {
@@ -183,6 +184,10 @@ OPTION_HELP: dict[str, tuple[str, str]] = {
     "install_timeout_s": (
         "SECONDS",
         f"bound on building an env's venv when its requirements are unmet (default {DEFAULT_INSTALL_TIMEOUT_S:g})",
+    ),
+    "imported_from": (
+        "ours",
+        "resources-server folders the env imports come from this repo when it has them (default: upstream's)",
     ),
 }  # fmt: skip
 OPTIONS = frozenset(OPTION_HELP)
@@ -295,7 +300,14 @@ def parse_options(argv: list[str]) -> Options:
         replay_tool_calls=flag("replay_tool_calls", True),
         run_tests=flag("run_tests", True),
         install_timeout_s=number("install_timeout_s", DEFAULT_INSTALL_TIMEOUT_S),
+        imported_from=_imported_from(cfg.get("imported_from", "upstream")),
     )
+
+
+def _imported_from(value: Any) -> str:
+    if value not in ("upstream", "ours"):
+        raise CheckError(f"+imported_from must be upstream or ours; got {value!r}")
+    return str(value)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -409,10 +421,12 @@ _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".venv", "venv", ".pyte
 
 
 def make_scratch(
-    base: Path, upstream: Path, env: str, config_text_paths: list[Path]
+    base: Path, upstream: Path, env: str, config_text_paths: list[Path], imported_from: str = "upstream"
 ) -> tuple[Path, list[str]]:
     """A scratch copy of this repository under ``base`` with upstream's ``env`` folder in it; returns its
-    root and notes (server folders taken from upstream besides the env)."""
+    root and notes (server folders taken from upstream besides the env). With ``imported_from="ours"``
+    a resources-server folder the env imports is this repository's when it has one (does an environment
+    built on upstream's mcqa run on ours?)."""
     root = base / env
     root.mkdir(parents=True)
     shutil.copytree(PACKAGE_PARENT_DIR / "nemo_gym", root / "nemo_gym", ignore=_IGNORE, symlinks=True)
@@ -437,12 +451,20 @@ def make_scratch(
                 shutil.copytree(source, target, ignore=_IGNORE, symlinks=True)
                 notes.append(f"{server_type}/{impl} taken from upstream (not in this repo)")
     # Server folders the copied code imports (blackjack imports resources_servers.gymnasium): upstream's,
-    # since that is the code it was written against; followed until nothing new is imported.
+    # since that is the code it was written against (or ours, by imported_from); followed until nothing
+    # new is imported.
     todo = [root / "resources_servers" / env]
     while todo:
         for server_type, impl in sorted(_imported_server_folders(todo.pop())):
             target, source = root / server_type / impl, upstream / server_type / impl
-            if source.is_dir() and not target.exists():  # ours stay: our agents and models are the runtime
+            if target.exists():  # ours stay: our agents and models are the runtime
+                continue
+            mine = PACKAGE_PARENT_DIR / server_type / impl
+            if imported_from == "ours" and mine.is_dir():
+                shutil.copytree(mine, target, ignore=_IGNORE, symlinks=True)
+                notes.append(f"{server_type}/{impl} (imported by its code) is this repo's")
+                todo.append(target)
+            elif source.is_dir():
                 shutil.copytree(source, target, ignore=_IGNORE, symlinks=True)
                 notes.append(f"{server_type}/{impl} (imported by its code) taken from upstream")
                 todo.append(target)
@@ -858,7 +880,7 @@ def check_env(opts: Options, env: str, base: Path, echo: Any = print) -> EnvResu
     if skip:
         result.status, result.reason = "skipped", skip
         return result
-    root, notes = make_scratch(base, opts.upstream, env, [config] if config else [])
+    root, notes = make_scratch(base, opts.upstream, env, [config] if config else [], opts.imported_from)
     result.notes += notes
     folder = root / "resources_servers" / env
     python, isolate = sys.executable, False

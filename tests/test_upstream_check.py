@@ -452,3 +452,26 @@ def test_the_scratch_copy_brings_the_server_folders_the_env_imports(tmp_path: Pa
         "resources_servers/game_base (imported by its code) taken from upstream",
         "responses_api_agents/upstream_only_agent (imported by its code) taken from upstream",
     ]
+
+
+def test_imported_from_ours_takes_this_repos_folder_of_that_name(tmp_path: Path) -> None:
+    """An env built on mcqa runs on upstream's mcqa by default, on ours with +imported_from=ours."""
+    upstream = _checkout(tmp_path)
+    folder = _write_env(upstream, "letter_quiz")
+    (folder / "app.py").write_text(
+        "from resources_servers.mcqa.app import MCQAResourcesServer\n" + (folder / "app.py").read_text()
+    )
+    (upstream / "resources_servers" / "mcqa").mkdir()
+    (upstream / "resources_servers" / "mcqa" / "app.py").write_text("MCQAResourcesServer = 'upstream'\n")
+    ours = (PACKAGE_PARENT_DIR / "resources_servers" / "mcqa" / "app.py").read_text()
+
+    root, notes = make_scratch(tmp_path / "a", upstream, "letter_quiz", [])
+    assert (root / "resources_servers" / "mcqa" / "app.py").read_text() == "MCQAResourcesServer = 'upstream'\n"
+    assert notes == ["resources_servers/mcqa (imported by its code) taken from upstream"]
+
+    root, notes = make_scratch(tmp_path / "b", upstream, "letter_quiz", [], imported_from="ours")
+    assert (root / "resources_servers" / "mcqa" / "app.py").read_text() == ours
+    assert notes == ["resources_servers/mcqa (imported by its code) is this repo's"]
+
+    with pytest.raises(CheckError, match=r"\+imported_from must be upstream or ours; got 'mine'"):
+        parse_options([f"+upstream_checkout={upstream}", "+imported_from=mine"])

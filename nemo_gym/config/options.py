@@ -133,6 +133,7 @@ COMMAND_OPTIONS: dict[str, frozenset[str]] = {
             "venv_cache_dir",
             "replay_tool_calls",
             "run_tests",
+            "imported_from",
             "install_timeout_s",
         }
     ),

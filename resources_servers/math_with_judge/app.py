@@ -9,7 +9,8 @@ Contract
   (outer ``$...$`` / ``\\(...\\)`` stripped) symbolically. That runs in :mod:`nemo_gym.verify_pool`
   (a worker process's main thread: math-verify uses ``signal.alarm``), never on the event loop.
   ``library_reward`` is its verdict (1.0 / 0.0); ``extracted_answer`` the answer it read (or None).
-* With ``should_use_judge: true`` a 0 from math-verify is re-checked by the judge model server
+* ``should_use_judge`` defaults to true when a ``judge_model_server`` is configured (upstream's default),
+  else false. With ``should_use_judge: true`` a 0 from math-verify is re-checked by the judge model server
   (``judge_model_server``, any model server, possibly the policy): asked twice with the answers in
   both orders (to cancel position bias), reward 1.0 only when both verdicts are ``[[A=B]]``. The
   judge's requests and answers are returned in ``judge_evaluations``.
@@ -26,20 +27,25 @@ Contract
   :class:`~nemo_gym.verify_pool.VerifyTimeoutError`: HTTP 503 of kind ``verify_timeout`` (the rollout
   goes to the failures sidecar), never a 0 and never an unhandled 500. (Upstream scores it 0.0 when no
   judge is configured.) A check whose worker crashes is a 503 of kind ``verify_failed``; an
-  ``expected_answer`` math-verify cannot parse is a server error (HTTP 500) naming the field. The
-  pool's workers import math-verify in the background when the server starts.
+  ``expected_answer`` math-verify cannot parse is the row's fault (HTTP 422 "bad row" naming the
+  field). The pool's workers import math-verify in the background when the server starts.
+* The verify runs through upstream's hooks (names, arguments and results as upstream's), so an
+  environment subclassing upstream's server overrides them here unchanged: see
+  :class:`LibraryJudgeMathResourcesServer`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import io
 import logging
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from fastapi import HTTPException
-from pydantic import BaseModel, Field, PositiveFloat
+from pydantic import BaseModel, Field, PositiveFloat, PositiveInt
 
 from nemo_gym.base_resources_server import (
     BaseResourcesServerConfig,
@@ -82,20 +88,27 @@ class LibraryJudgeMathResourcesServerConfig(BaseResourcesServerConfig):
     judge_responses_create_params: NeMoGymResponseCreateParamsNonStreaming = Field(
         default_factory=lambda: NeMoGymResponseCreateParamsNonStreaming(input=[])
     )
-    should_use_judge: bool = False
+    # Unset: true when a judge_model_server is configured (upstream's default is true, with the judge required).
+    should_use_judge: bool | None = None
     # Bound on one whole check in the pool (a hung worker is killed). Past either bound: the judge
     # decides when should_use_judge, else HTTP 503 verify_timeout (never a 0).
     library_verifier_timeout_seconds: PositiveFloat = 30.0
     # math-verify's own bound on each parse / comparison.
     math_verify_timeout_seconds: int = Field(default=5, ge=1)
     unparseable_verdict: Literal["error", "metric"] = "error"
-    judge_system_message: str = JUDGE_SYSTEM_MESSAGE
-    judge_prompt_template: str = JUDGE_PROMPT_TEMPLATE
-    judge_equal_label: str = "[[A=B]]"
-    judge_not_equal_label: str = "[[A!=B]]"
+    # Unset: the server class's JUDGE_* constants (a subclass may override those, as upstream's do).
+    judge_system_message: str | None = None
+    judge_prompt_template: str | None = None
+    judge_equal_label: str | None = None
+    judge_not_equal_label: str | None = None
+    # At most this many math-verify checks of this server at once (upstream's key; the verify pool's
+    # size bounds the whole process).
+    library_verifier_max_concurrency: PositiveInt = 32
 
     def model_post_init(self, context: Any) -> None:
         super().model_post_init(context)
+        if self.should_use_judge is None:
+            self.should_use_judge = self.judge_model_server is not None
         if self.should_use_judge and self.judge_model_server is None:
             raise ValueError("should_use_judge: true needs judge_model_server: {type, name}")
 
@@ -203,8 +216,49 @@ _VERIFY_OUTPUT_FIELDS = set(LibraryJudgeMathVerifyResponse.model_fields) - set(
 _WARMUPS: list[asyncio.Task[float]] = []  # kept referenced until done
 
 
+@dataclass
+class _VerifyNotes:
+    """What one verify learned besides upstream's 4-tuple (the hooks below keep upstream's signatures)."""
+
+    library_verify_timed_out: bool = False
+    judge_verdict_unparseable: bool = False
+
+
+_NOTES: contextvars.ContextVar[_VerifyNotes | None] = contextvars.ContextVar(
+    "math_with_judge_notes", default=None
+)
+
+
+def _note(**flags: bool) -> None:
+    notes = _NOTES.get()
+    if notes is not None:
+        for name, value in flags.items():
+            setattr(notes, name, value)
+
+
 class LibraryJudgeMathResourcesServer(SimpleResourcesServer):
+    """The verify is split into upstream's hooks, with upstream's names, arguments and results, so an
+    environment built on upstream's math_with_judge (physics_judge, math_with_autograder,
+    ugphysics_judge) overrides them here unchanged:
+
+    ``verify`` -> ``_verify_answer(question, expected, generated)`` -> (reward, extracted,
+    library_reward, judge_evaluations) -> ``_verify_answer_with_library_async(expected, generated)``
+    -> (library_reward, extracted), then, when the judge is used,
+    ``_verify_answer_with_judge(question, expected, answer)`` -> (reward, evaluations), which asks
+    ``_generate_judge_evaluation(question, first, second)`` -> (equal, evaluation) in both orders.
+    The prompt and labels are the class's ``JUDGE_*`` constants unless the config sets them.
+    """
+
+    JUDGE_SYSTEM_MESSAGE: ClassVar[str] = JUDGE_SYSTEM_MESSAGE
+    JUDGE_PROMPT_TEMPLATE: ClassVar[str] = JUDGE_PROMPT_TEMPLATE
+    JUDGE_EQUAL_LABEL: ClassVar[str] = "[[A=B]]"
+    JUDGE_NOT_EQUAL_LABEL: ClassVar[str] = "[[A!=B]]"
+
     config: LibraryJudgeMathResourcesServerConfig
+
+    def model_post_init(self, context: Any) -> None:
+        super().model_post_init(context)
+        self._library_verifier_semaphore = asyncio.Semaphore(self.config.library_verifier_max_concurrency)
 
     async def on_startup(self) -> None:
         await super().on_startup()
@@ -224,15 +278,56 @@ class LibraryJudgeMathResourcesServer(SimpleResourcesServer):
             for part in item.content
             if part.type == "output_text"
         )
-        timed_out = False
+        notes = _VerifyNotes()
+        token = _NOTES.set(notes)
         try:
-            library_reward, extracted = await run_in_verify_pool(
-                math_verify_answer,
-                body.expected_answer,
-                text,
-                self.config.math_verify_timeout_seconds,
-                timeout=self.config.library_verifier_timeout_seconds,
+            reward, extracted, library_reward, evaluations = await self._verify_answer(
+                body.question, body.expected_answer, text
             )
+        finally:
+            _NOTES.reset(token)
+        return LibraryJudgeMathVerifyResponse(
+            **body.model_dump(exclude=_VERIFY_OUTPUT_FIELDS),
+            reward=reward,
+            extracted_answer=extracted,
+            library_reward=library_reward,
+            judge_evaluations=evaluations,
+            judge_verdict_unparseable=notes.judge_verdict_unparseable,
+            library_verify_timed_out=notes.library_verify_timed_out,
+        )
+
+    async def _verify_answer(
+        self, question: str, expected_answer: str, generated_answer: str
+    ) -> tuple[float, str | None, float, list[JudgeEvaluation] | None]:
+        """(reward, extracted answer, math-verify's reward, judge evaluations or None)."""
+        library_reward, extracted = await self._verify_answer_with_library_async(
+            expected_answer, generated_answer
+        )
+        if not self.config.should_use_judge or library_reward > 0.5:
+            return library_reward, extracted, library_reward, None
+        judge_reward, evaluations = await self._verify_answer_with_judge(
+            question, expected_answer, extracted or generated_answer
+        )
+        return judge_reward, extracted, library_reward, evaluations
+
+    @staticmethod
+    def _strip_math_delimiters(s: str) -> str:
+        return strip_math_delimiters(s)
+
+    async def _verify_answer_with_library_async(
+        self, expected_answer: str, generated_answer: str
+    ) -> tuple[float, str | None]:
+        """math-verify's (1.0 or 0.0, extracted answer), in the verify pool. A timeout with a judge
+        configured is (0.0, None), as upstream: the judge decides; without one it raises (HTTP 503)."""
+        try:
+            async with self._library_verifier_semaphore:
+                return await run_in_verify_pool(
+                    math_verify_answer,
+                    expected_answer,
+                    generated_answer,
+                    self.config.math_verify_timeout_seconds,
+                    timeout=self.config.library_verifier_timeout_seconds,
+                )
         except ValueError as e:  # the row's expected_answer (math_verify_answer): bad data, not a 0 or a 500
             if _BAD_EXPECTED not in str(e):
                 raise
@@ -240,44 +335,36 @@ class LibraryJudgeMathResourcesServer(SimpleResourcesServer):
         except VerifyTimeoutError:
             if not self.config.should_use_judge:
                 raise  # HTTP 503 verify_timeout (nemo_gym.server_utils): not scored
-            # Upstream's fallback: math-verify gave no verdict, so the judge decides.
-            library_reward, extracted, timed_out = 0.0, None, True
-        reward, evaluations, unparseable = library_reward, None, False
-        if self.config.should_use_judge and library_reward <= 0.5:
-            reward, evaluations, unparseable = await self._judge(
-                body.question, body.expected_answer, extracted or text
-            )
-        return LibraryJudgeMathVerifyResponse(
-            **body.model_dump(exclude=_VERIFY_OUTPUT_FIELDS),
-            reward=reward,
-            extracted_answer=extracted,
-            library_reward=library_reward,
-            judge_evaluations=evaluations,
-            judge_verdict_unparseable=unparseable,
-            library_verify_timed_out=timed_out,
-        )
+            _note(library_verify_timed_out=True)
+            return 0.0, None
 
-    async def _judge(self, question: str, expected: str, generated: str) -> tuple[float, list, bool]:
-        """Both orders; 1.0 only if both say equal (the second is skipped after a 'different')."""
-        evaluations = []
-        for first, second in ((expected, generated), (generated, expected)):
-            verdict, evaluation = await self._one_verdict(question, first, second)
-            evaluations.append(evaluation)
-            if verdict is None:
-                return 0.0, evaluations, True
-            if not verdict:
-                return 0.0, evaluations, False
-        return 1.0, evaluations, False
+    async def _verify_answer_with_judge(
+        self, question: str, expected_answer: str, generated_answer: str
+    ) -> tuple[float, list[JudgeEvaluation]]:
+        """Both orders (to cancel position bias); 1.0 only if both say equal (no second ask after a 'different')."""
+        equal, first = await self._generate_judge_evaluation(question, expected_answer, generated_answer)
+        if not equal:
+            return 0.0, [first]
+        equal, second = await self._generate_judge_evaluation(question, generated_answer, expected_answer)
+        return (1.0 if equal else 0.0), [first, second]
 
-    async def _one_verdict(
-        self, question: str, first: str, second: str
-    ) -> tuple[bool | None, JudgeEvaluation]:
+    async def _generate_judge_evaluation(
+        self, question: str, first_answer: str, second_answer: str
+    ) -> tuple[bool, JudgeEvaluation]:
+        """One judge verdict: (the answers are equal, the request and reply). A reply without a label is
+        a JudgeError (``unparseable_verdict: error``) or not equal, noted (``metric``)."""
         cfg = self.config
         assert cfg.judge_model_server is not None
+        equal_label = cfg.judge_equal_label or self.JUDGE_EQUAL_LABEL
+        not_equal_label = cfg.judge_not_equal_label or self.JUDGE_NOT_EQUAL_LABEL
         params = cfg.judge_responses_create_params.model_copy(deep=True)
-        prompt = cfg.judge_prompt_template.format(question=question, first_answer=first, second_answer=second)
+        prompt = (cfg.judge_prompt_template or self.JUDGE_PROMPT_TEMPLATE).format(
+            question=question, first_answer=first_answer, second_answer=second_answer
+        )
         params.input = [
-            NeMoGymEasyInputMessage(role="system", content=cfg.judge_system_message),
+            NeMoGymEasyInputMessage(
+                role="system", content=cfg.judge_system_message or self.JUDGE_SYSTEM_MESSAGE
+            ),
             NeMoGymEasyInputMessage(role="user", content=prompt),
         ]
         response = await call_judge(
@@ -287,23 +374,23 @@ class LibraryJudgeMathResourcesServer(SimpleResourcesServer):
             json=params.model_dump(exclude_unset=True, mode="json"),
             response_model=NeMoGymResponse,
         )
-        verdict_text = response.output_text
-        eq, ne = verdict_text.find(cfg.judge_equal_label), verdict_text.find(cfg.judge_not_equal_label)
-        verdict: bool | None = None
-        if eq >= 0 or ne >= 0:  # the first label in the text wins
-            verdict = eq >= 0 and (ne < 0 or eq < ne)
         evaluation = JudgeEvaluation(responses_create_params=params, response=response)
-        if verdict is None and cfg.unparseable_verdict == "error":
+        verdict_text = response.output_text
+        eq, ne = verdict_text.find(equal_label), verdict_text.find(not_equal_label)
+        if eq >= 0 or ne >= 0:  # the first label in the text wins
+            return (eq >= 0 and (ne < 0 or eq < ne)), evaluation
+        if cfg.unparseable_verdict == "error":
             raise JudgeError(
                 f"judge {cfg.judge_model_server.name!r} gave no verdict label "
-                f"({cfg.judge_equal_label} or {cfg.judge_not_equal_label}): {verdict_text[:300]!r}",
+                f"({equal_label} or {not_equal_label}): {verdict_text[:300]!r}",
                 server=cfg.judge_model_server.name,
                 path="/v1/responses",
             )
-        return verdict, evaluation
+        _note(judge_verdict_unparseable=True)
+        return False, evaluation
 
     @staticmethod
-    def _score(r: dict[str, Any]) -> dict[str, float]:
+    def _math_score_fn(r: dict[str, Any]) -> dict[str, float]:
         scores = {"accuracy": r["reward"]}
         if "library_reward" in r:
             scores["symbolic_accuracy"] = r["library_reward"]
@@ -314,13 +401,18 @@ class LibraryJudgeMathResourcesServer(SimpleResourcesServer):
         return scores
 
     def compute_metrics(self, tasks: list[list[dict[str, Any]]]) -> dict[str, Any]:
-        return compute_pass_majority_metrics(tasks, score_fn=self._score, answer_key="extracted_answer")[0]
+        return compute_pass_majority_metrics(
+            tasks, score_fn=self._math_score_fn, answer_key="extracted_answer"
+        )[0]
 
     def get_key_metrics(self, agent_metrics: dict[str, Any]) -> dict[str, Any]:
-        key = {k: agent_metrics[k] for k in ("mean/reward",) if k in agent_metrics}
-        names = ["accuracy", "symbolic_accuracy", "judge_accuracy", "no_answer"]
-        key |= highest_k_metrics(agent_metrics, "pass@1[avg-of-{k}]", score_names=names)
-        key |= highest_k_metrics(agent_metrics, "majority@{k}", score_names=["accuracy"])
+        """Upstream's headline selection (token means, pass@1[avg-of-k], pass@k and majority@k at the
+        largest k, no_answer only in the first) plus ``mean/reward``."""
+        names = ("mean/reward", "mean/input_tokens", "mean/output_tokens")
+        key = {k: agent_metrics[k] for k in names if k in agent_metrics}
+        key |= highest_k_metrics(agent_metrics, "pass@1[avg-of-{k}]")
+        key |= highest_k_metrics(agent_metrics, "pass@{k}", exclude_names=["no_answer"])
+        key |= highest_k_metrics(agent_metrics, "majority@{k}", exclude_names=["no_answer"])
         return key
 
 

@@ -20,8 +20,11 @@ Contract
   A row's ``template_metadata.output_regex`` (one pattern or a list) is tried first; the last match of
   the first pattern that matches gives the letter (or an option's exact text).
 * The letter must be one of the row's option letters (except through ``output_regex``, as upstream).
-* Unlike upstream, ``options`` and ``expected_answer`` are required: a row without them is refused by
-  ``ng_collect_rollouts`` before any rollout, rather than scored 0.
+* Unlike upstream, ``options`` and ``expected_answer`` are required by mcqa's own ``/verify``: a row
+  without them is refused by ``ng_collect_rollouts`` before any rollout, rather than scored 0. The
+  shared request models (``MCQARunRequest``, ``MCQAVerifyRequest``) keep upstream's optional fields and
+  upstream's helper names are here (``_get_allowed_letters_from_options``, ...), so environments built on
+  upstream's mcqa (gpqa_diamond, bunsenbench_chemistry_mcq) run on this one unchanged.
 """
 
 from __future__ import annotations
@@ -53,11 +56,15 @@ class MCQAResourcesServerConfig(BaseResourcesServerConfig):
 
 
 class MCQARunRequest(BaseRunRequest):
+    """Upstream's row shape: ``options`` and ``expected_answer`` may be absent here, since environments
+    built on mcqa (gpqa_diamond) read the choices elsewhere. mcqa's own ``/verify`` requires both
+    (:class:`MCQATaskVerifyRequest`)."""
+
     uuid: str | None = None
-    options: list[dict[str, str | None]] = Field(
-        description='The choices, one mapping per option: [{"A": "text"}, {"B": "text"}, ...].'
+    options: list[dict[str, str | None]] | None = Field(
+        default=None, description='The choices, one mapping per option: [{"A": "text"}, {"B": "text"}, ...].'
     )
-    expected_answer: str = Field(min_length=1, description="The correct option letter.")
+    expected_answer: str | None = Field(default=None, description="The correct option letter.")
     metadata: dict[str, Any] | None = None
     grading_mode: GradingMode = "strict_single_letter_boxed"
     template_metadata: dict[str, Any] | None = None
@@ -65,6 +72,16 @@ class MCQARunRequest(BaseRunRequest):
 
 class MCQAVerifyRequest(MCQARunRequest, BaseVerifyRequest):
     pass
+
+
+class MCQATaskVerifyRequest(MCQAVerifyRequest):
+    """mcqa's own ``/verify`` body: both grading fields required, so ``ng_collect_rollouts`` refuses a row
+    without them before any rollout (its ``/row_schema`` says so) instead of scoring it 0."""
+
+    options: list[dict[str, str | None]] = Field(
+        description='The choices, one mapping per option: [{"A": "text"}, {"B": "text"}, ...].'
+    )
+    expected_answer: str = Field(min_length=1, description="The correct option letter.")
 
 
 class MCQAVerifyResponse(BaseVerifyResponse):
@@ -240,6 +257,39 @@ def extract_answer(
     raise ValueError(f"unknown grading_mode {grading_mode!r}")
 
 
+# Upstream NeMo Gym's helper names, which environments built on mcqa import (gpqa_diamond,
+# bunsenbench_chemistry_mcq): same arguments and results, our implementation.
+
+
+def _extract_options_and_expected(
+    body: MCQARunRequest,
+) -> tuple[list[dict[str, str | None]] | None, str | None]:
+    """The row's ``options`` and ``expected_answer`` (the grading fields; ``metadata`` is never used)."""
+    return body.options, body.expected_answer
+
+
+def _get_allowed_letters_from_options(options: list[dict[str, str | None]] | None) -> set[str]:
+    """:func:`option_letters`, with no options giving no letters."""
+    return option_letters(options or [])
+
+
+def _parse_answer_with_custom_regex(
+    text: str, regex_pattern: str, allowed_letters: set[str], options: list[dict[str, str | None]] | None
+) -> str | None:
+    """The letter one ``output_regex`` pattern reads in ``text`` (its last match), or None."""
+    return _custom_regex(text, regex_pattern, options or [], allowed_letters)
+
+
+def _parse_answer_with_custom_regexes(
+    text: str,
+    regex_patterns: str | list[str],
+    allowed_letters: set[str],
+    options: list[dict[str, str | None]] | None,
+) -> str | None:
+    """The letter of the first of ``regex_patterns`` that reads one, or None."""
+    return _custom_regex(text, regex_patterns, options or [], allowed_letters)
+
+
 class MCQAResourcesServer(SimpleResourcesServer):
     config: MCQAResourcesServerConfig
 
@@ -254,7 +304,7 @@ class MCQAResourcesServer(SimpleResourcesServer):
         key |= highest_k_metrics(agent_metrics, "majority@{k}", score_names=["accuracy"])
         return key
 
-    async def verify(self, body: MCQAVerifyRequest) -> MCQAVerifyResponse:
+    async def verify(self, body: MCQATaskVerifyRequest) -> MCQAVerifyResponse:  # type: ignore[override]
         gold = body.expected_answer.strip().upper()
         regex = (body.template_metadata or {}).get("output_regex")
         mode = self.config.grading_mode or body.grading_mode

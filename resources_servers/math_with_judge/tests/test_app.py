@@ -175,3 +175,80 @@ def test_math_verify_timeout_goes_to_the_judge_or_is_a_503(tmp_path: Path, use_j
         }
         resp = post_json(server_url(helper, SERVER) + "/verify", body, timeout=120)
         assert resp.status_code == 503 and resp.json()["error"]["kind"] == "verify_timeout", resp.text[:500]
+
+
+def test_upstream_hooks_are_the_verify_so_subclasses_override_them() -> None:
+    """physics_judge, math_with_autograder and ugphysics_judge subclass upstream's server and override
+    ``_verify_answer`` / ``_generate_judge_evaluation``, calling ``_verify_answer_with_library_async``
+    and ``_verify_answer_with_judge``: here verify runs through those same hooks (math-verify for real)."""
+    import asyncio
+
+    from nemo_gym.server_client import ServerClient
+    from resources_servers.math_with_judge.app import (
+        JudgeEvaluation,
+        LibraryJudgeMathResourcesServer,
+        LibraryJudgeMathResourcesServerConfig,
+        LibraryJudgeMathVerifyRequest,
+    )
+
+    row = example_rows("math_with_judge")[0]
+    config = {"host": "127.0.0.1", "port": 1, "entrypoint": "app.py", "name": SERVER}
+    judge = {"judge_model_server": {"type": "responses_api_models", "name": "policy_model"}}
+    # Upstream's default: a configured judge is used unless should_use_judge says otherwise.
+    assert LibraryJudgeMathResourcesServerConfig(**config, **judge).should_use_judge is True
+    assert LibraryJudgeMathResourcesServerConfig(**config).should_use_judge is False
+
+    asked: list[tuple[str, str]] = []
+
+    class AlwaysSame(LibraryJudgeMathResourcesServer):
+        async def _generate_judge_evaluation(self, question, first_answer, second_answer):
+            asked.append((first_answer, second_answer))
+            params = self.config.judge_responses_create_params
+            return True, JudgeEvaluation(responses_create_params=params, response=_response("[[A=B]]"))
+
+    class Shortcut(LibraryJudgeMathResourcesServer):
+        async def _verify_answer(self, question, expected_answer, generated_answer):
+            library, extracted = await self._verify_answer_with_library_async(
+                expected_answer, generated_answer
+            )
+            return 0.25, f"{extracted}!", library, None
+
+    def verify(server_class, text: str) -> dict:
+        client = ServerClient(global_config_dict={})  # never called: the judge hook is overridden
+        server = server_class(
+            config=LibraryJudgeMathResourcesServerConfig(**config, **judge), server_client=client
+        )
+        body = LibraryJudgeMathVerifyRequest.model_validate({**row, "response": _response(text)})
+        return asyncio.run(server.verify(body)).model_dump()
+
+    expected = row["expected_answer"]
+    out = verify(AlwaysSame, "so it is \\boxed{999}")
+    assert out["reward"] == 1.0 and out["library_reward"] == 0.0 and out["extracted_answer"] == "999"
+    assert asked == [(expected, "999"), ("999", expected)] and len(out["judge_evaluations"]) == 2
+    out = verify(Shortcut, f"\\boxed{{{expected}}}")
+    assert (out["reward"], out["library_reward"], out["extracted_answer"]) == (0.25, 1.0, f"{expected}!")
+
+
+def _response(text: str):
+    from nemo_gym.openai_utils import NeMoGymResponse
+
+    return NeMoGymResponse.model_validate(
+        {
+            "id": "resp_1",
+            "created_at": 1.0,
+            "model": "m",
+            "object": "response",
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "output": [
+                {
+                    "id": "msg_1",
+                    "type": "message",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": text, "annotations": []}],
+                }
+            ],
+        }
+    )

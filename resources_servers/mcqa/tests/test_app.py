@@ -162,3 +162,70 @@ def test_upstream_shaped_rows_are_accepted_and_echoed_as_given(tmp_path: Path) -
         assert body["reward"] == 1.0 and body["extracted_answer"] == row["expected_answer"]
         assert body["responses_create_params"]["parallel_tool_calls"] is None  # kept as given
         assert body["response"].get("status") is None  # left unset, as upstream's Response leaves it
+        # A row without its grading fields is refused, naming them (never a 0).
+        resp = post_json(
+            server_url(helper, "mcqa") + "/verify",
+            {"responses_create_params": {"input": "q"}, "response": response},
+        )
+        assert resp.status_code == 422
+        assert {tuple(e["loc"])[-1] for e in resp.json()["detail"]} == {"options", "expected_answer"}
+
+
+def test_upstream_helper_names_for_environments_built_on_mcqa() -> None:
+    """gpqa_diamond and bunsenbench_chemistry_mcq import these names from mcqa and subclass its server
+    with a verify that reads the choices elsewhere: both work here unchanged."""
+    from nemo_gym.base_resources_server import task_row_schema
+    from resources_servers.mcqa.app import (
+        MCQAResourcesServer,
+        MCQAVerifyRequest,
+        MCQAVerifyResponse,
+        _extract_options_and_expected,
+        _get_allowed_letters_from_options,
+        _parse_answer_with_custom_regex,
+        _parse_answer_with_custom_regexes,
+    )
+
+    row = MCQAVerifyRequest.model_validate(
+        {"responses_create_params": {"input": "q"}, "response": _minimal_response("x"), "uuid": "u1"}
+    )
+    assert _extract_options_and_expected(row) == (None, None)
+    assert _get_allowed_letters_from_options(None) == set()
+    assert _get_allowed_letters_from_options([{"a": "x"}, {"B": None}, {"C": "z"}]) == {"A", "C"}
+    # The last match; an option's text maps to its letter; a lone letter is trusted as upstream does.
+    assert (
+        _parse_answer_with_custom_regex("Answer: [B] ... Answer: [c]", r"\[([A-Z])\]", {"A", "B", "C"}, OPTS)
+        == "C"
+    )
+    assert _parse_answer_with_custom_regex("pick: mars", r"pick: (\w+)", {"A", "B", "C", "D"}, OPTS) == "C"
+    assert _parse_answer_with_custom_regex("pick: Z", r"pick: (\w)", {"A", "B"}, None) == "Z"
+    assert _parse_answer_with_custom_regex("no match", r"pick: (\w)", {"A"}, None) is None
+    assert _parse_answer_with_custom_regexes("x [D]", [r"pick: (\w)", r"\[([A-Z])\]"], {"D"}, OPTS) == "D"
+
+    class ChoicesInTheQuestion(MCQAResourcesServer):
+        async def verify(self, body: MCQAVerifyRequest) -> MCQAVerifyResponse:  # type: ignore[override]
+            raise NotImplementedError
+
+    # mcqa's own rows must carry the grading fields; a subclass's verify decides for its rows.
+    assert {"options", "expected_answer"} <= set(task_row_schema(MCQAResourcesServer)["required"])
+    assert {"options", "expected_answer"}.isdisjoint(task_row_schema(ChoicesInTheQuestion)["required"])
+
+
+def _minimal_response(text: str) -> dict:
+    return {
+        "id": "resp_1",
+        "created_at": 1.0,
+        "model": "m",
+        "object": "response",
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "output": [
+            {
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        ],
+    }
