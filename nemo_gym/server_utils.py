@@ -102,14 +102,14 @@ logger = logging.getLogger("nemo_gym")
 
 
 def _is_foreign_key(problem: dict[str, Any]) -> bool:
-    """An unknown key at the top of a server's block whose name is close to no setting (not a typo)."""
+    """An unknown key at the top of a server's block that is no typo of a setting's name."""
     loc = str(problem.get("loc") or "")
     return (
         problem.get("type") == "extra_forbidden"
         and bool(loc)
         and "." not in loc
         and "[" not in loc
-        and not problem.get("suggest")
+        and not problem.get("typo_of")
     )
 
 
@@ -418,16 +418,19 @@ class BaseServer(BaseModel):
             return model.model_validate(data)
         except ValidationError as e:
             problems = config_problems(model, e)
-            # Keys of the block that are no setting and resemble none (upstream's configs carry a few that
-            # their own config class never declared): ignored, as upstream does, and said. A key close to a
-            # setting's name is a typo and stays an error.
+            # Keys of the block that are no setting and no typo of one (upstream's configs carry a few that
+            # their own config class never declared, e.g. code_gen's verified_url): ignored, as upstream
+            # does, and said. A key that reads as a mistyped setting's name stays an error.
             foreign = [p for p in problems if _is_foreign_key(p)]
             if foreign:
                 for p in foreign:
                     data.pop(p["loc"], None)
+                near = [f"{p['loc']!r} is not {p['suggest'][0]!r}" for p in foreign if p.get("suggest")]
                 sys.stderr.write(
                     f"[nemo_gym] {name}: ignoring {', '.join(repr(p['loc']) for p in foreign)}: not a setting "
-                    f"of {server_type}/{impl} and close to none (upstream NeMo Gym ignores such keys too)\n"
+                    f"of {server_type}/{impl} and no typo of one (upstream NeMo Gym ignores such keys too)"
+                    + (f"; note {', '.join(near)}" if near else "")
+                    + "\n"
                 )
                 try:
                     return model.model_validate(data)

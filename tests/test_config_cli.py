@@ -416,6 +416,7 @@ def test_a_key_close_to_no_setting_is_ignored_and_said_as_upstream_ignores_it(
                   entrypoint: app.py
                   marker_path: {marker}
                   dataset_name: an_upstream_leftover
+                  marker_path_url: close_to_a_setting_but_no_typo
             """,
         },
     )
@@ -424,6 +425,9 @@ def test_a_key_close_to_no_setting_is_ignored_and_said_as_upstream_ignores_it(
     assert marker.read_text() == "started"
     line = next((x for x in run.output.splitlines() if "ignoring 'dataset_name'" in x), None)
     assert line is not None and "resources_servers/marker_probe" in line, run.output
+    # Close to a setting but no typo of it (upstream's code_gen config carries verified_url beside
+    # verified): ignored too, and the line says which setting it is not.
+    assert "'marker_path_url'" in line and "'marker_path_url' is not 'marker_path'" in line, line
 
 
 @pytest.mark.parametrize(

@@ -77,7 +77,8 @@ def _field_names_at(model: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
 
 def config_problems(model: type[BaseModel], error: ValidationError) -> list[dict[str, Any]]:
     """The errors of validating a config block, each with ``loc`` (dotted), ``msg`` and ``type``;
-    an unknown key also with ``suggest`` (close field names) and ``known`` (all field names there)."""
+    an unknown key also with ``suggest`` (close field names), ``typo_of`` (those it reads as a typo of:
+    :func:`is_typo_of`) and ``known`` (all field names there)."""
     out = []
     for err in error.errors(include_url=False):
         loc = tuple(err["loc"])
@@ -86,8 +87,28 @@ def config_problems(model: type[BaseModel], error: ValidationError) -> list[dict
             known = sorted(_field_names_at(model, loc[:-1]))
             item["known"] = known
             item["suggest"] = difflib.get_close_matches(str(loc[-1]), known, n=3, cutoff=0.6)
+            item["typo_of"] = [k for k in item["suggest"] if is_typo_of(str(loc[-1]), k)]
         out.append(item)
     return out
+
+
+def is_typo_of(key: str, setting: str) -> bool:
+    """Whether ``key`` reads as a mistyped ``setting``: a few letters changed, dropped, added or swapped
+    (edit distance with transpositions at most 1 for names up to 4 letters, 2 up to 10, else 3).
+    ``verified_url`` is not a typo of ``verified``; ``judge_modle_server`` is one of ``judge_model_server``."""
+    limit = 1 if len(setting) <= 4 else 2 if len(setting) <= 10 else 3
+    if abs(len(key) - len(setting)) > limit:
+        return False
+    prev2: list[int] = []
+    prev = list(range(len(setting) + 1))
+    for i, a in enumerate(key, 1):
+        row = [i] + [0] * len(setting)
+        for j, b in enumerate(setting, 1):
+            row[j] = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (a != b))
+            if i > 1 and j > 1 and a == setting[j - 2] and key[i - 2] == b:
+                row[j] = min(row[j], prev2[j - 2] + 1)
+        prev2, prev = prev, row
+    return prev[-1] <= limit
 
 
 def _report_config_verdict(problems: list[dict[str, Any]]) -> bool:
