@@ -197,7 +197,8 @@ class DatasetConfig(BaseModel):
     type: Literal["train", "validation", "example", "benchmark"]
     jsonl_fpath: str
     num_repeats: int = Field(default=1, ge=1)
-    # A benchmark's rows are made by ``prepare_script`` (optionally rendered with ``prompt_config``).
+    # A benchmark's rows are made by ``prepare_script`` (optionally rendered with ``prompt_config``; on
+    # another dataset ``prompt_config`` records how its rows were rendered).
     prepare_script: str | None = None
     prompt_config: str | None = None
     source: DatasetSource | None = None
@@ -211,10 +212,10 @@ class DatasetConfig(BaseModel):
             raise ValueError(f"dataset '{self.name}' (type {self.type}) needs a license")
         if self.type == "benchmark" and not self.prepare_script:
             raise ValueError(f"dataset '{self.name}' (type benchmark) needs a prepare_script")
-        if self.type != "benchmark" and (self.prepare_script or self.prompt_config):
-            raise ValueError(
-                f"dataset '{self.name}': prepare_script and prompt_config belong to benchmark datasets only"
-            )
+        # (A prompt_config on another dataset only records how its rows were rendered: upstream's critpt
+        # config carries one on its example dataset, and upstream accepts it.)
+        if self.type != "benchmark" and self.prepare_script:
+            raise ValueError(f"dataset '{self.name}': prepare_script belongs to benchmark datasets only")
         if self.source is not None and (self.gitlab_identifier or self.huggingface_identifier):
             raise ValueError(
                 f"dataset '{self.name}': give its source once, either `source` or "

@@ -14,6 +14,9 @@ Contract
   own packages come first; the launcher's environment (where ``nemo_gym`` itself lives) is
   appended after them. The install uses ``uv`` when it is on PATH, else the launcher's pip
   (``pip --python``, pip >= 22.3); it is bounded and stops when the launcher is told to stop.
+* A folder without ``requirements.txt`` whose ``pyproject.toml`` lists ``[project].dependencies`` (a few
+  of upstream's, which uv installs) is treated as if those were its ``requirements.txt``
+  (:func:`pyproject_requirements`; a ``[tool.uv.sources]`` git source becomes ``name @ git+URL``).
 * Both modes: a requirement on nemo-gym itself (upstream folders start with
   ``-e nemo-gym[dev] @ ../../``) is satisfied by the running nemo_gym and never installed.
 """
@@ -42,14 +45,60 @@ from nemo_gym.global_config import ConfigError
 
 READY_MARKER = ".nemo_gym_ready"
 DEFAULT_VENV_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "nemo_gym" / "venvs"
+DERIVED_REQUIREMENTS_DIR = DEFAULT_VENV_CACHE_DIR.parent / "pyproject_requirements"
 INSTALL_TIMEOUT_S = 1800
 MIN_PIP_FOR_PYTHON_FLAG = Version("22.3")
 
 
 def requirements_path(server_dir: Path) -> Path | None:
-    """The folder's ``requirements.txt``, or None when it has none."""
+    """The folder's ``requirements.txt``; else, for a folder that declares its dependencies in a
+    ``pyproject.toml`` (as a few of upstream's do), a requirements file derived from it
+    (:func:`pyproject_requirements`); None when it has neither."""
     p = server_dir / "requirements.txt"
-    return p if p.is_file() else None
+    if p.is_file():
+        return p
+    return pyproject_requirements(server_dir / "pyproject.toml")
+
+
+def pyproject_requirements(pyproject: Path) -> Path | None:
+    """A requirements file with ``pyproject``'s ``[project].dependencies``, a dependency that
+    ``[tool.uv.sources]`` takes from git written ``name @ git+URL[@rev]`` (pip's form of it); None when the
+    file is missing or declares none. Written once per content under :data:`DERIVED_REQUIREMENTS_DIR`
+    (a server folder is never written to); a ``pyproject.toml`` that is not TOML is a ConfigError naming it."""
+    if not pyproject.is_file():
+        return None
+    import tomllib
+
+    text = pyproject.read_bytes()
+    try:
+        data = tomllib.loads(text.decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{pyproject}: not a valid TOML file ({e})") from None
+    deps = (data.get("project") or {}).get("dependencies") or []
+    if not deps:
+        return None
+    sources = ((data.get("tool") or {}).get("uv") or {}).get("sources") or {}
+    lines = [f"# derived from {pyproject} ([project].dependencies)"]
+    for dep in deps:
+        try:
+            name = Requirement(dep).name
+        except InvalidRequirement:
+            lines.append(dep)
+            continue
+        source = sources.get(name) or sources.get(name.replace("-", "_")) or {}
+        if isinstance(source, dict) and source.get("git"):
+            rev = source.get("rev") or source.get("tag") or source.get("branch")
+            lines.append(f"{name} @ git+{source['git']}" + (f"@{rev}" if rev else ""))
+        else:
+            lines.append(dep)
+    body = "\n".join(lines) + "\n"
+    out = DERIVED_REQUIREMENTS_DIR / f"{hashlib.sha256(body.encode()).hexdigest()[:16]}.txt"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(body)
+        os.replace(tmp, out)
+    return out
 
 
 def _requirement_lines(req_file: Path, seen: set[Path] | None = None) -> list[tuple[Path, str]]:

@@ -8,7 +8,9 @@ Contract
 * Each env is checked in its own scratch copy of this repository (``nemo_gym/``, our agents and model
   servers, ``pyproject.toml``; never the user's tree), with upstream's folder copied into its
   ``resources_servers/`` (replacing ours of that name). A server folder the env's config names that we
-  lack (an upstream-only agent) is copied from upstream too, and the note says so. Then:
+  lack (an upstream-only agent) is copied from upstream too, and so are the server folders its code
+  imports (``+imported_from=ours``: ours of that name when we have one) and upstream's
+  ``benchmarks/<name>`` folders its code or configs use; the note says so. Then:
 
   (a) its own tests: ``python -m pytest tests`` in the folder, as ``ng_test`` runs them, bounded by
       ``+test_timeout_s``; passed / failed / errors counted from pytest's JUnit XML, first failure kept;
@@ -19,7 +21,8 @@ Contract
       ``ng_reverify`` builds it (the task row from ``data/example.jsonl`` plus the recorded
       ``response``); first ``/seed_session`` with the row and, unless ``+replay_tool_calls=false``, the
       recorded tool calls replayed in that session (stateful environments score the state they left).
-      The row is the line's ``_ng_task_index`` row, else the row with the same input, else the line
+      The row is the line's ``_ng_task_index`` row, else the row with the same input, else the one row with
+      the same ``instance_id`` (or ``task_id``, ``uuid``, ...: :data:`_ID_KEYS`), else the line
       itself when it carries task fields of its own (``expected_answer``, ...), else the row of the
       same number (the table's note counts those). The first call that times out (+verify_timeout_s)
       ends the env's re-verification (the note counts the lines not tried). A server without ``/verify`` (404: gymnasium-style,
@@ -388,6 +391,23 @@ def config_skip_reason(config: Path) -> str | None:
     return None
 
 
+_REFUSED_FIELD = re.compile(r"- '([\w.\[\]-]+)' \([^)]*\): (?:Field required|Input should be a valid \w+)")
+_CREDENTIAL = re.compile(r"key|token|secret|password", re.I)
+
+
+def user_credentials_missing(output: str) -> list[str]:
+    """The settings ng_run refused as missing (or null) when one of them is a credential (an API key, a
+    token, ...): such a config needs values only its user can give (google_search's key and engine id,
+    critpt's key). Empty when no credential is among them."""
+    fields = []
+    for loc in _REFUSED_FIELD.findall(output):
+        parts = loc.split(".")
+        if len(parts) >= 4 and parts[1] in SERVER_TYPES:
+            fields.append(parts[3])
+    fields = list(dict.fromkeys(fields))
+    return fields if any(_CREDENTIAL.search(f) for f in fields) else []
+
+
 def judge_note(config: Path, env: str) -> str | None:
     """A note when the env's own server judges with ``policy_model`` (here: the scripted model)."""
     for _name, server_type, impl, block in _config_instances(_load_yaml(config)):
@@ -468,7 +488,35 @@ def make_scratch(
                 shutil.copytree(source, target, ignore=_IGNORE, symlinks=True)
                 notes.append(f"{server_type}/{impl} (imported by its code) taken from upstream")
                 todo.append(target)
+    # Upstream's benchmarks/<name> folders the env's code or configs use (scicode's prompts,
+    # bunsenbench's row materializer): part of the env as upstream ships it.
+    for name in sorted(_used_benchmark_folders([root / t for t in SERVER_TYPES], config_text_paths)):
+        source, target = upstream / "benchmarks" / name, root / "benchmarks" / name
+        if source.is_dir() and not target.exists():
+            if (upstream / "benchmarks" / "__init__.py").is_file() and not (root / "benchmarks").exists():
+                (root / "benchmarks").mkdir()
+                shutil.copy2(upstream / "benchmarks" / "__init__.py", root / "benchmarks" / "__init__.py")
+            shutil.copytree(source, target, ignore=_IGNORE, symlinks=True)
+            notes.append(f"benchmarks/{name} (used by its code or config) taken from upstream")
     return root, notes
+
+
+_BENCHMARK_RE = re.compile(r"(?:^\s*(?:from|import)\s+benchmarks\.(\w+)|\bbenchmarks/(\w+)/)", re.M)
+
+
+def _used_benchmark_folders(folders: list[Path], configs: list[Path]) -> set[str]:
+    """Names of ``benchmarks/<name>`` the Python files of ``folders`` import or name as a path, or the
+    ``configs`` name as a path."""
+    found: set[str] = set()
+    paths = [p for folder in folders if folder.is_dir() for p in folder.rglob("*.py")]
+    paths += [p for folder in folders if folder.is_dir() for p in folder.rglob("*.yaml")]
+    for path in [*paths, *configs]:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        found.update(a or b for a, b in _BENCHMARK_RE.findall(text))
+    return found
 
 
 _IMPORT_RE = re.compile(
@@ -689,6 +737,12 @@ def _task_row(
         for row in rows:
             if _input_key(row) == given:
                 return row, "same input"
+    for key in _ID_KEYS:  # swebench's recorded lines carry the task's instance_id, not its input
+        value = line.get(key)
+        if isinstance(value, (str, int)) and not isinstance(value, bool):
+            hits = [row for row in rows if row.get(key) == value]
+            if len(hits) == 1:
+                return hits[0], f"same {key}"
     own = {k for k in line if k not in _RECORD_KEYS and not k.startswith("_ng_")}
     if own:  # the line carries task fields of its own (expected_answer, ...): those are its task
         return None, "own fields"
@@ -697,6 +751,8 @@ def _task_row(
     return None, ""
 
 
+# Fields that name a task: a recorded line and a task row sharing one (and only that row) are a pair.
+_ID_KEYS = ("instance_id", "task_id", "problem_id", "question_id", "uuid", "id")
 # Keys of a recorded line that are not task fields.
 _RECORD_KEYS = frozenset({"responses_create_params", "response", "reward", "agent_ref"})
 
@@ -948,9 +1004,13 @@ def check_env(opts: Options, env: str, base: Path, echo: Any = print) -> EnvResu
             undefined = re.findall(
                 r"refers to responses_api_models instance '([^']+)', which does not exist", output
             )
+            credentials = user_credentials_missing(output)
             if "Missing or unresolvable values" in why and needed:
                 result.status = "skipped"
                 result.reason = f"config needs values only the user can give: {', '.join(needed)}"
+            elif credentials:
+                result.status = "skipped"
+                result.reason = f"config needs values only the user can give: {', '.join(credentials)}"
             elif NETWORK_ERROR.search(why):
                 result.status = "skipped"
                 result.reason = "start-up needs the network (see start note)"

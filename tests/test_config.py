@@ -978,3 +978,18 @@ def test_a_config_file_replacing_another_files_value_is_said_loudly_for_routing_
     # One file alone, or the same file listed twice, replaces nothing.
     again = load_global_config([f"+config_paths=[{model},{model}]"], cwd=tmp_path, load_env_yaml=False)
     assert again.file_overrides == []
+
+
+def test_a_prompt_config_on_any_dataset_is_accepted_a_prepare_script_only_on_a_benchmark() -> None:
+    """Upstream's critpt config gives its example dataset a prompt_config (upstream accepts it): it
+    starts here too (before: refused). A prepare_script makes rows, so it stays a benchmark's."""
+    from pydantic import ValidationError
+
+    from nemo_gym.config_types import DatasetConfig
+
+    example = {"name": "example", "type": "example", "jsonl_fpath": "data/example.jsonl"}
+    assert DatasetConfig(**example, prompt_config="prompts/turn1.yaml").prompt_config == "prompts/turn1.yaml"
+    with pytest.raises(
+        ValidationError, match="dataset 'example': prepare_script belongs to benchmark datasets only"
+    ):
+        DatasetConfig(**example, prepare_script="prepare.py")

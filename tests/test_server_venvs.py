@@ -24,6 +24,7 @@ from nemo_gym.server_venvs import (
     READY_MARKER,
     check_shared_requirements,
     ensure_server_venv,
+    requirements_path,
     unmet_requirements,
     venv_dir_for,
     venv_key,
@@ -249,3 +250,40 @@ def test_isolated_venv_built_once_and_reused(tmp_path: Path, launch: Launcher) -
     assert [p.name for p in cache.iterdir() if p.is_dir()] == [venv_dir.name]
     second.send_signal(signal.SIGINT)
     assert second.wait_exit(10) == 0, second.output
+
+
+def test_a_pyproject_toml_declares_a_folders_requirements_when_it_has_no_requirements_txt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three of upstream's server folders declare dependencies in a pyproject.toml (code_fim takes one from
+    git through uv's sources): they are checked (and installed in isolated mode) like a requirements.txt."""
+    monkeypatch.setattr("nemo_gym.server_venvs.DERIVED_REQUIREMENTS_DIR", tmp_path / "derived")
+    folder = tmp_path / "code_fim"
+    folder.mkdir()
+    (folder / "pyproject.toml").write_text(
+        '[project]\nname = "code-fim"\ndependencies = ["nemo-gym[dev]", "human-eval-infilling", "packaging>=1"]\n'
+        '[tool.uv.sources]\nnemo-gym = { path = "../..", editable = true }\n'
+        'human-eval-infilling = { git = "https://example.org/h.git", rev = "abc" }\n'
+    )
+    req = requirements_path(folder)
+    assert req is not None and not req.is_relative_to(folder)  # the server folder is never written to
+    assert req.read_text().splitlines()[1:] == [
+        "nemo-gym[dev]",
+        "human-eval-infilling @ git+https://example.org/h.git@abc",
+        "packaging>=1",
+    ]
+    assert unmet_requirements(req) == [
+        "human-eval-infilling @ git+https://example.org/h.git@abc (not installed)"
+    ]
+    with pytest.raises(ConfigError, match="code_fim"):
+        check_shared_requirements({"code_fim": folder})
+    # A requirements.txt wins; a folder declaring nothing has no requirements; bad TOML is named.
+    (folder / "requirements.txt").write_text("packaging\n")
+    assert requirements_path(folder) == folder / "requirements.txt"
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "pyproject.toml").write_text('[project]\nname = "bare"\n')
+    assert requirements_path(bare) is None
+    (bare / "pyproject.toml").write_text("[project\n")
+    with pytest.raises(ConfigError, match=r"bare/pyproject.toml: not a valid TOML file"):
+        requirements_path(bare)

@@ -466,7 +466,9 @@ def test_imported_from_ours_takes_this_repos_folder_of_that_name(tmp_path: Path)
     ours = (PACKAGE_PARENT_DIR / "resources_servers" / "mcqa" / "app.py").read_text()
 
     root, notes = make_scratch(tmp_path / "a", upstream, "letter_quiz", [])
-    assert (root / "resources_servers" / "mcqa" / "app.py").read_text() == "MCQAResourcesServer = 'upstream'\n"
+    assert (
+        root / "resources_servers" / "mcqa" / "app.py"
+    ).read_text() == "MCQAResourcesServer = 'upstream'\n"
     assert notes == ["resources_servers/mcqa (imported by its code) taken from upstream"]
 
     root, notes = make_scratch(tmp_path / "b", upstream, "letter_quiz", [], imported_from="ours")
@@ -475,3 +477,68 @@ def test_imported_from_ours_takes_this_repos_folder_of_that_name(tmp_path: Path)
 
     with pytest.raises(CheckError, match=r"\+imported_from must be upstream or ours; got 'mine'"):
         parse_options([f"+upstream_checkout={upstream}", "+imported_from=mine"])
+
+
+def test_a_config_refused_for_a_missing_credential_is_skipped_not_failed() -> None:
+    """google_search's config leaves its API key to the user (ng_run: "Field required"); critpt's
+    resolves it to null: both are configs that need values only the user can give."""
+    from nemo_gym.upstream_check import user_credentials_missing
+
+    google = (
+        "The configuration of the servers is not valid (2 problems; no server was started): "
+        "- 'google_search.resources_servers.google_search.google_api_key' (configs/google_search.yaml:3): "
+        "Field required - 'google_search.resources_servers.google_search.google_cx' "
+        "(configs/google_search.yaml:3): Field required"
+    )
+    assert user_credentials_missing(google) == ["google_api_key", "google_cx"]
+    critpt = (
+        "- 'critpt_resources_server.resources_servers.critpt.api_key.str' (configs/critpt.yaml:6): Input "
+        "should be a valid string - 'critpt_resources_server.resources_servers.critpt.api_key.list[str]' "
+        "(configs/critpt.yaml:6): Input should be a valid list"
+    )
+    assert user_credentials_missing(critpt) == ["api_key"]
+    # A missing setting that is no credential is the env's problem, not the user's.
+    assert (
+        user_credentials_missing("- 'a.resources_servers.b.max_steps' (configs/b.yaml:6): Field required")
+        == []
+    )
+
+
+def test_a_recorded_line_finds_its_task_row_by_a_shared_id() -> None:
+    """swebench's recorded lines carry the task's instance_id (and fields of their own), not its input:
+    the one row with that id is the task (before: the line itself was posted, and /verify answered 422
+    for the row's missing `repo`). An id two rows share pairs nothing."""
+    from nemo_gym.upstream_check import _task_row
+
+    rows = [
+        {"instance_id": "astropy-1", "repo": "astropy/astropy", "responses_create_params": {"input": "a"}},
+        {"instance_id": "django-2", "repo": "django/django", "responses_create_params": {"input": "b"}},
+    ]
+    line = {
+        "instance_id": "django-2",
+        "resolved": True,
+        "response": {},
+        "responses_create_params": {"input": "x"},
+    }
+    assert _task_row(line, 0, rows, same_count=False) == (rows[1], "same instance_id")
+    twice = [rows[1], {**rows[1], "repo": "fork/django"}]
+    assert _task_row(line, 0, twice, same_count=False) == (None, "own fields")
+
+
+def test_the_scratch_copy_brings_the_upstream_benchmark_folders_the_env_uses(tmp_path: Path) -> None:
+    """scicode's agent reads benchmarks/scicode/prompts/*.yaml; bunsenbench's code imports
+    benchmarks.bunsenbench_chemistry_mcq: upstream ships those beside the env, so the scratch has them."""
+    upstream = _checkout(tmp_path)
+    folder = _write_env(upstream, "quiz")
+    (folder / "app.py").write_text(
+        "from benchmarks.quiz_rows.materialize import rows\n" + (folder / "app.py").read_text()
+    )
+    config = folder / "configs" / "quiz.yaml"
+    config.write_text(config.read_text() + "# prompt: benchmarks/quiz_prompts/prompts/turn1.yaml\n")
+    for name in ("quiz_rows", "quiz_prompts", "unused_bench"):
+        (upstream / "benchmarks" / name).mkdir(parents=True)
+        (upstream / "benchmarks" / name / "marker.txt").write_text(name)
+    root, notes = make_scratch(tmp_path / "scratch", upstream, "quiz", [config])
+    assert sorted(p.name for p in (root / "benchmarks").iterdir()) == ["quiz_prompts", "quiz_rows"]
+    assert (root / "benchmarks" / "quiz_rows" / "marker.txt").read_text() == "quiz_rows"
+    assert "benchmarks/quiz_prompts (used by its code or config) taken from upstream" in notes
