@@ -30,8 +30,10 @@ from nemo_gym.global_config import (
     validate_global_config,
 )
 from nemo_gym.redaction import add_secret_values, config_secret_values, env_yaml_secret_values, scrub
+from nemo_gym.supervision.children import StartupError
+from nemo_gym.supervision.core import ServerSupervisor
+from nemo_gym.supervision.instances import format_instances_table
 from nemo_gym.supervision.stop import StopFlag
-from nemo_gym.supervisor import ServerSupervisor, StartupError, format_instances_table
 
 COMMANDS = {
     "ng_run": "Start the head server and every configured server; keep them alive until Ctrl+C.",

@@ -18,7 +18,7 @@ Contract
   top-level options, and :func:`option_problems` reports a top-level key close to one of them unless
   it is a server instance, set in env.yaml, used by an interpolation, or another command's option.
   Typos inside server blocks are found by each server's config class, before any server starts
-  (``nemo_gym.supervisor``).
+  (:mod:`nemo_gym.supervision.verdicts`).
 * ``LoadedConfig.env_yaml_data`` keeps env.yaml as read: its values are secrets
   (:mod:`nemo_gym.redaction`, whose ``REDACTED``, ``is_secret_key`` and ``redact`` are re-exported).
   A command-line override of a secret key is quoted as ``+key=***`` in messages.
@@ -37,9 +37,9 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from nemo_gym.config.instances import ServerInstance as ServerInstance
-from nemo_gym.config.instances import _scan_server_instances as _scan_server_instances
 from nemo_gym.config.instances import find_server_dir as find_server_dir
 from nemo_gym.config.instances import get_first_server_config_dict as get_first_server_config_dict
+from nemo_gym.config.instances import scan_server_instances as scan_server_instances
 from nemo_gym.config.instances import server_instances as server_instances
 from nemo_gym.config.keys import AGENT_REF_KEY_NAME as AGENT_REF_KEY_NAME
 from nemo_gym.config.keys import ATTEMPT_INDEX_KEY_NAME as ATTEMPT_INDEX_KEY_NAME

@@ -371,7 +371,7 @@ class ModelCallSink:
     """Pops each finished rollout's model calls from every model server and appends them to a file."""
 
     client: Any  # nemo_gym.server_client.ServerClient
-    writer: Any  # has write(obj) and close(): nemo_gym.rollout_collection.LineWriter
+    writer: Any  # has write(obj) and close(): nemo_gym.collection.output_files.LineWriter
     servers: list[str]
     calls_written: int = 0
     dropped: int = 0

@@ -28,10 +28,11 @@ from typing import Any
 import orjson
 
 from nemo_gym.cli import RunHelper
+from nemo_gym.collection.collector import collect_rollouts, format_summary
+from nemo_gym.collection.options import InputError, RolloutCollectionConfig
 from nemo_gym.global_config import PACKAGE_PARENT_DIR, ConfigError, GlobalConfigDictParserConfig
-from nemo_gym.rollout_collection import InputError, RolloutCollectionConfig, collect_rollouts, format_summary
 from nemo_gym.server_client import ServerClient, close_shared_session
-from nemo_gym.supervisor import StartupError
+from nemo_gym.supervision.children import StartupError
 
 QUICKSTART_CONFIG = "configs/quickstart.yaml"
 AGENT_NAME = "example_single_tool_call_simple_agent"

@@ -64,8 +64,8 @@ from nemo_gym.server_client import (
     BaseServerConfig,
     ServerClient,
     UpstreamError,
-    _find_instance_block,
     close_shared_session,
+    find_instance_block,
     response_body,
 )
 
@@ -291,7 +291,7 @@ def check_input(source: Path, rows: TaskRows | None, where: dict[str, Any]) -> s
 
 
 def _resources_server_of(config: Any, agent: str) -> str:
-    found = _find_instance_block(config, agent)
+    found = find_instance_block(config, agent)
     if found is None or found[0] != "responses_api_agents":
         raise ReverifyError(f"agent '{agent}' (agent_ref.name) is not an agent of the running servers")
     ref = found[2].get("resources_server") if hasattr(found[2], "get") else None

@@ -44,69 +44,28 @@ Contract
 
 Layout
 ------
-The code lives in :mod:`nemo_gym.collection`, one module per concept; this module is the public,
-upstream-compatible path (``from nemo_gym.rollout_collection import RolloutCollectionHelper``, the
-``ng_collect_rollouts`` entry point) and re-exports every name that was defined here.
+The code lives in :mod:`nemo_gym.collection`, one module per concept. This module is upstream NeMo
+Gym's path for it, kept as a thin face: exactly upstream's public names that we implement
+(``from nemo_gym.rollout_collection import RolloutCollectionHelper``), and ``collect_main``, the
+``ng_collect_rollouts`` entry point. Our own code imports from the defining modules.
 """
 
 from __future__ import annotations
 
-from nemo_gym.collection.circuit_breaker import DOWN_STATUSES as DOWN_STATUSES
-from nemo_gym.collection.circuit_breaker import CircuitBreaker as CircuitBreaker
-from nemo_gym.collection.circuit_breaker import ServerDownError as ServerDownError
-from nemo_gym.collection.circuit_breaker import _error_text as _error_text
-from nemo_gym.collection.circuit_breaker import classify_failure as classify_failure
-from nemo_gym.collection.circuit_breaker import describe_down as describe_down
-from nemo_gym.collection.circuit_breaker import down_server as down_server
-from nemo_gym.collection.cli import EXIT_SERVER_DOWN as EXIT_SERVER_DOWN
-from nemo_gym.collection.cli import _collect_with_signals as _collect_with_signals
-from nemo_gym.collection.cli import collect_main as collect_main
-from nemo_gym.collection.collector import _KIND_FIELDS as _KIND_FIELDS
-from nemo_gym.collection.collector import _Progress as _Progress
-from nemo_gym.collection.collector import collect_rollouts as collect_rollouts
-from nemo_gym.collection.collector import format_summary as format_summary
-from nemo_gym.collection.dispatch import bounded_map as bounded_map
-from nemo_gym.collection.dispatch import post_run as post_run
-from nemo_gym.collection.dispatch import run_one as run_one
-from nemo_gym.collection.helper import RolloutCollectionHelper as RolloutCollectionHelper
-from nemo_gym.collection.input_rows import MAX_ERRORS_SHOWN as MAX_ERRORS_SHOWN
-from nemo_gym.collection.input_rows import _agent_of as _agent_of
-from nemo_gym.collection.input_rows import _agent_ref_problem as _agent_ref_problem
-from nemo_gym.collection.input_rows import _BadLines as _BadLines
-from nemo_gym.collection.input_rows import _deep_merge as _deep_merge
-from nemo_gym.collection.input_rows import _iter_input as _iter_input
-from nemo_gym.collection.input_rows import check_agents_running as check_agents_running
-from nemo_gym.collection.input_rows import materialize as materialize
-from nemo_gym.collection.input_rows import validate_input as validate_input
-from nemo_gym.collection.options import NG_FAILURE_CLASS_KEY as NG_FAILURE_CLASS_KEY
-from nemo_gym.collection.options import NG_NO_PERSIST_KEY as NG_NO_PERSIST_KEY
-from nemo_gym.collection.options import NG_TERMINAL_KEY as NG_TERMINAL_KEY
-from nemo_gym.collection.options import CollectionOptions as CollectionOptions
-from nemo_gym.collection.options import InputError as InputError
-from nemo_gym.collection.options import RolloutCollectionConfig as RolloutCollectionConfig
-from nemo_gym.collection.options import _get_max_rollout_attempts as _get_max_rollout_attempts
-from nemo_gym.collection.output_files import LineWriter as LineWriter
-from nemo_gym.collection.output_files import _check_materialized_matches as _check_materialized_matches
-from nemo_gym.collection.output_files import _check_output_paths as _check_output_paths
-from nemo_gym.collection.output_files import _rollout_key as _rollout_key
-from nemo_gym.collection.output_files import _scan_existing_output as _scan_existing_output
-from nemo_gym.collection.output_files import _scan_failures as _scan_failures
-from nemo_gym.collection.output_files import sidecar_paths as sidecar_paths
-from nemo_gym.collection.row_schema import _JSON_TYPE_NAMES as _JSON_TYPE_NAMES
-from nemo_gym.collection.row_schema import ROW_SCHEMA_PATH as ROW_SCHEMA_PATH
-from nemo_gym.collection.row_schema import ROW_SCHEMA_TIMEOUT_S as ROW_SCHEMA_TIMEOUT_S
-from nemo_gym.collection.row_schema import RowSchema as RowSchema
-from nemo_gym.collection.row_schema import _allowed_types as _allowed_types
-from nemo_gym.collection.row_schema import _fetch_row_schema as _fetch_row_schema
-from nemo_gym.collection.row_schema import _json_type as _json_type
-from nemo_gym.collection.row_schema import _not_null as _not_null
-from nemo_gym.collection.row_schema import _resolve as _resolve
-from nemo_gym.collection.row_schema import check_rows_against_schemas as check_rows_against_schemas
-from nemo_gym.collection.row_schema import fetch_row_schemas as fetch_row_schemas
-from nemo_gym.collection.row_schema import logger as logger
+from nemo_gym.collection.cli import collect_main
+from nemo_gym.collection.helper import RolloutCollectionHelper
+from nemo_gym.collection.options import (
+    NG_FAILURE_CLASS_KEY,
+    NG_NO_PERSIST_KEY,
+    NG_TERMINAL_KEY,
+    RolloutCollectionConfig,
+)
 
-# Names this module imported and so exposed before the split (kept reachable from here).
-from nemo_gym.server_client import BaseServerConfig as BaseServerConfig
-from nemo_gym.server_client import ServerClient as ServerClient
-from nemo_gym.server_client import UpstreamError as UpstreamError
-from nemo_gym.server_client import close_shared_session as close_shared_session
+__all__ = [
+    "NG_FAILURE_CLASS_KEY",
+    "NG_NO_PERSIST_KEY",
+    "NG_TERMINAL_KEY",
+    "RolloutCollectionConfig",
+    "RolloutCollectionHelper",
+    "collect_main",
+]

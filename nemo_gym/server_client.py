@@ -86,7 +86,7 @@ class UpstreamError(Exception):
 # The HTTP client.
 
 
-def _find_instance_block(cfg: DictConfig | dict, name: str) -> tuple[str, str, Any] | None:
+def find_instance_block(cfg: DictConfig | dict, name: str) -> tuple[str, str, Any] | None:
     block = cfg.get(name) if hasattr(cfg, "get") else None
     if block is None or not hasattr(block, "keys"):
         return None
@@ -264,12 +264,12 @@ class ServerClient:
     def base_url(self, server_name: str) -> str:
         url = self._urls.get(server_name)
         if url is None:
-            found = _find_instance_block(self.global_config_dict, server_name)
+            found = find_instance_block(self.global_config_dict, server_name)
             if found is None:
                 known = [
                     k
                     for k in self.global_config_dict.keys()
-                    if _find_instance_block(self.global_config_dict, k)
+                    if find_instance_block(self.global_config_dict, k)
                 ]
                 raise KeyError(f"No server instance named {server_name!r}. Known instances: {known}")
             block = found[2]
@@ -307,7 +307,7 @@ class ServerClient:
         hp = self._host_ports.get(server_name)
         if hp is None:
             host, _, port = self.base_url(server_name).removeprefix("http://").rpartition(":")
-            found = _find_instance_block(self.global_config_dict, server_name)
+            found = find_instance_block(self.global_config_dict, server_name)
             replicas = replica_set_from_block(server_name, found[2]) if found is not None else None
             hp = self._host_ports[server_name] = replicas or (host, int(port))
         return hp

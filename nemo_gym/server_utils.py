@@ -46,8 +46,8 @@ from nemo_gym.asgi import InternalErrorMiddleware as InternalErrorMiddleware
 from nemo_gym.asgi import ServerLayer
 from nemo_gym.asgi import SessionMiddleware as SessionMiddleware
 from nemo_gym.asgi.sessions import SESSION_ID_KEY as SESSION_ID_KEY
-from nemo_gym.asgi.sessions import _session_secret as _session_secret
 from nemo_gym.asgi.sessions import cookie_name_for as cookie_name_for
+from nemo_gym.asgi.sessions import session_secret as session_secret
 from nemo_gym.auth import (
     DEFAULT_MAX_REQUEST_BODY_BYTES,
     MAX_REQUEST_BODY_BYTES_KEY_NAME,
@@ -80,19 +80,19 @@ from nemo_gym.server_client import (  # re-exported: the client is importable fr
 )
 from nemo_gym.server_client import ServerClient as ServerClient
 from nemo_gym.server_client import UpstreamError as UpstreamError
-from nemo_gym.server_client import _find_instance_block
 from nemo_gym.server_client import close_shared_session as close_shared_session
+from nemo_gym.server_client import find_instance_block
 from nemo_gym.server_client import get_response_json as get_response_json
 from nemo_gym.server_client import raise_for_status as raise_for_status
 from nemo_gym.server_client import response_body as response_body
 from nemo_gym.server_client import response_cookies as response_cookies
-from nemo_gym.supervision.children import _die_with_parent as _die_with_parent
+from nemo_gym.supervision.children import die_with_parent as die_with_parent
 from nemo_gym.supervision.verdicts import InstanceConfigError as InstanceConfigError
-from nemo_gym.supervision.verdicts import _field_names_at as _field_names_at
-from nemo_gym.supervision.verdicts import _loc_text as _loc_text
-from nemo_gym.supervision.verdicts import _model_in as _model_in
-from nemo_gym.supervision.verdicts import _report_config_verdict as _report_config_verdict
 from nemo_gym.supervision.verdicts import config_problems as config_problems
+from nemo_gym.supervision.verdicts import field_names_at as field_names_at
+from nemo_gym.supervision.verdicts import loc_text as loc_text
+from nemo_gym.supervision.verdicts import model_in as model_in
+from nemo_gym.supervision.verdicts import report_config_verdict as report_config_verdict
 from nemo_gym.verify_pool import VerifyPoolError
 
 logger = logging.getLogger("nemo_gym")
@@ -294,7 +294,7 @@ class BaseServer(BaseModel):
         sessions = None
         if self.uses_sessions and not getattr(app.state, "nemo_gym_session_middleware_installed", False):
             app.state.nemo_gym_session_middleware_installed = True
-            sessions = SessionMiddleware(None, cookie_name_for(name), _session_secret())
+            sessions = SessionMiddleware(None, cookie_name_for(name), session_secret())
         if self.uses_sessions:
             install_replica_cookie(app, name)  # replicas only (nemo_gym.replicas); else nothing
         errors = not getattr(app.state, "nemo_gym_exception_middleware_installed", False)
@@ -337,7 +337,7 @@ class BaseServer(BaseModel):
             return
         app.state.nemo_gym_session_middleware_installed = True
         app.add_middleware(
-            SessionMiddleware, cookie_name=cookie_name_for(self.config.name), secret=_session_secret()
+            SessionMiddleware, cookie_name=cookie_name_for(self.config.name), secret=session_secret()
         )
 
     def get_session_middleware_key(self) -> str:
@@ -400,7 +400,7 @@ class BaseServer(BaseModel):
             or os.environ.get(NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME)
             or _guess_instance_name(cls, cfg)
         )
-        found = _find_instance_block(cfg, name)
+        found = find_instance_block(cfg, name)
         if found is None:
             message = f"No server instance named {name!r} in the config."
             raise InstanceConfigError(f"[nemo_gym] {message}", [{"loc": "", "msg": message}])
@@ -465,14 +465,14 @@ class BaseServer(BaseModel):
 
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
         raise_open_file_limit()
-        _die_with_parent()
+        die_with_parent()
         try:
             config = cls.load_instance_config()
         except InstanceConfigError as e:
-            if _report_config_verdict(e.problems):
+            if report_config_verdict(e.problems):
                 raise SystemExit(2) from None  # the launcher reports every server's problems at once
             raise
-        _report_config_verdict([])  # under ng_run: returns once every server's config is valid
+        report_config_verdict([])  # under ng_run: returns once every server's config is valid
         server = cls(config=config, server_client=ServerClient())
         app = server.complete_app(server.setup_webserver())
         fd = os.environ.get(NEMO_GYM_LISTEN_FD_ENV_VAR_NAME)
@@ -515,7 +515,7 @@ def _guess_instance_name(cls: type, cfg: DictConfig) -> str:
     folder = Path(sys.modules[cls.__module__].__file__ or sys.argv[0]).resolve().parent
     candidates = []
     for key in cfg.keys():
-        found = _find_instance_block(cfg, str(key))
+        found = find_instance_block(cfg, str(key))
         if found and found[1] == folder.name and found[0] == folder.parent.name:
             candidates.append(str(key))
     if len(candidates) == 1:
@@ -542,11 +542,9 @@ MAX_NUM_TRIES = 3
 
 def get_first_server_config_dict(global_config_dict: DictConfig | dict, top_level_path: str) -> Any:
     """The impl block of server instance ``top_level_path`` (``cfg[name][<server type>][<impl>]``)."""
-    found = _find_instance_block(global_config_dict, top_level_path)
+    found = find_instance_block(global_config_dict, top_level_path)
     if found is None:
-        known = [
-            str(k) for k in global_config_dict.keys() if _find_instance_block(global_config_dict, str(k))
-        ]
+        known = [str(k) for k in global_config_dict.keys() if find_instance_block(global_config_dict, str(k))]
         raise KeyError(f"No server instance named {top_level_path!r} in the config. Known instances: {known}")
     return found[2]
 

@@ -101,7 +101,7 @@ def pyproject_requirements(pyproject: Path) -> Path | None:
     return out
 
 
-def _requirement_lines(req_file: Path, seen: set[Path] | None = None) -> list[tuple[Path, str]]:
+def requirement_lines(req_file: Path, seen: set[Path] | None = None) -> list[tuple[Path, str]]:
     """(file, line) for every requirement line, following ``-r``/``--requirement`` includes."""
     seen = set() if seen is None else seen
     real = req_file.resolve()
@@ -119,7 +119,7 @@ def _requirement_lines(req_file: Path, seen: set[Path] | None = None) -> list[tu
                 if not included.is_absolute():
                     included = req_file.parent / included
                 if included.is_file():
-                    out.extend(_requirement_lines(included, seen))
+                    out.extend(requirement_lines(included, seen))
                 break
         else:
             out.append((req_file, line))
@@ -167,7 +167,7 @@ def unmet_requirements(req_file: Path) -> list[str]:
     nemo-gym itself is satisfied (:func:`names_nemo_gym`).
     """
     unmet = []
-    for _origin, line in _requirement_lines(req_file):
+    for _origin, line in requirement_lines(req_file):
         if line.startswith("-") or names_nemo_gym(line):
             continue
         if line.endswith(".whl") and "://" not in line:
@@ -229,7 +229,7 @@ def venv_key(req_file: Path) -> str:
     modification time, so rebuilding that file rebuilds the venv.
     """
     h = hashlib.sha256()
-    for origin, line in _requirement_lines(req_file):
+    for origin, line in requirement_lines(req_file):
         h.update(f"{origin.name}\0{line}\n".encode())
         local = _local_file(origin, line)
         if local is not None:
@@ -283,7 +283,7 @@ def _install_command(python: Path, req: Path) -> list[str]:
 def _installable(req: Path, venv_dir: Path) -> Path:
     """``req`` itself, or (when it names nemo-gym) a flattened copy in ``venv_dir`` without those lines,
     local files made absolute."""
-    lines = _requirement_lines(req)
+    lines = requirement_lines(req)
     if not any(names_nemo_gym(line) for _origin, line in lines):
         return req
     kept = []

@@ -113,7 +113,7 @@ def collect_rollouts(
     import contextlib as _contextlib
     import io
 
-    from nemo_gym.rollout_collection import collect_main
+    from nemo_gym.collection.cli import collect_main
 
     workdir.mkdir(parents=True, exist_ok=True)
     inputs, output = workdir / "input.jsonl", workdir / "output.jsonl"

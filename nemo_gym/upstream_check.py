@@ -323,9 +323,9 @@ def requirement_skip_reason(req_file: Path | None) -> str | None:
         return None
     from packaging.requirements import InvalidRequirement, Requirement
 
-    from nemo_gym.server_venvs import _requirement_lines
+    from nemo_gym.server_venvs import requirement_lines
 
-    for _origin, line in _requirement_lines(req_file):
+    for _origin, line in requirement_lines(req_file):
         if names_nemo_gym(line) or line.startswith("-e ../") or line in ("-e .", "-e ../../"):
             continue
         bare = line.split("#egg=")[0]
@@ -544,14 +544,14 @@ def _imported_server_folders(folder: Path) -> set[tuple[str, str]]:
 def _kill_group(proc: subprocess.Popen, grace_s: float = 0.0, sig: int = signal.SIGTERM) -> None:
     """Stop ``proc`` and its process group: ``sig`` to the leader, up to ``grace_s`` to exit, then SIGKILL
     to the group."""
-    from nemo_gym.supervision.children import _signal_group
+    from nemo_gym.supervision.children import signal_group
 
     if proc.poll() is None and grace_s > 0:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=grace_s)
-    _signal_group(proc.pid, signal.SIGKILL)
+    signal_group(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
 

@@ -99,13 +99,13 @@ def machine_cpu_count() -> int:
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _worker_main(conn: multiprocessing.connection.Connection, parent_pid: int) -> None:
-    _die_with_parent()
+    die_with_parent()
     if os.getppid() != parent_pid:  # the parent died before the death signal was armed
         os._exit(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the server; it stops us

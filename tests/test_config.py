@@ -902,7 +902,7 @@ def test_redact_replaces_secret_values_everywhere() -> None:
 def test_an_instance_whose_name_resembles_a_server_type_is_a_well_formed_instance(tmp_path: Path) -> None:
     # Upstream's arc_agi names its instance ``arc_agi_resources_server``: close to the type name, but
     # a proper instance block (it holds a server type), so it is not mistaken for a misplaced type.
-    from nemo_gym.global_config import _scan_server_instances
+    from nemo_gym.global_config import scan_server_instances
 
     cfg = OmegaConf.create(
         {
@@ -911,11 +911,11 @@ def test_an_instance_whose_name_resembles_a_server_type_is_a_well_formed_instanc
             }
         }
     )
-    instances, problems, _ = _scan_server_instances(cfg, Provenance())
+    instances, problems, _ = scan_server_instances(cfg, Provenance())
     assert problems == []
     assert [i.name for i in instances] == ["arc_agi_resources_server"]
     misplaced = OmegaConf.create({"resources_server": {"example_single_tool_call": {"entrypoint": "app.py"}}})
-    _, problems, _ = _scan_server_instances(misplaced, Provenance())
+    _, problems, _ = scan_server_instances(misplaced, Provenance())
     assert problems and "looks like the server type 'resources_servers'" in problems[0]
 
 

@@ -25,7 +25,7 @@ import yaml
 
 from nemo_gym.global_config import ConfigError
 from nemo_gym.ray import ray_settings
-from nemo_gym.supervisor import StartupError
+from nemo_gym.supervision.children import StartupError
 from nemo_gym.testing import get, run_rollout, running_servers, server_url
 from nemo_gym.verify_pool import (
     VerifyTimeoutError,
@@ -86,7 +86,7 @@ def test_an_unreachable_cluster_fails_within_the_bound_naming_the_address(tmp_pa
     code = """
 import os, sys
 from nemo_gym.ray import ray_settings
-from nemo_gym.supervisor import StartupError
+from nemo_gym.supervision.children import StartupError
 from nemo_gym.ray.cluster import RayConnectError, connect
 try:
     connect(ray_settings({"ray_head_node_address": "127.0.0.1:1"}), timeout_s=3)

@@ -266,7 +266,7 @@ def test_one_dead_replica_of_several_does_not_stop_the_run(tmp_path: Path) -> No
 
 
 def test_breaker_asks_before_calling_a_replicated_server_down() -> None:
-    from nemo_gym.rollout_collection import CircuitBreaker
+    from nemo_gym.collection.circuit_breaker import CircuitBreaker
 
     def down(server: str) -> dict[str, Any]:
         return {"kind": "connection_error", "server": server, "path": "/verify", "status": None}

@@ -37,14 +37,11 @@ import psutil
 import pytest
 
 from nemo_gym.cli import RunHelper
+from nemo_gym.collection.circuit_breaker import classify_failure
+from nemo_gym.collection.dispatch import run_one
+from nemo_gym.collection.output_files import _scan_existing_output, sidecar_paths
 from nemo_gym.global_config import PACKAGE_PARENT_DIR
-from nemo_gym.rollout_collection import (
-    _scan_existing_output,
-    classify_failure,
-    collect_main,
-    run_one,
-    sidecar_paths,
-)
+from nemo_gym.rollout_collection import collect_main
 from nemo_gym.rollout_stats import k_values
 from nemo_gym.server_utils import ServerClient, UpstreamError, close_shared_session
 from nemo_gym.testing import example_rows, running_servers
@@ -713,7 +710,8 @@ MEMORY_SCRIPT = textwrap.dedent(
     """
     import resource, sys
     import psutil
-    from nemo_gym.rollout_collection import RolloutCollectionConfig, materialize, validate_input
+    from nemo_gym.collection.input_rows import materialize, validate_input
+    from nemo_gym.collection.options import RolloutCollectionConfig
 
     def cfg(path):
         return RolloutCollectionConfig(

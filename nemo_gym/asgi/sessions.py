@@ -29,7 +29,7 @@ _COOKIE_ATTRIBUTES = b"; Path=/; HttpOnly; SameSite=Lax"
 _PROCESS_SECRET: bytes | None = None
 
 
-def _session_secret() -> bytes:
+def session_secret() -> bytes:
     """The cookie-signing secret (see the module docstring)."""
     global _PROCESS_SECRET
     secret = os.environ.get(NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME)

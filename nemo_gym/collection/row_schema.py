@@ -23,7 +23,7 @@ import orjson
 
 from nemo_gym.collection.input_rows import _agent_of, _BadLines, _iter_input
 from nemo_gym.collection.options import RolloutCollectionConfig
-from nemo_gym.server_client import ServerClient, UpstreamError, _find_instance_block, response_body
+from nemo_gym.server_client import ServerClient, UpstreamError, find_instance_block, response_body
 
 logger = logging.getLogger("nemo_gym")
 
@@ -179,7 +179,7 @@ async def fetch_row_schemas(agents: set[str], client: ServerClient) -> dict[str,
     schemas: dict[str, RowSchema] = {}
     by_server: dict[str, RowSchema | None] = {}
     for agent in sorted(agents):
-        found = _find_instance_block(cfg, agent)
+        found = find_instance_block(cfg, agent)
         ref = found[2].get("resources_server") if found is not None and hasattr(found[2], "get") else None
         server = ref.get("name") if hasattr(ref, "get") else None
         if not isinstance(server, str) or not server:

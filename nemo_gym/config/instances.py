@@ -4,7 +4,7 @@ Contract
 --------
 * :func:`server_instances` lists the instances of a config; a top-level block that is almost an
   instance (a misspelled server type, a missing impl level, no ``entrypoint``) is a
-  :class:`ConfigError` saying how to write it, with the file and line (:func:`_scan_server_instances`
+  :class:`ConfigError` saying how to write it, with the file and line (:func:`scan_server_instances`
   returns the instances, the problems and the names of the broken blocks, for the whole-config check).
 * :func:`find_server_dir` finds an instance's folder under the working directory, else the repository
   root; :func:`_iter_server_refs` yields the ``{type: ..., name: ...}`` references inside a block.
@@ -60,7 +60,7 @@ def _impl_types(impl: str, root_dir: Path | None) -> list[str]:
     return [t for t in SERVER_TYPES if any((b / t / impl).is_dir() for b in bases)]
 
 
-def _scan_server_instances(
+def scan_server_instances(
     cfg: DictConfig, prov: Provenance, root_dir: Path | None = None
 ) -> tuple[list[ServerInstance], list[str], set[str]]:
     """Instances, problems, and the names of top-level blocks that were meant as instances but are broken."""
@@ -163,7 +163,7 @@ def _scan_server_instances(
 
 def server_instances(cfg: DictConfig, prov: Provenance | None = None) -> list[ServerInstance]:
     """All server instances in ``cfg``; raises ConfigError on blocks that are almost instances."""
-    instances, problems, _ = _scan_server_instances(cfg, prov or Provenance())
+    instances, problems, _ = scan_server_instances(cfg, prov or Provenance())
     if problems:
         raise ConfigError(_format_problems("Invalid server instance configuration", problems))
     return instances

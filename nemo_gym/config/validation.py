@@ -9,7 +9,7 @@ Contract
   connection limit, and missing or unresolvable values (:mod:`nemo_gym.config.missing`). It returns
   the server instances when there is none.
 * Typos inside server blocks are found by each server's config class, before any server starts
-  (``nemo_gym.supervisor``).
+  (:mod:`nemo_gym.supervision.verdicts`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from nemo_gym.config.instances import (
     _available_impls,
     _configs_defining,
     _iter_server_refs,
-    _scan_server_instances,
     find_server_dir,
+    scan_server_instances,
 )
 from nemo_gym.config.keys import (
     ENV_YAML_FNAME,
@@ -42,7 +42,7 @@ from nemo_gym.config.problems import ConfigError, _did_you_mean, _format_problem
 def validate_global_config(loaded: LoadedConfig) -> list[ServerInstance]:
     """Check the whole config before anything starts; raise one ConfigError listing every problem."""
     cfg, prov = loaded.config, loaded.provenance
-    instances, problems, broken = _scan_server_instances(cfg, prov, loaded.root_dir)
+    instances, problems, broken = scan_server_instances(cfg, prov, loaded.root_dir)
 
     by_type: dict[str, list[str]] = {t: [] for t in SERVER_TYPES}
     for inst in instances:

@@ -190,14 +190,16 @@ def read_rows(dataset: Dataset) -> list[str]:
     return problems
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file beside it: a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_bytes(data)
     os.replace(tmp, path)
 
 
-def _json(data: Any) -> bytes:
+def json_file_bytes(data: Any) -> bytes:
+    """``data`` as an indented JSON document ending in a newline (how metrics files are written)."""
     return orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n"
 
 
@@ -212,9 +214,9 @@ def write_metrics(path: Path, metrics: dict[str, Any], overwrite: bool) -> str |
             return None
         if old is not None and not overwrite:
             conflict = path.with_name(path.stem + "_conflict.json")
-            _write_atomic(conflict, _json(metrics))
+            write_atomic(conflict, json_file_bytes(metrics))
             return str(conflict)
-    _write_atomic(path, _json(metrics))
+    write_atomic(path, json_file_bytes(metrics))
     return None
 
 
@@ -264,7 +266,7 @@ def prepare(loaded: LoadedConfig, output_dirpath: Path, mode: str, overwrite: bo
         conflicts += [conflict] if conflict else []
         ref = {"type": AGENT_SERVER_TYPE, "name": d.agent}
         lines = [orjson.dumps({**row, "agent_ref": ref}) for row in d.rows for _ in range(d.num_repeats)]
-        _write_atomic(d.path.with_name(d.path.stem + "_prepare.jsonl"), b"".join(x + b"\n" for x in lines))
+        write_atomic(d.path.with_name(d.path.stem + "_prepare.jsonl"), b"".join(x + b"\n" for x in lines))
 
     for kind in types:
         of_type = [d for d in datasets if d.type == kind]
@@ -277,7 +279,7 @@ def prepare(loaded: LoadedConfig, output_dirpath: Path, mode: str, overwrite: bo
             assert d.path is not None
             chunks.append(d.path.with_name(d.path.stem + "_prepare.jsonl").read_bytes())
         out = output_dirpath / f"{kind}.jsonl"
-        _write_atomic(out, b"".join(chunks))
+        write_atomic(out, b"".join(chunks))
         conflict = write_metrics(output_dirpath / f"{kind}_metrics.json", total.to_json(), overwrite)
         conflicts += [conflict] if conflict else []
         print(f"Wrote {out} ({total.examples} rows from {len(of_type)} dataset(s)) and {kind}_metrics.json")

@@ -47,15 +47,20 @@ import orjson
 from omegaconf import DictConfig, OmegaConf
 from pydantic import Field, ValidationError
 
+from nemo_gym.collection.cli import EXIT_SERVER_DOWN
+from nemo_gym.collection.collector import collect_rollouts, format_summary
+from nemo_gym.collection.input_rows import validate_input
+from nemo_gym.collection.options import CollectionOptions, InputError, RolloutCollectionConfig
+from nemo_gym.collection.output_files import sidecar_paths
 from nemo_gym.data.metrics import DatasetMetrics
 from nemo_gym.data.prepare import (
     AGENT_SERVER_TYPE,
     Dataset,
-    _json,
-    _write_atomic,
     declared_datasets,
+    json_file_bytes,
     locate,
     read_rows,
+    write_atomic,
 )
 from nemo_gym.fd_limits import raise_open_file_limit
 from nemo_gym.global_config import (
@@ -67,16 +72,6 @@ from nemo_gym.global_config import (
     validate_global_config,
 )
 from nemo_gym.redaction import add_secret_values, config_secret_values, scrub
-from nemo_gym.rollout_collection import (
-    EXIT_SERVER_DOWN,
-    CollectionOptions,
-    InputError,
-    RolloutCollectionConfig,
-    collect_rollouts,
-    format_summary,
-    sidecar_paths,
-    validate_input,
-)
 from nemo_gym.server_client import BaseServerConfig, ServerClient, close_shared_session
 from nemo_gym.supervision.stop import StopFlag
 
@@ -255,13 +250,13 @@ def write_inputs(opts: E2ECollectionConfig, plans: list[AgentPlan]) -> Path:
     chunks = []
     for plan in plans:
         data = b"".join(orjson.dumps(r) + b"\n" for r in plan.rows)
-        _write_atomic(plan.input_path, data)
+        write_atomic(plan.input_path, data)
         chunks.append(data)
         for d in plan.datasets:
             total.merge(d.metrics)
     collated = prepared / f"{opts.split}.jsonl"
-    _write_atomic(collated, b"".join(chunks))
-    _write_atomic(prepared / f"{opts.split}_metrics.json", _json(total.to_json()))
+    write_atomic(collated, b"".join(chunks))
+    write_atomic(prepared / f"{opts.split}_metrics.json", json_file_bytes(total.to_json()))
     return collated
 
 
@@ -404,7 +399,9 @@ def run(
     loaded: LoadedConfig, opts: E2ECollectionConfig, plans: list[AgentPlan], stop_thread: StopFlag
 ) -> int:
     """Start the servers, collect, write the results, stop the servers; returns the exit status."""
-    from nemo_gym.supervisor import ServerSupervisor, StartupError, format_instances_table
+    from nemo_gym.supervision.children import StartupError
+    from nemo_gym.supervision.core import ServerSupervisor
+    from nemo_gym.supervision.instances import format_instances_table
 
     instances = validate_global_config(loaded)
     collated = write_inputs(opts, plans)
@@ -445,7 +442,7 @@ def run(
     n_lines = write_combined(output, plans)
     metrics = overall_metrics(opts, plans, summaries, interrupted)
     metrics_path = sidecar_paths(output)["metrics"]
-    _write_atomic(metrics_path, _json(metrics))
+    write_atomic(metrics_path, json_file_bytes(metrics))
     print(format_overall(metrics))
     print(f"Wrote {output} ({n_lines} rollouts) and {metrics_path}", flush=True)
     if opts.tracker:

@@ -166,12 +166,12 @@ def install_mcp(server: SimpleResourcesServer, app: FastAPI) -> None:
 
     from nemo_gym.auth import auth_headers, server_token_from_env
     from nemo_gym.base_resources_server import NEMO_GYM_MCP_SESSION_TOKEN_HEADER, MCPServerMetadata
-    from nemo_gym.server_utils import SessionMiddleware, _session_secret, cookie_name_for
+    from nemo_gym.server_utils import SessionMiddleware, cookie_name_for, session_secret
 
     logging.getLogger("mcp.server.streamable_http").setLevel(logging.WARNING)  # one INFO line per request
     name = server.config.name or type(server).__name__
     cookie_name = cookie_name_for(server.config.name)
-    signer = SessionMiddleware(None, cookie_name, _session_secret())
+    signer = SessionMiddleware(None, cookie_name, session_secret())
     cache: dict[str, list[dict[str, Any]]] = {}
 
     def tool_schemas() -> list[dict[str, Any]]:

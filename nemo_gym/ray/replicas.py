@@ -3,7 +3,7 @@
 Contract
 --------
 * Imported only when a config uses Ray and an instance block has ``ray_resources`` or ``ray_node_id``
-  (see :mod:`nemo_gym.supervisor`); it imports ray.
+  (see :mod:`nemo_gym.supervision.ray_groups`); it imports ray.
 * :class:`RayReplicaGroup` is one instance's replicas. ``reserve()`` creates one :class:`ReplicaActor`
   per replica, placed by the block's ``ray_resources`` (``{CPU: 1, node_b: 1}``, the same for every
   replica, spread over nodes; or a list with one dict per replica) or ``ray_node_id`` (node
@@ -104,13 +104,13 @@ class ReplicaActor:
 
     def __init__(self, label: str, bind_host: str, max_restarts: int) -> None:
         # One long-lived thread forks (the parent-death signal follows the forking thread).
-        from nemo_gym.supervision.children import _SpawnerThread
+        from nemo_gym.supervision.children import SpawnerThread
 
         self.label = label
         self.bind_host = bind_host
         self.max_restarts = max_restarts
         self._private_key = X25519PrivateKey.generate()
-        self._spawner = _SpawnerThread()
+        self._spawner = SpawnerThread()
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen | None = None
         self._tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)

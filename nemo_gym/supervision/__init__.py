@@ -1,7 +1,6 @@
 """Starting, watching and stopping the server processes of one run, one module per concept.
 
-``nemo_gym.supervisor`` is the public face (what ``ng_run``, ``RunHelper`` and tests import): it
-re-exports every name below. The modules here are where the code lives:
+Import each name from the module that defines it:
 
 * :mod:`~nemo_gym.supervision.core`: :class:`ServerSupervisor` and the order of start-up (its contract).
 * :mod:`~nemo_gym.supervision.children`: one server process (:class:`ChildServer`), the spawner

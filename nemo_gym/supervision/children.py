@@ -5,11 +5,11 @@ Contract
 * :class:`ChildServer` is one local server instance (or replica): its address, script, reserved
   socket, process, last :data:`LOG_TAIL_LINES` log lines and config-verdict pipe ends.
   :class:`DeadRayInstance` is an instance placed on Ray whose every replica is dead.
-* :class:`_SpawnerThread` runs every ``Popen`` of a supervisor (and of a Ray replica's actor) on one
+* :class:`SpawnerThread` runs every ``Popen`` of a supervisor (and of a Ray replica's actor) on one
   long-lived thread: Linux delivers the parent-death signal when the forking *thread* exits.
-* :func:`_die_with_parent` is the child's side: under a launcher (``NEMO_GYM_PARENT_PID``) the server
+* :func:`die_with_parent` is the child's side: under a launcher (``NEMO_GYM_PARENT_PID``) the server
   process exits when the launcher dies, however it dies (parent-death signal plus a watch thread).
-* :func:`_signal_group` signals a child's process group, ignoring one that is already gone.
+* :func:`signal_group` signals a child's process group, ignoring one that is already gone.
 * :class:`StartupError`: a server failed to come up; the message names it with its last log lines.
 """
 
@@ -38,7 +38,7 @@ class StartupError(RuntimeError):
     """A server failed to come up; the message names it and shows its last log lines."""
 
 
-class _SpawnerThread:
+class SpawnerThread:
     """One long-lived thread that runs every ``Popen`` of a supervisor (see the module docstring)."""
 
     def __init__(self) -> None:
@@ -133,14 +133,14 @@ class DeadRayInstance:
         )
 
 
-def _signal_group(pgid: int, sig: int) -> None:
+def signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Make this process exit when the launcher dies, however it dies (even SIGKILL)."""
     parent = os.environ.get(NEMO_GYM_PARENT_PID_ENV_VAR_NAME)
     if not parent:

@@ -24,7 +24,7 @@ Contract
 * ``shutdown()`` sends SIGTERM to every child's process group, then SIGKILL after
   ``shutdown_timeout_s``; it is idempotent and also runs at interpreter exit.
 * Children also die on their own when this process dies, even by SIGKILL (parent-death signal
-  plus a parent watch in :func:`nemo_gym.supervision.children._die_with_parent`). Linux delivers the
+  plus a parent watch in :func:`nemo_gym.supervision.children.die_with_parent`). Linux delivers the
   parent-death signal when the *thread* that forked the child exits, so every child is spawned
   from one long-lived thread owned by the supervisor: ``RunHelper().start()`` may be called from
   a short-lived thread (a trainer's worker, ``asyncio.to_thread``) without its servers dying.
@@ -68,7 +68,7 @@ from nemo_gym.redaction import (
 )
 from nemo_gym.replicas import REPLICAS_KEY_NAME, new_replica_identity
 from nemo_gym.server_venvs import check_shared_requirements, ensure_server_venv
-from nemo_gym.supervision.children import ChildServer, DeadRayInstance, StartupError, _SpawnerThread
+from nemo_gym.supervision.children import ChildServer, DeadRayInstance, SpawnerThread, StartupError
 from nemo_gym.supervision.head import HeadMixin
 from nemo_gym.supervision.instances import InstancesMixin
 from nemo_gym.supervision.placement import PlacementMixin
@@ -133,7 +133,7 @@ class ServerSupervisor(
         self._shut_down = False
         self._ray_dead: DeadRayInstance | None = None
         self._ray_checked_at = 0.0
-        self._spawner = _SpawnerThread()
+        self._spawner = SpawnerThread()
         # Every secret value this run knows: scrubbed from relayed log lines and error messages.
         self.auth_enabled = OmegaConf.select(self.cfg, SERVER_AUTH_KEY_NAME, default=True) not in (
             False,

@@ -18,7 +18,7 @@ import subprocess
 import time
 
 from nemo_gym.auth import register_in_process, remove_token_file
-from nemo_gym.supervision.children import _signal_group
+from nemo_gym.supervision.children import signal_group
 
 
 class ShutdownMixin:
@@ -37,7 +37,7 @@ class ShutdownMixin:
         others = [c for c in alive if c.instance.server_type != "responses_api_agents"]
         for stage, stage_deadline in ((agents, min(deadline, time.monotonic() + 1.0)), (others, deadline)):
             for c in stage:
-                _signal_group(c.process.pid, signal.SIGTERM)
+                signal_group(c.process.pid, signal.SIGTERM)
             for c in stage:
                 try:
                     c.process.wait(timeout=max(0.0, stage_deadline - time.monotonic()))
@@ -45,7 +45,7 @@ class ShutdownMixin:
                     pass
         for c in alive:
             # Kill the whole group even when the leader exited: nothing of ours may outlive the run.
-            _signal_group(c.process.pid, signal.SIGKILL)
+            signal_group(c.process.pid, signal.SIGKILL)
             try:
                 c.process.wait(timeout=2)
             except subprocess.TimeoutExpired:

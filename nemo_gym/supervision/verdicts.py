@@ -7,7 +7,7 @@ Contract
 * The server's side (run in each server process by ``BaseServer.run_webserver``):
   :func:`config_problems` turns a validation error of a config block into problems (``loc``, ``msg``,
   ``type``; an unknown key also ``suggest`` and ``known``); :class:`InstanceConfigError` carries them;
-  :func:`_report_config_verdict` writes one JSON line ``{"ok", "problems"}`` and, if the config is
+  :func:`report_config_verdict` writes one JSON line ``{"ok", "problems"}`` and, if the config is
   valid, blocks until the launcher writes ``b"g"`` (any other end of the pipe: the process exits).
 * The launcher's side (:class:`VerdictsMixin`, part of the supervisor): collect every local child's
   and Ray replica's verdict within the start-up bound; if any config is invalid, raise one
@@ -42,25 +42,25 @@ class InstanceConfigError(SystemExit):
         self.problems = problems
 
 
-def _loc_text(loc: tuple[Any, ...]) -> str:
+def loc_text(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 
 
-def _model_in(annotation: Any) -> type[BaseModel] | None:
+def model_in(annotation: Any) -> type[BaseModel] | None:
     """The pydantic model inside an annotation (``Model``, ``Model | None``, ``list[Model]``...)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in typing.get_args(annotation):
-        found = _model_in(arg)
+        found = model_in(arg)
         if found is not None:
             return found
     return None
 
 
-def _field_names_at(model: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
+def field_names_at(model: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
     """The field names of the (nested) model that ``path`` leads to; [] when it cannot be told."""
     current: type[BaseModel] | None = model
     for part in path:
@@ -69,7 +69,7 @@ def _field_names_at(model: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
         fields = current.model_fields if current is not None else {}
         if part not in fields:
             return []
-        current = _model_in(fields[part].annotation)
+        current = model_in(fields[part].annotation)
     if current is None:
         return []
     return [f.alias or n for n, f in current.model_fields.items() if n != "name" or current is not model]
@@ -82,9 +82,9 @@ def config_problems(model: type[BaseModel], error: ValidationError) -> list[dict
     out = []
     for err in error.errors(include_url=False):
         loc = tuple(err["loc"])
-        item: dict[str, Any] = {"loc": _loc_text(loc), "msg": err["msg"], "type": err["type"]}
+        item: dict[str, Any] = {"loc": loc_text(loc), "msg": err["msg"], "type": err["type"]}
         if err["type"] == "extra_forbidden" and loc:
-            known = sorted(_field_names_at(model, loc[:-1]))
+            known = sorted(field_names_at(model, loc[:-1]))
             item["known"] = known
             item["suggest"] = difflib.get_close_matches(str(loc[-1]), known, n=3, cutoff=0.6)
             item["typo_of"] = [k for k in item["suggest"] if is_typo_of(str(loc[-1]), k)]
@@ -111,7 +111,7 @@ def is_typo_of(key: str, setting: str) -> bool:
     return prev[-1] <= limit
 
 
-def _report_config_verdict(problems: list[dict[str, Any]]) -> bool:
+def report_config_verdict(problems: list[dict[str, Any]]) -> bool:
     """Under ng_run: tell the launcher whether this server's config is valid; if it is, wait for its go.
 
     Returns whether a launcher was told. Without one this returns at once. The wait ends when the

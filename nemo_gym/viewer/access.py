@@ -64,7 +64,7 @@ class AccessPolicy:
 
     def allow_file(self, path: str | os.PathLike[str]) -> Path:
         """Add ``path`` (resolved) and its sidecars to the allow-list; returns the resolved path."""
-        from nemo_gym.rollout_collection import sidecar_paths  # the one definition of the sidecar names
+        from nemo_gym.collection.output_files import sidecar_paths
 
         p = resolve(path)
         self.files.add(p)

@@ -705,7 +705,7 @@ class Dataset:
     # -- the failures sidecar ---------------------------------------------------------------------
     def failures_path(self) -> Path:
         """``<stem>_failures.jsonl`` next to the rollouts file."""
-        from nemo_gym.rollout_collection import sidecar_paths
+        from nemo_gym.collection.output_files import sidecar_paths
 
         return sidecar_paths(self.path)["failures"]
 
