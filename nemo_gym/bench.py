@@ -35,6 +35,7 @@ import orjson
 import psutil
 
 from nemo_gym.collection.dispatch import bounded_map
+from nemo_gym.config.command import command
 from nemo_gym.fd_limits import raise_open_file_limit
 from nemo_gym.global_config import ConfigError, check_options, load_global_config
 from nemo_gym.ports import reserve_listening_socket
@@ -281,6 +282,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+@command("ng_bench")
 def main(argv: list[str] | None = None) -> None:
     from omegaconf import OmegaConf
 

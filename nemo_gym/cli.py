@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from nemo_gym import __version__
 from nemo_gym.auth import AUTH_TOKEN_ENV_VAR_NAME, auth_headers, client_token
+from nemo_gym.config.command import command
 from nemo_gym.config.loading import file_override_notes
 from nemo_gym.config_types import BaseServerConfig
 from nemo_gym.fd_limits import raise_open_file_limit
@@ -121,6 +122,7 @@ def _note_no_effect_keys(loaded: LoadedConfig) -> None:
 # ng_run
 
 
+@command("ng_run")
 def run_main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if _wants_help(argv):
@@ -265,6 +267,7 @@ def _head_from_argv(argv: list[str]) -> BaseServerConfig:
     )
 
 
+@command("ng_status")
 def status_main(argv: list[str] | None = None) -> None:
     import httpx
 
@@ -310,6 +313,7 @@ def status_main(argv: list[str] | None = None) -> None:
     sys.exit(1 if unhealthy else 0)
 
 
+@command("ng_dump_config")
 def dump_config_main(argv: list[str] | None = None) -> None:
     from nemo_gym.head_server import redacted_config_yaml
 
@@ -325,16 +329,19 @@ def dump_config_main(argv: list[str] | None = None) -> None:
     sys.stdout.write(redacted_config_yaml(loaded.config, env_yaml_secret_values(loaded.env_yaml_data)))
 
 
+@command("ng_test")
 def test_main(argv: list[str] | None = None) -> None:
     from nemo_gym.server_tests import main
 
     main(sys.argv[1:] if argv is None else argv)
 
 
+@command("ng_version")
 def version_main(argv: list[str] | None = None) -> None:
     print(f"nemo-gym {__version__} (python {sys.version.split()[0]})")
 
 
+@command("ng_help")
 def help_main(argv: list[str] | None = None) -> None:
     print(f"nemo-gym {__version__}: commands\n")
     width = max(len(c) for c in COMMANDS)

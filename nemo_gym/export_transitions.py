@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from nemo_gym.config.command import command
 from nemo_gym.jsonl import iter_jsonl_objects
 
 ENV_STATE_KEY = "is_env_state"
@@ -131,6 +132,7 @@ USAGE = (
 )
 
 
+@command("ng_export_transitions")
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):

@@ -30,6 +30,7 @@ import orjson
 from nemo_gym.cli import RunHelper
 from nemo_gym.collection.collector import collect_rollouts, format_summary
 from nemo_gym.collection.options import InputError, RolloutCollectionConfig
+from nemo_gym.config.command import command
 from nemo_gym.global_config import PACKAGE_PARENT_DIR, ConfigError, GlobalConfigDictParserConfig
 from nemo_gym.server_client import ServerClient, close_shared_session
 from nemo_gym.supervision.children import StartupError
@@ -170,6 +171,7 @@ def run_quickstart(argv: list[str], output: Path = OUTPUT_JSONL) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
+@command("ng_quickstart")
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help", "help") for a in argv):

@@ -52,6 +52,7 @@ from typing import Any
 
 import orjson
 
+from nemo_gym.config.command import command
 from nemo_gym.global_config import (
     HEAD_SERVER_KEY_NAME,
     ROLLOUT_INDEX_KEY_NAME,
@@ -454,6 +455,7 @@ def format_summary(s: dict[str, Any], output: Path) -> str:
     return text
 
 
+@command("ng_reverify")
 def main(argv: list[str] | None = None) -> None:
     """``ng_reverify`` (see the module docstring)."""
     from omegaconf import OmegaConf

@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from nemo_gym.config.command import command
 from nemo_gym.config_types import AggregateMetrics, AggregateMetricsRequest
 from nemo_gym.global_config import ConfigError, check_options, load_global_config
 from nemo_gym.rollout_stats import reward_profile
@@ -352,6 +353,7 @@ def compute_aggregate_metrics(
 # ng_reward_profile
 
 
+@command("ng_reward_profile")
 def main(argv: list[str] | None = None) -> None:
     """``ng_reward_profile +jsonl_fpath=<rollouts.jsonl>``; exit status 2 on a missing file or bad option."""
     argv = sys.argv[1:] if argv is None else argv

@@ -71,6 +71,7 @@ import orjson
 import yaml
 
 from nemo_gym.auth import auth_headers, read_token_file, token_file_for
+from nemo_gym.config.command import command
 from nemo_gym.config.keys import PACKAGE_PARENT_DIR, SERVER_TYPES
 from nemo_gym.global_config import ConfigError, check_options, load_global_config
 from nemo_gym.reverify import iter_jsonl
@@ -1146,6 +1147,7 @@ def run_checks(
     return results, interrupted
 
 
+@command("ng_check_upstream_env")
 def main(argv: list[str] | None = None) -> None:
     """``ng_check_upstream_env`` (see the module docstring)."""
     argv = sys.argv[1:] if argv is None else argv

@@ -27,6 +27,7 @@ from nemo_gym.collection.circuit_breaker import describe_down
 from nemo_gym.collection.collector import collect_rollouts, format_summary
 from nemo_gym.collection.input_rows import validate_input
 from nemo_gym.collection.options import InputError, RolloutCollectionConfig
+from nemo_gym.config.command import command
 from nemo_gym.fd_limits import raise_open_file_limit
 from nemo_gym.global_config import ConfigError
 from nemo_gym.redaction import add_secret_values, config_secret_values
@@ -36,6 +37,7 @@ from nemo_gym.server_client import BaseServerConfig, ServerClient, close_shared_
 EXIT_SERVER_DOWN = 3
 
 
+@command("ng_collect_rollouts")
 def collect_main(argv: list[str] | None = None) -> None:
     """``ng_collect_rollouts``. Exit status: 0 all rollouts done, 1 some missing (failures), 2 bad
     input or options (nothing sent), 3 stopped early because a server is down, 130 interrupted

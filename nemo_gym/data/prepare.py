@@ -38,6 +38,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from pydantic import ValidationError
 
 from nemo_gym.base_resources_server import BaseRunRequest
+from nemo_gym.config.command import command
 from nemo_gym.data.metrics import DatasetMetrics, same_metrics
 from nemo_gym.global_config import (
     PACKAGE_PARENT_DIR,
@@ -286,6 +287,7 @@ def prepare(loaded: LoadedConfig, output_dirpath: Path, mode: str, overwrite: bo
     return conflicts
 
 
+@command("ng_prepare_data")
 def main(argv: list[str] | None = None) -> None:
     """``ng_prepare_data`` entry point; see the module docstring."""
     argv = sys.argv[1:] if argv is None else argv

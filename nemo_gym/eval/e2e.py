@@ -52,6 +52,7 @@ from nemo_gym.collection.collector import collect_rollouts, format_summary
 from nemo_gym.collection.input_rows import validate_input
 from nemo_gym.collection.options import CollectionOptions, InputError, RolloutCollectionConfig
 from nemo_gym.collection.output_files import sidecar_paths
+from nemo_gym.config.command import command
 from nemo_gym.data.metrics import DatasetMetrics
 from nemo_gym.data.prepare import (
     AGENT_SERVER_TYPE,
@@ -477,6 +478,7 @@ def _install_signal_handlers(stop: StopFlag) -> None:
         signal.signal(sig, on_signal)
 
 
+@command("ng_e2e_collect_rollouts")
 def main(argv: list[str] | None = None) -> None:
     """``ng_e2e_collect_rollouts`` (see the module docstring)."""
     argv = sys.argv[1:] if argv is None else argv

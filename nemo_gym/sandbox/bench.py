@@ -38,6 +38,7 @@ from typing import Any
 import orjson
 import psutil
 
+from nemo_gym.config.command import command
 from nemo_gym.sandbox import SandboxProviderConfig, run_in_sandbox, sandbox_pool_size
 
 SORT_PROGRAM = "import sys\ndata = sys.stdin.buffer.read().split()\nnums = sorted(map(int, data[1:]))\nprint(sum(nums[::1000]))\n"
@@ -212,6 +213,7 @@ def _code_gen_verify(calls: int, concurrency: int) -> dict[str, Any]:
     }
 
 
+@command("ng_bench_sandbox")
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):

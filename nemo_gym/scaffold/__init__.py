@@ -19,6 +19,7 @@ import re
 import sys
 from pathlib import Path
 
+from nemo_gym.config.command import command
 from nemo_gym.scaffold.templates import render_files
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -75,6 +76,7 @@ def scaffold(name: str, root: Path) -> Path:
     return folder
 
 
+@command("ng_init_resources_server")
 def main(argv: list[str] | None = None) -> None:
     """``ng_init_resources_server`` entry point."""
     argv = sys.argv[1:] if argv is None else argv

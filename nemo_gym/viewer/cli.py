@@ -29,6 +29,7 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from nemo_gym.config.command import command
 from nemo_gym.fd_limits import raise_open_file_limit
 from nemo_gym.global_config import ConfigError, did_you_mean, load_global_config
 from nemo_gym.viewer.access import MIN_TOKEN_CHARS, TOKEN_ENV
@@ -125,6 +126,7 @@ def _report_when_indexed(state: Any) -> None:
         )
 
 
+@command("ng_viewer")
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``ng_viewer``."""
     argv = sys.argv[1:] if argv is None else argv
