@@ -31,7 +31,9 @@ Contract
   one idle per slot, each serving one run); the work dir is moved into it (``host_workdir`` may change
   at an ``exec``; contents and the in-sandbox path do not).
 * ``run_on: ray`` (or ``auto`` in a run with a Ray cluster) runs each ``exec`` as a Ray task on a node of
-  the run's cluster, same spec, limits and result (:mod:`nemo_gym.ray.sandbox`); default ``local``.
+  the run's cluster, same spec, limits and result (:mod:`nemo_gym.sandbox.ray_exec`); default ``local``.
+  The task itself (``_run_on_node``: a local sandbox on the node) is defined here, since it needs
+  :class:`AsyncSandbox`; the Ray backend gets it as its task function and never imports this module.
 * Layout: the types live in :mod:`nemo_gym.sandbox.errors` and :mod:`nemo_gym.sandbox.spec`, the pool's
   slots in :mod:`nemo_gym.sandbox.slots`, the backends in :mod:`nemo_gym.sandbox.bwrap` (and the modules
   it names); every name this module held before stays importable from it.
@@ -70,8 +72,10 @@ from nemo_gym.sandbox.spec import SandboxExecResult as SandboxExecResult
 from nemo_gym.sandbox.spec import SandboxProviderConfig as SandboxProviderConfig
 from nemo_gym.sandbox.spec import SandboxResources as SandboxResources
 from nemo_gym.sandbox.spec import SandboxSpec as SandboxSpec
-from nemo_gym.sandbox.spec import _safe_relative as _safe_relative
+from nemo_gym.sandbox.spec import safe_relative as safe_relative
 from nemo_gym.verify_pool import machine_cpu_count as machine_cpu_count
+
+_safe_relative = safe_relative  # its name here before it became public in spec (still importable)
 
 LOG = logging.getLogger("nemo_gym.sandbox")
 
@@ -121,7 +125,7 @@ def check_sandbox_available(provider: Mapping[str, Any] | SandboxProviderConfig 
         return  # an outside provider checks itself when it creates a sandbox
     config = _provider_config(provider)
     if _runs_on_ray(config):
-        from nemo_gym.ray.sandbox import check_ray_sandbox
+        from nemo_gym.sandbox.ray_exec import check_ray_sandbox
 
         check_ray_sandbox(config)
         return
@@ -299,7 +303,7 @@ class AsyncSandbox:
         return self
 
     def _write(self, rel: str, content: str | bytes) -> None:
-        target = self.host_workdir / _safe_relative(rel)
+        target = self.host_workdir / safe_relative(rel)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content.encode() if isinstance(content, str) else content)
 
@@ -319,7 +323,7 @@ class AsyncSandbox:
                 await self._outside.download(path, target)
                 with open(target, "rb") as f:
                     return f.read(max_bytes)
-        target = self.host_workdir / _safe_relative(path)
+        target = self.host_workdir / safe_relative(path)
         if target.is_symlink():
             raise ValueError(f"{path!r} is a symlink; not followed out of the sandbox")
         with open(target, "rb") as f:
@@ -379,7 +383,7 @@ class AsyncSandbox:
         data = stdin.encode() if isinstance(stdin, str) else stdin
         host_dir = self.host_workdir  # raises unless started
         if self._on_ray:  # a Ray task runs it on a node of the cluster; the cluster's CPUs bound the pool
-            from nemo_gym.ray.sandbox import exec_on_ray
+            from nemo_gym.sandbox.ray_exec import exec_on_ray
 
             return await exec_on_ray(
                 self._config,
@@ -390,6 +394,7 @@ class AsyncSandbox:
                 env={**self._spec.env, **(env or {})},
                 stdin=data,
                 limits=limits,
+                run_on_node=_run_on_node,
             )
         sem = _SLOTS.semaphore()
         try:
@@ -482,6 +487,42 @@ class AsyncSandbox:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+def _run_on_node(
+    provider: dict[str, Any],
+    files: dict[str, bytes],
+    argv: list[str],
+    workdir: str,
+    cwd: str | None,
+    env: dict[str, str],
+    stdin: bytes | None,
+    limits: dict[str, Any],
+    limit_back: int,
+) -> tuple[SandboxExecResult, dict[str, bytes], list[str], list[str], str]:
+    """Runs in a Ray task on a node: the program in a fresh local sandbox there. Returns the result, the
+    files it created or changed (bounded), every file present afterwards, those left out, the node id.
+    :func:`nemo_gym.sandbox.ray_exec.exec_on_ray` sends it; it lives here because it needs AsyncSandbox."""
+    import ray
+
+    from nemo_gym.sandbox.ray_exec import _read_tree
+
+    # No pre-started sandbox on the node: a Ray worker runs one task's program and may serve unrelated
+    # tasks next, so a sandbox started ahead would sit idle in it (a bwrap tree and its cgroups) until
+    # the worker dies. Ray's own per-task cost dwarfs the set-up it would save.
+    config = SandboxProviderConfig.model_validate({**provider, "run_on": "local", "prestart": False})
+    spec = SandboxSpec(workdir=workdir, env={}, files=files, resources=SandboxResources(**limits))
+
+    async def go() -> tuple[SandboxExecResult, dict[str, bytes], list[str], list[str]]:
+        async with AsyncSandbox(provider=config, spec=spec) as sandbox:
+            result = await sandbox.exec(argv, stdin=stdin, cwd=cwd, env=env)
+            changed, present, left_out = await asyncio.to_thread(
+                _read_tree, sandbox.host_workdir, limit_back, files
+            )
+            return result, changed, present, left_out
+
+    result, changed, present, left_out = asyncio.run(go())
+    return result, changed, present, left_out, ray.get_runtime_context().get_node_id()
 
 
 async def run_in_sandbox(

@@ -135,7 +135,7 @@ class SandboxSpec:
             )
         for path in self.files:
             try:
-                _safe_relative(path)
+                safe_relative(path)
             except ValueError as e:
                 problems.append(f"SandboxSpec.files: {e}")
         return problems
@@ -191,7 +191,7 @@ class SandboxProviderConfig(BaseModel):
     )
     run_on: Literal["local", "ray", "auto"] = Field(
         default="local",
-        description="Where programs run: this machine, the run's Ray cluster (nemo_gym.ray.sandbox), or "
+        description="Where programs run: this machine, the run's Ray cluster (nemo_gym.sandbox.ray_exec), or "
         "auto (the cluster when the run has one)",
     )
     ray_resources: dict[str, float] = Field(
@@ -207,7 +207,9 @@ class SandboxProviderConfig(BaseModel):
     )
 
 
-def _safe_relative(path: str) -> PurePosixPath:
+def safe_relative(path: str) -> PurePosixPath:
+    """``path`` as a relative path that stays inside the work dir; ``ValueError`` for an absolute one,
+    one with ``..`` or an empty one."""
     p = PurePosixPath(path)
     if p.is_absolute() or ".." in p.parts or not p.parts:
         raise ValueError(f"sandbox file path must be relative and stay inside the work dir: {path!r}")

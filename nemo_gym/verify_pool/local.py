@@ -1,38 +1,31 @@
-"""CPU-heavy verification off the event loop: a bounded pool of worker processes.
+"""The local verify pool: a bounded pool of worker processes on this machine.
 
 Contract
 --------
-* ``await run_in_verify_pool(fn, *args, timeout=seconds, **kwargs)`` runs ``fn(*args, **kwargs)`` in a
-  worker process of the process-wide pool (:func:`get_verify_pool`) and returns its result. ``fn``,
-  its arguments and its result must be picklable; ``fn`` must be importable by the worker (a module-level
-  function; one defined in a server's ``app.py`` works, since workers are started with ``spawn`` and
-  re-import the main module the way :mod:`multiprocessing` does).
+* :meth:`VerifyPool.run` (``await pool.run(fn, *args, timeout=seconds, **kwargs)``) runs
+  ``fn(*args, **kwargs)`` in a worker process and returns its result. ``fn``, its arguments and its
+  result must be picklable; ``fn`` must be importable by the worker (a module-level function; one
+  defined in a server's ``app.py`` works, since workers are started with ``spawn`` and re-import the
+  main module the way :mod:`multiprocessing` does).
 * ``fn`` runs on the worker process's MAIN thread, one call at a time per worker, so libraries that use
   ``signal.alarm`` / ``signal.signal`` (math-verify) work there. Never in a thread pool.
 * The pool is bounded: at most ``max_workers`` calls run at once (default: the CPUs this process may
   use, :func:`machine_cpu_count`); further calls wait their turn. Workers start lazily and are reused.
 * Every call has a bound: past ``timeout`` seconds the worker running it is killed (SIGKILL) and replaced,
-  and the call raises :class:`VerifyTimeoutError`. A worker that dies during a call (segfault, OOM kill,
-  ``os._exit``) raises :class:`VerifyWorkerCrashedError` naming its exit status. Both are
-  :class:`VerifyPoolError` subclasses: infrastructure failures for the caller to report, NEVER a reward
-  of 0. An exception raised by ``fn`` itself is re-raised in the caller unchanged (its traceback from the
-  worker is attached as a note); one that cannot be pickled becomes a :class:`VerifyPoolError` with it.
-  ``fn`` may raise :class:`VerifyTimeoutError` itself (a library's own time bound, e.g. math-verify's
-  ``signal.alarm``, ran out): the caller gets the same error as for the pool's own bound.
-* Every error class carries its ``kind`` (:data:`VERIFY_TIMEOUT_KIND` ``"verify_timeout"`` for both
-  timeouts, :data:`VERIFY_FAILED_KIND` ``"verify_failed"`` otherwise). Every server of ours answers one
-  that escapes a handler with HTTP 503 and ``{"error": {"kind", "server", "path", "message"}}``
-  (:mod:`nemo_gym.server_utils`); the collector files it in the failures sidecar under that kind, and a
-  server answering it is not counted as down (it answered).
+  and the call raises :class:`~nemo_gym.verify_pool.errors.VerifyTimeoutError`. A worker that dies
+  during a call (segfault, OOM kill, ``os._exit``) raises
+  :class:`~nemo_gym.verify_pool.errors.VerifyWorkerCrashedError` naming its exit status (both
+  :class:`~nemo_gym.verify_pool.errors.VerifyPoolError` subclasses, see that module). An exception
+  raised by ``fn`` itself is re-raised in the caller unchanged (its traceback from the worker is
+  attached as a note); one that cannot be pickled becomes a ``VerifyPoolError`` with it. ``fn`` may
+  raise ``VerifyTimeoutError`` itself (a library's own time bound ran out): the caller gets the same
+  error as for the pool's own bound.
 * Cancelling the awaiting coroutine kills the worker running the call (its state is unknown).
 * Workers die with their parent: they are daemonic, and each asks the kernel for SIGKILL when the process
   that started it dies (``PR_SET_PDEATHSIG``), so a killed server leaves no worker behind.
-* :class:`VerifyPool` can also be used directly (its own size, ``await pool.aclose()``).
-* On a Ray cluster: when the run's config has ``ray_head_node_address`` (``ng_run`` writes it there for
-  every server when it joins or starts a cluster, see :mod:`nemo_gym.ray`) or
-  :func:`set_verify_ray_address` was called, :func:`run_in_verify_pool` runs each call as a Ray task on
-  the cluster instead (:mod:`nemo_gym.ray.tasks`), with the same API, bounds and errors. Otherwise the
-  local pool runs it and ray is never imported. ``set_verify_ray_address("")`` forces the local pool.
+* :func:`get_verify_pool` is the process-wide pool (sized to the machine, created on first use);
+  :class:`VerifyPool` can also be used directly (its own size, ``await pool.aclose()``).
+* Never imports ray. :mod:`nemo_gym.verify_pool` re-exports every name.
 """
 
 from __future__ import annotations
@@ -49,43 +42,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from nemo_gym.verify_pool.errors import VerifyPoolError, VerifyTimeoutError, VerifyWorkerCrashedError
+
 T = TypeVar("T")
 
-__all__ = [
-    "VERIFY_ERROR_KINDS",
-    "VERIFY_FAILED_KIND",
-    "VERIFY_TIMEOUT_KIND",
-    "VerifyPool",
-    "VerifyPoolError",
-    "VerifyTimeoutError",
-    "VerifyWorkerCrashedError",
-    "get_verify_pool",
-    "machine_cpu_count",
-    "run_in_verify_pool",
-    "set_verify_ray_address",
-    "verify_ray_address",
-]
-
-
-VERIFY_TIMEOUT_KIND = "verify_timeout"
-VERIFY_FAILED_KIND = "verify_failed"
-VERIFY_ERROR_KINDS = frozenset({VERIFY_TIMEOUT_KIND, VERIFY_FAILED_KIND})
-
-
-class VerifyPoolError(RuntimeError):
-    """The verification could not be carried out (infrastructure failure, never a reward of 0)."""
-
-    kind: str = VERIFY_FAILED_KIND
-
-
-class VerifyTimeoutError(VerifyPoolError):
-    """The check ran past a time bound: the pool's (its worker was killed) or the library's own."""
-
-    kind = VERIFY_TIMEOUT_KIND
-
-
-class VerifyWorkerCrashedError(VerifyPoolError):
-    """The worker process died while running the call."""
+__all__ = ["VerifyPool", "get_verify_pool", "machine_cpu_count"]
 
 
 def machine_cpu_count() -> int:
@@ -300,37 +261,3 @@ def get_verify_pool() -> VerifyPool:
     if _default_pool is None or _default_pool._closed:
         _default_pool = VerifyPool()
     return _default_pool
-
-
-_ray_address_override: str | None = None
-
-
-def set_verify_ray_address(address: str | None) -> None:
-    """Run verification as Ray tasks on the cluster at ``address``; ``""`` forces the local pool;
-    ``None`` goes back to reading ``ray_head_node_address`` from this process's config."""
-    global _ray_address_override
-    _ray_address_override = address
-
-
-def verify_ray_address() -> str | None:
-    """The Ray cluster verification runs on, or None for the local pool."""
-    if _ray_address_override is not None:
-        return _ray_address_override or None
-    from nemo_gym.global_config import RAY_HEAD_NODE_ADDRESS_KEY_NAME, current_global_config_dict
-
-    cfg = current_global_config_dict()
-    address = cfg.get(RAY_HEAD_NODE_ADDRESS_KEY_NAME) if cfg is not None else None
-    return str(address) if address else None
-
-
-async def run_in_verify_pool(fn: Callable[..., T], /, *args: Any, timeout: float, **kwargs: Any) -> T:
-    """Run ``fn`` in the local pool (``get_verify_pool().run(...)``), or as a Ray task when a cluster is
-    configured (see the module docstring); same errors either way."""
-    if not timeout or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    address = verify_ray_address()
-    if address:
-        from nemo_gym.ray.tasks import run_as_ray_task
-
-        return await run_as_ray_task(address, fn, args, kwargs, timeout)
-    return await get_verify_pool().run(fn, *args, timeout=timeout, **kwargs)
