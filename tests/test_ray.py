@@ -651,8 +651,8 @@ async def test_sandbox_runs_programs_as_ray_tasks_on_the_pinned_node(ray_driver:
     """An AsyncSandbox with run_on: ray runs each program under bubblewrap on the node its custom
     resource pins it to; files and stdin travel with the task, and what the program wrote (and
     deleted) is back in the local work dir afterwards; symlinks are never sent back."""
-    from nemo_gym.ray.sandbox import node_counts
     from nemo_gym.sandbox import AsyncSandbox, SandboxSpec
+    from nemo_gym.sandbox.ray_exec import node_counts
 
     before = node_counts()
     provider = {"run_on": "ray", "ray_resources": {"node_b": 1}}
