@@ -233,14 +233,14 @@ def test_a_sandboxed_environment_refuses_to_start_without_bubblewrap(
 
 
 async def test_root_without_a_pids_cgroup_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    from nemo_gym.sandbox import bwrap
+    from nemo_gym.sandbox import backend_base, bwrap
 
     if os.geteuid() != 0:
         pytest.skip("the refusal applies to root only (RLIMIT_NPROC limits other users)")
     roots = {
-        k: v for k, v in bwrap._BackendBase.cgroup_roots().items() if k != "pids"
+        k: v for k, v in backend_base._BackendBase.cgroup_roots().items() if k != "pids"
     }  # as on a v2-only host
-    monkeypatch.setattr(bwrap._BackendBase, "cgroup_roots", classmethod(lambda cls: roots))
+    monkeypatch.setattr(backend_base._BackendBase, "cgroup_roots", classmethod(lambda cls: roots))
     backend = bwrap.BubblewrapBackend(SandboxProviderConfig())
     with pytest.raises(SandboxUnavailableError, match="cannot limit processes"):
         backend.check()

@@ -73,6 +73,7 @@ from nemo_gym.sandbox.spec import SandboxProviderConfig as SandboxProviderConfig
 from nemo_gym.sandbox.spec import SandboxResources as SandboxResources
 from nemo_gym.sandbox.spec import SandboxSpec as SandboxSpec
 from nemo_gym.sandbox.spec import safe_relative as safe_relative
+from nemo_gym.sandbox.workers import remove_dir_later
 from nemo_gym.verify_pool import machine_cpu_count as machine_cpu_count
 
 _safe_relative = safe_relative  # its name here before it became public in spec (still importable)
@@ -102,7 +103,7 @@ def _backend_for(config: SandboxProviderConfig):  # -> backend object with async
         from nemo_gym.sandbox.bwrap import BubblewrapBackend
 
         return BubblewrapBackend.shared(config)
-    from nemo_gym.sandbox.bwrap import UnsafeLocalBackend
+    from nemo_gym.sandbox.unsafe_local import UnsafeLocalBackend
 
     return UnsafeLocalBackend.shared(config)
 
@@ -450,7 +451,7 @@ class AsyncSandbox:
             LOG.debug("sandbox: not using a pre-started sandbox (%s)", exc)
             return False
         self._host_dir = new_dir
-        _bwrap().remove_dir_later(old)  # empty now
+        remove_dir_later(old)  # empty now
         return True
 
     async def status(self) -> Any:
@@ -473,7 +474,7 @@ class AsyncSandbox:
                 trash = host_dir.with_name(f".{host_dir.name}.removed")
                 with contextlib.suppress(OSError):
                     os.rename(host_dir, trash)
-                    _bwrap().remove_dir_later(trash)
+                    remove_dir_later(trash)
                     return
             if _small_flat_dir(host_dir):
                 shutil.rmtree(host_dir, ignore_errors=True)  # a few files: quicker than a thread hop

@@ -33,9 +33,7 @@ Contract
   started at the run, bound to the work dir directly. Without dash (non-Debian) each run uses the
   one-shot launcher (:mod:`nemo_gym.sandbox.launch`, ``prlimit``). If pre-starting fails, runs still
   work (each starts its own) and pre-starting pauses for a minute.
-* This module keeps every name it held before the sandbox was split into modules (the backends, the
-  cgroup, launcher, worker and pre-started-sandbox internals): they are re-exported from their modules.
-  ``_CLEANUP`` / ``_STARTER`` are looked up in :mod:`nemo_gym.sandbox.workers` at each access (a forked
+* ``_CLEANUP`` / ``_STARTER`` are looked up in :mod:`nemo_gym.sandbox.workers` at each access (a forked
   child rebinds them).
 """
 
@@ -54,39 +52,12 @@ from pathlib import Path
 from typing import Any
 
 from nemo_gym.sandbox import workers
-from nemo_gym.sandbox.backend_base import _BackendBase as _BackendBase
-from nemo_gym.sandbox.cgroups import _RUN_IDS as _RUN_IDS
-from nemo_gym.sandbox.cgroups import _CgroupRoots as _CgroupRoots
-from nemo_gym.sandbox.cgroups import _kill_and_remove as _kill_and_remove
-from nemo_gym.sandbox.cgroups import _own_cgroup_dirs as _own_cgroup_dirs
-from nemo_gym.sandbox.cgroups import _pids_in as _pids_in
-from nemo_gym.sandbox.cgroups import _remove_stale_roots as _remove_stale_roots
-from nemo_gym.sandbox.cgroups import _RunCgroups as _RunCgroups
-from nemo_gym.sandbox.errors import SandboxError as SandboxError
-from nemo_gym.sandbox.errors import SandboxUnavailableError as SandboxUnavailableError
-from nemo_gym.sandbox.launch import _JOIN_FAILED as _JOIN_FAILED
-from nemo_gym.sandbox.launch import _READ_CHUNK as _READ_CHUNK
-from nemo_gym.sandbox.launch import DASH as DASH
-from nemo_gym.sandbox.launch import _dash_ulimits as _dash_ulimits
-from nemo_gym.sandbox.launch import _launcher_args as _launcher_args
-from nemo_gym.sandbox.launch import _parse_status as _parse_status
-from nemo_gym.sandbox.launch import _read_capped as _read_capped
-from nemo_gym.sandbox.launch import _sh_quote as _sh_quote
+from nemo_gym.sandbox.backend_base import _BackendBase
+from nemo_gym.sandbox.errors import SandboxError, SandboxUnavailableError
+from nemo_gym.sandbox.launch import DASH
 from nemo_gym.sandbox.slots import sandbox_pool_size
-from nemo_gym.sandbox.spec import SandboxExecResult as SandboxExecResult
-from nemo_gym.sandbox.spec import SandboxProviderConfig as SandboxProviderConfig
-from nemo_gym.sandbox.spec import SandboxResources as SandboxResources
-from nemo_gym.sandbox.unsafe_local import UnsafeLocalBackend as UnsafeLocalBackend
-from nemo_gym.sandbox.warm import _ENV_NAME as _ENV_NAME
-from nemo_gym.sandbox.warm import _LONG_COMMAND as _LONG_COMMAND
-from nemo_gym.sandbox.warm import _PRESTART_PREFIX as _PRESTART_PREFIX
-from nemo_gym.sandbox.warm import _SHIM as _SHIM
-from nemo_gym.sandbox.warm import _SWEPT as _SWEPT
-from nemo_gym.sandbox.warm import _retrieve as _retrieve
-from nemo_gym.sandbox.warm import _sweep_dead_owners_dirs as _sweep_dead_owners_dirs
-from nemo_gym.sandbox.warm import _WarmSandbox as _WarmSandbox
-from nemo_gym.sandbox.workers import _new_executors_after_fork as _new_executors_after_fork
-from nemo_gym.sandbox.workers import remove_dir_later as remove_dir_later
+from nemo_gym.sandbox.spec import SandboxResources
+from nemo_gym.sandbox.warm import _PRESTART_PREFIX, _SWEPT, _sweep_dead_owners_dirs, _WarmSandbox
 
 LOG = logging.getLogger("nemo_gym.sandbox")
 
