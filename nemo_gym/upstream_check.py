@@ -738,15 +738,18 @@ def _task_row(
         for row in rows:
             if _input_key(row) == given:
                 return row, "same input"
+    unknown_id = ""
     for key in _ID_KEYS:  # swebench's recorded lines carry the task's instance_id, not its input
         value = line.get(key)
         if isinstance(value, (str, int)) and not isinstance(value, bool):
             hits = [row for row in rows if row.get(key) == value]
             if len(hits) == 1:
                 return hits[0], f"same {key}"
+            if not hits and any(key in row for row in rows):
+                unknown_id = unknown_id or key
     own = {k for k in line if k not in _RECORD_KEYS and not k.startswith("_ng_")}
     if own:  # the line carries task fields of its own (expected_answer, ...): those are its task
-        return None, "own fields"
+        return None, f"unknown {unknown_id}" if unknown_id else "own fields"
     if same_count and number < len(rows):
         return rows[number], "same line number"
     return None, ""
@@ -824,6 +827,7 @@ def reverify_recorded(
     same_count = len(rows) == len(lines) + len(bad)
     result.recorded = 0
     unmatched = unrewarded = by_number = 0
+    other_tasks: dict[str, int] = {}
     headers = auth_headers(token)
     for number, line in enumerate(lines):
         recorded = line.get("reward")
@@ -836,8 +840,10 @@ def reverify_recorded(
             continue
         row, how = _task_row(line, number, rows, same_count)
         by_number += how == "same line number"
+        if how.startswith("unknown "):
+            other_tasks[how.removeprefix("unknown ")] = other_tasks.get(how.removeprefix("unknown "), 0) + 1
         if row is None:
-            unmatched += how != "own fields"
+            unmatched += how not in ("own fields",) and not how.startswith("unknown ")
             row = {k: v for k, v in line.items() if k not in ("reward", "response")}
         payload = {**row, "response": line["response"]}
         result.recorded += 1
@@ -890,6 +896,11 @@ def reverify_recorded(
     if by_number:
         result.notes.append(
             f"{by_number} recorded line(s) matched to example.jsonl by line number only (no row has their input)"
+        )
+    for key, count in other_tasks.items():
+        result.notes.append(
+            f"{count} recorded line(s) name a {key} no row of example.jsonl has (rollouts of other tasks; "
+            "posted as recorded)"
         )
     if unmatched:
         result.notes.append(

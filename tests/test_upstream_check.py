@@ -523,6 +523,9 @@ def test_a_recorded_line_finds_its_task_row_by_a_shared_id() -> None:
     assert _task_row(line, 0, rows, same_count=False) == (rows[1], "same instance_id")
     twice = [rows[1], {**rows[1], "repo": "fork/django"}]
     assert _task_row(line, 0, twice, same_count=False) == (None, "own fields")
+    # Upstream's swebench recorded rollouts of other instances than its example.jsonl holds: said so.
+    other = {**line, "instance_id": "jqlang__jq-2681"}
+    assert _task_row(other, 0, rows, same_count=False) == (None, "unknown instance_id")
 
 
 def test_the_scratch_copy_brings_the_upstream_benchmark_folders_the_env_uses(tmp_path: Path) -> None:
