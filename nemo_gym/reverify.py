@@ -52,6 +52,7 @@ from typing import Any
 
 import orjson
 
+from nemo_gym.client_errors import UpstreamError, response_body
 from nemo_gym.global_config import (
     HEAD_SERVER_KEY_NAME,
     ROLLOUT_INDEX_KEY_NAME,
@@ -60,14 +61,7 @@ from nemo_gym.global_config import (
     load_global_config,
     parse_cli_overrides,
 )
-from nemo_gym.server_client import (
-    BaseServerConfig,
-    ServerClient,
-    UpstreamError,
-    _find_instance_block,
-    close_shared_session,
-    response_body,
-)
+from nemo_gym.server_client import BaseServerConfig, ServerClient, _find_instance_block, close_shared_session
 
 OPTIONS = (
     "input_jsonl_fpath",

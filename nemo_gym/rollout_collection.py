@@ -51,6 +51,7 @@ upstream-compatible path (``from nemo_gym.rollout_collection import RolloutColle
 
 from __future__ import annotations
 
+from nemo_gym.client_errors import UpstreamError as UpstreamError  # imported (so exposed) before the split
 from nemo_gym.collection.circuit_breaker import DOWN_STATUSES as DOWN_STATUSES
 from nemo_gym.collection.circuit_breaker import CircuitBreaker as CircuitBreaker
 from nemo_gym.collection.circuit_breaker import ServerDownError as ServerDownError
@@ -108,5 +109,4 @@ from nemo_gym.collection.row_schema import logger as logger
 # Names this module imported and so exposed before the split (kept reachable from here).
 from nemo_gym.server_client import BaseServerConfig as BaseServerConfig
 from nemo_gym.server_client import ServerClient as ServerClient
-from nemo_gym.server_client import UpstreamError as UpstreamError
 from nemo_gym.server_client import close_shared_session as close_shared_session

@@ -31,6 +31,7 @@ import orjson
 import pytest
 
 from nemo_gym import server_client
+from nemo_gym.client_errors import UpstreamError
 from nemo_gym.rollout_collection import (
     EXIT_SERVER_DOWN,
     CircuitBreaker,
@@ -39,7 +40,7 @@ from nemo_gym.rollout_collection import (
     sidecar_paths,
 )
 from nemo_gym.server_client import RETRY_WARNING_BURST
-from nemo_gym.server_utils import UpstreamError, close_shared_session
+from nemo_gym.server_utils import close_shared_session
 from nemo_gym.testing import example_rows, running_servers
 from tests.test_rollout_collection import (
     WEATHER,
