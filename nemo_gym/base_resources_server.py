@@ -19,7 +19,9 @@ Contract
   ``REVERIFY_MODE`` (whether ``/verify`` can be re-run later from a stored rollout alone).
 * ``BaseMultiRewardVerifyResponse`` adds ``reward_components``; ``reward`` must equal their sum.
 * Names follow NVIDIA NeMo Gym's ``nemo_gym.base_resources_server`` so its environments import them
-  unchanged. ``expose_tools_over_mcp: true`` also serves the tools over MCP at ``/mcp`` (:mod:`nemo_gym.mcp`).
+  unchanged. ``expose_tools_over_mcp: true`` also serves the tools over MCP at ``/mcp``
+  (:mod:`nemo_gym.mcp`, which defines ``MCPServerMetadata`` and the ``NEMO_GYM_MCP_*`` names
+  re-exported here).
 * ``GET /row_schema`` publishes the JSON schema of what a task row must carry for this environment:
   the fields of the ``/seed_session`` and ``/verify`` request bodies, without ``response`` (the
   agent adds it). ``ng_collect_rollouts`` checks every row against it before sending anything.
@@ -40,6 +42,9 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from nemo_gym.config_types import AggregateMetrics as AggregateMetrics
 from nemo_gym.config_types import AggregateMetricsRequest as AggregateMetricsRequest
+from nemo_gym.mcp import NEMO_GYM_MCP_METADATA_KEY as NEMO_GYM_MCP_METADATA_KEY
+from nemo_gym.mcp import NEMO_GYM_MCP_SESSION_TOKEN_HEADER as NEMO_GYM_MCP_SESSION_TOKEN_HEADER
+from nemo_gym.mcp import MCPServerMetadata as MCPServerMetadata
 from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.reward_profile import AggregateMetricsMixin
 from nemo_gym.server_utils import BaseRunServerInstanceConfig, SimpleServer
@@ -57,14 +62,12 @@ __all__ = [
     "BaseVerifyResponse",
     "MCPServerMetadata",
     "NEMO_GYM_MCP_METADATA_KEY",
+    "NEMO_GYM_MCP_SESSION_TOKEN_HEADER",
     "NeMoGymResponse",
     "NeMoGymResponseCreateParamsNonStreaming",
     "ReverifyMode",
     "SimpleResourcesServer",
 ]
-
-NEMO_GYM_MCP_METADATA_KEY = "mcp"
-NEMO_GYM_MCP_SESSION_TOKEN_HEADER = "X-NeMo-Gym-Session-Token"
 
 
 class ReverifyMode(StrEnum):
@@ -83,15 +86,6 @@ class BaseResourcesServerConfig(BaseRunServerInstanceConfig):
     mcp_stream_idle_timeout_s: float = Field(default=60.0, gt=0)
     # Servers override it on their config class: ``REVERIFY_MODE: ClassVar[ReverifyMode] = ReverifyMode.STATELESS``.
     REVERIFY_MODE: ClassVar[ReverifyMode] = ReverifyMode.UNKNOWN
-
-
-class MCPServerMetadata(BaseModel):
-    """Where a client finds a session's MCP server (upstream's seed-response metadata, key ``"mcp"``)."""
-
-    server_name: str
-    url_path: str = "/mcp"
-    transport: str = "http"
-    headers: dict[str, str] = {}
 
 
 class BaseSeedSessionRequest(BaseModel):
@@ -206,7 +200,7 @@ class SimpleResourcesServer(BaseResourcesServer, AggregateMetricsMixin):
         app.get("/reverify_mode")(self.get_reverify_mode)
         app.get(ROW_SCHEMA_PATH)(self.row_schema)
         if self.config.expose_tools_over_mcp:
-            from nemo_gym.mcp import install_mcp  # the mcp package is needed only then
+            from nemo_gym.mcp import install_mcp  # the optional mcp package is needed only then
 
             install_mcp(self, app)
         return app

@@ -21,6 +21,8 @@ Contract
 * Responses are parsed by ``httptools`` (the C parser uvicorn uses), so each call costs a fraction
   of a general-purpose client's CPU. Only plain HTTP to hosts named in our own config is supported:
   no TLS, proxies, redirects or compression — use a general client for anything else.
+* ``RawResponse.raise_for_status()`` raises :class:`nemo_gym.client_errors.UpstreamError`; that module
+  (which imports neither this one nor the client) is all of ``nemo_gym`` this module imports.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from typing import Any
 
 import httptools
 import orjson
+
+from nemo_gym.client_errors import FullyReadResponse
+from nemo_gym.client_errors import raise_for_status as _raise_for_status
 
 
 class TransportError(Exception):
@@ -56,7 +61,7 @@ class ProtocolFailure(TransportError):
     """The exchange broke after the response had started, or the response was not valid HTTP."""
 
 
-class RawResponse:
+class RawResponse(FullyReadResponse):
     """A fully read HTTP response, shaped like aiohttp's ``ClientResponse`` for the callers that matter:
     ``status``, ``ok``, ``reason``, ``headers``, ``cookies``, ``await read()/json()/text()``,
     ``await content.read()`` and ``raise_for_status()``. ``server_name``/``url_path`` say which call it
@@ -119,12 +124,10 @@ class RawResponse:
         return self._body.decode(encoding, errors="replace")
 
     def raise_for_status(self) -> None:
-        """Raise :class:`nemo_gym.server_client.UpstreamError` (with ``status`` and ``response_content``)
+        """Raise :class:`nemo_gym.client_errors.UpstreamError` (with ``status`` and ``response_content``)
         for a status >= 400, like aiohttp's method of the same name."""
         if self.status >= 400:
-            from nemo_gym.server_client import raise_for_status
-
-            raise_for_status(self)
+            _raise_for_status(self)
 
     def release(self) -> None:
         """Nothing to release: the body is read and the connection already back in the pool."""

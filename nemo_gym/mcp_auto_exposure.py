@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
-from nemo_gym.base_resources_server import NEMO_GYM_MCP_SESSION_TOKEN_HEADER
-from nemo_gym.mcp import MCP_URL_PATH, install_mcp, mcp_installed
+from nemo_gym.mcp import MCP_URL_PATH, NEMO_GYM_MCP_SESSION_TOKEN_HEADER, install_mcp, mcp_installed
 
 if TYPE_CHECKING:
     from nemo_gym.base_resources_server import SimpleResourcesServer

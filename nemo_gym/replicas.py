@@ -22,9 +22,8 @@ Contract
   (nothing was processed, so that is safe); a sticky request to a replica that cannot be reached fails
   with the client's usual bounded retries, as an infrastructure failure naming the replica.
 * Instances without replicas keep a plain ``(host, port)`` in the client: the single-replica hot path
-  is unchanged.
-* :func:`live_replicas` probes which replicas of an instance answer now (the collector's circuit
-  breaker asks it before it calls a replicated server down: one dead replica is not a dead server).
+  is unchanged. Which replicas answer now is the client's to probe
+  (:func:`nemo_gym.server_client.live_replicas`); this module imports no client.
 """
 
 from __future__ import annotations
@@ -209,9 +208,6 @@ class ReplicaSet:
         )
 
 
-REPLICA_PROBE_TIMEOUT_S = 3.0
-
-
 def replicated_instances(cfg: Any) -> set[str]:
     """Names of the server instances of a run's config that list more than one replica."""
     from nemo_gym.global_config import SERVER_TYPES
@@ -228,39 +224,6 @@ def replicated_instances(cfg: Any) -> set[str]:
                     if replica_set_from_block(str(name), impls[impl]) is not None:
                         out.add(str(name))
     return out
-
-
-async def live_replicas(
-    client: Any, instance_name: str, timeout_s: float = REPLICA_PROBE_TIMEOUT_S
-) -> list[int]:
-    """The replicas of ``instance_name`` that answer their liveness route (``GET /``) now, probed at
-    once through a copy of ``client`` (a :class:`nemo_gym.server_client.ServerClient`: its config and
-    run token) without retries, each bounded by ``timeout_s``."""
-    import asyncio
-
-    from nemo_gym.server_client import ServerClient
-
-    probe = ServerClient(
-        global_config_dict=client.global_config_dict,
-        head_server_config=client.head_server_config,
-        timeout_s=timeout_s,
-        max_retries=0,
-    )
-    probe._auth_headers = client.auth_headers()
-    replicas = probe._host_port(instance_name)
-    if not isinstance(replicas, ReplicaSet):
-        return [0]
-    cookie = replicas.cookie_name
-
-    async def alive(index: int) -> bool:
-        try:
-            resp = await probe.request("GET", instance_name, "/", cookies={cookie: f"{index}.probe"})
-        except Exception:
-            return False
-        return 200 <= resp.status < 300
-
-    answers = await asyncio.gather(*(alive(i) for i in range(len(replicas))))
-    return [i for i, ok in enumerate(answers) if ok]
 
 
 def replica_set_from_block(instance_name: str, block: Any) -> ReplicaSet | None:
@@ -280,7 +243,6 @@ __all__ = [
     "ReplicaCookieMiddleware",
     "ReplicaSet",
     "install_replica_cookie",
-    "live_replicas",
     "new_replica_identity",
     "replica_cookie_name",
     "replica_index",

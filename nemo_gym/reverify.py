@@ -52,6 +52,7 @@ from typing import Any
 
 import orjson
 
+from nemo_gym.client_errors import UpstreamError, response_body
 from nemo_gym.config.command import command
 from nemo_gym.global_config import (
     HEAD_SERVER_KEY_NAME,
@@ -61,14 +62,7 @@ from nemo_gym.global_config import (
     load_global_config,
     parse_cli_overrides,
 )
-from nemo_gym.server_client import (
-    BaseServerConfig,
-    ServerClient,
-    UpstreamError,
-    close_shared_session,
-    find_instance_block,
-    response_body,
-)
+from nemo_gym.server_client import BaseServerConfig, ServerClient, close_shared_session, find_instance_block
 
 OPTIONS = (
     "input_jsonl_fpath",

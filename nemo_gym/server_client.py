@@ -5,10 +5,14 @@ Contract
 :class:`ServerClient` is the one client for calls between our processes. It keeps one pool of
 keep-alive connections (:mod:`nemo_gym.http_transport`) per process and event loop, never stores cookies (callers pass them explicitly), puts a
 timeout on every request, retries only failures to *reach* a server (bounded exponential backoff)
-and never retries an HTTP error status. Failures surface as :class:`UpstreamError` naming the
-server, the path and the inner error (its message scrubbed of known secrets before it is cut to
-length, so no part of one is left). This module imports no web framework, so command-line tools
-that only call servers start quickly.
+and never retries an HTTP error status. Failures surface as
+:class:`~nemo_gym.client_errors.UpstreamError` naming the server, the path and the inner error (the
+error, :func:`raise_for_status` and :func:`response_body` are defined in :mod:`nemo_gym.client_errors`
+and re-exported here). This module imports no web framework, so command-line tools that only call
+servers start quickly.
+
+:func:`live_replicas` probes which replicas of an instance answer now (the collector's circuit
+breaker asks it before it calls a replicated server down: one dead replica is not a dead server).
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel
 
 from nemo_gym.auth import auth_headers, client_token
+from nemo_gym.client_errors import UpstreamError as UpstreamError
+from nemo_gym.client_errors import raise_for_status as raise_for_status
+from nemo_gym.client_errors import response_body as response_body
 from nemo_gym.config_types import BaseServerConfig
 from nemo_gym.fd_limits import client_socket_budget
 from nemo_gym.global_config import (
@@ -43,43 +50,11 @@ from nemo_gym.http_transport import (
     ResponseTimeout,
     TransportError,
 )
-from nemo_gym.redaction import scrub
 from nemo_gym.replicas import ReplicaSet, replica_set_from_block
 
 logger = logging.getLogger("nemo_gym")
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
-
-
-# ------------------------------------------------------------------------------------------------
-# Errors.
-
-
-class UpstreamError(Exception):
-    """A call to another server failed; carries enough to say which, where and why."""
-
-    def __init__(
-        self,
-        server: str,
-        path: str,
-        status: int | None,
-        detail: Any,
-        kind: str = "http_error",
-        response_content: bytes | None = None,
-    ):
-        self.server, self.path, self.status, self.detail, self.kind = server, path, status, detail, kind
-        # The raw body of the error answer (upstream's aiohttp error carries it under this name).
-        self.response_content = response_content
-        super().__init__(f"{kind} from {server}{path} (status {status}): {scrub(str(detail))[:500]}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "server": self.server,
-            "path": self.path,
-            "status": self.status,
-            "detail": self.detail,
-        }
 
 
 # ------------------------------------------------------------------------------------------------
@@ -447,6 +422,38 @@ class ServerClient:
         return parsed, response_cookies(resp)
 
 
+REPLICA_PROBE_TIMEOUT_S = 3.0
+
+
+async def live_replicas(
+    client: ServerClient, instance_name: str, timeout_s: float = REPLICA_PROBE_TIMEOUT_S
+) -> list[int]:
+    """The replicas of ``instance_name`` that answer their liveness route (``GET /``) now, probed at
+    once through a copy of ``client`` (its config and run token) without retries, each bounded by
+    ``timeout_s``."""
+    probe = ServerClient(
+        global_config_dict=client.global_config_dict,
+        head_server_config=client.head_server_config,
+        timeout_s=timeout_s,
+        max_retries=0,
+    )
+    probe._auth_headers = client.auth_headers()
+    replicas = probe._host_port(instance_name)
+    if not isinstance(replicas, ReplicaSet):
+        return [0]
+    cookie = replicas.cookie_name
+
+    async def alive(index: int) -> bool:
+        try:
+            resp = await probe.request("GET", instance_name, "/", cookies={cookie: f"{index}.probe"})
+        except Exception:
+            return False
+        return 200 <= resp.status < 300
+
+    answers = await asyncio.gather(*(alive(i) for i in range(len(replicas))))
+    return [i for i, ok in enumerate(answers) if ok]
+
+
 def _pick_replica(replicas: ReplicaSet, cookies: Any, server_name: str, url_path: str) -> int | None:
     try:
         return replicas.sticky_index(cookies)
@@ -475,72 +482,6 @@ def response_cookies(resp: RawResponse) -> dict[str, str]:
     if isinstance(resp, RawResponse):
         return resp.cookie_values()
     return {k: getattr(m, "value", m) for k, m in resp.cookies.items()}
-
-
-class _Done:
-    """What :func:`raise_for_status` returns on success: awaitable (upstream awaits the call) without
-    being a coroutine, so a caller that does not await gets no "never awaited" warning."""
-
-    __slots__ = ()
-
-    def __await__(self) -> Any:
-        return iter(())
-
-
-_DONE = _Done()
-
-
-def raise_for_status(resp: Any, server_name: str | None = None, url_path: str | None = None) -> Any:
-    """Raise :class:`UpstreamError` if ``resp`` is an error answer; works both ways it is called.
-
-    ``raise_for_status(resp, server_name, url_path)`` (ours) and ``await raise_for_status(resp)``
-    (upstream NeMo Gym): for a response of :class:`ServerClient` the error is raised at once (the body
-    is already read) and on success an already-finished awaitable is returned. The error carries
-    ``status``, ``response_content`` (the raw body) and the parsed ``detail``; without names it names the
-    server and path the response came from. Any other response object (aiohttp's, a test double) is
-    judged by its ``ok`` and returns a coroutine that reads the body before raising.
-    """
-    if isinstance(resp, RawResponse):
-        if resp.status < 400:
-            return _DONE
-        _raise_http_error(
-            resp.status, response_body(resp), server_name or resp.server_name, url_path or resp.url_path
-        )
-    if resp.ok:
-        return _DONE
-    return _raise_for_foreign_response(resp, server_name or "", url_path or "")
-
-
-async def _raise_for_foreign_response(resp: Any, server_name: str, url_path: str) -> None:
-    """Upstream's order for a response that is not ours: read the body, then let the object raise its
-    own error (aiohttp's ``ClientResponseError``, a test double's) with ``response_content`` attached;
-    an object that does not raise gets our :class:`UpstreamError`."""
-    content = getattr(resp, "content", None)
-    body = await (content.read() if content is not None and hasattr(content, "read") else resp.read())
-    own = getattr(resp, "raise_for_status", None)
-    if callable(own):
-        try:
-            own()
-        except Exception as exc:
-            try:
-                exc.response_content = body  # type: ignore[attr-defined]
-            except AttributeError:
-                pass
-            raise
-    _raise_http_error(getattr(resp, "status", None), body, server_name, url_path)
-
-
-def _raise_http_error(status: int | None, body: bytes, server_name: str, url_path: str) -> None:
-    try:
-        detail: Any = orjson.loads(body)
-    except (orjson.JSONDecodeError, TypeError):
-        detail = body.decode(errors="replace")[:2000] if isinstance(body, bytes) else str(body)[:2000]
-    raise UpstreamError(server_name, url_path, status, detail, kind="http_error", response_content=body)
-
-
-def response_body(resp: RawResponse) -> bytes:
-    """The body of a response returned by :class:`ServerClient` (already read; the connection is released)."""
-    return resp._body or b""
 
 
 async def get_response_json(resp: Any) -> Any:

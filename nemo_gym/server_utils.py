@@ -2,8 +2,10 @@
 
 Contract
 --------
-* The HTTP client lives in :mod:`nemo_gym.server_client`; its names are re-exported here
-  (``from nemo_gym.server_utils import ServerClient`` keeps working).
+* The HTTP client lives in :mod:`nemo_gym.server_client`, its error and response checks
+  (``UpstreamError``, ``raise_for_status``, ``response_body``) in :mod:`nemo_gym.client_errors`; their
+  names are re-exported here (``from nemo_gym.server_utils import ServerClient, raise_for_status``,
+  upstream's path, keeps working).
 * :class:`BaseServer` turns a pydantic config into a FastAPI app with ``GET /`` (health), a signed
   per-instance session cookie, and JSON errors that name the server, the path and the inner error.
   Every error answer (status >= 400, whoever built it) is scrubbed of the secret values this process
@@ -55,6 +57,9 @@ from nemo_gym.auth import (
     RequestGuard,
     server_token_from_env,
 )
+from nemo_gym.client_errors import UpstreamError as UpstreamError
+from nemo_gym.client_errors import raise_for_status as raise_for_status
+from nemo_gym.client_errors import response_body as response_body
 from nemo_gym.config_types import BaseRunServerInstanceConfig as BaseRunServerInstanceConfig
 from nemo_gym.config_types import BaseServerConfig as BaseServerConfig
 from nemo_gym.global_config import (
@@ -79,12 +84,9 @@ from nemo_gym.server_client import (  # re-exported: the client is importable fr
     DEFAULT_REQUEST_TIMEOUT_S as DEFAULT_REQUEST_TIMEOUT_S,
 )
 from nemo_gym.server_client import ServerClient as ServerClient
-from nemo_gym.server_client import UpstreamError as UpstreamError
 from nemo_gym.server_client import close_shared_session as close_shared_session
 from nemo_gym.server_client import find_instance_block
 from nemo_gym.server_client import get_response_json as get_response_json
-from nemo_gym.server_client import raise_for_status as raise_for_status
-from nemo_gym.server_client import response_body as response_body
 from nemo_gym.server_client import response_cookies as response_cookies
 from nemo_gym.supervision.children import die_with_parent as die_with_parent
 from nemo_gym.supervision.verdicts import InstanceConfigError as InstanceConfigError

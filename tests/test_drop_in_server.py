@@ -32,13 +32,13 @@ from nemo_gym.base_resources_server import (
     ReverifyMode,
     SimpleResourcesServer,
 )
+from nemo_gym.client_errors import UpstreamError
 from nemo_gym.config_types import BaseServerConfig, DatasetConfig, Domain
 from nemo_gym.server_utils import (
     SESSION_ID_KEY,
     BaseServer,
     ServerClient,
     SimpleServer,
-    UpstreamError,
     config_problems,
     get_first_server_config_dict,
     get_response_json,

@@ -496,8 +496,9 @@ def test_replicas_run_on_their_nodes_require_the_token_and_serve_2000_rollouts(
         # sessions of the old boot are refused as infrastructure failures, new ones are served.
         import asyncio
 
+        from nemo_gym.client_errors import UpstreamError
         from nemo_gym.replicas import replica_cookie_name
-        from nemo_gym.server_client import ServerClient, UpstreamError
+        from nemo_gym.server_client import ServerClient
 
         client = ServerClient(global_config_dict=helper.global_config_dict, max_retries=2, backoff_s=0.05)
         cookie = replica_cookie_name(RES)

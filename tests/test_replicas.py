@@ -22,9 +22,10 @@ import pytest
 import yaml
 
 from nemo_gym.cli import RunHelper
+from nemo_gym.client_errors import UpstreamError
 from nemo_gym.global_config import ConfigError
 from nemo_gym.replicas import replica_cookie_name
-from nemo_gym.server_client import ServerClient, UpstreamError
+from nemo_gym.server_client import ServerClient
 from nemo_gym.server_utils import cookie_name_for
 from nemo_gym.testing import collect_rollouts, example_rows, get, post_json, running_servers
 

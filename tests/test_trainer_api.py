@@ -14,9 +14,10 @@ import psutil
 import pytest
 
 from nemo_gym.cli import RunHelper
+from nemo_gym.client_errors import UpstreamError
 from nemo_gym.global_config import HEAD_SERVER_KEY_NAME, GlobalConfigDictParserConfig
 from nemo_gym.rollout_collection import RolloutCollectionHelper
-from nemo_gym.server_utils import BaseServerConfig, ServerClient, UpstreamError
+from nemo_gym.server_utils import BaseServerConfig, ServerClient
 from nemo_gym.testing import SCRIPTED_MODEL_CONFIG, example_rows
 from resources_servers.example_single_tool_call.app import weather_report
 

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from nemo_gym import global_config as gc
 from nemo_gym.cli import GlobalConfigDictParserConfig as CliParserConfig
 from nemo_gym.cli import RunHelper
+from nemo_gym.client_errors import UpstreamError
 from nemo_gym.config_types import BaseServerConfig
 from nemo_gym.global_config import (
     ConfigError,
@@ -30,7 +31,7 @@ from nemo_gym.global_config import (
     get_first_server_config_dict,
 )
 from nemo_gym.rollout_collection import RolloutCollectionHelper
-from nemo_gym.server_utils import HEAD_SERVER_KEY_NAME, UpstreamError
+from nemo_gym.server_utils import HEAD_SERVER_KEY_NAME
 from nemo_gym.testing import SCRIPTED_MODEL_CONFIG, example_rows
 from resources_servers.example_single_tool_call.app import weather_report
 

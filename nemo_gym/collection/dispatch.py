@@ -19,7 +19,8 @@ from typing import Any
 
 import orjson
 
-from nemo_gym.server_client import ServerClient, UpstreamError, response_body
+from nemo_gym.client_errors import UpstreamError, response_body
+from nemo_gym.server_client import ServerClient
 
 
 async def run_one(client: ServerClient, row: dict[str, Any], timeout_s: float) -> dict[str, Any]:

@@ -4,7 +4,10 @@ the rollout's session.
 Contract
 --------
 * Installed by :class:`nemo_gym.base_resources_server.SimpleResourcesServer` when the config sets
-  ``expose_tools_over_mcp: true`` (:func:`install_mcp`); nothing here is imported otherwise.
+  ``expose_tools_over_mcp: true`` (:func:`install_mcp`). The optional ``mcp`` package (and ``httpx``)
+  is imported only then: this module itself imports without them, since
+  :mod:`nemo_gym.base_resources_server` imports its metadata model and names at start. It never
+  imports the server classes (:class:`MCPServable` is what it needs of a server).
 * ``POST /mcp`` is a stateless MCP endpoint (JSON responses). It sits behind the same request guard as
   every route: MCP clients send the run token (``Authorization: Bearer ...`` or ``X-NeMo-Gym-Token``)
   like any client, and a tool call passes on whichever of the two it came with.
@@ -12,9 +15,10 @@ Contract
   ended once no event went out on it for ``mcp_stream_idle_timeout_s`` (default 60 s; keep-alive pings
   do not count), so idle streams do not hold connections for ever; clients reconnect if they want.
 * ``/seed_session`` answers carry ``{"mcp": {"server_name", "url_path": "/mcp", "transport": "http",
-  "headers": {...}}}`` (:class:`~nemo_gym.base_resources_server.MCPServerMetadata`, key
-  ``NEMO_GYM_MCP_METADATA_KEY``). ``headers`` hold ``X-NeMo-Gym-Session-Token`` (this session's signed
-  cookie value: it binds MCP calls to the session just seeded) and, when the run has a token, the
+  "headers": {...}}}`` (:class:`MCPServerMetadata`, key ``NEMO_GYM_MCP_METADATA_KEY``; both are also
+  exported by :mod:`nemo_gym.base_resources_server`, upstream's module path). ``headers`` hold
+  ``X-NeMo-Gym-Session-Token`` (``NEMO_GYM_MCP_SESSION_TOKEN_HEADER``: this session's signed cookie
+  value, which binds MCP calls to the session just seeded) and, when the run has a token, the
   ``Authorization`` header. Send them on every MCP request.
 * ``tools/list`` lists the server's tools: ``server.mcp_tool_schemas()`` when the server defines it
   (function tools: ``{name, description, parameters}``), else every ``POST /<name>`` route except
@@ -39,18 +43,16 @@ import contextlib
 import inspect
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-import httpx
 import orjson
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.routing import Route
 
-if TYPE_CHECKING:
-    from nemo_gym.base_resources_server import SimpleResourcesServer
-
+NEMO_GYM_MCP_METADATA_KEY = "mcp"
+NEMO_GYM_MCP_SESSION_TOKEN_HEADER = "X-NeMo-Gym-Session-Token"
 MCP_URL_PATH = "/mcp"
 MCP_TOOL_TIMEOUT_S = 180.0  # one tools/call, as the agents' default tool_timeout_s
 DEFAULT_MCP_STREAM_IDLE_TIMEOUT_S = 60.0
@@ -70,6 +72,30 @@ RESERVED_PATHS = frozenset(
         "/close",
     }
 )
+
+
+class MCPServerMetadata(BaseModel):
+    """Where a client finds a session's MCP server (upstream's seed-response metadata, key ``"mcp"``)."""
+
+    server_name: str
+    url_path: str = "/mcp"
+    transport: str = "http"
+    headers: dict[str, str] = {}
+
+
+class _ServerConfig(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class MCPServable(Protocol):
+    """What :func:`install_mcp` reads of a server (a
+    :class:`~nemo_gym.base_resources_server.SimpleResourcesServer`): its config's ``name`` (and
+    ``mcp_stream_idle_timeout_s`` when the config has it), and ``mcp_tool_schemas()`` when the server
+    defines it. A structural type, so this package never imports the server classes (which import it)."""
+
+    @property
+    def config(self) -> _ServerConfig: ...
 
 
 def _body_schema(route: APIRoute) -> dict[str, Any]:
@@ -133,8 +159,6 @@ class _SeedMetadataMiddleware:
                 except orjson.JSONDecodeError:
                     payload = None
                 if isinstance(payload, dict):
-                    from nemo_gym.base_resources_server import NEMO_GYM_MCP_METADATA_KEY
-
                     session_id = scope.get("state", {}).get("session_id")
                     payload[NEMO_GYM_MCP_METADATA_KEY] = self.metadata_for(session_id)
                     body = orjson.dumps(payload)
@@ -154,19 +178,19 @@ def mcp_installed(app: FastAPI) -> bool:
     return bool(getattr(app.state, _INSTALLED_FLAG, False))
 
 
-def install_mcp(server: SimpleResourcesServer, app: FastAPI) -> None:
+def install_mcp(server: MCPServable, app: FastAPI) -> None:
     """Mount ``/mcp`` on ``app``, announce it in ``/seed_session`` answers, run its session manager with
     the app. Tools are collected on first use, so routes registered after this call are included.
     A second call on the same app does nothing."""
     if mcp_installed(app):
         return
+    import httpx
     import mcp.types as types
     from mcp.server.lowlevel import Server
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
+    from nemo_gym.asgi.sessions import SessionMiddleware, cookie_name_for, session_secret
     from nemo_gym.auth import auth_headers, server_token_from_env
-    from nemo_gym.base_resources_server import NEMO_GYM_MCP_SESSION_TOKEN_HEADER, MCPServerMetadata
-    from nemo_gym.server_utils import SessionMiddleware, cookie_name_for, session_secret
 
     logging.getLogger("mcp.server.streamable_http").setLevel(logging.WARNING)  # one INFO line per request
     name = server.config.name or type(server).__name__

@@ -42,6 +42,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
+from nemo_gym.client_errors import UpstreamError, raise_for_status, response_body
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
 from nemo_gym.disconnect import (
     ClientDisconnected,
@@ -51,13 +52,7 @@ from nemo_gym.disconnect import (
 )
 from nemo_gym.export_transitions import render_step_context
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
-from nemo_gym.server_utils import (
-    UpstreamError,
-    raise_for_status,
-    response_body,
-    response_cookies,
-    validated_body,
-)
+from nemo_gym.server_utils import response_cookies, validated_body
 
 logger = logging.getLogger(__name__)
 
