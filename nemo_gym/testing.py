@@ -136,3 +136,26 @@ def collect_rollouts(
     out = [orjson.loads(line) for line in output.read_bytes().splitlines()] if output.exists() else []
     out.sort(key=lambda r: (r.get("_ng_task_index", 0), r.get("_ng_rollout_index", 0)))
     return code, out, err.getvalue()
+
+
+def text_response(text: str) -> dict[str, Any]:
+    """A Responses API response (as JSON) whose one assistant message says ``text``, with no ``status``
+    key (as upstream's recorded rollouts store one): the ``response`` of a ``/verify`` body in tests."""
+    return {
+        "id": "resp_1",
+        "created_at": 1.0,
+        "model": "m",
+        "object": "response",
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "output": [
+            {
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": None}],
+            }
+        ],
+    }

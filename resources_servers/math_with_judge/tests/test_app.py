@@ -6,7 +6,15 @@ from pathlib import Path
 import orjson
 import pytest
 
-from nemo_gym.testing import collect_rollouts, example_rows, post_json, running_servers, server_url
+from nemo_gym.openai_utils import NeMoGymResponse
+from nemo_gym.testing import (
+    collect_rollouts,
+    example_rows,
+    post_json,
+    running_servers,
+    server_url,
+    text_response,
+)
 from resources_servers.math_with_judge.app import math_verify_answer
 
 CONFIG = "resources_servers/math_with_judge/configs/math_with_judge.yaml"
@@ -204,7 +212,10 @@ def test_upstream_hooks_are_the_verify_so_subclasses_override_them() -> None:
         async def _generate_judge_evaluation(self, question, first_answer, second_answer):
             asked.append((first_answer, second_answer))
             params = self.config.judge_responses_create_params
-            return True, JudgeEvaluation(responses_create_params=params, response=_response("[[A=B]]"))
+            return True, JudgeEvaluation(
+                responses_create_params=params,
+                response=NeMoGymResponse.model_validate(text_response("[[A=B]]")),
+            )
 
     class Shortcut(LibraryJudgeMathResourcesServer):
         async def _verify_answer(self, question, expected_answer, generated_answer):
@@ -218,7 +229,7 @@ def test_upstream_hooks_are_the_verify_so_subclasses_override_them() -> None:
         server = server_class(
             config=LibraryJudgeMathResourcesServerConfig(**config, **judge), server_client=client
         )
-        body = LibraryJudgeMathVerifyRequest.model_validate({**row, "response": _response(text)})
+        body = LibraryJudgeMathVerifyRequest.model_validate({**row, "response": text_response(text)})
         return asyncio.run(server.verify(body)).model_dump()
 
     expected = row["expected_answer"]
@@ -227,28 +238,3 @@ def test_upstream_hooks_are_the_verify_so_subclasses_override_them() -> None:
     assert asked == [(expected, "999"), ("999", expected)] and len(out["judge_evaluations"]) == 2
     out = verify(Shortcut, f"\\boxed{{{expected}}}")
     assert (out["reward"], out["library_reward"], out["extracted_answer"]) == (0.25, 1.0, f"{expected}!")
-
-
-def _response(text: str):
-    from nemo_gym.openai_utils import NeMoGymResponse
-
-    return NeMoGymResponse.model_validate(
-        {
-            "id": "resp_1",
-            "created_at": 1.0,
-            "model": "m",
-            "object": "response",
-            "parallel_tool_calls": True,
-            "tool_choice": "auto",
-            "tools": [],
-            "output": [
-                {
-                    "id": "msg_1",
-                    "type": "message",
-                    "role": "assistant",
-                    "status": "completed",
-                    "content": [{"type": "output_text", "text": text, "annotations": []}],
-                }
-            ],
-        }
-    )

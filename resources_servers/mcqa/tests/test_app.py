@@ -5,7 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym.testing import collect_rollouts, example_rows, post_json, running_servers, server_url
+from nemo_gym.testing import (
+    collect_rollouts,
+    example_rows,
+    post_json,
+    running_servers,
+    server_url,
+    text_response,
+)
 from resources_servers.mcqa.app import extract_answer
 
 CONFIG = "resources_servers/mcqa/configs/mcqa.yaml"
@@ -138,24 +145,7 @@ def test_upstream_shaped_rows_are_accepted_and_echoed_as_given(tmp_path: Path) -
         assert code == 0 and len(out) == 1, err[-3000:]
         assert out[0]["reward"] == 1.0 and out[0]["response"]["parallel_tool_calls"] is True
         # Straight to /verify, with a response the way upstream records one: no `status` key.
-        response = {
-            "id": "resp_1",
-            "created_at": 1.0,
-            "model": "m",
-            "object": "response",
-            "parallel_tool_calls": True,
-            "tool_choice": "auto",
-            "tools": [],
-            "output": [
-                {
-                    "id": "msg_1",
-                    "type": "message",
-                    "role": "assistant",
-                    "status": "completed",
-                    "content": [{"type": "output_text", "text": answer, "annotations": [], "logprobs": None}],
-                }
-            ],
-        }
+        response = text_response(answer)
         resp = post_json(server_url(helper, "mcqa") + "/verify", {**shaped, "response": response})
         assert resp.status_code == 200, resp.text[:1000]
         body = resp.json()
@@ -186,7 +176,7 @@ def test_upstream_helper_names_for_environments_built_on_mcqa() -> None:
     )
 
     row = MCQAVerifyRequest.model_validate(
-        {"responses_create_params": {"input": "q"}, "response": _minimal_response("x"), "uuid": "u1"}
+        {"responses_create_params": {"input": "q"}, "response": text_response("x"), "uuid": "u1"}
     )
     assert _extract_options_and_expected(row) == (None, None)
     assert _get_allowed_letters_from_options(None) == set()
@@ -208,24 +198,3 @@ def test_upstream_helper_names_for_environments_built_on_mcqa() -> None:
     # mcqa's own rows must carry the grading fields; a subclass's verify decides for its rows.
     assert {"options", "expected_answer"} <= set(task_row_schema(MCQAResourcesServer)["required"])
     assert {"options", "expected_answer"}.isdisjoint(task_row_schema(ChoicesInTheQuestion)["required"])
-
-
-def _minimal_response(text: str) -> dict:
-    return {
-        "id": "resp_1",
-        "created_at": 1.0,
-        "model": "m",
-        "object": "response",
-        "parallel_tool_calls": True,
-        "tool_choice": "auto",
-        "tools": [],
-        "output": [
-            {
-                "id": "msg_1",
-                "type": "message",
-                "role": "assistant",
-                "status": "completed",
-                "content": [{"type": "output_text", "text": text, "annotations": []}],
-            }
-        ],
-    }
