@@ -37,6 +37,8 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from nemo_gym.errors import error_envelope
+
 logger = logging.getLogger("nemo_gym")
 
 AUTH_TOKEN_ENV_VAR_NAME = "NEMO_GYM_AUTH_TOKEN"
@@ -215,7 +217,7 @@ def is_local_client(host: str | None) -> bool:
 
 
 def _json_error(status: int, kind: str, server: str, path: str, message: str) -> tuple[dict, bytes]:
-    body = orjson.dumps({"error": {"kind": kind, "server": server, "path": path, "message": message}})
+    body = orjson.dumps(error_envelope(kind, server=server, path=path, message=message))
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))

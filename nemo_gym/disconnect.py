@@ -27,6 +27,8 @@ import orjson
 from fastapi import Request
 from fastapi.responses import Response
 
+from nemo_gym.errors import error_envelope
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -74,5 +76,5 @@ async def run_until_disconnected(request: Request, work: Coroutine[Any, Any, T])
 def disconnected_response(server_name: str, error: ClientDisconnected) -> Response:
     """The (unread) answer to a request whose client has gone."""
     logger.info("server '%s': %s", server_name, error)
-    body = {"error": {"kind": CLIENT_DISCONNECTED, "server": server_name, "message": str(error)}}
+    body = error_envelope(CLIENT_DISCONNECTED, server=server_name, message=str(error))
     return Response(orjson.dumps(body), status_code=499, media_type="application/json")

@@ -21,7 +21,7 @@ Contract
 * Responses are parsed by ``httptools`` (the C parser uvicorn uses), so each call costs a fraction
   of a general-purpose client's CPU. Only plain HTTP to hosts named in our own config is supported:
   no TLS, proxies, redirects or compression — use a general client for anything else.
-* ``RawResponse.raise_for_status()`` raises :class:`nemo_gym.client_errors.UpstreamError`; that module
+* ``RawResponse.raise_for_status()`` raises :class:`nemo_gym.errors.UpstreamError`; that module
   (which imports neither this one nor the client) is all of ``nemo_gym`` this module imports.
 """
 
@@ -37,8 +37,8 @@ from typing import Any
 import httptools
 import orjson
 
-from nemo_gym.client_errors import FullyReadResponse
-from nemo_gym.client_errors import raise_for_status as _raise_for_status
+from nemo_gym.errors import FullyReadResponse
+from nemo_gym.errors import raise_for_status as _raise_for_status
 
 
 class TransportError(Exception):
@@ -124,7 +124,7 @@ class RawResponse(FullyReadResponse):
         return self._body.decode(encoding, errors="replace")
 
     def raise_for_status(self) -> None:
-        """Raise :class:`nemo_gym.client_errors.UpstreamError` (with ``status`` and ``response_content``)
+        """Raise :class:`nemo_gym.errors.UpstreamError` (with ``status`` and ``response_content``)
         for a status >= 400, like aiohttp's method of the same name."""
         if self.status >= 400:
             _raise_for_status(self)

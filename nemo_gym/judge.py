@@ -14,7 +14,7 @@ Contract
   the error. A judge *reply* that arrives but does not contain a
   verdict is the caller's business (typically a wrong answer), not a JudgeError.
 * A judge failure is never a reward. :class:`JudgeError` is an
-  :class:`~nemo_gym.client_errors.UpstreamError` (kind ``judge_failed``), so a ``/verify`` that lets it
+  :class:`~nemo_gym.errors.UpstreamError` (kind ``judge_failed``), so a ``/verify`` that lets it
   propagate answers 502 naming the judge, and the collector records the rollout in the failures file
   (retried with ``+resume_from_cache=true``). :func:`judge_failsafe` keeps upstream's decorator name but
   lets the error through: upstream returns reward 0.0 there, which would train on an outage.
@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from nemo_gym.client_errors import UpstreamError
+from nemo_gym.errors import UpstreamError
 
 JUDGE_FAILED_KIND = "judge_failed"
 # Upstream's retry set: rate limits and transient gateway errors (429, 502, 503, 504, 520) plus 500.

@@ -404,7 +404,7 @@ class ModelCallSink:
 
     async def pop(self, rollout_id: str) -> tuple[list[dict[str, Any]], int]:
         """All model servers' calls of ``rollout_id`` (in start order) and how many were dropped."""
-        from nemo_gym.client_errors import UpstreamError, response_body
+        from nemo_gym.errors import UpstreamError, response_body
 
         calls: list[dict[str, Any]] = []
         dropped = 0
@@ -446,7 +446,7 @@ class ModelCallSink:
         return dropped
 
     async def _discard_batch(self, rollout_ids: list[str]) -> int:
-        from nemo_gym.client_errors import UpstreamError, response_body
+        from nemo_gym.errors import UpstreamError, response_body
 
         n = 0
         for server in self.servers:

@@ -36,6 +36,8 @@ from typing import Any
 
 import orjson
 
+from nemo_gym.errors import error_envelope
+
 REPLICA_ENV_VAR_NAME = "NEMO_GYM_REPLICA"
 REPLICA_COOKIE_PREFIX = "ng_replica_"
 REPLICAS_KEY_NAME = "replicas"
@@ -109,19 +111,15 @@ class ReplicaCookieMiddleware:
 
     async def _session_lost(self, scope: dict, send: Any, named: str) -> None:
         me = self.identity.decode()
+        message = (
+            f"This request belongs to a session of replica {named} of '{self.instance_name}', but "
+            f"this is replica {me}: that replica restarted (or the request was misrouted), so the "
+            "session's state is gone. This is an infrastructure failure; retry the rollout."
+        )
         body = orjson.dumps(
-            {
-                "error": {
-                    "kind": "replica_session_lost",
-                    "server": self.instance_name,
-                    "path": scope.get("path", ""),
-                    "message": (
-                        f"This request belongs to a session of replica {named} of '{self.instance_name}', but "
-                        f"this is replica {me}: that replica restarted (or the request was misrouted), so the "
-                        "session's state is gone. This is an infrastructure failure; retry the rollout."
-                    ),
-                }
-            }
+            error_envelope(
+                "replica_session_lost", server=self.instance_name, path=scope.get("path", ""), message=message
+            )
         )
         await send(
             {

@@ -52,8 +52,8 @@ from typing import Any
 
 import orjson
 
-from nemo_gym.client_errors import UpstreamError, response_body
 from nemo_gym.config.command import command
+from nemo_gym.errors import UpstreamError, response_body
 from nemo_gym.global_config import (
     HEAD_SERVER_KEY_NAME,
     ROLLOUT_INDEX_KEY_NAME,

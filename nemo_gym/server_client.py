@@ -6,8 +6,8 @@ Contract
 keep-alive connections (:mod:`nemo_gym.http_transport`) per process and event loop, never stores cookies (callers pass them explicitly), puts a
 timeout on every request, retries only failures to *reach* a server (bounded exponential backoff)
 and never retries an HTTP error status. Failures surface as
-:class:`~nemo_gym.client_errors.UpstreamError` naming the server, the path and the inner error (the
-error, :func:`raise_for_status` and :func:`response_body` are defined in :mod:`nemo_gym.client_errors`
+:class:`~nemo_gym.errors.UpstreamError` naming the server, the path and the inner error (the
+error, :func:`raise_for_status` and :func:`response_body` are defined in :mod:`nemo_gym.errors`
 and re-exported here). This module imports no web framework, so command-line tools that only call
 servers start quickly.
 
@@ -28,10 +28,10 @@ from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel
 
 from nemo_gym.auth import auth_headers, client_token
-from nemo_gym.client_errors import UpstreamError as UpstreamError
-from nemo_gym.client_errors import raise_for_status as raise_for_status
-from nemo_gym.client_errors import response_body as response_body
 from nemo_gym.config_types import BaseServerConfig
+from nemo_gym.errors import UpstreamError as UpstreamError
+from nemo_gym.errors import raise_for_status as raise_for_status
+from nemo_gym.errors import response_body as response_body
 from nemo_gym.fd_limits import client_socket_budget
 from nemo_gym.global_config import (
     DEFAULT_HEAD_SERVER_HOST,

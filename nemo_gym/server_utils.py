@@ -3,7 +3,7 @@
 Contract
 --------
 * The HTTP client lives in :mod:`nemo_gym.server_client`, its error and response checks
-  (``UpstreamError``, ``raise_for_status``, ``response_body``) in :mod:`nemo_gym.client_errors`; their
+  (``UpstreamError``, ``raise_for_status``, ``response_body``) in :mod:`nemo_gym.errors`; their
   names are re-exported here (``from nemo_gym.server_utils import ServerClient, raise_for_status``,
   upstream's path, keeps working).
 * :class:`BaseServer` turns a pydantic config into a FastAPI app with ``GET /`` (health), a signed
@@ -57,11 +57,12 @@ from nemo_gym.auth import (
     RequestGuard,
     server_token_from_env,
 )
-from nemo_gym.client_errors import UpstreamError as UpstreamError
-from nemo_gym.client_errors import raise_for_status as raise_for_status
-from nemo_gym.client_errors import response_body as response_body
 from nemo_gym.config_types import BaseRunServerInstanceConfig as BaseRunServerInstanceConfig
 from nemo_gym.config_types import BaseServerConfig as BaseServerConfig
+from nemo_gym.errors import UpstreamError as UpstreamError
+from nemo_gym.errors import error_envelope
+from nemo_gym.errors import raise_for_status as raise_for_status
+from nemo_gym.errors import response_body as response_body
 from nemo_gym.global_config import (
     DEFAULT_HEAD_SERVER_HOST,
     DEFAULT_HEAD_SERVER_PORT,
@@ -234,14 +235,7 @@ class BaseServer(BaseModel):
 
         @app.exception_handler(UpstreamError)
         async def upstream_error(request: Request, exc: UpstreamError) -> Response:
-            body = {
-                "error": {
-                    "kind": "upstream_error",
-                    "server": name,
-                    "path": request.url.path,
-                    "inner": exc.to_dict(),
-                }
-            }
+            body = error_envelope("upstream_error", server=name, path=request.url.path, inner=exc.to_dict())
             # A server that did not answer in time is a gateway timeout; anything else a bad gateway.
             status = 504 if exc.kind == "timeout" else 502
             return Response(orjson.dumps(body), status_code=status, media_type="application/json")
@@ -250,15 +244,10 @@ class BaseServer(BaseModel):
         async def verify_error(request: Request, exc: VerifyPoolError) -> Response:
             # A check that could not be carried out (timed out, worker died): not a score, and this
             # server is up (it answered), so 503 with the kind the failures sidecar files it under.
-            body = {
-                "error": {
-                    "kind": exc.kind,
-                    "server": name,
-                    "path": request.url.path,
-                    "type": type(exc).__name__,
-                    "message": str(exc),  # scrubbed with every error answer (nemo_gym.asgi)
-                }
-            }
+            # (the message is scrubbed with every error answer: nemo_gym.asgi)
+            body = error_envelope(
+                exc.kind, server=name, path=request.url.path, type=type(exc).__name__, message=str(exc)
+            )
             return Response(orjson.dumps(body), status_code=503, media_type="application/json")
 
         @app.exception_handler(RequestValidationError)
@@ -266,12 +255,12 @@ class BaseServer(BaseModel):
             errors = _jsonable_errors(exc.errors())
             body = {
                 "detail": errors,
-                "error": {
-                    "kind": "validation_error",
-                    "server": name,
-                    "path": request.url.path,
-                    "message": _validation_message(errors),
-                },
+                **error_envelope(
+                    "validation_error",
+                    server=name,
+                    path=request.url.path,
+                    message=_validation_message(errors),
+                ),
             }
             return Response(orjson.dumps(body), status_code=422, media_type="application/json")
 
@@ -280,14 +269,7 @@ class BaseServer(BaseModel):
         # so the caller's next request on that pooled connection would fail with a reset.
         @app.exception_handler(RequestBodyTooLarge)
         async def body_too_large(request: Request, exc: RequestBodyTooLarge) -> Response:
-            body = {
-                "error": {
-                    "kind": "request_too_large",
-                    "server": name,
-                    "path": request.url.path,
-                    "message": str(exc),
-                }
-            }
+            body = error_envelope("request_too_large", server=name, path=request.url.path, message=str(exc))
             return Response(orjson.dumps(body), status_code=413, media_type="application/json")
 
         # Guard, rollout prefix, sessions and error answers: one layer (nemo_gym.asgi). Sessions and

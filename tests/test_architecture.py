@@ -161,3 +161,29 @@ def test_no_private_names_imported_across_parts(
     assert not crossing, (
         "private names used outside their part (make them public, or move the code):\n" + "\n".join(crossing)
     )
+
+
+def test_error_answers_are_built_in_one_place(
+    graph: tuple[dict[str, Path], list[tuple[str, str, str | None]]],
+) -> None:
+    """Every error answer's ``{"error": {"kind": ...}}`` comes from :func:`nemo_gym.errors.error_envelope`
+    (it was hand-built in nine places, each free to drift from what the collector sorts failures by)."""
+    modules, _edges = graph
+    hand_built = []
+    for name, path in modules.items():
+        if name == "nemo_gym.errors":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Dict):
+                continue
+            for key, value in zip(node.keys, node.values, strict=True):
+                inner = (
+                    {k.value for k in value.keys if isinstance(k, ast.Constant)}
+                    if isinstance(value, ast.Dict)
+                    else set()
+                )
+                if isinstance(key, ast.Constant) and key.value == "error" and "kind" in inner:
+                    hand_built.append(f"{path.relative_to(PACKAGE_PARENT_DIR)}:{node.lineno}")
+    assert not hand_built, "error envelopes built by hand (use nemo_gym.errors.error_envelope): " + ", ".join(
+        hand_built
+    )

@@ -31,10 +31,10 @@ import orjson
 import pytest
 
 from nemo_gym import server_client
-from nemo_gym.client_errors import UpstreamError
 from nemo_gym.collection.circuit_breaker import CircuitBreaker, ServerDownError
 from nemo_gym.collection.cli import EXIT_SERVER_DOWN
 from nemo_gym.collection.output_files import sidecar_paths
+from nemo_gym.errors import UpstreamError
 from nemo_gym.rollout_collection import RolloutCollectionHelper
 from nemo_gym.server_client import RETRY_WARNING_BURST
 from nemo_gym.server_utils import close_shared_session

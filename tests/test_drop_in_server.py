@@ -32,8 +32,8 @@ from nemo_gym.base_resources_server import (
     ReverifyMode,
     SimpleResourcesServer,
 )
-from nemo_gym.client_errors import UpstreamError
 from nemo_gym.config_types import BaseServerConfig, DatasetConfig, Domain
+from nemo_gym.errors import UpstreamError
 from nemo_gym.server_utils import (
     SESSION_ID_KEY,
     BaseServer,

@@ -27,7 +27,7 @@ from nemo_gym.base_resources_server import (
     BaseVerifyResponse,
     SimpleResourcesServer,
 )
-from nemo_gym.client_errors import UpstreamError
+from nemo_gym.errors import UpstreamError
 from nemo_gym.judge import JudgeError, call_judge, judge_failsafe, reraise_judge_errors
 from nemo_gym.openai_utils import NeMoGymResponse
 from nemo_gym.prompt import (

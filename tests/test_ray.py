@@ -496,7 +496,7 @@ def test_replicas_run_on_their_nodes_require_the_token_and_serve_2000_rollouts(
         # sessions of the old boot are refused as infrastructure failures, new ones are served.
         import asyncio
 
-        from nemo_gym.client_errors import UpstreamError
+        from nemo_gym.errors import UpstreamError
         from nemo_gym.replicas import replica_cookie_name
         from nemo_gym.server_client import ServerClient
 

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from nemo_gym.cli import RunHelper
-from nemo_gym.client_errors import UpstreamError
+from nemo_gym.errors import UpstreamError
 from nemo_gym.global_config import ConfigError
 from nemo_gym.replicas import replica_cookie_name
 from nemo_gym.server_client import ServerClient

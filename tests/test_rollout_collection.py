@@ -37,10 +37,10 @@ import psutil
 import pytest
 
 from nemo_gym.cli import RunHelper
-from nemo_gym.client_errors import UpstreamError
 from nemo_gym.collection.circuit_breaker import classify_failure
 from nemo_gym.collection.dispatch import run_one
 from nemo_gym.collection.output_files import _scan_existing_output, sidecar_paths
+from nemo_gym.errors import UpstreamError
 from nemo_gym.global_config import PACKAGE_PARENT_DIR
 from nemo_gym.rollout_collection import collect_main
 from nemo_gym.rollout_stats import k_values

@@ -22,7 +22,7 @@ from nemo_gym.base_resources_server import (
     BaseVerifyResponse,
     SimpleResourcesServer,
 )
-from nemo_gym.client_errors import UpstreamError, response_body
+from nemo_gym.errors import UpstreamError, response_body
 from nemo_gym.server_utils import ServerClient, close_shared_session
 
 BOUND_S = 20.0  # the outer bound on anything a test awaits

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from nemo_gym.cli import RunHelper
-from nemo_gym.client_errors import UpstreamError
+from nemo_gym.errors import UpstreamError
 from nemo_gym.global_config import HEAD_SERVER_KEY_NAME, GlobalConfigDictParserConfig
 from nemo_gym.rollout_collection import RolloutCollectionHelper
 from nemo_gym.server_utils import BaseServerConfig, ServerClient

@@ -22,8 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 from nemo_gym import global_config as gc
 from nemo_gym.cli import GlobalConfigDictParserConfig as CliParserConfig
 from nemo_gym.cli import RunHelper
-from nemo_gym.client_errors import UpstreamError
 from nemo_gym.config_types import BaseServerConfig
+from nemo_gym.errors import UpstreamError
 from nemo_gym.global_config import (
     ConfigError,
     GlobalConfigDictParser,

@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from nemo_gym.errors import error_envelope
 from nemo_gym.redaction import process_scrubber
 
 logger = logging.getLogger("nemo_gym")
@@ -28,15 +29,13 @@ def internal_error_answer(server_name: str, path: str, exc: BaseException) -> tu
     """(headers, body) of the JSON 500 for ``exc`` (logged here, with its traceback)."""
     logger.exception("Unhandled error in %s %s", server_name, path, exc_info=exc)
     body = orjson.dumps(
-        {
-            "error": {
-                "kind": "internal_error",
-                "server": server_name,
-                "path": path,
-                "type": type(exc).__name__,
-                "message": process_scrubber().scrub(str(exc)),
-            }
-        }
+        error_envelope(
+            "internal_error",
+            server=server_name,
+            path=path,
+            type=type(exc).__name__,
+            message=process_scrubber().scrub(str(exc)),
+        )
     )
     return [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())], body
 

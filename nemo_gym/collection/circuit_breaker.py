@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from nemo_gym.client_errors import UpstreamError
+from nemo_gym.errors import UpstreamError
 from nemo_gym.redaction import process_scrubber
 from nemo_gym.verify_pool import VERIFY_ERROR_KINDS
 

@@ -28,7 +28,6 @@ from typing import Any
 
 import orjson
 
-from nemo_gym.client_errors import UpstreamError
 from nemo_gym.collection.circuit_breaker import CircuitBreaker, _error_text, classify_failure, describe_down
 from nemo_gym.collection.dispatch import bounded_map, run_one
 from nemo_gym.collection.input_rows import check_agents_running, materialize, validate_input
@@ -49,6 +48,7 @@ from nemo_gym.collection.output_files import (
     sidecar_paths,
 )
 from nemo_gym.collection.row_schema import check_rows_against_schemas, fetch_row_schemas
+from nemo_gym.errors import UpstreamError
 from nemo_gym.observability import ModelCallSink, capture_wanted, model_calls_path
 from nemo_gym.replicas import replicated_instances
 from nemo_gym.rollout_stats import aggregate_metrics, k_values

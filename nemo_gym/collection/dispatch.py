@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from nemo_gym.client_errors import UpstreamError, response_body
+from nemo_gym.errors import UpstreamError, response_body
 from nemo_gym.server_client import ServerClient
 
 

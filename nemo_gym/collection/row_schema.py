@@ -21,9 +21,9 @@ from typing import Any
 
 import orjson
 
-from nemo_gym.client_errors import UpstreamError, response_body
 from nemo_gym.collection.input_rows import _agent_of, _BadLines, _iter_input
 from nemo_gym.collection.options import RolloutCollectionConfig
+from nemo_gym.errors import UpstreamError, response_body
 from nemo_gym.server_client import ServerClient, find_instance_block
 
 logger = logging.getLogger("nemo_gym")

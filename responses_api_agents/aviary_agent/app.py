@@ -42,7 +42,6 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
-from nemo_gym.client_errors import UpstreamError, raise_for_status, response_body
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
 from nemo_gym.disconnect import (
     ClientDisconnected,
@@ -50,6 +49,7 @@ from nemo_gym.disconnect import (
     disconnected_response,
     run_until_disconnected,
 )
+from nemo_gym.errors import UpstreamError, raise_for_status, response_body
 from nemo_gym.export_transitions import render_step_context
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.server_utils import response_cookies, validated_body

@@ -37,9 +37,9 @@ from fastapi.responses import Response
 from pydantic import Field
 
 from nemo_gym.base_resources_server import BaseRunRequest
-from nemo_gym.client_errors import UpstreamError
 from nemo_gym.config_types import ModelServerRef
 from nemo_gym.disconnect import ClientDisconnected, disconnected_response, run_until_disconnected
+from nemo_gym.errors import UpstreamError
 from nemo_gym.openai_utils import text_of_message
 from nemo_gym.server_utils import validated_body
 from responses_api_agents.simple_agent.app import SimpleAgent, SimpleAgentConfig, _add_usage, _empty_usage

@@ -1,7 +1,10 @@
-"""The error of a failed call to another server, and the helpers that judge a response and build it.
+"""The error envelope: what every server of ours answers on failure, and what a client makes of it.
 
 Contract
 --------
+* Every error answer's JSON carries ``{"error": {"kind", "server", "path", "message", ...}}``, built by
+  :func:`error_envelope` (the ASGI layer, the request guard, the exception handlers, the replica and
+  disconnect answers): ``kind`` is what the failures file and the circuit breaker sort by.
 * A failed server-to-server call surfaces as :class:`UpstreamError` naming the server, the path and
   the inner error (its message scrubbed of known secrets before it is cut to length, so no part of one
   is left); ``kind`` says what failed (``http_error``, ``connection_error``, ``timeout``, ...),
@@ -27,7 +30,21 @@ import orjson
 
 from nemo_gym.redaction import scrub
 
-__all__ = ["FullyReadResponse", "UpstreamError", "raise_for_status", "response_body"]
+__all__ = ["FullyReadResponse", "UpstreamError", "error_envelope", "raise_for_status", "response_body"]
+
+
+def error_envelope(
+    kind: str, *, server: str, message: str | None = None, path: str | None = None, **fields: Any
+) -> dict[str, Any]:
+    """``{"error": {"kind", "server", "path", ..., "message"}}``: the body of an error answer. ``path`` and
+    ``message`` are left out when None; ``fields`` (``type``, ``inner``, ...) go in as given."""
+    error: dict[str, Any] = {"kind": kind, "server": server}
+    if path is not None:
+        error["path"] = path
+    error.update(fields)
+    if message is not None:
+        error["message"] = message
+    return {"error": error}
 
 
 class FullyReadResponse:
