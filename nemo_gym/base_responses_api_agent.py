@@ -35,6 +35,35 @@ from nemo_gym.rollout_correlation import (
 )
 from nemo_gym.server_utils import BaseRunServerInstanceConfig, SimpleServer
 
+USAGE_KEYS = ("input_tokens", "output_tokens", "total_tokens")
+USAGE_DETAIL_KEYS = {
+    "input_tokens_details": ("cached_tokens", "cache_write_tokens"),
+    "output_tokens_details": ("reasoning_tokens",),
+}
+
+
+def empty_usage() -> dict[str, Any]:
+    """A Responses API usage object with every count (and detail count) at zero: an agent's total over
+    the model turns of one rollout starts here."""
+    usage: dict[str, Any] = dict.fromkeys(USAGE_KEYS, 0)
+    for details, keys in USAGE_DETAIL_KEYS.items():
+        usage[details] = dict.fromkeys(keys, 0)
+    return usage
+
+
+def add_usage(total: dict[str, Any], usage: dict[str, Any] | None) -> None:
+    """Add one model turn's ``usage`` (a missing count is 0) into ``total``: the top-level counts, and the
+    detail counts of each details section ``total`` has."""
+    usage = usage or {}
+    for key in USAGE_KEYS:
+        total[key] += int(usage.get(key) or 0)
+    for details, keys in USAGE_DETAIL_KEYS.items():
+        if details not in total:
+            continue
+        part = usage.get(details) or {}
+        for key in keys:
+            total[details][key] += int(part.get(key) or 0)
+
 
 class BaseResponsesAPIAgentConfig(BaseRunServerInstanceConfig):
     datasets: list[AnyDatasetConfig] | None = None

@@ -41,7 +41,12 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
+from nemo_gym.base_responses_api_agent import (
+    USAGE_KEYS,
+    BaseResponsesAPIAgentConfig,
+    SimpleResponsesAPIAgent,
+    add_usage,
+)
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
 from nemo_gym.disconnect import (
     ClientDisconnected,
@@ -55,8 +60,6 @@ from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.server_utils import response_cookies, validated_body
 
 logger = logging.getLogger(__name__)
-
-_USAGE_KEYS = ("input_tokens", "output_tokens", "total_tokens")
 
 
 class AviaryAgentConfig(BaseResponsesAPIAgentConfig):
@@ -125,11 +128,6 @@ def _token_fields(items: list[dict[str, Any]]) -> dict[str, Any]:
     if not found:
         return {}
     return {"prompt_token_ids": prompt, "generation_token_ids": gen, "generation_log_probs": logp}
-
-
-def _add_usage(total: dict[str, int], usage: dict[str, Any] | None) -> None:
-    for k in _USAGE_KEYS:
-        total[k] += int((usage or {}).get(k) or 0)
 
 
 class AviaryAgent(SimpleResponsesAPIAgent):
@@ -256,7 +254,7 @@ class AviaryAgent(SimpleResponsesAPIAgent):
         tools = list(params.get("tools") or []) + list(seed.get("tools") or [])
         output: list[dict[str, Any]] = list(seed.get("obs") or [])
         steps: list[dict[str, Any]] = []
-        usage = dict.fromkeys(_USAGE_KEYS, 0)
+        usage = dict.fromkeys(USAGE_KEYS, 0)  # flat: this agent reports no detail counts
         response: dict[str, Any] = {}
         stop_reason = "max_steps"
         keep_ids = not cfg.collapse_old_env_states
@@ -270,7 +268,7 @@ class AviaryAgent(SimpleResponsesAPIAgent):
                 model, model_path, json=body, **self.timeout("model_timeout_s")
             )
             turn = list(response.get("output") or [])
-            _add_usage(usage, response.get("usage"))
+            add_usage(usage, response.get("usage"))
             start = len(output)
             output.extend(turn)
             action_end = len(output)

@@ -33,7 +33,12 @@ from fastapi.responses import Response
 from pydantic import Field
 
 from nemo_gym.base_resources_server import BaseRunRequest
-from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
+from nemo_gym.base_responses_api_agent import (
+    BaseResponsesAPIAgentConfig,
+    SimpleResponsesAPIAgent,
+    add_usage,
+    empty_usage,
+)
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
 from nemo_gym.disconnect import (
     ClientDisconnected,
@@ -43,7 +48,6 @@ from nemo_gym.disconnect import (
 )
 from nemo_gym.openai_utils import new_id
 from nemo_gym.server_utils import validated_body
-from responses_api_agents.simple_agent.app import _add_usage, _empty_usage
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -132,7 +136,7 @@ class GymnasiumAgent(SimpleResponsesAPIAgent):
         params["input"] = inputs
         model, env = self.config.model_server.name, self.config.resources_server.name
         outputs: list[dict[str, Any]] = []
-        usage = _empty_usage()
+        usage = empty_usage()
         response: dict[str, Any] = {}
         total, terminated, truncated, step_info, steps = 0.0, False, False, {}, 0
         model_path = self.url_path_for_run("/v1/responses", row)  # /ng-rollout/<id> when capturing
@@ -148,7 +152,7 @@ class GymnasiumAgent(SimpleResponsesAPIAgent):
             steps += 1
             turn = response.get("output") or []
             outputs.extend(turn)
-            _add_usage(usage, response.get("usage"))
+            add_usage(usage, response.get("usage"))
             step, new_cookies = await self.server_client.post_json(
                 env,
                 "/step",

@@ -19,7 +19,12 @@ from fastapi.responses import Response
 from pydantic import Field
 
 from nemo_gym.base_resources_server import BaseRunRequest
-from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
+from nemo_gym.base_responses_api_agent import (
+    BaseResponsesAPIAgentConfig,
+    SimpleResponsesAPIAgent,
+    add_usage,
+    empty_usage,
+)
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
 from nemo_gym.disconnect import ClientDisconnected, disconnected_response, run_until_disconnected
 from nemo_gym.errors import UpstreamError, response_body
@@ -32,32 +37,6 @@ class SimpleAgentConfig(BaseResponsesAPIAgentConfig):
     model_server: ModelServerRef
     # Model turns per rollout; a bound so a looping model cannot hang a rollout.
     max_steps: int = Field(default=20, ge=1)
-
-
-_USAGE_KEYS = ("input_tokens", "output_tokens", "total_tokens")
-_USAGE_DETAIL_KEYS = {
-    "input_tokens_details": ("cached_tokens", "cache_write_tokens"),
-    "output_tokens_details": ("reasoning_tokens",),
-}
-
-
-def _empty_usage() -> dict[str, Any]:
-    """A Responses API usage object with every count (and detail count) at zero."""
-    usage: dict[str, Any] = dict.fromkeys(_USAGE_KEYS, 0)
-    for details, keys in _USAGE_DETAIL_KEYS.items():
-        usage[details] = dict.fromkeys(keys, 0)
-    return usage
-
-
-def _add_usage(total: dict[str, Any], usage: dict[str, Any] | None) -> None:
-    """Add one turn's usage (top-level counts and their details) into ``total``."""
-    usage = usage or {}
-    for key in _USAGE_KEYS:
-        total[key] += int(usage.get(key) or 0)
-    for details, keys in _USAGE_DETAIL_KEYS.items():
-        part = usage.get(details) or {}
-        for key in keys:
-            total[details][key] += int(part.get(key) or 0)
 
 
 class SimpleAgent(SimpleResponsesAPIAgent):
@@ -129,7 +108,7 @@ class SimpleAgent(SimpleResponsesAPIAgent):
             t.get("name") for t in params.get("tools") or [] if t.get("type", "function") == "function"
         ]
         outputs: list[dict[str, Any]] = []
-        usage = _empty_usage()
+        usage = empty_usage()
         response: dict[str, Any] = {}
         for _step in range(self.config.max_steps):
             request_body = {**params, "input": input_items + outputs}
@@ -139,7 +118,7 @@ class SimpleAgent(SimpleResponsesAPIAgent):
             cookies.update(new_cookies)
             turn_output = response.get("output") or []
             outputs.extend(turn_output)
-            _add_usage(usage, response.get("usage"))
+            add_usage(usage, response.get("usage"))
             calls = [item for item in turn_output if item.get("type") == "function_call"]
             if not calls or response.get("status") == "incomplete":
                 break

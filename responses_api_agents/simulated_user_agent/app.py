@@ -37,12 +37,13 @@ from fastapi.responses import Response
 from pydantic import Field
 
 from nemo_gym.base_resources_server import BaseRunRequest
+from nemo_gym.base_responses_api_agent import add_usage, empty_usage
 from nemo_gym.config_types import ModelServerRef
 from nemo_gym.disconnect import ClientDisconnected, disconnected_response, run_until_disconnected
 from nemo_gym.errors import UpstreamError
 from nemo_gym.openai_utils import text_of_message
 from nemo_gym.server_utils import validated_body
-from responses_api_agents.simple_agent.app import SimpleAgent, SimpleAgentConfig, _add_usage, _empty_usage
+from responses_api_agents.simple_agent.app import SimpleAgent, SimpleAgentConfig
 
 DEFAULT_DONE_MARKER = "###DONE###"
 USER_RULES = (
@@ -102,8 +103,8 @@ class SimulatedUserAgent(SimpleAgent):
             {"role": "user", "content": KICKOFF},
         ]
         conversation: list[dict[str, Any]] = []  # everything after the row's input, in order
-        user_usage = _empty_usage()
-        policy_usage = _empty_usage()
+        user_usage = empty_usage()
+        policy_usage = empty_usage()
         ended_by = "max_turns"
         last_response: dict[str, Any] = {}
         # With observability_enabled, policy and simulator calls carry /ng-rollout/<id> (both captured).
@@ -133,7 +134,7 @@ class SimulatedUserAgent(SimpleAgent):
             last_response = response
             new_items = response.get("output") or []
             conversation.extend(new_items)
-            _add_usage(policy_usage, response.get("usage"))
+            add_usage(policy_usage, response.get("usage"))
             if turns >= self.config.max_turns:
                 break
             user_view.append({"role": "user", "content": _visible_text(new_items) or "(no answer)"})
@@ -176,7 +177,7 @@ class SimulatedUserAgent(SimpleAgent):
         response, _ = await self.server_client.post_json(
             name, model_path, json=body, cookies={}, **self.timeout("model_timeout_s")
         )
-        _add_usage(usage, response.get("usage"))
+        add_usage(usage, response.get("usage"))
         text = _visible_text(response.get("output") or []).strip()
         if not text:
             raise UpstreamError(
