@@ -153,3 +153,21 @@ def test_workers_die_with_their_parent() -> None:
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+async def test_warm_up_runs_once_per_worker_and_a_failing_one_is_only_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Servers warm every worker at start-up (math-verify, reasoning_gym import for seconds); the pool
+    does it for them, keeping the tasks referenced and their failures out of the event loop's way."""
+    pool = VerifyPool(max_workers=2)
+    try:
+        pids = await asyncio.gather(*pool.warm_up(os.getpid, timeout=30))
+        assert len(pids) == 2 and os.getpid() not in pids
+        assert set(pids) <= set(pool.worker_pids())  # the warmed workers stay, for the real checks
+        failures = await asyncio.gather(*pool.warm_up(math.sqrt, -1.0, timeout=30), return_exceptions=True)
+        assert all(isinstance(f, ValueError) for f in failures)
+        await asyncio.sleep(0)  # done callbacks run
+        assert "verify pool warm-up failed" in caplog.text
+    finally:
+        pool.close()

@@ -23,6 +23,9 @@ Contract
 * Cancelling the awaiting coroutine kills the worker running the call (its state is unknown).
 * Workers die with their parent: they are daemonic, and each asks the kernel for SIGKILL when the process
   that started it dies (``PR_SET_PDEATHSIG``), so a killed server leaves no worker behind.
+* :meth:`VerifyPool.warm_up` (``pool.warm_up(fn, *args, timeout=...)``, from a server's ``on_startup``)
+  runs ``fn`` once per worker in the background, so imports do not count against the first checks'
+  timeouts; a failed warm-up is logged, never raised.
 * :func:`get_verify_pool` is the process-wide pool (sized to the machine, created on first use);
   :class:`VerifyPool` can also be used directly (its own size, ``await pool.aclose()``).
 * Never imports ray. :mod:`nemo_gym.verify_pool` re-exports every name.
@@ -33,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import logging
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -126,6 +130,11 @@ def _exit_description(code: int | None) -> str:
     return f"exit code {code}"
 
 
+def _log_warm_up_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logging.getLogger("nemo_gym").warning("verify pool warm-up failed: %s", task.exception())
+
+
 class VerifyPool:
     """A bounded pool of worker processes; see the module docstring."""
 
@@ -139,10 +148,24 @@ class VerifyPool:
         self._slots: asyncio.Semaphore | None = None
         self._slots_loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self._warmups: list[asyncio.Task[Any]] = []
 
     @property
     def max_workers(self) -> int:
         return self._max_workers
+
+    def warm_up(self, fn: Callable[..., Any], /, *args: Any, timeout: float) -> list[asyncio.Task[Any]]:
+        """Run ``fn(*args)`` once per worker, in the background, from the running event loop: a cold
+        worker spends seconds importing (sympy, a grammar), which would otherwise count against the first
+        real checks' timeouts. Call it from a server's ``on_startup``; a warm-up that fails is logged, never
+        raised (the checks themselves will report a real problem). Returns the tasks (awaiting them is
+        optional)."""
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(self.run(fn, *args, timeout=timeout)) for _ in range(self._max_workers)]
+        self._warmups = tasks  # referenced until done (the loop keeps only weak references)
+        for task in tasks:
+            task.add_done_callback(_log_warm_up_failure)
+        return tasks
 
     def worker_pids(self) -> list[int]:
         """Pids of the live worker processes (idle and busy)."""

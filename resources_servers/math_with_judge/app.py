@@ -213,7 +213,6 @@ def warm_up_worker() -> float:
 _VERIFY_OUTPUT_FIELDS = set(LibraryJudgeMathVerifyResponse.model_fields) - set(
     LibraryJudgeMathVerifyRequest.model_fields
 )
-_WARMUPS: list[asyncio.Task[float]] = []  # kept referenced until done
 
 
 @dataclass
@@ -264,10 +263,7 @@ class LibraryJudgeMathResourcesServer(SimpleResourcesServer):
         await super().on_startup()
         # A cold worker spends seconds importing sympy; warm every worker now, in the background, so
         # the first answers' library_verifier_timeout_seconds measures verification, not imports.
-        pool = get_verify_pool()
-        _WARMUPS[:] = [
-            asyncio.create_task(pool.run(warm_up_worker, timeout=300)) for _ in range(pool.max_workers)
-        ]
+        get_verify_pool().warm_up(warm_up_worker, timeout=300)
 
     @judge_failsafe
     async def verify(self, body: LibraryJudgeMathVerifyRequest) -> LibraryJudgeMathVerifyResponse:

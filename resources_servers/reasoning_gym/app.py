@@ -22,7 +22,6 @@ Contract
 
 from __future__ import annotations
 
-import asyncio
 import re
 from typing import Any, ClassVar
 
@@ -109,20 +108,13 @@ def import_reasoning_gym() -> int:
     return len(reasoning_gym.factory.DATASETS)
 
 
-_WARMUPS: list[asyncio.Task[int]] = []  # kept referenced until done
-
-
 class ReasoningGymResourcesServer(SimpleResourcesServer):
     config: ReasoningGymResourcesServerConfig
 
     async def on_startup(self) -> None:
         await super().on_startup()
         # Warm every pool worker in the background (reasoning_gym imports matplotlib, sympy, ...).
-        pool = get_verify_pool()
-        _WARMUPS[:] = [
-            asyncio.create_task(pool.run(import_reasoning_gym, timeout=self.config.score_timeout_seconds * 5))
-            for _ in range(pool.max_workers)
-        ]
+        get_verify_pool().warm_up(import_reasoning_gym, timeout=self.config.score_timeout_seconds * 5)
 
     async def verify(self, body: ReasoningGymVerifyRequest) -> ReasoningGymVerifyResponse:
         task = body.metadata.source_dataset
