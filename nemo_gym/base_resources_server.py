@@ -35,7 +35,7 @@ import math
 from abc import abstractmethod
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
@@ -109,6 +109,16 @@ class BaseVerifyRequest(BaseRunRequest):
 
 class BaseVerifyResponse(BaseVerifyRequest):
     reward: float
+
+    @classmethod
+    def from_request(cls, body: BaseModel, **fields: Any) -> Self:
+        """This response to the verify request ``body``: the request's fields echoed (as upstream's
+        ``XVerifyResponse(**body.model_dump(), reward=...)`` does) and ``fields`` set. What this response
+        adds to the request (``reward``, ``extracted_answer``, ...) is never taken from ``body``: a stored
+        rollout posted again carries them, and the new verdict must not meet the old one ("multiple values
+        for keyword argument 'reward'") nor inherit a stale field it leaves at its default."""
+        outputs = set(cls.model_fields) - set(type(body).model_fields)
+        return cls(**body.model_dump(exclude=outputs | set(fields)), **fields)
 
 
 class BaseMultiRewardVerifyResponse(BaseVerifyResponse):

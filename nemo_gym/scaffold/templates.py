@@ -58,7 +58,7 @@ class {title}ResourcesServer(SimpleResourcesServer):
     async def verify(self, body: {title}VerifyRequest) -> BaseVerifyResponse:
         text = body.response.output_text
         found = re.search(rf"\\b{{re.escape(body.expected_answer.strip())}}\\b", text) is not None
-        return BaseVerifyResponse(**body.model_dump(), reward=1.0 if found else 0.0)
+        return BaseVerifyResponse.from_request(body, reward=1.0 if found else 0.0)
 
 
 if __name__ == "__main__":

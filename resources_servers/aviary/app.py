@@ -372,8 +372,8 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
                 422, f"env_id {env_id!r} ran task_idx {record.task_idx}, but the row says {body.task_idx}"
             )
         rewards = list(record.step_rewards)
-        return AviaryAgentVerifyResponse(
-            **body.model_dump(),
+        return AviaryAgentVerifyResponse.from_request(
+            body,
             reward=float(sum(rewards)),
             step_rewards=rewards,
             num_steps=len(rewards),

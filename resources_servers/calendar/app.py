@@ -204,8 +204,8 @@ class CalendarResourcesServer(SimpleResourcesServer):
         except ValueError as e:
             raise HTTPException(422, f"broken row: {e}") from None
         reward, reason, count = grade(last_answer_text(body.response), body.exp_cal_state)
-        return CalendarVerifyResponse(
-            **body.model_dump(), reward=reward, failure_reason=reason, num_events=count
+        return CalendarVerifyResponse.from_request(
+            body, reward=reward, failure_reason=reason, num_events=count
         )
 
 

@@ -259,8 +259,8 @@ class CompCodingResourcesServer(SimpleResourcesServer):
         difficulty = body.verifier_metadata.difficulty
         code = extract_code(model_out) if model_out and model_out.strip() else None
         if code is None:
-            return CompCodingVerifyResponse(
-                **body.model_dump(),
+            return CompCodingVerifyResponse.from_request(
+                body,
                 reward=0.0,
                 extracted_model_output=model_out,
                 result=[False] * len(tests.inputs),
@@ -291,8 +291,8 @@ class CompCodingResourcesServer(SimpleResourcesServer):
             }
             for passed, reason, err, cpu, wall in outcomes
         ]
-        return CompCodingVerifyResponse(
-            **body.model_dump(),
+        return CompCodingVerifyResponse.from_request(
+            body,
             reward=reward,
             extracted_model_output=model_out,
             extracted_model_code=code,

@@ -126,8 +126,8 @@ class ExampleMultiStepServer(SimpleResourcesServer):
         answered = parse_extracted_values(extract_calls[-1].arguments) if extract_calls else []
         metrics: dict[str, Any] = set_metrics(body.expected_synonym_values, answered)
         reward = 1.0 if extract_calls and answered == body.expected_synonym_values else 0.0
-        return MultiStepVerifyResponse(
-            **body.model_dump(),
+        return MultiStepVerifyResponse.from_request(
+            body,
             reward=reward,
             **metrics,
             num_synonym_lookups=len(function_calls(body.response, "get_synonym_value")),

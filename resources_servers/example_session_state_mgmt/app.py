@@ -124,8 +124,8 @@ class ExampleSessionStateMgmtServer(SimpleResourcesServer):
 
     async def verify(self, request: Request, body: CounterVerifyRequest) -> CounterVerifyResponse:
         final_count = self._counters.pop(self._seeded_session_id(request))
-        return CounterVerifyResponse(
-            **body.model_dump(),
+        return CounterVerifyResponse.from_request(
+            body,
             reward=1.0 if final_count == body.expected_count else 0.0,
             final_count=final_count,
             abs_count_error=abs(final_count - body.expected_count),

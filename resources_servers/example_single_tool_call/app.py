@@ -117,8 +117,8 @@ class ExampleSingleToolCallServer(SimpleResourcesServer):
         last = body.response.output[-1] if body.response.output else None
         answer = _message_text(last) if last is not None else None
         reported = answer is not None and weather is not None and answer_reports_reading(answer, weather)
-        return SingleToolCallVerifyResponse(
-            **body.model_dump(),
+        return SingleToolCallVerifyResponse.from_request(
+            body,
             reward=1.0 if (called and reported) else 0.0,
             called_for_expected_city=called,
             answer_reports_weather=reported,

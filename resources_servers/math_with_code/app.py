@@ -321,8 +321,8 @@ class PythonExecutorResourcesServer(SimpleResourcesServer):
                 if i.type == "function_call" and i.name == "execute_python" and _is_json_object(i.arguments)
             )
             accuracy = body.expected_code_contains in code
-        return PythonMathVerifyResponse(
-            **body.model_dump(),
+        return PythonMathVerifyResponse.from_request(
+            body,
             reward=1.0 if accuracy else 0.0,
             extracted_answer=actual,
             accuracy=accuracy,

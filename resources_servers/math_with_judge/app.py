@@ -209,12 +209,6 @@ def warm_up_worker() -> float:
     return math_verify_answer("1", "\\boxed{1}")[0]
 
 
-# Fields verify writes; dropped from the body first so a stored rollout can be verified again.
-_VERIFY_OUTPUT_FIELDS = set(LibraryJudgeMathVerifyResponse.model_fields) - set(
-    LibraryJudgeMathVerifyRequest.model_fields
-)
-
-
 @dataclass
 class _VerifyNotes:
     """What one verify learned besides upstream's 4-tuple (the hooks below keep upstream's signatures)."""
@@ -282,8 +276,8 @@ class LibraryJudgeMathResourcesServer(SimpleResourcesServer):
             )
         finally:
             _NOTES.reset(token)
-        return LibraryJudgeMathVerifyResponse(
-            **body.model_dump(exclude=_VERIFY_OUTPUT_FIELDS),
+        return LibraryJudgeMathVerifyResponse.from_request(
+            body,
             reward=reward,
             extracted_answer=extracted,
             library_reward=library_reward,

@@ -309,8 +309,8 @@ class MCQAResourcesServer(SimpleResourcesServer):
         regex = (body.template_metadata or {}).get("output_regex")
         mode = self.config.grading_mode or body.grading_mode
         predicted = extract_answer(body.response.output_text, body.options, mode, regex)
-        return MCQAVerifyResponse(
-            **body.model_dump(exclude={"expected_answer", "extracted_answer", "reward"}),
+        return MCQAVerifyResponse.from_request(
+            body,
             expected_answer=gold,
             extracted_answer=predicted,
             reward=1.0 if predicted is not None and predicted == gold else 0.0,

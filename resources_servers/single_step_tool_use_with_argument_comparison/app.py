@@ -84,8 +84,8 @@ class SingleStepToolUseArgumentComparisonResourcesServer(SimpleResourcesServer):
                 body.expected_action, actual
             )
             reward, category = result.reward, result.category
-        return SingleStepToolUseArgumentComparisonVerifyResponse(
-            **body.model_dump(exclude={"reward", "category"}), reward=reward, category=category
+        return SingleStepToolUseArgumentComparisonVerifyResponse.from_request(
+            body, reward=reward, category=category
         )
 
 

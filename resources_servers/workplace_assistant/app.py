@@ -233,8 +233,8 @@ class WorkbenchResourcesServer(SimpleResourcesServer):
             ]
             apply_calls(actual, calls, strict=False)
         diffs = state_differences(actual, expected)
-        return WorkbenchVerifyResponse(
-            **body.model_dump(),
+        return WorkbenchVerifyResponse.from_request(
+            body,
             reward=0.0 if diffs else 1.0,
             state_source=source,
             state_differences=diffs,
