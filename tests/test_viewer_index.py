@@ -15,7 +15,8 @@ from typing import cast
 import orjson
 import pytest
 
-from nemo_gym.viewer.dataset import Dataset, Filters, QueryError, compare, parse_task_spec, search_patterns
+from nemo_gym.viewer.compare import compare
+from nemo_gym.viewer.dataset import Dataset
 from nemo_gym.viewer.index import (
     FLAG_MISSING_OUTPUT,
     FLAG_NO_REWARD,
@@ -26,6 +27,8 @@ from nemo_gym.viewer.index import (
     looks_like_error,
     summarize_row,
 )
+from nemo_gym.viewer.query import Filters, QueryError, parse_task_spec
+from nemo_gym.viewer.search import search_patterns
 from tests.test_viewer_support import (
     AGENT,
     MALFORMED_A,
@@ -351,9 +354,9 @@ def test_search_patterns() -> None:
 def test_search_finds_matches_across_block_boundaries(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import nemo_gym.viewer.dataset as dataset_mod
+    import nemo_gym.viewer.search as search_mod
 
-    monkeypatch.setattr(dataset_mod, "SEARCH_BLOCK_BYTES", 1)  # one row per block
+    monkeypatch.setattr(search_mod, "SEARCH_BLOCK_BYTES", 1)  # one row per block
     path = tmp_path / "r.jsonl"
     rows = [rollout(t % 7, t, 1.0) for t in range(30)]
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))

@@ -6,8 +6,10 @@ Pieces
   where each line starts and a compact summary of it (reward, indices, agent, turns, tool calls,
   tokens); the index is cached on disk keyed by the file's size and mtime, so a second open is
   instant, and rows are read from disk one at a time when the page asks for them.
-* :mod:`nemo_gym.viewer.dataset` — filtering, sorting, full-text search (a bounded scan in a
-  worker thread), the summary, per-task and comparison tables, all over the compact index.
+* :mod:`nemo_gym.viewer.dataset` — one opened file: background indexing, the rows of a query, the
+  summary and per-task tables, all over the compact index; :mod:`nemo_gym.viewer.query` its filters,
+  sorts, pages and histograms; :mod:`nemo_gym.viewer.search` full-text search (a bounded scan in a
+  worker thread); :mod:`nemo_gym.viewer.compare` two files side by side.
 * :mod:`nemo_gym.viewer.app` — the FastAPI app: JSON API plus the hand-written page in ``static/``.
 * :mod:`nemo_gym.viewer.cli` — ``ng_viewer +jsonl_fpath=<rollouts.jsonl> [+host=...] [+port=...]``.
 * :mod:`nemo_gym.viewer.bench` — ``python -m nemo_gym.viewer.bench``: index time, time to first

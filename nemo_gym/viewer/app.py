@@ -45,7 +45,9 @@ from nemo_gym.viewer.access import (
     AccessPolicy,
     TokenGuard,
 )
-from nemo_gym.viewer.dataset import Dataset, Filters, QueryError, compare, parse_task_spec
+from nemo_gym.viewer.compare import compare
+from nemo_gym.viewer.dataset import Dataset
+from nemo_gym.viewer.query import Filters, QueryError, parse_task_spec
 
 STATIC_DIR = Path(__file__).parent / "static"
 MAX_WAIT_S = 5.0

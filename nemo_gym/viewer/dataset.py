@@ -4,27 +4,21 @@ Contract
 --------
 * Everything except full-text search and reading single rows works on the compact index columns
   only (see :mod:`nemo_gym.viewer.index`); no whole row is loaded to filter or sort.
-* Full-text search (:class:`SearchJob`) scans the file's bytes in row-aligned blocks on its own
-  worker thread and publishes matches as it goes; callers wait for it with a bound and get the
-  matches found so far plus the progress. Starting a search for a new text cancels the previous
-  unfinished one. Matching is ASCII case-insensitive on the raw JSON line, also trying the text's
-  JSON-escaped (and doubly escaped, as inside tool-call ``arguments``) forms, so a search for
-  ``"city": "Paris"`` or for text with quotes finds it.
+* Full-text search runs as a :class:`~nemo_gym.viewer.search.SearchJob`; starting a search for a new
+  text cancels the previous unfinished one. Filters, sorts and pages are
+  :mod:`nemo_gym.viewer.query`'s; comparing two files is :mod:`nemo_gym.viewer.compare`.
 * Methods that can take long (indexing, scans) are meant to be called off the event loop; all
   shared state is guarded by locks.
 """
 
 from __future__ import annotations
 
-import bisect
-import json
 import math
 import os
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,263 +27,23 @@ import orjson
 from nemo_gym.rollout_stats import pass_at_k
 from nemo_gym.viewer.access import AccessDenied, AccessPolicy
 from nemo_gym.viewer.index import ERROR_FLAGS, NO_INDEX, IndexFileError, RolloutIndex
+from nemo_gym.viewer.query import (
+    MAX_PAGE,
+    ROW_SORT_KEYS,
+    TASK_SORT_KEYS,
+    Filters,
+    QueryError,
+    check_page,
+    finite,
+    histogram,
+    mean_std,
+    sort_page,
+)
+from nemo_gym.viewer.search import SearchJob
 
-SEARCH_BLOCK_BYTES = 4 << 20
 MAX_QUERY_CACHE = 16
 MAX_SEARCH_JOBS = 8
 MAX_FAILURE_ROWS = 500
-MAX_PAGE = 1000
-HIST_MAX_DISTINCT = 12
-HIST_BINS = 20
-EPS = 1e-9
-
-ROW_SORT_KEYS = (
-    "row",
-    "line_no",
-    "reward",
-    "task",
-    "rollout",
-    "agent",
-    "turns",
-    "tool_calls",
-    "tool_errors",
-    "input_tokens",
-    "output_tokens",
-    "total_tokens",
-)
-TASK_SORT_KEYS = (
-    "task",
-    "rollouts",
-    "passed",
-    "pass_rate",
-    "mean_reward",
-    "std_reward",
-    "mean_turns",
-    "mean_tool_calls",
-    "mean_tokens",
-    "error_rollouts",
-)
-COMPARE_SORT_KEYS = ("task", "n_a", "mean_a", "pass_a", "n_b", "mean_b", "pass_b", "delta", "delta_pass")
-
-
-class QueryError(ValueError):
-    """A filter or sort parameter is not valid; the message says which and why."""
-
-
-# ------------------------------------------------------------------------------------------------
-# Filters.
-
-
-def parse_task_spec(spec: str) -> tuple[tuple[int, int], ...]:
-    """``"3, 5, 10-20"`` -> inclusive ranges ((3, 3), (5, 5), (10, 20))."""
-    ranges: list[tuple[int, int]] = []
-    for part in spec.replace(" ", "").split(","):
-        if not part:
-            continue
-        lo_s, sep, hi_s = part.partition("-")
-        try:
-            lo = int(lo_s)
-            hi = int(hi_s) if sep else lo
-        except ValueError:
-            raise QueryError(
-                f"task filter {spec!r}: {part!r} is not a task index or a range like 10-20"
-            ) from None
-        if hi < lo:
-            raise QueryError(f"task filter {spec!r}: range {part!r} is empty")
-        ranges.append((lo, hi))
-    return tuple(ranges)
-
-
-@dataclass(frozen=True)
-class Filters:
-    """What the run list is narrowed to; every field optional."""
-
-    reward_min: float | None = None
-    reward_max: float | None = None
-    tasks: tuple[tuple[int, int], ...] | None = None
-    agent: str | None = None
-    errors_only: bool = False
-    text: str = ""
-
-    def structural(self) -> tuple[Any, ...]:
-        """The filters other than the text search (a cache key)."""
-        return (self.reward_min, self.reward_max, self.tasks, self.agent, self.errors_only)
-
-
-# ------------------------------------------------------------------------------------------------
-# Full-text search.
-
-
-def search_patterns(text: str) -> list[bytes]:
-    """Byte patterns (ASCII-lowercased) that find ``text`` in a raw JSON line: plain, escaped, doubly escaped."""
-    out: list[bytes] = []
-    forms = [text, orjson.dumps(text).decode()[1:-1], json.dumps(text)[1:-1]]
-    forms.append(json.dumps(forms[1])[1:-1])  # as it appears inside a JSON string inside a JSON string
-    for form in forms:
-        b = form.encode("utf-8").lower()
-        if b and b not in out:
-            out.append(b)
-    return out
-
-
-class SearchJob:
-    """A scan of one file for one text, on its own thread, publishing per-row matches as it goes."""
-
-    def __init__(self, index: RolloutIndex, text: str) -> None:
-        self.index = index
-        self.text = text
-        self.patterns = search_patterns(text)
-        self.n_rows = len(index)
-        self.generation = index.generation
-        self.matches = bytearray(self.n_rows)
-        self.scanned = 0  # rows [0, scanned) are decided
-        self.n_matches = 0
-        self.error: str | None = None
-        self.done = threading.Event()
-        self._cancel = threading.Event()
-        self.started = time.monotonic()
-        self.finished: float | None = None
-        self.last_used = time.monotonic()
-        self._thread = threading.Thread(target=self._run, name=f"ng_viewer-search-{text[:20]}", daemon=True)
-
-    def start(self) -> SearchJob:
-        """Start the scan thread; returns self."""
-        self._thread.start()
-        return self
-
-    def cancel(self) -> None:
-        """Ask the scan to stop at the next block."""
-        self._cancel.set()
-
-    @property
-    def cancelled(self) -> bool:
-        """Whether the scan was asked to stop."""
-        return self._cancel.is_set()
-
-    def wait(self, timeout: float) -> bool:
-        """Wait at most ``timeout`` seconds for the scan to end; True when it has."""
-        return self.done.wait(timeout)
-
-    def status(self) -> dict[str, Any]:
-        """Progress for the page."""
-        return {
-            "text": self.text,
-            "done": self.done.is_set() and not self.cancelled,
-            "scanned": self.scanned,
-            "total": self.n_rows,
-            "matches": self.n_matches,
-            "error": self.error,
-            "seconds": round((self.finished or time.monotonic()) - self.started, 3),
-        }
-
-    def _run(self) -> None:
-        try:
-            self._scan()
-        except OSError as e:
-            self.error = f"search stopped: cannot read {self.index.path}: {e.strerror or e}"
-        finally:
-            self.finished = time.monotonic()
-            self.done.set()
-
-    def _scan(self) -> None:
-        offsets, lengths = self.index.columns["offset"], self.index.columns["length"]
-        n = self.n_rows
-        fd = os.open(self.index.path, os.O_RDONLY)
-        try:
-            i = 0
-            while i < n:
-                if self._cancel.is_set():
-                    return
-                j = i + 1
-                start = offsets[i]
-                while j < n and offsets[j] + lengths[j] - start <= SEARCH_BLOCK_BYTES:
-                    j += 1
-                end = offsets[j - 1] + lengths[j - 1]
-                block = os.pread(fd, end - start, start).lower()
-                found = 0
-                for pat in self.patterns:
-                    pos = block.find(pat)
-                    while pos >= 0:
-                        r = bisect.bisect_right(offsets, start + pos, i, j) - 1
-                        row_end = offsets[r] + lengths[r] - start
-                        if start + pos + len(pat) <= offsets[r] + lengths[r]:
-                            if not self.matches[r]:
-                                self.matches[r] = 1
-                                found += 1
-                            pos = block.find(pat, row_end)
-                        else:  # between rows (a malformed or blank line): keep looking
-                            pos = block.find(pat, pos + 1)
-                self.n_matches += found
-                self.scanned = j
-                i = j
-        finally:
-            os.close(fd)
-
-
-# ------------------------------------------------------------------------------------------------
-# Small numeric helpers.
-
-
-def _finite(x: float) -> bool:
-    return not math.isnan(x)
-
-
-def _mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
-    if not values:
-        return None, None
-    m = math.fsum(values) / len(values)
-    return m, math.sqrt(math.fsum((v - m) ** 2 for v in values) / len(values))
-
-
-def histogram(values: Sequence[float]) -> dict[str, Any]:
-    """Bars for the reward histogram: one per distinct value when there are few, else equal-width bins."""
-    if not values:
-        return {"kind": "empty", "bins": []}
-    distinct = Counter(values)
-    if len(distinct) <= HIST_MAX_DISTINCT:
-        return {
-            "kind": "values",
-            "bins": [{"lo": v, "hi": v, "label": f"{v:g}", "count": c} for v, c in sorted(distinct.items())],
-        }
-    lo, hi = min(values), max(values)
-    width = (hi - lo) / HIST_BINS
-    counts = [0] * HIST_BINS
-    for v in values:
-        k = min(HIST_BINS - 1, int((v - lo) / width))
-        counts[k] += 1
-    return {
-        "kind": "bins",
-        "bins": [
-            {
-                "lo": lo + k * width,
-                "hi": lo + (k + 1) * width,
-                "label": f"{lo + k * width:.3g}–{lo + (k + 1) * width:.3g}",
-                "count": c,
-            }
-            for k, c in enumerate(counts)
-        ],
-    }
-
-
-def _sort_page(
-    rows: list[dict[str, Any]], sort: str, desc: bool, offset: int, limit: int
-) -> list[dict[str, Any]]:
-    """Sort rows by the numeric field ``sort`` (missing values last in either direction); cut one page."""
-
-    def key(r: dict[str, Any]) -> tuple[int, float]:
-        v = r.get(sort)
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return (1, 0.0)
-        return (0, -float(v) if desc else float(v))
-
-    return sorted(rows, key=key)[offset : offset + limit]
-
-
-def _check_page(offset: int, limit: int) -> None:
-    if offset < 0:
-        raise QueryError("offset must be >= 0")
-    if not 1 <= limit <= MAX_PAGE:
-        raise QueryError(f"limit must be between 1 and {MAX_PAGE}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -525,7 +279,7 @@ class Dataset:
         return {
             "row": i,
             "line_no": c["line_no"][i],
-            "reward": reward if _finite(reward) else None,
+            "reward": reward if finite(reward) else None,
             "task": c["task"][i] if c["task"][i] != NO_INDEX else None,
             "rollout": c["rollout"][i] if c["rollout"][i] != NO_INDEX else None,
             "agent": idx.agent_name(i),
@@ -543,7 +297,7 @@ class Dataset:
         self, filters: Filters, sort: str, desc: bool, offset: int, limit: int, wait_s: float = 1.0
     ) -> dict[str, Any]:
         """One page of the run list."""
-        _check_page(offset, limit)
+        check_page(offset, limit)
         ids, search = self.select(filters, sort, desc, wait_s)
         idx = self.require()
         return {
@@ -613,8 +367,8 @@ class Dataset:
             groups.setdefault(t, []).append(i)
         out: dict[int, dict[str, Any]] = {}
         for t, ids in groups.items():
-            rewards = [c["reward"][i] for i in ids if _finite(c["reward"][i])]
-            mean, std = _mean_std(rewards)
+            rewards = [c["reward"][i] for i in ids if finite(c["reward"][i])]
+            mean, std = mean_std(rewards)
             passed = sum(1 for r in rewards if r >= th)
             n = len(ids)
             out[t] = {
@@ -638,9 +392,9 @@ class Dataset:
         """One page of the per-task table."""
         if sort not in TASK_SORT_KEYS:
             raise QueryError(f"cannot sort tasks by {sort!r}; choose one of {', '.join(TASK_SORT_KEYS)}")
-        _check_page(offset, limit)
+        check_page(offset, limit)
         rows = list(self.task_stats().values())
-        return {"total": len(rows), "offset": offset, "rows": _sort_page(rows, sort, desc, offset, limit)}
+        return {"total": len(rows), "offset": offset, "rows": sort_page(rows, sort, desc, offset, limit)}
 
     def summary(self) -> dict[str, Any]:
         """Headline numbers, reward histogram, pass@k, token totals, malformed lines, failures."""
@@ -650,8 +404,8 @@ class Dataset:
         idx = self.require()
         c = idx.columns
         n = len(idx)
-        rewards = [r for r in c["reward"] if _finite(r)]
-        mean, std = _mean_std(rewards)
+        rewards = [r for r in c["reward"] if finite(r)]
+        mean, std = mean_std(rewards)
         tasks = self.task_stats()
         th = self.pass_threshold
         per_task_counts = [(v["scored"], v["passed"]) for v in tasks.values() if v["scored"]]
@@ -692,7 +446,7 @@ class Dataset:
 
     def malformed(self, offset: int, limit: int) -> dict[str, Any]:
         """A page of the malformed lines (line number, parser message, start of the line)."""
-        _check_page(offset, limit)
+        check_page(offset, limit)
         idx = self.require()
         lines = idx.malformed_lines()
         return {
@@ -853,90 +607,3 @@ def _index_model_calls(path: Path) -> tuple[dict[tuple[Any, Any], list[tuple[int
                     malformed += 1
             offset += length
     return spans, malformed
-
-
-# ------------------------------------------------------------------------------------------------
-# Comparing two files.
-
-
-def compare(
-    a: Dataset, b: Dataset, sort: str, desc: bool, offset: int, limit: int, only: str = "all"
-) -> dict[str, Any]:
-    """Per-task reward of ``a`` and ``b`` side by side (delta = b - a), with totals; one sorted page."""
-    if sort not in COMPARE_SORT_KEYS:
-        raise QueryError(
-            f"cannot sort the comparison by {sort!r}; choose one of {', '.join(COMPARE_SORT_KEYS)}"
-        )
-    if only not in ("all", "changed", "improved", "regressed", "only_a", "only_b"):
-        raise QueryError("only must be one of all, changed, improved, regressed, only_a, only_b")
-    _check_page(offset, limit)
-    ta, tb = a.task_stats(), b.task_stats()
-    rows: list[dict[str, Any]] = []
-    improved = regressed = same = prompt_mismatch = 0
-    common_a: list[float] = []
-    common_b: list[float] = []
-    for t in sorted(set(ta) | set(tb)):
-        x, y = ta.get(t), tb.get(t)
-        delta = delta_pass = None
-        mismatch = False
-        if x is not None and y is not None:
-            if x["mean_reward"] is not None and y["mean_reward"] is not None:
-                delta = y["mean_reward"] - x["mean_reward"]
-                common_a.append(x["mean_reward"])
-                common_b.append(y["mean_reward"])
-                if delta > EPS:
-                    improved += 1
-                elif delta < -EPS:
-                    regressed += 1
-                else:
-                    same += 1
-            if x["pass_rate"] is not None and y["pass_rate"] is not None:
-                delta_pass = y["pass_rate"] - x["pass_rate"]
-            mismatch = x["preview"] != y["preview"]
-            prompt_mismatch += mismatch
-        rows.append(
-            {
-                "task": t if t != NO_INDEX else None,
-                "n_a": x["rollouts"] if x else None,
-                "mean_a": x["mean_reward"] if x else None,
-                "pass_a": x["pass_rate"] if x else None,
-                "n_b": y["rollouts"] if y else None,
-                "mean_b": y["mean_reward"] if y else None,
-                "pass_b": y["pass_rate"] if y else None,
-                "delta": delta,
-                "delta_pass": delta_pass,
-                "prompt_differs": mismatch,
-                "preview": (x or y or {}).get("preview", ""),
-                "preview_b": y["preview"] if (y and mismatch) else None,
-            }
-        )
-    in_a = set(ta) - set(tb)
-    in_b = set(tb) - set(ta)
-    filters: dict[str, Callable[[dict[str, Any]], bool]] = {
-        "all": lambda r: True,
-        "changed": lambda r: r["delta"] is not None and abs(r["delta"]) > EPS,
-        "improved": lambda r: r["delta"] is not None and r["delta"] > EPS,
-        "regressed": lambda r: r["delta"] is not None and r["delta"] < -EPS,
-        "only_a": lambda r: r["n_b"] is None,
-        "only_b": lambda r: r["n_a"] is None,
-    }
-    chosen = [r for r in rows if filters[only](r)]
-    mean_a = math.fsum(common_a) / len(common_a) if common_a else None
-    mean_b = math.fsum(common_b) / len(common_b) if common_b else None
-    return {
-        "a": a.status(),
-        "b": b.status(),
-        "tasks_both": len(common_a),
-        "tasks_only_a": len(in_a),
-        "tasks_only_b": len(in_b),
-        "mean_a": mean_a,
-        "mean_b": mean_b,
-        "mean_delta": (mean_b - mean_a) if mean_a is not None and mean_b is not None else None,
-        "improved": improved,
-        "regressed": regressed,
-        "unchanged": same,
-        "prompt_mismatches": prompt_mismatch,
-        "total": len(chosen),
-        "offset": offset,
-        "rows": _sort_page(chosen, sort, desc, offset, limit),
-    }
