@@ -17,17 +17,16 @@ import pytest
 
 from nemo_gym.viewer.compare import compare
 from nemo_gym.viewer.dataset import Dataset
-from nemo_gym.viewer.index import (
+from nemo_gym.viewer.index import RolloutIndex, cache_path_for
+from nemo_gym.viewer.query import Filters, QueryError, parse_task_spec
+from nemo_gym.viewer.row_facts import (
     FLAG_MISSING_OUTPUT,
     FLAG_NO_REWARD,
     FLAG_RESPONSE_ERROR,
     FLAG_TOOL_ERROR,
-    RolloutIndex,
-    cache_path_for,
     looks_like_error,
     summarize_row,
 )
-from nemo_gym.viewer.query import Filters, QueryError, parse_task_spec
 from nemo_gym.viewer.search import search_patterns
 from tests.test_viewer_support import (
     AGENT,

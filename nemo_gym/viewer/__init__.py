@@ -5,7 +5,8 @@ Pieces
 * :mod:`nemo_gym.viewer.index` — the line-offset index: one streaming pass over the file records
   where each line starts and a compact summary of it (reward, indices, agent, turns, tool calls,
   tokens); the index is cached on disk keyed by the file's size and mtime, so a second open is
-  instant, and rows are read from disk one at a time when the page asks for them.
+  instant, and rows are read from disk one at a time when the page asks for them; what it keeps of a
+  row is :mod:`nemo_gym.viewer.row_facts`'s.
 * :mod:`nemo_gym.viewer.dataset` — one opened file: background indexing, the rows of a query, the
   summary and per-task tables, all over the compact index; :mod:`nemo_gym.viewer.query` its filters,
   sorts, pages and histograms; :mod:`nemo_gym.viewer.search` full-text search (a bounded scan in a

@@ -26,7 +26,7 @@ import orjson
 
 from nemo_gym.rollout_stats import pass_at_k
 from nemo_gym.viewer.access import AccessDenied, AccessPolicy
-from nemo_gym.viewer.index import ERROR_FLAGS, NO_INDEX, IndexFileError, RolloutIndex
+from nemo_gym.viewer.index import IndexFileError, RolloutIndex
 from nemo_gym.viewer.query import (
     MAX_PAGE,
     ROW_SORT_KEYS,
@@ -39,6 +39,7 @@ from nemo_gym.viewer.query import (
     mean_std,
     sort_page,
 )
+from nemo_gym.viewer.row_facts import ERROR_FLAGS, NO_INDEX
 from nemo_gym.viewer.search import SearchJob
 
 MAX_QUERY_CACHE = 16
