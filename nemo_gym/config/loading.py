@@ -27,9 +27,10 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from nemo_gym.config.keys import CONFIG_PATHS_KEY_NAME, ENV_YAML_FNAME, PACKAGE_PARENT_DIR
+from nemo_gym.config.discovery import env_config_path, env_names
+from nemo_gym.config.keys import CONFIG_PATHS_KEY_NAME, ENV_KEY_NAME, ENV_YAML_FNAME, PACKAGE_PARENT_DIR
 from nemo_gym.config.overrides import _apply_overrides, _flatten_keys, parse_cli_overrides
-from nemo_gym.config.problems import ConfigError, Provenance
+from nemo_gym.config.problems import ConfigError, Provenance, did_you_mean
 
 
 def _node_locations(node: yaml.Node, fname: str, prefix: str = "") -> dict[str, str]:
@@ -135,6 +136,21 @@ class LoadedConfig:
     file_overrides: list[tuple[str, str, str]] = field(default_factory=list)
 
 
+def _env_config(value: Any, cwd: Path) -> Path:
+    """The default config of environment ``value`` (``+env=<name>``); a ConfigError with a suggestion
+    when no folder or installed package provides it."""
+    name = str(value).strip()
+    path = env_config_path(name, cwd)
+    if path is None:
+        hint = did_you_mean(name, sorted(env_names(cwd)))
+        raise ConfigError(
+            f"+{ENV_KEY_NAME}={name}: no environment named {name!r} (a resources_servers/<name>/ folder with "
+            f"configs/<name>.yaml, here, in the repository or in an installed package).{hint} "
+            "`ng_list +kind=resources_servers` lists them."
+        )
+    return path
+
+
 def load_global_config(
     argv: list[str] | None = None,
     initial_global_config_dict: dict | None = None,
@@ -167,11 +183,14 @@ def load_global_config(
 
     cli_paths: Any = None
     cli_paths_where = "the command line"
+    env_roots: list[tuple[str, str]] = []
     for o in overrides:
         if o.key == CONFIG_PATHS_KEY_NAME:
             cli_paths = None if o.delete else o.value
             cli_paths_where = f"command-line override `{o.text}`"
-    roots: list[tuple[str, str]] = []
+        elif o.key == ENV_KEY_NAME and not o.delete:
+            env_roots = [(str(_env_config(o.value, cwd)), f"command-line override `{o.text}`")]
+    roots: list[tuple[str, str]] = list(env_roots)
     for source, where in (
         (initial.pop(CONFIG_PATHS_KEY_NAME, None), "initial_global_config_dict"),
         (env_data.pop(CONFIG_PATHS_KEY_NAME, None), env_locations.get(CONFIG_PATHS_KEY_NAME, ENV_YAML_FNAME)),
@@ -233,7 +252,8 @@ def load_global_config(
     provenance.update(
         {k: "initial_global_config_dict" for k in _flatten_keys(initial, "")} if initial else {}
     )
-    provenance.update(_apply_overrides(merged, [o for o in overrides if o.key != CONFIG_PATHS_KEY_NAME]))
+    skipped = (CONFIG_PATHS_KEY_NAME, ENV_KEY_NAME)
+    provenance.update(_apply_overrides(merged, [o for o in overrides if o.key not in skipped]))
     merged.pop(CONFIG_PATHS_KEY_NAME, None)
     return LoadedConfig(
         config=merged,
