@@ -144,7 +144,7 @@ def run_main(argv: list[str] | None = None) -> None:
         signal.signal(sig, on_signal)
 
     try:
-        loaded = load_global_config(argv)
+        loaded = load_global_config(argv, expand_env=True)
         add_secret_values(config_secret_values(loaded.config, loaded.env_yaml_data))  # for _fail's messages
         instances = validate_global_config(loaded)
     except ConfigError as e:
@@ -328,7 +328,7 @@ def dump_config_main(argv: list[str] | None = None) -> None:
         print(_help("ng_dump_config"))
         return
     try:
-        loaded = load_global_config(argv)
+        loaded = load_global_config(argv, expand_env=True)
         validate_global_config(loaded)
     except ConfigError as e:
         _fail(str(e))

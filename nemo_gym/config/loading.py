@@ -15,6 +15,10 @@ Contract
 * A value one config file sets over another file's is recorded (``file_overrides``);
   :func:`file_override_notes` words them (loudly for keys that route traffic or hold a credential) and
   ``ng_run`` prints them: layering is allowed, a silent redirect of a server is not.
+* ``+env=<name>`` (for the commands that start servers, ``expand_env``) puts environment ``<name>``'s
+  ``configs/<name>.yaml`` (a folder here, in the repository or in an installed package:
+  :mod:`nemo_gym.config.discovery`) first among the config files; an unknown name is a ConfigError
+  with a "did you mean".
 * Loading checks nothing beyond syntax: :mod:`nemo_gym.config.validation` does.
 """
 
@@ -157,8 +161,14 @@ def load_global_config(
     cwd: Path | None = None,
     load_env_yaml: bool = True,
     env_yaml_path: Path | str | None = None,
+    expand_env: bool = False,
 ) -> LoadedConfig:
     """Load and merge the config; see the module docstring for the precedence order.
+
+    With ``expand_env`` (the commands that start servers: ng_run, ng_dump_config,
+    ng_e2e_collect_rollouts), a command-line ``+env=<name>`` loads that environment's default config
+    before ``config_paths`` and is not itself a config value; other commands (ng_bench has its own
+    ``+env``) see it as an ordinary override.
 
     ``env_yaml_path`` names the env.yaml-style file to read instead of ``<cwd>/env.yaml`` (a trainer's
     ``dotenv_path``); when it does not exist nothing is loaded and one line on stderr says so.
@@ -188,7 +198,7 @@ def load_global_config(
         if o.key == CONFIG_PATHS_KEY_NAME:
             cli_paths = None if o.delete else o.value
             cli_paths_where = f"command-line override `{o.text}`"
-        elif o.key == ENV_KEY_NAME and not o.delete:
+        elif expand_env and o.key == ENV_KEY_NAME and not o.delete:
             env_roots = [(str(_env_config(o.value, cwd)), f"command-line override `{o.text}`")]
     roots: list[tuple[str, str]] = list(env_roots)
     for source, where in (
@@ -252,7 +262,7 @@ def load_global_config(
     provenance.update(
         {k: "initial_global_config_dict" for k in _flatten_keys(initial, "")} if initial else {}
     )
-    skipped = (CONFIG_PATHS_KEY_NAME, ENV_KEY_NAME)
+    skipped = (CONFIG_PATHS_KEY_NAME, ENV_KEY_NAME) if expand_env else (CONFIG_PATHS_KEY_NAME,)
     provenance.update(_apply_overrides(merged, [o for o in overrides if o.key not in skipped]))
     merged.pop(CONFIG_PATHS_KEY_NAME, None)
     return LoadedConfig(
