@@ -192,3 +192,22 @@ def test_ng_run_env_starts_the_package_and_a_rollout_goes_through_it(installed: 
         if collect is not None:
             collect.cleanup()
         run.cleanup()
+
+
+def test_a_malformed_entry_point_is_reported_and_skipped(tmp_path: Path) -> None:
+    """A package's bad entry point never breaks a run: ng_list names it on stderr and lists the rest."""
+    target = tmp_path / "site"
+    info = target / "broken_envs-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-envs\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        f"[{ENTRY_POINT_GROUP}]\nwrong_kind = broken_envs.tools.x\nno_folder = broken_envs.resources_servers.gone\n"
+    )
+    (target / "broken_envs").mkdir()
+    (target / "broken_envs" / "__init__.py").write_text("")
+    code = "import sys; from nemo_gym.server_list import main; main(sys.argv[1:])"
+    listed = _python(tmp_path, target, code, "+json=true")
+    assert listed.returncode == 0, listed.stderr
+    assert "wrong_kind" in listed.stderr and "'<package>.<server_type>.<impl>'" in listed.stderr
+    assert "no_folder" in listed.stderr and "no folder" in listed.stderr
+    assert all(r["source"] == "folder" for r in json.loads(listed.stdout))
