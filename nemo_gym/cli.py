@@ -39,6 +39,7 @@ from nemo_gym.supervision.stop import StopFlag
 COMMANDS = {
     "ng_run": "Start the head server and every configured server; keep them alive until Ctrl+C.",
     "ng_status": "Show the servers of a running ng_run and whether each answers.",
+    "ng_list": "List every environment, agent and model server found (folders and installed packages).",
     "ng_dump_config": "Print the merged, resolved config (secrets redacted) and exit.",
     "ng_test": "Run the tests of one server folder (+entrypoint=<type>/<impl>) or of the whole project.",
     "ng_collect_rollouts": "Run task rows (JSONL) through an agent; write reward-annotated rollouts (JSONL).",
@@ -71,9 +72,11 @@ def _help(command: str) -> str:
         return command_help(
             "ng_run",
             COMMANDS["ng_run"],
-            'ng_run "+config_paths=[<server config>.yaml,...]" [+option=value ...]',
+            'ng_run "+config_paths=[<server config>.yaml,...]" [+env=NAME] [+option=value ...]',
             [
                 f'ng_run "+config_paths=[{EXAMPLE_CONFIGS}]"',
+                "ng_run +env=example_single_tool_call "
+                '"+config_paths=[responses_api_models/scripted_model/configs/scripted_model.yaml]"',
                 'ng_run "+config_paths=[...]" +head_server.port=11001 +log_dir=logs +startup_timeout_s=300',
                 'ng_run "+config_paths=[...]" +ray_start_local=true     # servers may use Ray (docs/ray.md)',
             ],
@@ -141,14 +144,17 @@ def run_main(argv: list[str] | None = None) -> None:
         signal.signal(sig, on_signal)
 
     try:
-        loaded = load_global_config(argv)
+        loaded = load_global_config(argv, expand_env=True)
         add_secret_values(config_secret_values(loaded.config, loaded.env_yaml_data))  # for _fail's messages
         instances = validate_global_config(loaded)
     except ConfigError as e:
         _fail(str(e))
     _note_no_effect_keys(loaded)
     if not instances:
-        _fail("No server instances configured. Pass +config_paths=[...] with at least one server config.")
+        _fail(
+            "No server instances configured. Pass +config_paths=[...] with at least one server config "
+            "(or +env=<name>; ng_list lists them)."
+        )
 
     supervisor = ServerSupervisor(loaded, instances, stop_event=stop)
     try:
@@ -322,7 +328,7 @@ def dump_config_main(argv: list[str] | None = None) -> None:
         print(_help("ng_dump_config"))
         return
     try:
-        loaded = load_global_config(argv)
+        loaded = load_global_config(argv, expand_env=True)
         validate_global_config(loaded)
     except ConfigError as e:
         _fail(str(e))

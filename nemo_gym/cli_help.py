@@ -46,6 +46,11 @@ def option_help() -> dict[str, tuple[str, str]]:
 
     return {
         "config_paths": ("[a.yaml,b.yaml]", "YAML files to load, in order (they may list more config_paths)"),
+        "env": (
+            "NAME",
+            "load environment NAME's default config (configs/NAME.yaml of its folder or package; ng_list) "
+            "before config_paths; a model config is still needed",
+        ),
         f"{HEAD_SERVER_KEY_NAME}.host": (
             "HOST",
             "where the head server listens (default default_host, else 127.0.0.1)",

@@ -36,6 +36,13 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from nemo_gym.config.discovery import ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
+from nemo_gym.config.discovery import ServerFolder as ServerFolder
+from nemo_gym.config.discovery import env_config_path as env_config_path
+from nemo_gym.config.discovery import env_names as env_names
+from nemo_gym.config.discovery import find_folder as find_folder
+from nemo_gym.config.discovery import installed_servers as installed_servers
+from nemo_gym.config.discovery import server_folders as server_folders
 from nemo_gym.config.instances import ServerInstance as ServerInstance
 from nemo_gym.config.instances import find_server_dir as find_server_dir
 from nemo_gym.config.instances import get_first_server_config_dict as get_first_server_config_dict
@@ -53,6 +60,7 @@ from nemo_gym.config.keys import DEFAULT_SHUTDOWN_TIMEOUT_S as DEFAULT_SHUTDOWN_
 from nemo_gym.config.keys import DEFAULT_STARTUP_TIMEOUT_S as DEFAULT_STARTUP_TIMEOUT_S
 from nemo_gym.config.keys import DISALLOWED_PORTS_KEY_NAME as DISALLOWED_PORTS_KEY_NAME
 from nemo_gym.config.keys import ENTRYPOINT_KEY_NAME as ENTRYPOINT_KEY_NAME
+from nemo_gym.config.keys import ENV_KEY_NAME as ENV_KEY_NAME
 from nemo_gym.config.keys import ENV_YAML_FNAME as ENV_YAML_FNAME
 from nemo_gym.config.keys import (
     GLOBAL_AIOHTTP_CONNECTOR_LIMIT_KEY_NAME as GLOBAL_AIOHTTP_CONNECTOR_LIMIT_KEY_NAME,

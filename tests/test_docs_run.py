@@ -89,6 +89,14 @@ SKIP: dict[tuple[str, str], str] = {
         "docs/model_servers.md",
         'ng_run "+config_paths=[resources_servers/',  # the vLLM one (the other starts with the model)
     ): ("needs a vLLM server at policy_base_url"),
+    (
+        "docs/writing_an_environment.md",
+        "ng_init_resources_server +entrypoint=resources_servers/my_env +package=true",
+    ): (
+        "pip-installs the scaffolded package into the venv (that would change the shared environment, and "
+        "building it needs the `wheel` package); tests/test_env_packages.py scaffolds, builds and installs one "
+        "into a target directory, lists it with ng_list and runs a rollout through ng_run +env"
+    ),
     ("docs/trainers.md", 'pip install -e ".[ray]"'): (
         "installs an extra into the venv; examples/ray_trainer_cluster.py is run by tests/test_examples.py"
     ),

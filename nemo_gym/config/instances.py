@@ -7,7 +7,7 @@ Contract
   :class:`ConfigError` saying how to write it, with the file and line (:func:`scan_server_instances`
   returns the instances, the problems and the names of the broken blocks, for the whole-config check).
 * :func:`find_server_dir` finds an instance's folder under the working directory, else the repository
-  root; :func:`_iter_server_refs` yields the ``{type: ..., name: ...}`` references inside a block.
+  root, else an installed package (:mod:`nemo_gym.config.discovery`); :func:`_iter_server_refs` yields the ``{type: ..., name: ...}`` references inside a block.
 * :func:`get_first_server_config_dict` returns an instance's impl block (upstream's name), raising
   ``KeyError`` naming the known instances.
 """
@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from nemo_gym.config.discovery import find_folder, server_folders
 from nemo_gym.config.keys import PACKAGE_PARENT_DIR, SERVER_TYPES
 from nemo_gym.config.options import LAUNCHER_KEYS
 from nemo_gym.config.problems import ConfigError, Provenance, _close, _format_problems, _loc
@@ -42,12 +43,8 @@ class ServerInstance:
 
 
 def find_server_dir(instance: ServerInstance, root_dir: Path) -> Path | None:
-    """The instance's folder under ``root_dir`` or else the repo root; None if neither has it."""
-    for base in (root_dir, PACKAGE_PARENT_DIR):
-        candidate = base / instance.server_type / instance.impl
-        if candidate.is_dir():
-            return candidate
-    return None
+    """The instance's folder under ``root_dir``, else the repo root, else an installed package; else None."""
+    return find_folder(instance.server_type, instance.impl, root_dir)
 
 
 def _is_server_ref(node: Any) -> bool:
@@ -56,8 +53,7 @@ def _is_server_ref(node: Any) -> bool:
 
 def _impl_types(impl: str, root_dir: Path | None) -> list[str]:
     """The server types that have a folder named ``impl`` (to suggest where a block belongs)."""
-    bases = [b for b in (root_dir, PACKAGE_PARENT_DIR) if b is not None]
-    return [t for t in SERVER_TYPES if any((b / t / impl).is_dir() for b in bases)]
+    return [t for t in SERVER_TYPES if find_folder(t, impl, root_dir) is not None]
 
 
 def scan_server_instances(
@@ -225,12 +221,7 @@ def _configs_defining(name: str, server_type: str, root_dir: Path, limit: int = 
 
 
 def _available_impls(server_type: str, root_dir: Path) -> list[str]:
-    names: set[str] = set()
-    for base in (root_dir, PACKAGE_PARENT_DIR):
-        d = base / server_type
-        if d.is_dir():
-            names.update(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
-    return sorted(names)
+    return sorted({f.name for f in server_folders(root_dir, (server_type,))})
 
 
 def get_first_server_config_dict(global_config_dict: DictConfig | dict, top_level_path: str) -> DictConfig:

@@ -15,6 +15,8 @@ from pathlib import Path
 SERVER_TYPES: tuple[str, ...] = ("resources_servers", "responses_api_agents", "responses_api_models")
 HEAD_SERVER_KEY_NAME = "head_server"
 CONFIG_PATHS_KEY_NAME = "config_paths"
+# ``+env=<name>``: load the environment's default config (configs/<name>.yaml) before config_paths.
+ENV_KEY_NAME = "env"
 DEFAULT_HEAD_SERVER_HOST = "127.0.0.1"
 DEFAULT_HEAD_SERVER_PORT = 11000
 

@@ -15,6 +15,10 @@ Contract
 * A value one config file sets over another file's is recorded (``file_overrides``);
   :func:`file_override_notes` words them (loudly for keys that route traffic or hold a credential) and
   ``ng_run`` prints them: layering is allowed, a silent redirect of a server is not.
+* ``+env=<name>`` (for the commands that start servers, ``expand_env``) puts environment ``<name>``'s
+  ``configs/<name>.yaml`` (a folder here, in the repository or in an installed package:
+  :mod:`nemo_gym.config.discovery`) first among the config files; an unknown name is a ConfigError
+  with a "did you mean".
 * Loading checks nothing beyond syntax: :mod:`nemo_gym.config.validation` does.
 """
 
@@ -27,9 +31,10 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from nemo_gym.config.keys import CONFIG_PATHS_KEY_NAME, ENV_YAML_FNAME, PACKAGE_PARENT_DIR
+from nemo_gym.config.discovery import env_config_path, env_names
+from nemo_gym.config.keys import CONFIG_PATHS_KEY_NAME, ENV_KEY_NAME, ENV_YAML_FNAME, PACKAGE_PARENT_DIR
 from nemo_gym.config.overrides import _apply_overrides, _flatten_keys, parse_cli_overrides
-from nemo_gym.config.problems import ConfigError, Provenance
+from nemo_gym.config.problems import ConfigError, Provenance, did_you_mean
 
 
 def _node_locations(node: yaml.Node, fname: str, prefix: str = "") -> dict[str, str]:
@@ -135,14 +140,35 @@ class LoadedConfig:
     file_overrides: list[tuple[str, str, str]] = field(default_factory=list)
 
 
+def _env_config(value: Any, cwd: Path) -> Path:
+    """The default config of environment ``value`` (``+env=<name>``); a ConfigError with a suggestion
+    when no folder or installed package provides it."""
+    name = str(value).strip()
+    path = env_config_path(name, cwd)
+    if path is None:
+        hint = did_you_mean(name, sorted(env_names(cwd)))
+        raise ConfigError(
+            f"+{ENV_KEY_NAME}={name}: no environment named {name!r} (a resources_servers/<name>/ folder with "
+            f"configs/<name>.yaml, here, in the repository or in an installed package).{hint} "
+            "`ng_list +kind=resources_servers` lists them."
+        )
+    return path
+
+
 def load_global_config(
     argv: list[str] | None = None,
     initial_global_config_dict: dict | None = None,
     cwd: Path | None = None,
     load_env_yaml: bool = True,
     env_yaml_path: Path | str | None = None,
+    expand_env: bool = False,
 ) -> LoadedConfig:
     """Load and merge the config; see the module docstring for the precedence order.
+
+    With ``expand_env`` (the commands that start servers: ng_run, ng_dump_config,
+    ng_e2e_collect_rollouts), a command-line ``+env=<name>`` loads that environment's default config
+    before ``config_paths`` and is not itself a config value; other commands (ng_bench has its own
+    ``+env``) see it as an ordinary override.
 
     ``env_yaml_path`` names the env.yaml-style file to read instead of ``<cwd>/env.yaml`` (a trainer's
     ``dotenv_path``); when it does not exist nothing is loaded and one line on stderr says so.
@@ -167,11 +193,14 @@ def load_global_config(
 
     cli_paths: Any = None
     cli_paths_where = "the command line"
+    env_roots: list[tuple[str, str]] = []
     for o in overrides:
         if o.key == CONFIG_PATHS_KEY_NAME:
             cli_paths = None if o.delete else o.value
             cli_paths_where = f"command-line override `{o.text}`"
-    roots: list[tuple[str, str]] = []
+        elif expand_env and o.key == ENV_KEY_NAME and not o.delete:
+            env_roots = [(str(_env_config(o.value, cwd)), f"command-line override `{o.text}`")]
+    roots: list[tuple[str, str]] = list(env_roots)
     for source, where in (
         (initial.pop(CONFIG_PATHS_KEY_NAME, None), "initial_global_config_dict"),
         (env_data.pop(CONFIG_PATHS_KEY_NAME, None), env_locations.get(CONFIG_PATHS_KEY_NAME, ENV_YAML_FNAME)),
@@ -233,7 +262,8 @@ def load_global_config(
     provenance.update(
         {k: "initial_global_config_dict" for k in _flatten_keys(initial, "")} if initial else {}
     )
-    provenance.update(_apply_overrides(merged, [o for o in overrides if o.key != CONFIG_PATHS_KEY_NAME]))
+    skipped = (CONFIG_PATHS_KEY_NAME, ENV_KEY_NAME) if expand_env else (CONFIG_PATHS_KEY_NAME,)
+    provenance.update(_apply_overrides(merged, [o for o in overrides if o.key not in skipped]))
     merged.pop(CONFIG_PATHS_KEY_NAME, None)
     return LoadedConfig(
         config=merged,

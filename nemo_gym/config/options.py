@@ -24,6 +24,7 @@ from nemo_gym.config.keys import (
     CONFIG_PATHS_KEY_NAME,
     DEFAULT_HOST_KEY_NAME,
     DISALLOWED_PORTS_KEY_NAME,
+    ENV_KEY_NAME,
     GLOBAL_AIOHTTP_CONNECTOR_LIMIT_KEY_NAME,
     GLOBAL_AIOHTTP_CONNECTOR_LIMIT_PER_HOST_KEY_NAME,
     HEAD_SERVER_KEY_NAME,
@@ -42,6 +43,7 @@ from nemo_gym.config.problems import ConfigError, _close, _did_you_mean, _format
 # free value such as ``policy_base_url`` that other values interpolate).
 LAUNCHER_KEYS = {
     CONFIG_PATHS_KEY_NAME,
+    ENV_KEY_NAME,
     HEAD_SERVER_KEY_NAME,
     "isolate_server_venvs",
     "venv_cache_dir",
@@ -118,7 +120,8 @@ COMMAND_OPTIONS: dict[str, frozenset[str]] = {
             "pass_env",
         }
     ),
-    "ng_init_resources_server": frozenset({"entrypoint", "name"}),
+    "ng_init_resources_server": frozenset({"entrypoint", "name", "package"}),
+    "ng_list": frozenset({"kind", "json"}),  # nemo_gym.server_list.parse_options
     # nemo_gym.upstream_check.OPTION_HELP's keys
     "ng_check_upstream_env": frozenset(
         {

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
+from nemo_gym.config.discovery import ENTRY_POINT_GROUP
 from nemo_gym.config.instances import (
     ServerInstance,
     _available_impls,
@@ -53,7 +54,8 @@ def validate_global_config(loaded: LoadedConfig) -> list[ServerInstance]:
             looked = " or ".join(dict.fromkeys(str(b) for b in (loaded.root_dir, PACKAGE_PARENT_DIR)))
             problems.append(
                 f"'{inst.config_key}'{_loc(prov, inst.config_key)}: there is no folder "
-                f"{inst.server_type}/{inst.impl}/ (looked under {looked}).{_did_you_mean(inst.impl, available)}"
+                f"{inst.server_type}/{inst.impl}/ (looked under {looked} and in installed packages' "
+                f"{ENTRY_POINT_GROUP} entry points).{_did_you_mean(inst.impl, available)}"
                 + (f" Available: {', '.join(available)}." if available else "")
             )
         else:

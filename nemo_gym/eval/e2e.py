@@ -489,7 +489,7 @@ def main(argv: list[str] | None = None) -> None:
     stop = StopFlag()  # not threading.Event: its set() takes a lock, unsafe in a signal handler
     _install_signal_handlers(stop)
     try:
-        loaded = load_global_config(argv)
+        loaded = load_global_config(argv, expand_env=True)
         add_secret_values(config_secret_values(loaded.config, loaded.env_yaml_data))
         problems = option_problems(loaded, COMMAND)
         if problems:

@@ -255,3 +255,64 @@ def render_files(name: str) -> dict[str, str]:
         "requirements.txt": "-e nemo-gym[dev] @ ../../\n",
         "README.md": README.format(**fields),
     }
+
+
+PYPROJECT = """[build-system]
+requires = ["setuptools>=62.3"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "{dist}"
+version = "0.1.0"
+description = "A NeMo Gym environment: {name}."
+requires-python = ">=3.10"
+# nemo-gym itself is not listed: the environment runs on the nemo-gym you launch it with (a copy from
+# a package index could shadow it). Add the environment's own dependencies here and in
+# {name}/resources_servers/{name}/requirements.txt (what ng_list and ng_run check).
+dependencies = []
+
+# How nemo-gym finds the server: the dotted path of its folder inside the package.
+[project.entry-points."nemo_gym.servers"]
+{name} = "{name}.resources_servers.{name}"
+
+[tool.setuptools]
+packages = ["{name}"]
+
+# The server folder is package data: app.py, configs/, data/, tests/, README.md, requirements.txt.
+[tool.setuptools.package-data]
+{name} = ["resources_servers/{name}/*", "resources_servers/{name}/**/*"]
+
+[tool.setuptools.exclude-package-data]
+{name} = ["**/__pycache__/*", "**/*.pyc"]
+"""
+
+PACKAGE_README = """# {name}
+
+A NeMo Gym environment as a pip package. The server folder is
+`{name}/resources_servers/{name}/` (see its README.md); `pyproject.toml` declares it in the entry point
+group `nemo_gym.servers`, so once installed nemo-gym finds it like a folder of its own:
+
+```bash
+pip install .                      # or: pip install -e . while you work on it
+ng_list +kind=resources_servers    # shows {name}, from package {dist}
+ng_run +env={name} "+config_paths=[responses_api_models/scripted_model/configs/scripted_model.yaml]"
+ng_test +entrypoint={name}/resources_servers/{name}   # from this directory
+```
+"""
+
+PACKAGE_INIT = '''"""{name}: a NeMo Gym environment; the server is the folder resources_servers/{name}/ next to this file."""
+'''
+
+
+def render_package_files(name: str) -> dict[str, str]:
+    """Relative path -> content of every file of an installable package holding environment ``name``."""
+    fields = {"name": name, "dist": name.replace("_", "-")}
+    files = {
+        "pyproject.toml": PYPROJECT.format(**fields),
+        "README.md": PACKAGE_README.format(**fields),
+        f"{name}/__init__.py": PACKAGE_INIT.format(**fields),
+    }
+    server = render_files(name)
+    server["requirements.txt"] = "nemo-gym\n"  # satisfied by the running nemo-gym, never installed
+    files.update({f"{name}/resources_servers/{name}/{rel}": text for rel, text in server.items()})
+    return files
