@@ -19,6 +19,7 @@ Contract
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 import time
 from collections import Counter
@@ -141,6 +142,7 @@ async def collect_rollouts(
     total = n_rows * cfg.num_repeats
     todo = total - len(done) - len(exhausted)
     breaker = CircuitBreaker(cfg.circuit_breaker_threshold, replicated_instances(client.global_config_dict))
+    probe = functools.partial(live_replicas, client)
 
     def rows_to_send() -> Iterator[dict[str, Any]]:
         for r in materialize(cfg):
@@ -211,12 +213,7 @@ async def collect_rollouts(
                     no_reward = "the verify response has no numeric `reward`"
                     exc = UpstreamError(agent, "/run", 200, no_reward, kind="bad_response")
                 failure = classify_failure(exc, agent)
-                check = breaker.failure(agent, failure)
-                if check is not None:  # one dead replica of several is not a dead server
-                    if await live_replicas(client, check):
-                        breaker.still_serving(check)
-                    else:
-                        breaker.confirm_down(check)
+                await breaker.record_failure(agent, failure, probe)
             via = (failure.get("via") or {}).get("server")
             kind = (failure["kind"], failure["server"], failure["status"], via)  # as _KIND_FIELDS
             kinds[kind] += 1
