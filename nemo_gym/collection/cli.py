@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
 import sys
 from pathlib import Path
@@ -25,8 +26,8 @@ from pydantic import ValidationError
 
 from nemo_gym.collection.circuit_breaker import describe_down
 from nemo_gym.collection.collector import collect_rollouts, format_summary
-from nemo_gym.collection.input_rows import validate_input
 from nemo_gym.collection.options import InputError, RolloutCollectionConfig
+from nemo_gym.collection.row_schema import check_input
 from nemo_gym.config.command import command
 from nemo_gym.fd_limits import raise_open_file_limit
 from nemo_gym.global_config import ConfigError
@@ -124,15 +125,16 @@ def collect_main(argv: list[str] | None = None) -> None:
 
 
 async def _collect_with_signals(cfg: RolloutCollectionConfig, head: BaseServerConfig) -> dict[str, Any]:
-    """Validate the input (before any server is contacted), then collect; SIGINT/SIGTERM stop cleanly."""
+    """Check the input (its format errors are reported even when no head server answers), then collect;
+    SIGINT/SIGTERM stop cleanly."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    validated = validate_input(cfg)
-    client = ServerClient.load_from_global_config(head, timeout_s=cfg.request_timeout_s)
+    connect = functools.partial(ServerClient.load_from_global_config, head, timeout_s=cfg.request_timeout_s)
     try:
-        return await collect_rollouts(cfg, client, stop, validated=validated)
+        checked = await check_input(cfg, connect)
+        return await collect_rollouts(cfg, checked.client, stop, checked=checked)
     finally:
         await close_shared_session()

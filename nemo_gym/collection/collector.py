@@ -3,7 +3,8 @@
 Contract
 --------
 * :func:`collect_rollouts` validates the input, checks that its agents run and that the rows carry
-  what their environments need, all before anything is sent; writes the materialized inputs; then
+  what their environments need (one streaming pass, :func:`~.row_schema.check_input`), all before
+  anything is sent; writes the materialized inputs; then
   runs the (task, rollout) pairs not yet done (on resume: retrying failed ones up to
   ``max_attempts``) with at most ``num_samples_in_parallel`` in flight. Each finished rollout is one
   whole line in the output, written as it completes; each infrastructure failure (or a verify
@@ -32,7 +33,7 @@ import orjson
 from nemo_gym.client_errors import UpstreamError
 from nemo_gym.collection.circuit_breaker import CircuitBreaker, _error_text, classify_failure, describe_down
 from nemo_gym.collection.dispatch import bounded_map, run_one
-from nemo_gym.collection.input_rows import check_agents_running, materialize, validate_input
+from nemo_gym.collection.input_rows import materialize
 from nemo_gym.collection.options import (
     NG_FAILURE_CLASS_KEY,
     NG_NO_PERSIST_KEY,
@@ -49,7 +50,7 @@ from nemo_gym.collection.output_files import (
     _scan_terminal_failures,
     sidecar_paths,
 )
-from nemo_gym.collection.row_schema import check_rows_against_schemas, fetch_row_schemas
+from nemo_gym.collection.row_schema import CheckedInput, check_input
 from nemo_gym.observability import ModelCallSink, capture_wanted, model_calls_path
 from nemo_gym.replicas import replicated_instances
 from nemo_gym.rollout_stats import aggregate_metrics, k_values
@@ -96,15 +97,16 @@ async def collect_rollouts(
     cfg: RolloutCollectionConfig,
     client: ServerClient,
     stop: asyncio.Event | None = None,
-    validated: tuple[int, set[str]] | None = None,
+    checked: CheckedInput | None = None,
 ) -> dict[str, Any]:
     """The whole job; returns the summary (also written to the metrics file).
 
-    ``validated`` is the result of :func:`validate_input` when the caller already ran it.
+    ``checked`` is the result of :func:`check_input` when the caller already ran it (the CLI does,
+    to report a bad input before it connects to the head server).
     """
-    n_rows, agents = validated if validated is not None else validate_input(cfg)
-    check_agents_running(agents, client)
-    check_rows_against_schemas(cfg, await fetch_row_schemas(agents, client))
+    if checked is None:
+        checked = await check_input(cfg, client)
+    n_rows, agents = checked.n_rows, checked.agents
     out_path = Path(cfg.output_jsonl_fpath)
     side = sidecar_paths(out_path)
     calls_path = model_calls_path(out_path)

@@ -49,7 +49,6 @@ from pydantic import Field, ValidationError
 
 from nemo_gym.collection.cli import EXIT_SERVER_DOWN
 from nemo_gym.collection.collector import collect_rollouts, format_summary
-from nemo_gym.collection.input_rows import validate_input
 from nemo_gym.collection.options import CollectionOptions, InputError, RolloutCollectionConfig
 from nemo_gym.collection.output_files import sidecar_paths
 from nemo_gym.config.command import command
@@ -298,7 +297,7 @@ async def collect_all(
             print(
                 f"\n== {plan.agent}: {plan.input_path} x {plan.num_repeats} -> {plan.output_path}", flush=True
             )
-            summaries[plan.agent] = await collect_rollouts(cfg, client, stop, validated=validate_input(cfg))
+            summaries[plan.agent] = await collect_rollouts(cfg, client, stop)
             print(format_summary(summaries[plan.agent]), flush=True)
     finally:
         await close_shared_session()
