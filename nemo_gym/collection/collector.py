@@ -132,6 +132,13 @@ class _RunResult:
     kind_paths: dict[tuple[Any, ...], set[str]] = field(default_factory=dict)
 
 
+def _read_rows(path: Path) -> Iterator[dict[str, Any]]:
+    """The rows of a JSONL file we wrote, one at a time."""
+    with open(path, "rb") as f:
+        for line in f:
+            yield orjson.loads(line)
+
+
 async def collect_rollouts(
     cfg: RolloutCollectionConfig,
     client: ServerClient,
@@ -214,7 +221,9 @@ async def _run(
     done, exhausted, attempts, fresh = plan.done, plan.exhausted, plan.attempts, plan.fresh
 
     def rows_to_send() -> Iterator[dict[str, Any]]:
-        for r in materialize(cfg):
+        # From the materialized inputs the plan step wrote (or, on resume, checked against the input):
+        # the same rows, without reading the input file again.
+        for r in _read_rows(plan.side["materialized"]):
             key = (r["_ng_task_index"], r["_ng_rollout_index"])
             if key in done or key in exhausted:
                 continue
