@@ -30,6 +30,7 @@ import orjson
 from nemo_gym.cli import RunHelper
 from nemo_gym.collection.collector import collect_rollouts, format_summary
 from nemo_gym.collection.options import InputError, RolloutCollectionConfig
+from nemo_gym.collection.summary import CollectionSummary
 from nemo_gym.config.command import command
 from nemo_gym.global_config import PACKAGE_PARENT_DIR, ConfigError, GlobalConfigDictParserConfig
 from nemo_gym.server_client import ServerClient, close_shared_session
@@ -89,7 +90,7 @@ def describe_rollout(row: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-async def _collect(helper: RunHelper, output: Path) -> dict[str, Any]:
+async def _collect(helper: RunHelper, output: Path) -> CollectionSummary:
     cfg = RolloutCollectionConfig(
         input_jsonl_fpath=str(INPUT_JSONL),
         output_jsonl_fpath=str(output),
@@ -160,9 +161,9 @@ def run_quickstart(argv: list[str], output: Path = OUTPUT_JSONL) -> int:
         print()
         print(format_summary(summary))
         print(f"ng_quickstart: done in {time.monotonic() - t0:.1f} s (rollouts in {output})", flush=True)
-        if summary["interrupted"]:
+        if summary.interrupted:
             return 130
-        return 0 if summary["rollouts_ok"] else 1
+        return 0 if summary.rollouts_ok else 1
     except KeyboardInterrupt:
         sys.stderr.write("\nng_quickstart: interrupted; stopping the servers.\n")
         return 130

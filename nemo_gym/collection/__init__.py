@@ -10,8 +10,8 @@ Contract
   :mod:`.input_rows` (streaming validation and materialisation of the input), :mod:`.row_schema` (rows
   against the environment's ``GET /row_schema``), :mod:`.output_files` (sidecar paths, whole-line
   writer, resume scans), :mod:`.circuit_breaker` (failure classification and the replica-aware
-  breaker), :mod:`.dispatch` (``/run`` calls and :func:`~.dispatch.bounded_map`), :mod:`.collector`
-  (the whole job and its end-of-run summary), :mod:`.helper` (the trainers' Python API) and
+  breaker), :mod:`.dispatch` (``/run`` calls and :func:`~.dispatch.bounded_map`), :mod:`.summary` (the
+  typed end-of-run summary), :mod:`.collector` (the whole job: plan, run, report), :mod:`.helper` (the trainers' Python API) and
   :mod:`.cli` (``ng_collect_rollouts``). Each imports only modules listed before it; none imports
   :mod:`nemo_gym.rollout_collection`.
 * Importing this package imports none of its modules (and nothing heavy).

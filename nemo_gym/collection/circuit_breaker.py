@@ -12,14 +12,16 @@ Contract
   nothing about that. Such a failure is filed under that kind, also when the agent reports it.
 * :class:`CircuitBreaker`: after ``threshold`` consecutive "down" failures of one server, the agents
   whose failures named it are blocked for the run (O(1) per rollout). A server with several replicas
-  is down only when none of them answers: the caller checks and calls :meth:`~CircuitBreaker.confirm_down`
-  or :meth:`~CircuitBreaker.still_serving`. A row held back raises :class:`ServerDownError` (an
+  is down only when none of them answers: :meth:`~CircuitBreaker.record_failure` records a failure,
+  probes that server's replicas when its threshold is reached, and records the verdict (the lower-level
+  :meth:`~CircuitBreaker.failure`, :meth:`~CircuitBreaker.confirm_down` and
+  :meth:`~CircuitBreaker.still_serving` are its steps). A row held back raises :class:`ServerDownError` (an
   :class:`UpstreamError`) in the Python API; :func:`describe_down` words the evidence.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from nemo_gym.errors import UpstreamError
@@ -128,9 +130,10 @@ class CircuitBreaker:
     failures named it (before or after) is blocked, so rows for it are not sent. O(1) per rollout.
 
     A server in ``replicated`` (several replicas) is down only when none of its replicas is alive:
-    at ``threshold`` :meth:`failure` returns its name instead of opening, and the caller checks its
-    replicas, then calls :meth:`confirm_down` (none answers) or :meth:`still_serving` (the failures
-    were the sessions of a dead replica; the count starts again).
+    at ``threshold`` :meth:`record_failure` probes its replicas and opens the breaker only when none
+    answers; otherwise the failures were the sessions of a dead replica and the count starts again.
+    (Its steps: :meth:`failure` returns the server's name instead of opening, then :meth:`confirm_down`
+    or :meth:`still_serving` records the verdict.)
     """
 
     def __init__(self, threshold: int, replicated: Iterable[str] = ()) -> None:
@@ -169,6 +172,22 @@ class CircuitBreaker:
                 return server
             self._open(server, failure, count)
         return None
+
+    async def record_failure(
+        self, agent: str, failure: dict[str, Any], probe: Callable[[str], Awaitable[list[int]]]
+    ) -> None:
+        """Record a failed rollout through ``agent`` and decide whether its server is down.
+
+        ``probe(instance)`` gives the live replicas of a replicated server (e.g.
+        ``functools.partial(live_replicas, client)``); it is awaited only when such a server reaches
+        the threshold, because one dead replica of several is not a dead server."""
+        check = self.failure(agent, failure)
+        if check is None:
+            return
+        if await probe(check):
+            self.still_serving(check)
+        else:
+            self.confirm_down(check)
 
     def confirm_down(self, server: str) -> None:
         """No replica of ``server`` is alive: open its breaker."""

@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
 from nemo_gym.collection.circuit_breaker import describe_down
 from nemo_gym.collection.collector import collect_rollouts, format_summary
-from nemo_gym.collection.input_rows import validate_input
 from nemo_gym.collection.options import InputError, RolloutCollectionConfig
+from nemo_gym.collection.row_schema import check_input
+from nemo_gym.collection.summary import CollectionSummary
 from nemo_gym.config.command import command
 from nemo_gym.fd_limits import raise_open_file_limit
 from nemo_gym.global_config import ConfigError
@@ -109,30 +110,31 @@ def collect_main(argv: list[str] | None = None) -> None:
         from nemo_gym.eval.tracking import track_run
 
         out = Path(cfg.output_jsonl_fpath)
-        track_run(cfg.tracker, container, summary, out, run_name=out.stem, e2e=False)
-    if summary["interrupted"]:
+        track_run(cfg.tracker, container, summary.to_dict(), out, run_name=out.stem, e2e=False)
+    if summary.interrupted:
         sys.exit(130)
-    if summary["down_servers"]:
-        for d in summary["down_servers"]:
+    if summary.down_servers:
+        for d in summary.down_servers:
             sys.stderr.write(f"ng_collect_rollouts: stopped early: {describe_down(d)}.\n")
         sys.stderr.write(
-            f"ng_collect_rollouts: {summary['not_attempted']} rollout(s) not attempted, "
-            f"{summary['this_run']['failed']} failed; restart the server(s), then rerun with +resume_from_cache=true.\n"
+            f"ng_collect_rollouts: {summary.not_attempted} rollout(s) not attempted, "
+            f"{summary.this_run.failed} failed; restart the server(s), then rerun with +resume_from_cache=true.\n"
         )
         sys.exit(EXIT_SERVER_DOWN)
-    sys.exit(1 if summary["rollouts_missing"] else 0)
+    sys.exit(1 if summary.rollouts_missing else 0)
 
 
-async def _collect_with_signals(cfg: RolloutCollectionConfig, head: BaseServerConfig) -> dict[str, Any]:
-    """Validate the input (before any server is contacted), then collect; SIGINT/SIGTERM stop cleanly."""
+async def _collect_with_signals(cfg: RolloutCollectionConfig, head: BaseServerConfig) -> CollectionSummary:
+    """Check the input (its format errors are reported even when no head server answers), then collect;
+    SIGINT/SIGTERM stop cleanly."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    validated = validate_input(cfg)
-    client = ServerClient.load_from_global_config(head, timeout_s=cfg.request_timeout_s)
+    connect = functools.partial(ServerClient.load_from_global_config, head, timeout_s=cfg.request_timeout_s)
     try:
-        return await collect_rollouts(cfg, client, stop, validated=validated)
+        checked = await check_input(cfg, connect)
+        return await collect_rollouts(cfg, checked.client, stop, checked=checked)
     finally:
         await close_shared_session()

@@ -3,7 +3,8 @@
 Contract
 --------
 * :func:`collect_rollouts` validates the input, checks that its agents run and that the rows carry
-  what their environments need, all before anything is sent; writes the materialized inputs; then
+  what their environments need (one streaming pass, :func:`~.row_schema.check_input`), all before
+  anything is sent; writes the materialized inputs; then
   runs the (task, rollout) pairs not yet done (on resume: retrying failed ones up to
   ``max_attempts``) with at most ``num_samples_in_parallel`` in flight. Each finished rollout is one
   whole line in the output, written as it completes; each infrastructure failure (or a verify
@@ -11,18 +12,24 @@ Contract
   files are scrubbed of the secret values this process knows (a 200 answer may quote one too). With model-call capture on, each rollout's model calls go to ``<stem>_model_calls.jsonl``.
 * The circuit breaker stops dispatch to agents whose server is down (rows not sent are "not
   attempted", not failures); ``stop`` cancels the rollouts in flight (not failures either).
-* It returns the summary (counts, failure kinds, down servers, aggregate metrics from
-  :mod:`nemo_gym.rollout_stats`) and writes it to ``<stem>_aggregate_metrics.json``;
+* It runs in three steps, each row going through them top to bottom: plan (check the input, the
+  outputs and, on resume, what is done; write the materialized inputs), run (send, record each
+  outcome and the breaker's decisions), report.
+* It returns the summary, a :class:`~.summary.CollectionSummary` (counts, failure kinds, down
+  servers, aggregate metrics from :mod:`nemo_gym.rollout_stats`), and writes its ``to_dict()`` to
+  ``<stem>_aggregate_metrics.json``;
   :func:`format_summary` renders it for people (its last line is ``Average reward: <mean>``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +37,7 @@ import orjson
 
 from nemo_gym.collection.circuit_breaker import CircuitBreaker, _error_text, classify_failure, describe_down
 from nemo_gym.collection.dispatch import bounded_map, run_one
-from nemo_gym.collection.input_rows import check_agents_running, materialize, validate_input
+from nemo_gym.collection.input_rows import materialize
 from nemo_gym.collection.options import (
     NG_FAILURE_CLASS_KEY,
     NG_NO_PERSIST_KEY,
@@ -47,7 +54,8 @@ from nemo_gym.collection.output_files import (
     _scan_terminal_failures,
     sidecar_paths,
 )
-from nemo_gym.collection.row_schema import check_rows_against_schemas, fetch_row_schemas
+from nemo_gym.collection.row_schema import CheckedInput, check_input
+from nemo_gym.collection.summary import CollectionSummary, RunCounts
 from nemo_gym.errors import UpstreamError
 from nemo_gym.observability import ModelCallSink, capture_wanted, model_calls_path
 from nemo_gym.replicas import replicated_instances
@@ -91,19 +99,67 @@ class _Progress:
             self.bar.close()
 
 
+@dataclass
+class _Plan:
+    """What this run will do, decided before anything is sent (the plan step)."""
+
+    n_rows: int
+    agents: set[str]
+    out_path: Path
+    side: dict[str, Path]
+    calls_path: Path
+    capture: bool
+    fresh: bool
+    done: set[tuple[int, int]]
+    attempts: dict[tuple[int, int], int]
+    exhausted: set[tuple[int, int]]
+    unreadable: int
+    total: int
+    todo: int
+
+
+@dataclass
+class _RunResult:
+    """What the run step did (this run only)."""
+
+    breaker: CircuitBreaker
+    sink: ModelCallSink | None
+    n_ok: int = 0
+    n_failed: int = 0
+    n_unpersisted: int = 0
+    wall: float = 0.0
+    kinds: Counter[tuple[Any, ...]] = field(default_factory=Counter)
+    kind_paths: dict[tuple[Any, ...], set[str]] = field(default_factory=dict)
+
+
+def _read_rows(path: Path) -> Iterator[dict[str, Any]]:
+    """The rows of a JSONL file we wrote, one at a time."""
+    with open(path, "rb") as f:
+        for line in f:
+            yield orjson.loads(line)
+
+
 async def collect_rollouts(
     cfg: RolloutCollectionConfig,
     client: ServerClient,
     stop: asyncio.Event | None = None,
-    validated: tuple[int, set[str]] | None = None,
-) -> dict[str, Any]:
-    """The whole job; returns the summary (also written to the metrics file).
+    checked: CheckedInput | None = None,
+) -> CollectionSummary:
+    """The whole job: plan, run, report; returns the summary (also written to the metrics file).
 
-    ``validated`` is the result of :func:`validate_input` when the caller already ran it.
+    ``checked`` is the result of :func:`check_input` when the caller already ran it (the CLI does,
+    to report a bad input before it connects to the head server).
     """
-    n_rows, agents = validated if validated is not None else validate_input(cfg)
-    check_agents_running(agents, client)
-    check_rows_against_schemas(cfg, await fetch_row_schemas(agents, client))
+    plan = await _plan(cfg, client, checked)
+    run = await _run(cfg, client, plan, stop)
+    return _report(cfg, plan, run, stop)
+
+
+async def _plan(cfg: RolloutCollectionConfig, client: ServerClient, checked: CheckedInput | None) -> _Plan:
+    """Check everything and decide which rollouts to run; writes only the materialized inputs."""
+    if checked is None:
+        checked = await check_input(cfg, client)
+    n_rows, agents = checked.n_rows, checked.agents
     out_path = Path(cfg.output_jsonl_fpath)
     side = sidecar_paths(out_path)
     calls_path = model_calls_path(out_path)
@@ -139,11 +195,35 @@ async def collect_rollouts(
 
     exhausted = {k for k, a in attempts.items() if (a >= cfg.max_attempts or k in terminal) and k not in done}
     total = n_rows * cfg.num_repeats
-    todo = total - len(done) - len(exhausted)
+    return _Plan(
+        n_rows=n_rows,
+        agents=agents,
+        out_path=out_path,
+        side=side,
+        calls_path=calls_path,
+        capture=capture,
+        fresh=fresh,
+        done=done,
+        attempts=attempts,
+        exhausted=exhausted,
+        unreadable=unreadable,
+        total=total,
+        todo=total - len(done) - len(exhausted),
+    )
+
+
+async def _run(
+    cfg: RolloutCollectionConfig, client: ServerClient, plan: _Plan, stop: asyncio.Event | None
+) -> _RunResult:
+    """Send the planned rows (the breaker holding back those of down servers); write each outcome."""
     breaker = CircuitBreaker(cfg.circuit_breaker_threshold, replicated_instances(client.global_config_dict))
+    probe = functools.partial(live_replicas, client)
+    done, exhausted, attempts, fresh = plan.done, plan.exhausted, plan.attempts, plan.fresh
 
     def rows_to_send() -> Iterator[dict[str, Any]]:
-        for r in materialize(cfg):
+        # From the materialized inputs the plan step wrote (or, on resume, checked against the input):
+        # the same rows, without reading the input file again.
+        for r in _read_rows(plan.side["materialized"]):
             key = (r["_ng_task_index"], r["_ng_rollout_index"])
             if key in done or key in exhausted:
                 continue
@@ -152,20 +232,23 @@ async def collect_rollouts(
             yield r
 
     def all_agents_blocked() -> bool:
-        return bool(breaker.blocked) and agents.issubset(breaker.blocked)
+        return bool(breaker.blocked) and plan.agents.issubset(breaker.blocked)
 
     # Both scrubbed of known secrets: a 200 answer may quote one (a model echoing its Authorization header).
-    out = LineWriter(out_path, truncate=fresh, scrubbed=True)
-    failures = LineWriter(side["failures"], truncate=fresh, scrubbed=True)
+    out = LineWriter(plan.out_path, truncate=fresh, scrubbed=True)
+    failures = LineWriter(plan.side["failures"], truncate=fresh, scrubbed=True)
     worker = lambda r: run_one(client, r, cfg.request_timeout_s)  # noqa: E731
-    sink = ModelCallSink.for_client(client, LineWriter(calls_path, truncate=fresh)) if capture else None
+    sink = (
+        ModelCallSink.for_client(client, LineWriter(plan.calls_path, truncate=fresh))
+        if plan.capture
+        else None
+    )
     if sink is not None:  # each rollout's model calls, pulled as it ends (nemo_gym.observability)
         worker = sink.wrap(worker)
-    progress = _Progress(todo, cfg.progress)
+    tally = _RunResult(breaker=breaker, sink=sink)
+    kinds, kind_paths = tally.kinds, tally.kind_paths
+    progress = _Progress(plan.todo, cfg.progress)
     t0 = time.monotonic()
-    n_ok = n_failed = n_unpersisted = 0
-    kinds: Counter[tuple[Any, ...]] = Counter()
-    kind_paths: dict[tuple[Any, ...], set[str]] = {}
     try:
         if sink is not None:
             await sink.discard(rows_to_send())  # calls an interrupted earlier run left for these rollouts
@@ -180,7 +263,7 @@ async def collect_rollouts(
             agent = row["agent_ref"]["name"]
             reward = result.get("reward") if isinstance(result, dict) else None
             if exc is None and isinstance(result, dict) and result.get(NG_NO_PERSIST_KEY):
-                n_unpersisted += 1  # the environment asked: written nowhere, a resume runs it again
+                tally.n_unpersisted += 1  # the environment asked: written nowhere, a resume runs it again
                 progress.update(None)
                 continue
             reported = result.get(NG_FAILURE_CLASS_KEY) if exc is None and isinstance(result, dict) else None
@@ -202,7 +285,7 @@ async def collect_rollouts(
                     failure[NG_TERMINAL_KEY] = True
             elif exc is None and isinstance(reward, (int, float)) and not isinstance(reward, bool):
                 out.write(result)
-                n_ok += 1
+                tally.n_ok += 1
                 breaker.success(agent)
                 progress.update(float(reward))
                 continue
@@ -211,12 +294,7 @@ async def collect_rollouts(
                     no_reward = "the verify response has no numeric `reward`"
                     exc = UpstreamError(agent, "/run", 200, no_reward, kind="bad_response")
                 failure = classify_failure(exc, agent)
-                check = breaker.failure(agent, failure)
-                if check is not None:  # one dead replica of several is not a dead server
-                    if await live_replicas(client, check):
-                        breaker.still_serving(check)
-                    else:
-                        breaker.confirm_down(check)
+                await breaker.record_failure(agent, failure, probe)
             via = (failure.get("via") or {}).get("server")
             kind = (failure["kind"], failure["server"], failure["status"], via)  # as _KIND_FIELDS
             kinds[kind] += 1
@@ -230,7 +308,7 @@ async def collect_rollouts(
                     **failure,
                 }
             )
-            n_failed += 1
+            tally.n_failed += 1
             progress.update(None)
     finally:
         progress.close()
@@ -238,107 +316,107 @@ async def collect_rollouts(
         failures.close()
         if sink is not None:
             sink.close()
-    wall = time.monotonic() - t0
-    interrupted = bool(stop and stop.is_set())
+    tally.wall = time.monotonic() - t0
+    return tally
+
+
+def _report(
+    cfg: RolloutCollectionConfig, plan: _Plan, run: _RunResult, stop: asyncio.Event | None
+) -> CollectionSummary:
+    """The summary of the output as it now stands and of this run; written to the metrics file."""
     metrics = aggregate_metrics(
-        out_path,
+        plan.out_path,
         pass_threshold=cfg.pass_threshold,
         max_k=cfg.num_repeats,
-        task_rows_path=side["materialized"],
+        task_rows_path=plan.side["materialized"],
     )
     done_after = metrics["num_rollouts"]
-    summary = {
-        "input_jsonl_fpath": cfg.input_jsonl_fpath,
-        "rows": n_rows,
-        "num_repeats": cfg.num_repeats,
-        "expected_rollouts": total,
-        "rollouts_ok": done_after,
-        "rollouts_missing": total - done_after,
-        "this_run": {
-            "ok": n_ok,
-            "failed": n_failed,
-            "wall_time_s": wall,
-            "rollouts_per_s": n_ok / wall if wall > 0 else 0.0,
-        },
-        "interrupted": interrupted,
-        # Rows not sent this run (a server was down, or an interrupt): not failures, a resume runs them.
-        "not_attempted": todo - n_ok - n_failed - n_unpersisted,
-        # Rollouts whose /run answer carried _ng_no_persist: written nowhere, a resume runs them.
-        "not_persisted": n_unpersisted,
-        "down_servers": breaker.report(),
-        # Failures of a replicated server's sessions while another replica of it was alive.
-        "replica_losses": breaker.replica_losses,
-        "failure_kinds": [
-            {**dict(zip(_KIND_FIELDS, k, strict=True)), "paths": sorted(kind_paths[k]), "count": n}
-            for k, n in kinds.most_common()
+    wall, n_ok = run.wall, run.n_ok
+    files = {"output": str(plan.out_path), **{k: str(v) for k, v in plan.side.items()}}
+    if run.sink is not None:
+        files["model_calls"] = str(plan.calls_path)
+    summary = CollectionSummary(
+        input_jsonl_fpath=cfg.input_jsonl_fpath,
+        rows=plan.n_rows,
+        num_repeats=cfg.num_repeats,
+        expected_rollouts=plan.total,
+        rollouts_ok=done_after,
+        rollouts_missing=plan.total - done_after,
+        this_run=RunCounts(
+            ok=n_ok, failed=run.n_failed, wall_time_s=wall, rollouts_per_s=n_ok / wall if wall > 0 else 0.0
+        ),
+        interrupted=bool(stop and stop.is_set()),
+        not_attempted=plan.todo - n_ok - run.n_failed - run.n_unpersisted,
+        not_persisted=run.n_unpersisted,
+        down_servers=run.breaker.report(),
+        replica_losses=run.breaker.replica_losses,
+        failure_kinds=[
+            {**dict(zip(_KIND_FIELDS, k, strict=True)), "paths": sorted(run.kind_paths[k]), "count": n}
+            for k, n in run.kinds.most_common()
         ],
-        "skipped_after_max_attempts": len(exhausted),
-        "max_attempts": cfg.max_attempts,
-        "unreadable_output_lines": unreadable,
-        "files": {"output": str(out_path), **{k: str(v) for k, v in side.items()}},
-        **metrics,
-    }
-    if sink is not None:
-        summary["model_calls"] = sink.summary(str(calls_path))
-        summary["files"]["model_calls"] = str(calls_path)
-    side["metrics"].write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+        skipped_after_max_attempts=len(plan.exhausted),
+        max_attempts=cfg.max_attempts,
+        unreadable_output_lines=plan.unreadable,
+        files=files,
+        metrics=metrics,
+        model_calls=run.sink.summary(str(plan.calls_path)) if run.sink is not None else None,
+    )
+    plan.side["metrics"].write_bytes(orjson.dumps(summary.to_dict(), option=orjson.OPT_INDENT_2))
     return summary
 
 
-def format_summary(summary: dict[str, Any]) -> str:
+def format_summary(summary: CollectionSummary) -> str:
     """The human-readable end-of-run report (the last line is ``Average reward: <mean>``)."""
-    this = summary["this_run"]
+    this, metrics, files = summary.this_run, summary.metrics, summary.files
     lines = [
-        f"Rollouts: {summary['rollouts_ok']} / {summary['expected_rollouts']} ok"
-        + (f", {summary['rollouts_missing']} missing" if summary["rollouts_missing"] else "")
-        + (" (INTERRUPTED: rerun with +resume_from_cache=true to finish)" if summary["interrupted"] else ""),
-        f"This run: {this['ok']} ok, {this['failed']} failed in {this['wall_time_s']:.1f} s "
-        f"({this['rollouts_per_s']:.1f} rollouts/s)",
+        f"Rollouts: {summary.rollouts_ok} / {summary.expected_rollouts} ok"
+        + (f", {summary.rollouts_missing} missing" if summary.rollouts_missing else "")
+        + (" (INTERRUPTED: rerun with +resume_from_cache=true to finish)" if summary.interrupted else ""),
+        f"This run: {this.ok} ok, {this.failed} failed in {this.wall_time_s:.1f} s "
+        f"({this.rollouts_per_s:.1f} rollouts/s)",
     ]
-    for key in sorted(k for k in summary if k.startswith("mean/")):
+    for key in sorted(k for k in metrics if k.startswith("mean/")):
         name = key[5:]
-        lines.append(f"  {name:<24} mean {summary[key]:.4f}  std {summary.get('std/' + name, 0.0):.4f}")
+        lines.append(f"  {name:<24} mean {metrics[key]:.4f}  std {metrics.get('std/' + name, 0.0):.4f}")
     k_lines = [
-        f"pass@{k}={summary[f'pass@{k}']:.3f}"
-        for k in k_values(summary["num_repeats"])
-        if f"pass@{k}" in summary
+        f"pass@{k}={metrics[f'pass@{k}']:.3f}"
+        for k in k_values(summary.num_repeats)
+        if f"pass@{k}" in metrics
     ]
     if k_lines:
-        lines.append(f"  tasks: {summary['num_tasks']}  " + "  ".join(k_lines))
-    tok = summary["tokens"]
+        lines.append(f"  tasks: {metrics['num_tasks']}  " + "  ".join(k_lines))
+    tok = metrics["tokens"]
     lines.append(
         f"  tokens: input {tok['input_tokens']}, output {tok['output_tokens']}, total {tok['total_tokens']}"
     )
-    if this["failed"]:
-        lines.append(
-            f"  {this['failed']} infrastructure failure(s) this run: see {summary['files']['failures']}"
-        )
-    for k in summary.get("failure_kinds", []):
+    if this.failed:
+        lines.append(f"  {this.failed} infrastructure failure(s) this run: see {files['failures']}")
+    for k in summary.failure_kinds:
         status = f" HTTP {k['status']}" if k["status"] is not None else ""
         via = f" via {k['via']}" if k["via"] else ""
         paths = ", ".join(k["paths"])
         lines.append(f"    {k['count']} x {k['kind']}{status} from {k['server']} ({paths}){via}")
-    down = summary.get("down_servers") or []
+    down = summary.down_servers
     for d in down:
         agents = ", ".join(d["blocked_agents"])
         lines.append(f"  STOPPED: {describe_down(d)}; stopped sending rows to {agents}")
-    if down and not summary["interrupted"]:
+    if down and not summary.interrupted:
         lines.append(
-            f"  {summary['not_attempted']} rollout(s) not attempted (not failures; they do not count towards "
+            f"  {summary.not_attempted} rollout(s) not attempted (not failures; they do not count towards "
             "+max_attempts). Restart the server(s), then rerun with +resume_from_cache=true."
         )
-    if summary.get("skipped_after_max_attempts"):
+    if summary.skipped_after_max_attempts:
         lines.append(
-            f"  {summary['skipped_after_max_attempts']} rollout(s) skipped: they failed "
-            f"{summary.get('max_attempts')} time(s) already (+max_attempts); see {summary['files']['failures']}"
+            f"  {summary.skipped_after_max_attempts} rollout(s) skipped: they failed "
+            f"{summary.max_attempts} time(s) already (+max_attempts); see {files['failures']}"
         )
-    if summary["rollouts_missing"] and not summary["interrupted"] and not down:
+    if summary.rollouts_missing and not summary.interrupted and not down:
         lines.append("  Rerun with +resume_from_cache=true to retry the missing rollouts.")
-    if summary.get("malformed_lines") or summary.get("unreadable_output_lines"):
+    if metrics.get("malformed_lines") or summary.unreadable_output_lines:
         lines.append(
-            f"  {summary.get('malformed_lines', 0)} unreadable line(s) in {summary['files']['output']} were skipped"
+            f"  {metrics.get('malformed_lines', 0)} unreadable line(s) in {files['output']} were skipped"
         )
-    lines.append("Files: " + ", ".join(summary["files"].values()))
-    if "mean/reward" in summary:
-        lines.append(f"Average reward: {summary['mean/reward']:.4f}")
+    lines.append("Files: " + ", ".join(files.values()))
+    if "mean/reward" in metrics:
+        lines.append(f"Average reward: {metrics['mean/reward']:.4f}")
     return "\n".join(lines)

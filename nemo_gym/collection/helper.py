@@ -16,6 +16,7 @@ Contract
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Iterator
 from typing import Any
 
@@ -81,6 +82,7 @@ class RolloutCollectionHelper:
         breaker = CircuitBreaker(
             self.circuit_breaker_threshold, replicated_instances(client.global_config_dict)
         )
+        probe = functools.partial(live_replicas, client)
 
         async def one(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
             if not isinstance(row.get("agent_ref"), dict) or "name" not in row["agent_ref"]:
@@ -93,12 +95,7 @@ class RolloutCollectionHelper:
                 try:
                     result = await post_run(client, row, self.request_timeout_s)
                 except UpstreamError as e:
-                    check = breaker.failure(agent, classify_failure(e, agent))
-                    if check is not None:  # one dead replica of several is not a dead server
-                        if await live_replicas(client, check):
-                            breaker.still_serving(check)
-                        else:
-                            breaker.confirm_down(check)
+                    await breaker.record_failure(agent, classify_failure(e, agent), probe)
                     raise
                 breaker.success(agent)
                 return row, result

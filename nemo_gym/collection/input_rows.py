@@ -94,54 +94,82 @@ def _iter_input(cfg: RolloutCollectionConfig) -> Iterator[tuple[int, bytes]]:
             yield line_no, line
 
 
+class InputScan:
+    """One streaming pass over the input that checks each row's format (see :func:`validate_input`).
+
+    :meth:`rows` yields the rows that passed, so a caller can check more per row in the same pass
+    (:func:`nemo_gym.collection.row_schema.check_input`); :meth:`finish` then raises every format
+    problem at once, or returns (number of rows, agent names used)."""
+
+    def __init__(self, cfg: RolloutCollectionConfig) -> None:
+        self.cfg = cfg
+        self.path = Path(cfg.input_jsonl_fpath)
+        if not self.path.is_file():
+            what = "is a directory, not a file" if self.path.is_dir() else "does not exist"
+            raise InputError(f"Input file {self.path} {what} (+input_jsonl_fpath).")
+        self.bad = _BadLines()
+        self.agents: set[str] = set()
+        self.n = 0
+
+    def rows(self) -> Iterator[tuple[str, dict[str, Any], str]]:
+        """(``file:line``, row, agent) of each row without a format problem; the others are recorded."""
+        cfg, path, bad = self.cfg, self.path, self.bad
+        for line_no, line in _iter_input(cfg):
+            self.n += 1
+            where = f"{path}:{line_no}"
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError as e:
+                bad.add(where, [f"not valid JSON ({e})"])
+                continue
+            if not isinstance(row, dict):
+                bad.add(where, [f"a row must be a JSON object, got {type(row).__name__}"])
+                continue
+            line_problems = []
+            params = row.get("responses_create_params")
+            if not isinstance(params, dict):
+                line_problems.append("field `responses_create_params` is missing or not an object")
+            else:
+                try:
+                    NeMoGymResponseCreateParamsNonStreaming.model_validate(
+                        _deep_merge(params, cfg.responses_create_params)
+                    )
+                except ValidationError as e:
+                    for err in e.errors()[:5]:
+                        loc = ".".join(str(x) for x in err["loc"])
+                        line_problems.append(f"field `responses_create_params.{loc}`: {err['msg']}")
+            ref_problem = _agent_ref_problem(row)
+            agent = _agent_of(row, cfg.agent_name)
+            if ref_problem is not None:
+                line_problems.append(ref_problem)
+            elif agent is None:
+                line_problems.append(
+                    "no agent: the row has no `agent_ref.name` and +agent_name was not given"
+                )
+            else:
+                self.agents.add(agent)
+            bad.add(where, line_problems)
+            if not line_problems and agent is not None:
+                yield where, row, agent
+
+    def finish(self) -> tuple[int, set[str]]:
+        """After :meth:`rows` ran out: raise InputError listing all format problems, else (rows, agents)."""
+        self.bad.raise_if_any(f"{self.path} are not valid task rows")
+        if self.n == 0:
+            raise InputError(
+                f"{self.path} has no rows"
+                + (f" (limit={self.cfg.limit})" if self.cfg.limit is not None else "")
+                + "."
+            )
+        return self.n, self.agents
+
+
 def validate_input(cfg: RolloutCollectionConfig) -> tuple[int, set[str]]:
     """One pass over the input: (number of rows, agent names used); raises InputError listing all problems."""
-    path = Path(cfg.input_jsonl_fpath)
-    if not path.is_file():
-        what = "is a directory, not a file" if path.is_dir() else "does not exist"
-        raise InputError(f"Input file {path} {what} (+input_jsonl_fpath).")
-    bad = _BadLines()
-    agents: set[str] = set()
-    n = 0
-    for line_no, line in _iter_input(cfg):
-        n += 1
-        where = f"{path}:{line_no}"
-        try:
-            row = orjson.loads(line)
-        except orjson.JSONDecodeError as e:
-            bad.add(where, [f"not valid JSON ({e})"])
-            continue
-        if not isinstance(row, dict):
-            bad.add(where, [f"a row must be a JSON object, got {type(row).__name__}"])
-            continue
-        line_problems = []
-        params = row.get("responses_create_params")
-        if not isinstance(params, dict):
-            line_problems.append("field `responses_create_params` is missing or not an object")
-        else:
-            try:
-                NeMoGymResponseCreateParamsNonStreaming.model_validate(
-                    _deep_merge(params, cfg.responses_create_params)
-                )
-            except ValidationError as e:
-                for err in e.errors()[:5]:
-                    loc = ".".join(str(x) for x in err["loc"])
-                    line_problems.append(f"field `responses_create_params.{loc}`: {err['msg']}")
-        ref_problem = _agent_ref_problem(row)
-        agent = _agent_of(row, cfg.agent_name)
-        if ref_problem is not None:
-            line_problems.append(ref_problem)
-        elif agent is None:
-            line_problems.append("no agent: the row has no `agent_ref.name` and +agent_name was not given")
-        else:
-            agents.add(agent)
-        bad.add(where, line_problems)
-    bad.raise_if_any(f"{path} are not valid task rows")
-    if n == 0:
-        raise InputError(
-            f"{path} has no rows" + (f" (limit={cfg.limit})" if cfg.limit is not None else "") + "."
-        )
-    return n, agents
+    scan = InputScan(cfg)
+    for _ in scan.rows():
+        pass
+    return scan.finish()
 
 
 def materialize(cfg: RolloutCollectionConfig) -> Iterator[dict[str, Any]]:
@@ -162,14 +190,19 @@ def materialize(cfg: RolloutCollectionConfig) -> Iterator[dict[str, Any]]:
             yield out
 
 
-def check_agents_running(agents: set[str], client: ServerClient) -> None:
-    """Raise InputError naming every agent that is not running, and the agents that are."""
+def running_agents(client: ServerClient) -> list[str]:
+    """The agent instances in the running config, sorted."""
     cfg = client.global_config_dict
-    running = sorted(
+    return sorted(
         str(name)
         for name in cfg.keys()
         if hasattr(cfg.get(name), "keys") and "responses_api_agents" in cfg.get(name)
     )
+
+
+def check_agents_running(agents: set[str], client: ServerClient) -> None:
+    """Raise InputError naming every agent that is not running, and the agents that are."""
+    running = running_agents(client)
     missing = sorted(a for a in agents if a not in running)
     if missing:
         raise InputError(

@@ -9,19 +9,31 @@ Contract
   type, values outside a field's enum (or its items' enum) and ``contentMediaType:
   application/json`` strings that are not JSON; each message names the field and the server (and
   the ``x-used-by`` paths) that needs it.
-* :func:`check_rows_against_schemas` is a second streaming pass over the input that raises one
+* :func:`check_input` is the collector's one streaming pass over the input before anything is sent:
+  the format checks of :func:`~nemo_gym.collection.input_rows.validate_input`, the agents running,
+  and each row against its agent's schema (fetched lazily, when a row first names the agent).
+* :func:`check_rows_against_schemas` is a separate streaming pass over the input that raises one
   :class:`InputError` listing every bad row (file:line and field) before anything is sent.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from nemo_gym.collection.input_rows import _agent_of, _BadLines, _iter_input
+from nemo_gym.collection.input_rows import (
+    InputScan,
+    _agent_of,
+    _BadLines,
+    _iter_input,
+    check_agents_running,
+    running_agents,
+)
 from nemo_gym.collection.options import RolloutCollectionConfig
 from nemo_gym.errors import UpstreamError, response_body
 from nemo_gym.server_client import ServerClient, find_instance_block
@@ -170,31 +182,102 @@ class RowSchema:
         return out
 
 
-async def fetch_row_schemas(agents: set[str], client: ServerClient) -> dict[str, RowSchema]:
-    """The row schema of each agent's resources server, by agent.
+class _SchemaCache:
+    """Each agent's row schema, fetched when first asked for, once per resources server."""
 
-    An agent whose config names no ``resources_server``, or whose server does not publish a schema
-    (not built on ``SimpleResourcesServer``, unreachable, an error) is left out with one warning.
-    """
-    cfg = client.global_config_dict
-    schemas: dict[str, RowSchema] = {}
-    by_server: dict[str, RowSchema | None] = {}
-    for agent in sorted(agents):
-        found = find_instance_block(cfg, agent)
+    def __init__(self, client: ServerClient) -> None:
+        self.client = client
+        self._by_agent: dict[str, RowSchema | None] = {}
+        self._by_server: dict[str, RowSchema | None] = {}
+
+    async def get(self, agent: str) -> RowSchema | None:
+        if agent in self._by_agent:
+            return self._by_agent[agent]
+        found = find_instance_block(self.client.global_config_dict, agent)
         ref = found[2].get("resources_server") if found is not None and hasattr(found[2], "get") else None
         server = ref.get("name") if hasattr(ref, "get") else None
+        schema = None
         if not isinstance(server, str) or not server:
             logger.warning(
                 "Agent %s names no resources_server in its config: task rows for it are not checked "
                 "against an environment schema.",
                 agent,
             )
-            continue
-        if server not in by_server:
-            by_server[server] = await _fetch_row_schema(server, client)
-        if by_server[server] is not None:
-            schemas[agent] = by_server[server]
+        else:
+            if server not in self._by_server:
+                self._by_server[server] = await _fetch_row_schema(server, self.client)
+            schema = self._by_server[server]
+        self._by_agent[agent] = schema
+        return schema
+
+
+async def fetch_row_schemas(agents: set[str], client: ServerClient) -> dict[str, RowSchema]:
+    """The row schema of each agent's resources server, by agent.
+
+    An agent whose config names no ``resources_server``, or whose server does not publish a schema
+    (not built on ``SimpleResourcesServer``, unreachable, an error) is left out with one warning.
+    """
+    cache = _SchemaCache(client)
+    schemas: dict[str, RowSchema] = {}
+    for agent in sorted(agents):
+        schema = await cache.get(agent)
+        if schema is not None:
+            schemas[agent] = schema
     return schemas
+
+
+@dataclass(frozen=True)
+class CheckedInput:
+    """What :func:`check_input` found: the rows, the agents they use, and the client it connected."""
+
+    n_rows: int
+    agents: set[str]
+    client: ServerClient
+
+
+async def check_input(
+    cfg: RolloutCollectionConfig, connect: ServerClient | Callable[[], ServerClient]
+) -> CheckedInput:
+    """One streaming pass over the input that does :func:`validate_input` and
+    :func:`check_rows_against_schemas` together, before anything is sent; memory does not grow with
+    the input.
+
+    ``connect`` is the client, or makes it: it is called when the first well-formed row names an
+    agent (its schema is fetched then, once per resources server). The problems are raised in the
+    order of the separate checks: the rows' format (also when the head server cannot be reached),
+    no rows, the connection, agents not running (:func:`check_agents_running`), then the rows that
+    lack what their environment needs.
+    """
+    scan = InputScan(cfg)
+    client: ServerClient | None = connect if isinstance(connect, ServerClient) else None
+    unreachable: ConnectionError | None = None
+    cache: _SchemaCache | None = None
+    running: set[str] | None = None
+    schema_bad = _BadLines()
+    for where, row, agent in scan.rows():
+        if scan.bad.count or unreachable is not None:
+            continue  # the format problems are raised first; no schema check is needed then
+        if client is None:
+            try:
+                client = connect()  # type: ignore[operator]
+            except ConnectionError as e:
+                unreachable = e
+                continue
+        if cache is None:
+            cache = _SchemaCache(client)
+            running = set(running_agents(client))
+        if agent not in running:  # type: ignore[operator]
+            continue  # reported by check_agents_running below
+        schema = await cache.get(agent)
+        schema_bad.add(where, schema.problems(row) if schema is not None else [])
+    n_rows, agents = scan.finish()
+    if unreachable is not None:
+        raise unreachable
+    if client is None:
+        client = connect()  # type: ignore[operator]
+    check_agents_running(agents, client)
+    schema_bad.raise_if_any(f"{scan.path} do not carry what their environment needs")
+    return CheckedInput(n_rows, agents, client)
 
 
 async def _fetch_row_schema(server: str, client: ServerClient) -> RowSchema | None:

@@ -49,9 +49,9 @@ from pydantic import Field, ValidationError
 
 from nemo_gym.collection.cli import EXIT_SERVER_DOWN
 from nemo_gym.collection.collector import collect_rollouts, format_summary
-from nemo_gym.collection.input_rows import validate_input
 from nemo_gym.collection.options import CollectionOptions, InputError, RolloutCollectionConfig
 from nemo_gym.collection.output_files import sidecar_paths
+from nemo_gym.collection.summary import CollectionSummary
 from nemo_gym.config.command import command
 from nemo_gym.data.metrics import DatasetMetrics
 from nemo_gym.data.prepare import (
@@ -286,10 +286,10 @@ def collection_config(opts: E2ECollectionConfig, plan: AgentPlan) -> RolloutColl
 
 async def collect_all(
     opts: E2ECollectionConfig, plans: list[AgentPlan], head: BaseServerConfig, stop: asyncio.Event
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, CollectionSummary]:
     """Collect agent after agent; returns each started agent's collector summary."""
     client = ServerClient.load_from_global_config(head, timeout_s=opts.request_timeout_s)
-    summaries: dict[str, dict[str, Any]] = {}
+    summaries: dict[str, CollectionSummary] = {}
     try:
         for plan in plans:
             if stop.is_set():
@@ -298,25 +298,18 @@ async def collect_all(
             print(
                 f"\n== {plan.agent}: {plan.input_path} x {plan.num_repeats} -> {plan.output_path}", flush=True
             )
-            summaries[plan.agent] = await collect_rollouts(cfg, client, stop, validated=validate_input(cfg))
+            summaries[plan.agent] = await collect_rollouts(cfg, client, stop)
             print(format_summary(summaries[plan.agent]), flush=True)
     finally:
         await close_shared_session()
     return summaries
 
 
-AGENT_SUMMARY_KEYS = (
-    "num_repeats",
-    "rows",
-    "expected_rollouts",
-    "rollouts_ok",
-    "rollouts_missing",
-    "num_tasks",
-)
-
-
 def overall_metrics(
-    opts: E2ECollectionConfig, plans: list[AgentPlan], summaries: dict[str, dict[str, Any]], interrupted: bool
+    opts: E2ECollectionConfig,
+    plans: list[AgentPlan],
+    summaries: dict[str, CollectionSummary],
+    interrupted: bool,
 ) -> dict[str, Any]:
     """Per-agent metrics (without per-task detail) and the overall ones."""
     per_agent: dict[str, Any] = {}
@@ -325,10 +318,18 @@ def overall_metrics(
         if s is None:
             per_agent[plan.agent] = {"started": False, "num_repeats": plan.num_repeats}
             continue
-        entry = {k: s[k] for k in AGENT_SUMMARY_KEYS if k in s}
-        entry.update({k: v for k, v in s.items() if k.startswith(("mean/", "std/", "pass@"))})
+        entry: dict[str, Any] = {
+            "num_repeats": s.num_repeats,
+            "rows": s.rows,
+            "expected_rollouts": s.expected_rollouts,
+            "rollouts_ok": s.rollouts_ok,
+            "rollouts_missing": s.rollouts_missing,
+        }
+        if "num_tasks" in s.metrics:
+            entry["num_tasks"] = s.metrics["num_tasks"]
+        entry.update({k: v for k, v in s.metrics.items() if k.startswith(("mean/", "std/", "pass@"))})
         entry.update(
-            tokens=s["tokens"], failed_this_run=s["this_run"]["failed"], files=s["files"], started=True
+            tokens=s.metrics["tokens"], failed_this_run=s.this_run.failed, files=s.files, started=True
         )
         per_agent[plan.agent] = entry
     done = [e for e in per_agent.values() if e.get("started")]
@@ -337,7 +338,7 @@ def overall_metrics(
     overall: dict[str, Any] = {
         "split": opts.split,
         "agents": len(plans),
-        "expected_rollouts": sum(s.get("expected_rollouts", 0) for s in summaries.values()),
+        "expected_rollouts": sum(s.expected_rollouts for s in summaries.values()),
         "rollouts_ok": n_ok,
         "rollouts_missing": sum(e["rollouts_missing"] for e in done),
         "agents_not_started": [a for a, e in per_agent.items() if not e.get("started")],
@@ -438,7 +439,7 @@ def run(
         _install_signal_handlers(stop_thread)  # asyncio put the defaults back
     finally:
         supervisor.shutdown()
-    interrupted = interrupted or any(s["interrupted"] for s in summaries.values())
+    interrupted = interrupted or any(s.interrupted for s in summaries.values())
     output = Path(opts.output_jsonl_fpath)
     n_lines = write_combined(output, plans)
     metrics = overall_metrics(opts, plans, summaries, interrupted)
@@ -453,7 +454,7 @@ def run(
     if interrupted:
         sys.stderr.write(f"{COMMAND}: interrupted; rerun with +resume_from_cache=true to finish.\n")
         return 130
-    if any(s.get("down_servers") for s in summaries.values()):
+    if any(s.down_servers for s in summaries.values()):
         return EXIT_SERVER_DOWN
     return 1 if metrics["overall"]["rollouts_missing"] else 0
 
