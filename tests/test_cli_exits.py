@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 
@@ -58,7 +57,7 @@ def test_a_ctrl_c_that_escapes_a_command_is_one_line_and_130(capsys: pytest.Capt
     assert capsys.readouterr().err == "ng_probe: interrupted\n"
 
 
-def test_a_commands_own_exit_status_passes_through(tmp_path: Path) -> None:
+def test_a_commands_own_exit_status_passes_through() -> None:
     @command("ng_probe")
     def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
