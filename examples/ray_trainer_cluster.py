@@ -139,7 +139,7 @@ class GymEnvironment:
 
     def served_ray_address(self, head_port: int) -> str:
         """``ray_head_node_address`` as the head server serves the config to outside clients."""
-        from nemo_gym.server_client import BaseServerConfig, ServerClient
+        from nemo_gym.client.server_client import BaseServerConfig, ServerClient
 
         client = ServerClient.load_from_global_config(BaseServerConfig(host="127.0.0.1", port=head_port))
         return str(client.global_config_dict["ray_head_node_address"])

@@ -16,8 +16,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from nemo_gym.fd_limits import client_socket_budget, raise_open_file_limit
-from nemo_gym.http_transport import HttpTransport
+from nemo_gym.client.fd_limits import client_socket_budget, raise_open_file_limit
+from nemo_gym.client.http_transport import HttpTransport
 
 
 def build_app() -> FastAPI:

@@ -14,10 +14,10 @@ from omegaconf import OmegaConf
 
 from nemo_gym import __version__
 from nemo_gym.auth import AUTH_TOKEN_ENV_VAR_NAME, auth_headers, client_token
+from nemo_gym.client.fd_limits import raise_open_file_limit
 from nemo_gym.config.command import command
 from nemo_gym.config.loading import file_override_notes
 from nemo_gym.config_types import BaseServerConfig
-from nemo_gym.fd_limits import raise_open_file_limit
 from nemo_gym.global_config import (
     DEFAULT_HEAD_SERVER_HOST,
     DEFAULT_HEAD_SERVER_PORT,

@@ -14,11 +14,11 @@ Contract
   (``raise_for_status(resp, server_name, url_path)``) or upstream NeMo Gym's
   (``await raise_for_status(resp)``). :func:`response_body` is the already-read body of one of our
   responses.
-* Our responses (:class:`nemo_gym.http_transport.RawResponse`, what
-  :class:`nemo_gym.server_client.ServerClient` returns) are recognised by their base
+* Our responses (:class:`nemo_gym.client.http_transport.RawResponse`, what
+  :class:`nemo_gym.client.server_client.ServerClient` returns) are recognised by their base
   :class:`FullyReadResponse`, defined here: this module imports neither the transport nor the client
   (both import it), so it sits below them without an import cycle. The client re-exports these names
-  (``from nemo_gym.server_client import UpstreamError`` keeps working), as does
+  (``from nemo_gym.client.server_client import UpstreamError`` keeps working), as does
   :mod:`nemo_gym.server_utils` (upstream's path of ``raise_for_status``).
 """
 
@@ -48,7 +48,7 @@ def error_envelope(
 
 
 class FullyReadResponse:
-    """Base of responses whose whole body is already read (:class:`nemo_gym.http_transport.RawResponse`):
+    """Base of responses whose whole body is already read (:class:`nemo_gym.client.http_transport.RawResponse`):
     :func:`raise_for_status` judges these at once. Only marks the type; the transport's class holds
     the data."""
 
@@ -104,7 +104,7 @@ def raise_for_status(resp: Any, server_name: str | None = None, url_path: str | 
     """Raise :class:`UpstreamError` if ``resp`` is an error answer; works both ways it is called.
 
     ``raise_for_status(resp, server_name, url_path)`` (ours) and ``await raise_for_status(resp)``
-    (upstream NeMo Gym): for a response of :class:`~nemo_gym.server_client.ServerClient` (a
+    (upstream NeMo Gym): for a response of :class:`~nemo_gym.client.server_client.ServerClient` (a
     :class:`FullyReadResponse`) the error is raised at once (the body
     is already read) and on success an already-finished awaitable is returned. The error carries
     ``status``, ``response_content`` (the raw body) and the parsed ``detail``; without names it names the
@@ -150,6 +150,6 @@ def _raise_http_error(status: int | None, body: bytes, server_name: str, url_pat
 
 
 def response_body(resp: FullyReadResponse) -> bytes:
-    """The body of a response returned by :class:`~nemo_gym.server_client.ServerClient` (already read;
+    """The body of a response returned by :class:`~nemo_gym.client.server_client.ServerClient` (already read;
     the connection is released)."""
     return resp._body or b""

@@ -4,7 +4,7 @@ Contract
 --------
 * ``await call_judge(server_client, server_name=..., url_path="/v1/responses", json=...,
   response_model=NeMoGymResponse)`` POSTs ``json`` to model server instance ``server_name`` through
-  the :class:`~nemo_gym.server_client.ServerClient` and returns the reply validated as
+  the :class:`~nemo_gym.client.server_client.ServerClient` and returns the reply validated as
   ``response_model``. Retries are bounded: an answer with a status in :data:`JUDGE_RETRY_STATUSES`
   (rate limits, 5xx) or no answer in time is tried again, at most ``max_tries`` times in all, with
   exponential backoff. (Upstream retries rate limits without bound; here every wait has a bound.)

@@ -370,7 +370,7 @@ def model_server_names(global_config: Mapping[str, Any]) -> list[str]:
 class ModelCallSink:
     """Pops each finished rollout's model calls from every model server and appends them to a file."""
 
-    client: Any  # nemo_gym.server_client.ServerClient
+    client: Any  # nemo_gym.client.server_client.ServerClient
     writer: Any  # has write(obj) and close(): nemo_gym.collection.output_files.LineWriter
     servers: list[str]
     calls_written: int = 0

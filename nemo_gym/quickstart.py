@@ -28,12 +28,12 @@ from typing import Any
 import orjson
 
 from nemo_gym.cli import RunHelper
+from nemo_gym.client.server_client import ServerClient, close_shared_session
 from nemo_gym.collection.collector import collect_rollouts, format_summary
 from nemo_gym.collection.options import InputError, RolloutCollectionConfig
 from nemo_gym.collection.summary import CollectionSummary
 from nemo_gym.config.command import command
 from nemo_gym.global_config import PACKAGE_PARENT_DIR, ConfigError, GlobalConfigDictParserConfig
-from nemo_gym.server_client import ServerClient, close_shared_session
 from nemo_gym.supervision.children import StartupError
 
 QUICKSTART_CONFIG = "configs/quickstart.yaml"

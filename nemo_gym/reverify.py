@@ -52,6 +52,12 @@ from typing import Any
 
 import orjson
 
+from nemo_gym.client.server_client import (
+    BaseServerConfig,
+    ServerClient,
+    close_shared_session,
+    find_instance_block,
+)
 from nemo_gym.config.command import command
 from nemo_gym.errors import UpstreamError, response_body
 from nemo_gym.global_config import (
@@ -62,7 +68,6 @@ from nemo_gym.global_config import (
     load_global_config,
     parse_cli_overrides,
 )
-from nemo_gym.server_client import BaseServerConfig, ServerClient, close_shared_session, find_instance_block
 
 OPTIONS = (
     "input_jsonl_fpath",

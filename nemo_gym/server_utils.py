@@ -2,7 +2,7 @@
 
 Contract
 --------
-* The HTTP client lives in :mod:`nemo_gym.server_client`, its error and response checks
+* The HTTP client lives in :mod:`nemo_gym.client.server_client`, its error and response checks
   (``UpstreamError``, ``raise_for_status``, ``response_body``) in :mod:`nemo_gym.errors`; their
   names are re-exported here (``from nemo_gym.server_utils import ServerClient, raise_for_status``,
   upstream's path, keeps working).
@@ -57,6 +57,15 @@ from nemo_gym.auth import (
     RequestGuard,
     server_token_from_env,
 )
+from nemo_gym.client.replicas import install_replica_cookie
+from nemo_gym.client.server_client import (  # re-exported: the client is importable from here too
+    DEFAULT_REQUEST_TIMEOUT_S as DEFAULT_REQUEST_TIMEOUT_S,
+)
+from nemo_gym.client.server_client import ServerClient as ServerClient
+from nemo_gym.client.server_client import close_shared_session as close_shared_session
+from nemo_gym.client.server_client import find_instance_block
+from nemo_gym.client.server_client import get_response_json as get_response_json
+from nemo_gym.client.server_client import response_cookies as response_cookies
 from nemo_gym.config_types import BaseRunServerInstanceConfig as BaseRunServerInstanceConfig
 from nemo_gym.config_types import BaseServerConfig as BaseServerConfig
 from nemo_gym.errors import UpstreamError as UpstreamError
@@ -78,17 +87,8 @@ from nemo_gym.redaction import (
     collect_secret_values,
     config_secret_values,
 )
-from nemo_gym.replicas import install_replica_cookie
 from nemo_gym.rollout_correlation import apply_rollout_prefix as apply_rollout_prefix
 from nemo_gym.rollout_correlation import rollout_path_prefix as rollout_path_prefix
-from nemo_gym.server_client import (  # re-exported: the client is importable from here too
-    DEFAULT_REQUEST_TIMEOUT_S as DEFAULT_REQUEST_TIMEOUT_S,
-)
-from nemo_gym.server_client import ServerClient as ServerClient
-from nemo_gym.server_client import close_shared_session as close_shared_session
-from nemo_gym.server_client import find_instance_block
-from nemo_gym.server_client import get_response_json as get_response_json
-from nemo_gym.server_client import response_cookies as response_cookies
 from nemo_gym.supervision.children import die_with_parent as die_with_parent
 from nemo_gym.supervision.verdicts import InstanceConfigError as InstanceConfigError
 from nemo_gym.supervision.verdicts import config_problems as config_problems
@@ -280,7 +280,7 @@ class BaseServer(BaseModel):
             app.state.nemo_gym_session_middleware_installed = True
             sessions = SessionMiddleware(None, cookie_name_for(name), session_secret())
         if self.uses_sessions:
-            install_replica_cookie(app, name)  # replicas only (nemo_gym.replicas); else nothing
+            install_replica_cookie(app, name)  # replicas only (nemo_gym.client.replicas); else nothing
         errors = not getattr(app.state, "nemo_gym_exception_middleware_installed", False)
         app.state.nemo_gym_exception_middleware_installed = True
         token, disabled = server_token_from_env()
@@ -441,9 +441,9 @@ class BaseServer(BaseModel):
 
         The open-file limit is raised first; the descriptors left are split between accepted
         connections (at most half open at once, the rest wait in the listen backlog) and this
-        process's outbound connection pools (see :mod:`nemo_gym.fd_limits`).
+        process's outbound connection pools (see :mod:`nemo_gym.client.fd_limits`).
         """
-        from nemo_gym.fd_limits import raise_open_file_limit, split_server_budget
+        from nemo_gym.client.fd_limits import raise_open_file_limit, split_server_budget
         from nemo_gym.global_config import ConfigError
         from nemo_gym.ports import reserve_listening_socket
 

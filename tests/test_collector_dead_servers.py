@@ -30,13 +30,13 @@ from typing import Any
 import orjson
 import pytest
 
-from nemo_gym import server_client
+from nemo_gym.client import server_client
+from nemo_gym.client.server_client import RETRY_WARNING_BURST
 from nemo_gym.collection.circuit_breaker import CircuitBreaker, ServerDownError
 from nemo_gym.collection.cli import EXIT_SERVER_DOWN
 from nemo_gym.collection.output_files import sidecar_paths
 from nemo_gym.errors import UpstreamError
 from nemo_gym.rollout_collection import RolloutCollectionHelper
-from nemo_gym.server_client import RETRY_WARNING_BURST
 from nemo_gym.server_utils import close_shared_session
 from nemo_gym.testing import example_rows, running_servers
 from tests.test_rollout_collection import (

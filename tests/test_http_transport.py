@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from nemo_gym.http_transport import ConnectFailed, HttpTransport, ResponseTimeout
+from nemo_gym.client.http_transport import ConnectFailed, HttpTransport, ResponseTimeout
 
 
 class Server:

@@ -49,7 +49,7 @@ def test_nothing_imports_ray_without_a_ray_config() -> None:
     """ng_run's modules, and a whole RunHelper start/stop of a config without Ray keys, import no ray."""
     code = f"""
 import sys
-import nemo_gym.cli, nemo_gym.server_client, nemo_gym.verify_pool, nemo_gym.rollout_collection, nemo_gym.ray
+import nemo_gym.cli, nemo_gym.client.server_client, nemo_gym.verify_pool, nemo_gym.rollout_collection, nemo_gym.ray
 assert "ray" not in sys.modules, "importing nemo_gym's launcher modules imported ray"
 from nemo_gym.testing import running_servers
 with running_servers([{ENV_CONFIG!r}]) as helper:
@@ -496,9 +496,9 @@ def test_replicas_run_on_their_nodes_require_the_token_and_serve_2000_rollouts(
         # sessions of the old boot are refused as infrastructure failures, new ones are served.
         import asyncio
 
+        from nemo_gym.client.replicas import replica_cookie_name
+        from nemo_gym.client.server_client import ServerClient
         from nemo_gym.errors import UpstreamError
-        from nemo_gym.replicas import replica_cookie_name
-        from nemo_gym.server_client import ServerClient
 
         client = ServerClient(global_config_dict=helper.global_config_dict, max_retries=2, backoff_s=0.05)
         cookie = replica_cookie_name(RES)

@@ -22,10 +22,10 @@ import pytest
 import yaml
 
 from nemo_gym.cli import RunHelper
+from nemo_gym.client.replicas import replica_cookie_name
+from nemo_gym.client.server_client import ServerClient
 from nemo_gym.errors import UpstreamError
 from nemo_gym.global_config import ConfigError
-from nemo_gym.replicas import replica_cookie_name
-from nemo_gym.server_client import ServerClient
 from nemo_gym.server_utils import cookie_name_for
 from nemo_gym.testing import collect_rollouts, example_rows, get, post_json, running_servers
 
@@ -135,7 +135,7 @@ async def test_a_restarted_replicas_old_sessions_fail_as_infrastructure(helper: 
 
 
 def test_round_robin_skips_replicas_marked_down() -> None:
-    from nemo_gym.replicas import ReplicaSet
+    from nemo_gym.client.replicas import ReplicaSet
 
     rs = ReplicaSet("x", [{"host": "h", "port": p} for p in (1, 2, 3)])
     assert [rs.next_index() for _ in range(4)] == [0, 1, 2, 0]

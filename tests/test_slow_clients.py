@@ -19,7 +19,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from nemo_gym.http_transport import HttpTransport
+from nemo_gym.client.http_transport import HttpTransport
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "flood-test-token"

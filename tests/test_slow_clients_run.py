@@ -22,7 +22,7 @@ from tests.test_viewer_support import write_files
 
 TIMEOUT_S = 1.5
 # Small enough that the flood below fills every place: with this hard limit ng_viewer accepts ~60-70
-# connections at once (nemo_gym.fd_limits: half of what is left after the descriptors it keeps).
+# connections at once (nemo_gym.client.fd_limits: half of what is left after the descriptors it keeps).
 NOFILE = 200
 FLOOD = 120
 

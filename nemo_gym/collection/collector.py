@@ -35,6 +35,8 @@ from typing import Any
 
 import orjson
 
+from nemo_gym.client.replicas import replicated_instances
+from nemo_gym.client.server_client import ServerClient, live_replicas
 from nemo_gym.collection.circuit_breaker import CircuitBreaker, _error_text, classify_failure, describe_down
 from nemo_gym.collection.dispatch import bounded_map, run_one
 from nemo_gym.collection.input_rows import materialize
@@ -58,9 +60,7 @@ from nemo_gym.collection.row_schema import CheckedInput, check_input
 from nemo_gym.collection.summary import CollectionSummary, RunCounts
 from nemo_gym.errors import UpstreamError
 from nemo_gym.observability import ModelCallSink, capture_wanted, model_calls_path
-from nemo_gym.replicas import replicated_instances
 from nemo_gym.rollout_stats import aggregate_metrics, k_values
-from nemo_gym.server_client import ServerClient, live_replicas
 
 # The fields that group this run's failures into kinds for the end-of-run report.
 _KIND_FIELDS = ("kind", "server", "status", "via")

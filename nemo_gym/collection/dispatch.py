@@ -19,8 +19,8 @@ from typing import Any
 
 import orjson
 
+from nemo_gym.client.server_client import ServerClient
 from nemo_gym.errors import UpstreamError, response_body
-from nemo_gym.server_client import ServerClient
 
 
 async def run_one(client: ServerClient, row: dict[str, Any], timeout_s: float) -> dict[str, Any]:

@@ -21,9 +21,9 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+from nemo_gym.client.server_client import ServerClient
 from nemo_gym.collection.options import InputError, RolloutCollectionConfig
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
-from nemo_gym.server_client import ServerClient
 
 MAX_ERRORS_SHOWN = 50
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from nemo_gym.client.server_client import ServerClient, find_instance_block
 from nemo_gym.collection.input_rows import (
     InputScan,
     _agent_of,
@@ -36,7 +37,6 @@ from nemo_gym.collection.input_rows import (
 )
 from nemo_gym.collection.options import RolloutCollectionConfig
 from nemo_gym.errors import UpstreamError, response_body
-from nemo_gym.server_client import ServerClient, find_instance_block
 
 logger = logging.getLogger("nemo_gym")
 

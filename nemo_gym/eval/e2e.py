@@ -47,6 +47,8 @@ import orjson
 from omegaconf import DictConfig, OmegaConf
 from pydantic import Field, ValidationError
 
+from nemo_gym.client.fd_limits import raise_open_file_limit
+from nemo_gym.client.server_client import BaseServerConfig, ServerClient, close_shared_session
 from nemo_gym.collection.cli import EXIT_SERVER_DOWN
 from nemo_gym.collection.collector import collect_rollouts, format_summary
 from nemo_gym.collection.options import CollectionOptions, InputError, RolloutCollectionConfig
@@ -63,7 +65,6 @@ from nemo_gym.data.prepare import (
     read_rows,
     write_atomic,
 )
-from nemo_gym.fd_limits import raise_open_file_limit
 from nemo_gym.global_config import (
     PACKAGE_PARENT_DIR,
     ConfigError,
@@ -73,7 +74,6 @@ from nemo_gym.global_config import (
     validate_global_config,
 )
 from nemo_gym.redaction import add_secret_values, config_secret_values, scrub
-from nemo_gym.server_client import BaseServerConfig, ServerClient, close_shared_session
 from nemo_gym.supervision.stop import StopFlag
 
 COMMAND = "ng_e2e_collect_rollouts"

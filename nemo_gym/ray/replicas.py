@@ -24,7 +24,7 @@ Contract
   lost): the launcher then reports the instance dead, like a local server that exited.
 * A replica that exits is restarted on the same socket (so its address stays valid; connections
   wait in the backlog meanwhile) as a new boot, at most ``ray_max_restarts`` times; then it is
-  reported dead. Sessions of the earlier boot are refused by the new one (:mod:`nemo_gym.replicas`).
+  reported dead. Sessions of the earlier boot are refused by the new one (:mod:`nemo_gym.client.replicas`).
 * ``stop()`` stops every server process (SIGTERM to its group, then SIGKILL) and kills the actors.
 """
 
@@ -50,6 +50,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from nemo_gym.auth import AUTH_TOKEN_ENV_VAR_NAME
+from nemo_gym.client.replicas import REPLICA_ENV_VAR_NAME
 from nemo_gym.global_config import (
     NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME,
     NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME,
@@ -58,7 +59,6 @@ from nemo_gym.global_config import (
     NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME,
 )
 from nemo_gym.redaction import NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME, child_environ
-from nemo_gym.replicas import REPLICA_ENV_VAR_NAME
 from nemo_gym.supervision.children import LOG_TAIL_LINES
 
 RESTART_DELAY_S = 0.5
@@ -312,7 +312,7 @@ class ReplicaActor:
 
     def _watch(self) -> None:
         """Restart the server when it exits, at most ``max_restarts`` times; then report it dead."""
-        from nemo_gym.replicas import new_replica_identity
+        from nemo_gym.client.replicas import new_replica_identity
 
         while True:
             proc = self._proc

@@ -92,7 +92,7 @@ class ChildServer:
     verdict_buf: bytes = b""
     verdict: dict[str, Any] | None = None
     replica: int | None = None  # index among the instance's replicas (None: not replicated)
-    identity: str | None = None  # NEMO_GYM_REPLICA of a replica (nemo_gym.replicas)
+    identity: str | None = None  # NEMO_GYM_REPLICA of a replica (nemo_gym.client.replicas)
 
     @property
     def url(self) -> str:

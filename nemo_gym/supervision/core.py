@@ -48,6 +48,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from nemo_gym.auth import SERVER_AUTH_KEY_NAME, new_run_token
+from nemo_gym.client.replicas import REPLICAS_KEY_NAME, new_replica_identity
 from nemo_gym.config.keys import DEFAULT_SHUTDOWN_TIMEOUT_S, DEFAULT_STARTUP_TIMEOUT_S
 from nemo_gym.global_config import (
     DEFAULT_HEAD_SERVER_HOST,
@@ -66,7 +67,6 @@ from nemo_gym.redaction import (
     env_yaml_secret_values,
     process_scrubber,
 )
-from nemo_gym.replicas import REPLICAS_KEY_NAME, new_replica_identity
 from nemo_gym.server_venvs import check_shared_requirements, ensure_server_venv
 from nemo_gym.supervision.children import ChildServer, DeadRayInstance, SpawnerThread, StartupError
 from nemo_gym.supervision.head import HeadMixin

@@ -49,7 +49,7 @@ class HeadMixin:
 
     def _start_head_server(self, sock: socket.socket) -> None:
         from nemo_gym.accept_limit import ConnectionLimits, bounded_server
-        from nemo_gym.fd_limits import socket_budget
+        from nemo_gym.client.fd_limits import socket_budget
         from nemo_gym.head_server import build_head_app
 
         app = build_head_app(self, token=self.auth_token, auth_disabled=not self.auth_enabled)

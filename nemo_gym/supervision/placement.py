@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 from omegaconf import OmegaConf
 
+from nemo_gym.client.replicas import NUM_REPLICAS_KEY_NAME, REPLICAS_KEY_NAME
 from nemo_gym.global_config import HEAD_SERVER_KEY_NAME, ConfigError, ServerInstance
-from nemo_gym.replicas import NUM_REPLICAS_KEY_NAME, REPLICAS_KEY_NAME
 
 
 class PlacementMixin:

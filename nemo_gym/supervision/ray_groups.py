@@ -19,6 +19,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from nemo_gym.auth import AUTH_DISABLED_ENV_VAR_NAME, AUTH_TOKEN_ENV_VAR_NAME
+from nemo_gym.client.replicas import REPLICAS_KEY_NAME, new_replica_identity
 from nemo_gym.global_config import (
     NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME,
     ConfigError,
@@ -26,7 +27,6 @@ from nemo_gym.global_config import (
     find_server_dir,
 )
 from nemo_gym.redaction import NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME, Scrubber
-from nemo_gym.replicas import REPLICAS_KEY_NAME, new_replica_identity
 from nemo_gym.supervision.children import StartupError
 
 

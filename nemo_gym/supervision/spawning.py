@@ -26,6 +26,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from nemo_gym.auth import AUTH_DISABLED_ENV_VAR_NAME, AUTH_TOKEN_ENV_VAR_NAME
+from nemo_gym.client.replicas import REPLICA_ENV_VAR_NAME, REPLICAS_KEY_NAME
 from nemo_gym.global_config import (
     ENV_YAML_FNAME,
     NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME,
@@ -45,7 +46,6 @@ from nemo_gym.redaction import (
     process_scrubber,
     redact_config,
 )
-from nemo_gym.replicas import REPLICA_ENV_VAR_NAME, REPLICAS_KEY_NAME
 from nemo_gym.supervision.children import ChildServer, StartupError
 
 

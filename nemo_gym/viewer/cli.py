@@ -29,8 +29,8 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from nemo_gym.client.fd_limits import raise_open_file_limit
 from nemo_gym.config.command import command
-from nemo_gym.fd_limits import raise_open_file_limit
 from nemo_gym.global_config import ConfigError, did_you_mean, load_global_config
 from nemo_gym.viewer.access import MIN_TOKEN_CHARS, TOKEN_ENV
 
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
             _fail(f"+allowed_roots: {root} is not a directory")
 
     from nemo_gym.accept_limit import ConnectionLimits, bounded_server
-    from nemo_gym.fd_limits import split_server_budget
+    from nemo_gym.client.fd_limits import split_server_budget
     from nemo_gym.ports import reserve_listening_socket
     from nemo_gym.viewer.access import AccessPolicy, TokenGuard, is_loopback_host
     from nemo_gym.viewer.app import ViewerState, create_app

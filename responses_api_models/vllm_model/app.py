@@ -47,8 +47,8 @@ from nemo_gym.chat_conversion import (
     chat_message_to_output_items,
     responses_params_to_chat_request,
 )
+from nemo_gym.client.fd_limits import client_socket_budget
 from nemo_gym.errors import UpstreamError
-from nemo_gym.fd_limits import client_socket_budget
 from nemo_gym.global_config import connector_limits
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id, openai_error_message
 

@@ -191,7 +191,7 @@ def test_upstream_hooks_are_the_verify_so_subclasses_override_them() -> None:
     and ``_verify_answer_with_judge``: here verify runs through those same hooks (math-verify for real)."""
     import asyncio
 
-    from nemo_gym.server_client import ServerClient
+    from nemo_gym.client.server_client import ServerClient
     from resources_servers.math_with_judge.app import (
         JudgeEvaluation,
         LibraryJudgeMathResourcesServer,

@@ -3,7 +3,7 @@
 Contract
 --------
 :class:`ServerClient` is the one client for calls between our processes. It keeps one pool of
-keep-alive connections (:mod:`nemo_gym.http_transport`) per process and event loop, never stores cookies (callers pass them explicitly), puts a
+keep-alive connections (:mod:`nemo_gym.client.http_transport`) per process and event loop, never stores cookies (callers pass them explicitly), puts a
 timeout on every request, retries only failures to *reach* a server (bounded exponential backoff)
 and never retries an HTTP error status. Failures surface as
 :class:`~nemo_gym.errors.UpstreamError` naming the server, the path and the inner error (the
@@ -28,11 +28,20 @@ from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel
 
 from nemo_gym.auth import auth_headers, client_token
+from nemo_gym.client.fd_limits import client_socket_budget
+from nemo_gym.client.http_transport import (
+    ConnectFailed,
+    DisconnectedBeforeResponse,
+    HttpTransport,
+    RawResponse,
+    ResponseTimeout,
+    TransportError,
+)
+from nemo_gym.client.replicas import ReplicaSet, replica_set_from_block
 from nemo_gym.config_types import BaseServerConfig
 from nemo_gym.errors import UpstreamError as UpstreamError
 from nemo_gym.errors import raise_for_status as raise_for_status
 from nemo_gym.errors import response_body as response_body
-from nemo_gym.fd_limits import client_socket_budget
 from nemo_gym.global_config import (
     DEFAULT_HEAD_SERVER_HOST,
     DEFAULT_HEAD_SERVER_PORT,
@@ -42,15 +51,6 @@ from nemo_gym.global_config import (
     current_global_config_dict,
     get_global_config_dict,
 )
-from nemo_gym.http_transport import (
-    ConnectFailed,
-    DisconnectedBeforeResponse,
-    HttpTransport,
-    RawResponse,
-    ResponseTimeout,
-    TransportError,
-)
-from nemo_gym.replicas import ReplicaSet, replica_set_from_block
 
 logger = logging.getLogger("nemo_gym")
 
@@ -120,7 +120,7 @@ def _shared_session(max_connections: int, max_connections_per_host: int | None =
     of the client that first needs it).
 
     At most ``max_connections`` requests are in flight and at most the open-file budget left
-    (:func:`nemo_gym.fd_limits.client_socket_budget`) of sockets are open: requests beyond either
+    (:func:`nemo_gym.client.fd_limits.client_socket_budget`) of sockets are open: requests beyond either
     queue for a connection. Sockets may outnumber busy requests (idle keep-alive connections to
     several servers), so the socket cap is the budget itself, never the request cap.
     """
@@ -191,7 +191,7 @@ class ServerClient:
         self.max_connections_per_host = max_connections_per_host
         self._limits: tuple[int, int | None] | None = None
         self._urls: dict[str, str] = {}
-        # Per instance: (host, port), or its ReplicaSet when it has several replicas (nemo_gym.replicas).
+        # Per instance: (host, port), or its ReplicaSet when it has several replicas (nemo_gym.client.replicas).
         self._host_ports: dict[str, tuple[str, int] | ReplicaSet] = {}
         self._auth_headers: dict[str, str] | None = auth_headers(auth_token) if auth_token else None
 
@@ -318,7 +318,7 @@ class ServerClient:
         replicas: ReplicaSet | None = None
         if endpoint.__class__ is tuple:
             host, port = endpoint  # type: ignore[misc]
-        else:  # several replicas: the session's own, else the next one (nemo_gym.replicas)
+        else:  # several replicas: the session's own, else the next one (nemo_gym.client.replicas)
             replicas = endpoint  # type: ignore[assignment]
             replica = _pick_replica(replicas, cookies, server_name, url_path)
             sticky = replica is not None

@@ -4,7 +4,7 @@ Contract
 --------
 * :func:`raise_open_file_limit` is called first thing by every process of ours (each server,
   ``ng_run``, ``RunHelper``, the collector, ``ng_bench``, ``ng_viewer``, and any process that opens
-  a :class:`~nemo_gym.server_client.ServerClient` pool). It sets the soft ``RLIMIT_NOFILE`` to the
+  a :class:`~nemo_gym.client.server_client.ServerClient` pool). It sets the soft ``RLIMIT_NOFILE`` to the
   hard limit, once per process, and logs the value (a warning when it is low). It never lowers a
   limit and never fails: where the limit cannot be changed it reports what is in force.
 * :func:`socket_budget` is how many more sockets this process may open: the soft limit, minus the

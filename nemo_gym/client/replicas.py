@@ -14,7 +14,7 @@ Contract
   state is gone) is answered ``503`` with kind ``replica_session_lost``: an infrastructure failure the
   caller sees as such, never a silently empty session. ``GET /`` (liveness) is left alone. Processes that are not replicas install
   nothing (no cost).
-* Client side (:class:`ReplicaSet`, used by :class:`nemo_gym.server_client.ServerClient`): a request
+* Client side (:class:`ReplicaSet`, used by :class:`nemo_gym.client.server_client.ServerClient`): a request
   whose cookies carry the instance's replica cookie goes to that replica (sticky sessions: cookies
   already travel with every call of a rollout, so no state is kept in the client); any other request
   goes to the next replica in round-robin order that is not marked down. A replica that cannot be
@@ -23,7 +23,7 @@ Contract
   with the client's usual bounded retries, as an infrastructure failure naming the replica.
 * Instances without replicas keep a plain ``(host, port)`` in the client: the single-replica hot path
   is unchanged. Which replicas answer now is the client's to probe
-  (:func:`nemo_gym.server_client.live_replicas`); this module imports no client.
+  (:func:`nemo_gym.client.server_client.live_replicas`); this module imports no client.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Contract
 * At most ``max_connections`` requests are in flight (and, when ``max_connections_per_host`` is
   set, at most that many to one host:port); further requests wait their turn in order (FIFO).
 * At most ``max_sockets`` sockets (default: ``max_connections``) are open at once, busy or idle,
-  whatever the hosts, so a pool sized from the open-file budget (:mod:`nemo_gym.fd_limits`) never
+  whatever the hosts, so a pool sized from the open-file budget (:mod:`nemo_gym.client.fd_limits`) never
   meets "Too many open files". Idle connections are reused; one the server closed while idle is
   never reused. A request for a host with no idle connection while every socket is taken closes an
   idle connection of another host and waits (at most ``connect_timeout_s``) until that socket is
@@ -65,7 +65,7 @@ class RawResponse(FullyReadResponse):
     """A fully read HTTP response, shaped like aiohttp's ``ClientResponse`` for the callers that matter:
     ``status``, ``ok``, ``reason``, ``headers``, ``cookies``, ``await read()/json()/text()``,
     ``await content.read()`` and ``raise_for_status()``. ``server_name``/``url_path`` say which call it
-    answered (set by :class:`nemo_gym.server_client.ServerClient`) so an error can name them."""
+    answered (set by :class:`nemo_gym.client.server_client.ServerClient`) so an error can name them."""
 
     __slots__ = ("status", "headers", "_body", "_cookies", "server_name", "url_path")
 
