@@ -221,7 +221,7 @@ def _json_error(status: int, kind: str, server: str, path: str, message: str) ->
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
-    if status in (401, 413):  # a refused client does not keep a place (see nemo_gym.accept_limit)
+    if status in (401, 413):  # a refused client does not keep a place (see nemo_gym.server.accept_limit)
         headers.append((b"connection", b"close"))
     return {"type": "http.response.start", "status": status, "headers": headers}, body
 
@@ -279,7 +279,7 @@ class RequestGuard:
 
     def trusts(self, scope: dict) -> bool:
         """Whether a request head (its ASGI scope) passes the check; its connection is then trusted with a
-        reserved place (:class:`nemo_gym.accept_limit.ConnectionLimits`)."""
+        reserved place (:class:`nemo_gym.server.accept_limit.ConnectionLimits`)."""
         return self._authorized(scope, scope["headers"]) is None
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:

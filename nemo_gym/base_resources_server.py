@@ -20,7 +20,7 @@ Contract
 * ``BaseMultiRewardVerifyResponse`` adds ``reward_components``; ``reward`` must equal their sum.
 * Names follow NVIDIA NeMo Gym's ``nemo_gym.base_resources_server`` so its environments import them
   unchanged. ``expose_tools_over_mcp: true`` also serves the tools over MCP at ``/mcp``
-  (:mod:`nemo_gym.mcp`, which defines ``MCPServerMetadata`` and the ``NEMO_GYM_MCP_*`` names
+  (:mod:`nemo_gym.server.mcp`, which defines ``MCPServerMetadata`` and the ``NEMO_GYM_MCP_*`` names
   re-exported here).
 * ``GET /row_schema`` publishes the JSON schema of what a task row must carry for this environment:
   the fields of the ``/seed_session`` and ``/verify`` request bodies, without ``response`` (the
@@ -42,11 +42,11 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from nemo_gym.config_types import AggregateMetrics as AggregateMetrics
 from nemo_gym.config_types import AggregateMetricsRequest as AggregateMetricsRequest
-from nemo_gym.mcp import NEMO_GYM_MCP_METADATA_KEY as NEMO_GYM_MCP_METADATA_KEY
-from nemo_gym.mcp import NEMO_GYM_MCP_SESSION_TOKEN_HEADER as NEMO_GYM_MCP_SESSION_TOKEN_HEADER
-from nemo_gym.mcp import MCPServerMetadata as MCPServerMetadata
 from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.reward_profile import AggregateMetricsMixin
+from nemo_gym.server.mcp import NEMO_GYM_MCP_METADATA_KEY as NEMO_GYM_MCP_METADATA_KEY
+from nemo_gym.server.mcp import NEMO_GYM_MCP_SESSION_TOKEN_HEADER as NEMO_GYM_MCP_SESSION_TOKEN_HEADER
+from nemo_gym.server.mcp import MCPServerMetadata as MCPServerMetadata
 from nemo_gym.server_utils import BaseRunServerInstanceConfig, SimpleServer
 
 __all__ = [
@@ -79,7 +79,7 @@ class ReverifyMode(StrEnum):
 
 
 class BaseResourcesServerConfig(BaseRunServerInstanceConfig):
-    # Also serve the tools over MCP at /mcp, bound to the session /seed_session announces (nemo_gym/mcp).
+    # Also serve the tools over MCP at /mcp, bound to the session /seed_session announces (nemo_gym/server/mcp).
     expose_tools_over_mcp: bool = False
     # An MCP client's ``GET /mcp`` event stream that carries no event for this long is ended (stateless
     # MCP never sends one there; the client may open it again).
@@ -210,7 +210,7 @@ class SimpleResourcesServer(BaseResourcesServer, AggregateMetricsMixin):
         app.get("/reverify_mode")(self.get_reverify_mode)
         app.get(ROW_SCHEMA_PATH)(self.row_schema)
         if self.config.expose_tools_over_mcp:
-            from nemo_gym.mcp import install_mcp  # the optional mcp package is needed only then
+            from nemo_gym.server.mcp import install_mcp  # the optional mcp package is needed only then
 
             install_mcp(self, app)
         return app

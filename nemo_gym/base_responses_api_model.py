@@ -7,7 +7,7 @@ Contract
 * ``POST /v1/chat/completions`` takes and returns the Chat Completions shapes (as plain JSON).
 * Output items may carry ``prompt_token_ids``/``generation_token_ids``/``generation_log_probs``.
 * With ``observability_enabled`` set for the run, model calls made under a rollout prefix are recorded
-  in a bounded store and handed out by ``POST /ng_model_calls/pop`` (:mod:`nemo_gym.observability`);
+  in a bounded store and handed out by ``POST /ng_model_calls/pop`` (:mod:`nemo_gym.server.model_calls`);
   off, nothing is installed on the request path.
 """
 
@@ -21,7 +21,8 @@ from pydantic import PrivateAttr
 from starlette.middleware import Middleware
 
 from nemo_gym.global_config import current_global_config_dict
-from nemo_gym.observability import (
+from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.server.model_calls import (
     POP_PATH,
     ModelCallCaptureMiddleware,
     ModelCallStore,
@@ -29,7 +30,6 @@ from nemo_gym.observability import (
     pop_answer,
     store_from_config,
 )
-from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.server_utils import BaseRunServerInstanceConfig, SimpleServer
 
 

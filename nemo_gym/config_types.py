@@ -78,7 +78,7 @@ class BaseRunServerInstanceConfig(BaseModel):
     # Larger request bodies get a 413 naming this setting; unset: the top-level
     # ``max_request_body_bytes``, else 32 MiB.
     max_request_body_bytes: int | None = Field(default=None, gt=0)
-    # Slow or silent clients (nemo_gym.accept_limit): a connection that has not sent a whole request head
+    # Slow or silent clients (nemo_gym.server.accept_limit): a connection that has not sent a whole request head
     # within request_head_timeout_s, or whose body stalls for request_body_idle_timeout_s, is closed; idle
     # keep-alive connections after keep_alive_timeout_s; reserved_connection_fraction of the accepted
     # connections are kept for clients that sent the run token. Unset: the top-level key, else the default.

@@ -54,7 +54,7 @@ def build_head_app(supervisor: RunState, token: str | None = None, auth_disabled
         "max_body_bytes": 1 << 20,
     }
     app.add_middleware(RequestGuard, **guard_args)
-    # Its ``trusts`` gives token bearers the connection places kept for them (nemo_gym.accept_limit).
+    # Its ``trusts`` gives token bearers the connection places kept for them (nemo_gym.server.accept_limit).
     app.state.nemo_gym_request_guard = RequestGuard(None, **guard_args)
 
     @app.get("/")

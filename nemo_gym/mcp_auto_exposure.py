@@ -11,7 +11,7 @@ Contract
 * An app that already routes ``/mcp`` by other means (a server that mounted its own MCP endpoint) is
   refused with a :class:`ValueError` naming the server, rather than served twice.
 * The serving itself (tools/list, tools/call bound to the seeded session, the ``"mcp"`` key of
-  ``/seed_session`` answers and its ``X-NeMo-Gym-Session-Token`` header) is :mod:`nemo_gym.mcp`'s; see
+  ``/seed_session`` answers and its ``X-NeMo-Gym-Session-Token`` header) is :mod:`nemo_gym.server.mcp`'s; see
   there for how it differs from upstream.
 """
 
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
-from nemo_gym.mcp import MCP_URL_PATH, NEMO_GYM_MCP_SESSION_TOKEN_HEADER, install_mcp, mcp_installed
+from nemo_gym.server.mcp import MCP_URL_PATH, NEMO_GYM_MCP_SESSION_TOKEN_HEADER, install_mcp, mcp_installed
 
 if TYPE_CHECKING:
     from nemo_gym.base_resources_server import SimpleResourcesServer

@@ -23,7 +23,7 @@ Contract
   ``NEMO_GYM_MAX_ROLLOUT_ATTEMPTS`` (else 3).
 * With model-call capture on (the servers' ``observability_enabled``; the collector's own option can
   turn it off, or require it), each rollout's model calls are taken from the model servers as it ends
-  and appended to ``<stem>_model_calls.jsonl`` (:mod:`nemo_gym.observability`).
+  and appended to ``<stem>_model_calls.jsonl`` (:mod:`nemo_gym.server.model_calls`).
 * A per-server circuit breaker: after ``circuit_breaker_threshold`` consecutive rollouts fail
   because one server is down (unreachable past the client's retries, or 502/503/504 — the agent's
   own, or an inner server's named in the agent's 502), rows for the agents it affects are no longer

@@ -12,8 +12,8 @@ Contract
   without the prefix costs one ``str.startswith``.
 * The prefix correlates model calls with rollouts: with ``observability_enabled`` set, agents'
   ``url_path_for_run`` / ``base_url_for_run`` prefix their model calls, and model servers record
-  each call under its rollout (:mod:`nemo_gym.observability`). Without it paths are left unchanged.
-* Servers of ours strip the prefix in :class:`nemo_gym.asgi.ServerLayer`; this module's middleware
+  each call under its rollout (:mod:`nemo_gym.server.model_calls`). Without it paths are left unchanged.
+* Servers of ours strip the prefix in :class:`nemo_gym.server.asgi.ServerLayer`; this module's middleware
   is for apps that install it themselves.
 """
 

@@ -41,15 +41,6 @@ from fastapi.routing import APIRoute
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from nemo_gym.accept_limit import (
-    ConnectionLimits,
-)
-from nemo_gym.asgi import InternalErrorMiddleware as InternalErrorMiddleware
-from nemo_gym.asgi import ServerLayer
-from nemo_gym.asgi import SessionMiddleware as SessionMiddleware
-from nemo_gym.asgi.sessions import SESSION_ID_KEY as SESSION_ID_KEY
-from nemo_gym.asgi.sessions import cookie_name_for as cookie_name_for
-from nemo_gym.asgi.sessions import session_secret as session_secret
 from nemo_gym.auth import (
     DEFAULT_MAX_REQUEST_BODY_BYTES,
     MAX_REQUEST_BODY_BYTES_KEY_NAME,
@@ -89,6 +80,15 @@ from nemo_gym.redaction import (
 )
 from nemo_gym.rollout_correlation import apply_rollout_prefix as apply_rollout_prefix
 from nemo_gym.rollout_correlation import rollout_path_prefix as rollout_path_prefix
+from nemo_gym.server.accept_limit import (
+    ConnectionLimits,
+)
+from nemo_gym.server.asgi import InternalErrorMiddleware as InternalErrorMiddleware
+from nemo_gym.server.asgi import ServerLayer
+from nemo_gym.server.asgi import SessionMiddleware as SessionMiddleware
+from nemo_gym.server.asgi.sessions import SESSION_ID_KEY as SESSION_ID_KEY
+from nemo_gym.server.asgi.sessions import cookie_name_for as cookie_name_for
+from nemo_gym.server.asgi.sessions import session_secret as session_secret
 from nemo_gym.supervision.children import die_with_parent as die_with_parent
 from nemo_gym.supervision.verdicts import InstanceConfigError as InstanceConfigError
 from nemo_gym.supervision.verdicts import config_problems as config_problems
@@ -101,7 +101,7 @@ from nemo_gym.verify_pool import VerifyPoolError
 logger = logging.getLogger("nemo_gym")
 
 # ------------------------------------------------------------------------------------------------
-# Request plumbing (one ASGI layer; see :mod:`nemo_gym.asgi`).
+# Request plumbing (one ASGI layer; see :mod:`nemo_gym.server.asgi`).
 
 
 def _is_foreign_key(problem: dict[str, Any]) -> bool:
@@ -244,7 +244,7 @@ class BaseServer(BaseModel):
         async def verify_error(request: Request, exc: VerifyPoolError) -> Response:
             # A check that could not be carried out (timed out, worker died): not a score, and this
             # server is up (it answered), so 503 with the kind the failures sidecar files it under.
-            # (the message is scrubbed with every error answer: nemo_gym.asgi)
+            # (the message is scrubbed with every error answer: nemo_gym.server.asgi)
             body = error_envelope(
                 exc.kind, server=name, path=request.url.path, type=type(exc).__name__, message=str(exc)
             )
@@ -272,7 +272,7 @@ class BaseServer(BaseModel):
             body = error_envelope("request_too_large", server=name, path=request.url.path, message=str(exc))
             return Response(orjson.dumps(body), status_code=413, media_type="application/json")
 
-        # Guard, rollout prefix, sessions and error answers: one layer (nemo_gym.asgi). Sessions and
+        # Guard, rollout prefix, sessions and error answers: one layer (nemo_gym.server.asgi). Sessions and
         # errors are left out of it when the app installed its own (upstream's set-up steps, called by
         # a subclass that built its app itself), and the set-up steps become no-ops afterwards.
         sessions = None
@@ -353,13 +353,13 @@ class BaseServer(BaseModel):
 
     def connection_limits(self) -> tuple[ConnectionLimits, float]:
         """(head/body timeouts and reserved places, keep-alive timeout) of this server, from its block,
-        else the run's top-level keys, else the defaults (see :mod:`nemo_gym.accept_limit`)."""
+        else the run's top-level keys, else the defaults (see :mod:`nemo_gym.server.accept_limit`)."""
         return ConnectionLimits.from_settings(self._setting)
 
     def serve_app(self, app: FastAPI, sock: socket.socket, max_accepted: int) -> None:
         """Serve ``app`` on the listening ``sock`` until told to stop, accepting at most ``max_accepted``
         connections at once, with this server's connection limits."""
-        from nemo_gym.accept_limit import bounded_server
+        from nemo_gym.server.accept_limit import bounded_server
 
         limits, keep_alive_s = self.connection_limits()
         guard = getattr(app.state, "nemo_gym_request_guard", None)

@@ -352,7 +352,7 @@ def test_upstream_config_keys_are_accepted_and_typos_still_caught() -> None:
         CounterConfig(descripton="d")
     problem = config_problems(CounterConfig, caught.value)[0]
     assert problem["loc"] == "descripton" and problem["suggest"] == ["description"]
-    assert CounterConfig(expose_tools_over_mcp=True).expose_tools_over_mcp  # served by nemo_gym/mcp
+    assert CounterConfig(expose_tools_over_mcp=True).expose_tools_over_mcp  # served by nemo_gym/server/mcp
 
     gitlab = {"dataset_name": "d", "version": "0.0.1", "artifact_fpath": "train.jsonl"}
     ds = DatasetConfig(

@@ -95,7 +95,7 @@ def test_a_server_queues_connections_beyond_its_descriptor_budget(launch: Launch
 TINY_SERVER = textwrap.dedent("""
     import socket, sys
     import uvicorn
-    from nemo_gym.accept_limit import BoundedServer
+    from nemo_gym.server.accept_limit import BoundedServer
 
     async def app(scope, receive, send):
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})

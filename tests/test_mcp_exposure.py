@@ -1,4 +1,4 @@
-"""nemo_gym.mcp on a server that declares no MCP hook: its typed tool routes are harvested and served
+"""nemo_gym.server.mcp on a server that declares no MCP hook: its typed tool routes are harvested and served
 over MCP (the mcp package's own client), bound to the seeded session, and /verify sees the effects."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import httpx2  # noqa: E402
 from mcp import ClientSession  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client
 
-from nemo_gym.mcp import MCP_URL_PATH as MCP_PATH
+from nemo_gym.server.mcp import MCP_URL_PATH as MCP_PATH
 from nemo_gym.server_utils import cookie_name_for
 from nemo_gym.testing import post_json, running_servers, server_url
 

@@ -1,4 +1,4 @@
-"""Model-call capture (``+observability_enabled=true``, nemo_gym.observability) with real servers.
+"""Model-call capture (``+observability_enabled=true``, nemo_gym.server.model_calls) with real servers.
 
 Servers: example_single_tool_call + simple_agent + the scripted model, whose scripts give each task
 a different number of model calls (Paris 3, Tokyo 2) and make one task's model answer 500 (Oslo).
@@ -15,8 +15,8 @@ from typing import Any
 import orjson
 import pytest
 
-from nemo_gym.observability import ModelCallStore
 from nemo_gym.redaction import REDACTED, add_secret_values
+from nemo_gym.server.model_calls import ModelCallStore
 from nemo_gym.testing import collect_rollouts, post_json, running_servers, server_url
 
 EXAMPLE_CONFIG = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"

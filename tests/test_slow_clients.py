@@ -1,4 +1,4 @@
-"""Slow and silent clients cannot stop a server (nemo_gym.accept_limit's ConnectionLimits).
+"""Slow and silent clients cannot stop a server (nemo_gym.server.accept_limit's ConnectionLimits).
 
 Proven here against a real server process (our request guard, the run token, BoundedServer with a
 small cap and short limits so the flood is small and quick): connections that send nothing or half a

@@ -59,8 +59,8 @@ from nemo_gym.collection.output_files import (
 from nemo_gym.collection.row_schema import CheckedInput, check_input
 from nemo_gym.collection.summary import CollectionSummary, RunCounts
 from nemo_gym.errors import UpstreamError
-from nemo_gym.observability import ModelCallSink, capture_wanted, model_calls_path
 from nemo_gym.rollout_stats import aggregate_metrics, k_values
+from nemo_gym.server.model_calls import ModelCallSink, capture_wanted, model_calls_path
 
 # The fields that group this run's failures into kinds for the end-of-run report.
 _KIND_FIELDS = ("kind", "server", "status", "via")
@@ -243,7 +243,7 @@ async def _run(
         if plan.capture
         else None
     )
-    if sink is not None:  # each rollout's model calls, pulled as it ends (nemo_gym.observability)
+    if sink is not None:  # each rollout's model calls, pulled as it ends (nemo_gym.server.model_calls)
         worker = sink.wrap(worker)
     tally = _RunResult(breaker=breaker, sink=sink)
     kinds, kind_paths = tally.kinds, tally.kind_paths

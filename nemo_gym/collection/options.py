@@ -61,7 +61,7 @@ class CollectionOptions(BaseModel):
     progress: bool = True
     # Export the metrics to an experiment tracker at the end (nemo_gym.eval.tracking; its keys apart).
     tracker: Literal["mlflow", "wandb"] | None = None
-    # Model-call capture (nemo_gym.observability): None follows the servers' config, false never pulls.
+    # Model-call capture (nemo_gym.server.model_calls): None follows the servers' config, false never pulls.
     observability_enabled: bool | None = None
 
 

@@ -52,7 +52,7 @@ LAUNCHER_KEYS = {
     "shutdown_timeout_s",
     "server_auth",  # nemo_gym.auth.SERVER_AUTH_KEY_NAME
     "max_request_body_bytes",  # nemo_gym.auth.MAX_REQUEST_BODY_BYTES_KEY_NAME: the default of every server
-    # nemo_gym.accept_limit: the default of every server (each may set its own)
+    # nemo_gym.server.accept_limit: the default of every server (each may set its own)
     "request_head_timeout_s",
     "request_body_idle_timeout_s",
     "keep_alive_timeout_s",
@@ -67,7 +67,7 @@ LAUNCHER_KEYS = {
     "ray_start_local",
     "ray_local_num_cpus",
     "ray_local_object_store_mb",
-    # Model-call capture (nemo_gym.observability): upstream's switch, and our bounds of the store.
+    # Model-call capture (nemo_gym.server.model_calls): upstream's switch, and our bounds of the store.
     "observability_enabled",
     "model_call_capture_max_calls",
     "model_call_capture_max_bytes",

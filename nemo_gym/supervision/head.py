@@ -3,7 +3,7 @@
 Contract
 --------
 * The head server (:mod:`nemo_gym.head_server`) is served by uvicorn on a thread of this process, on
-  the socket reserved for it, with the run's connection limits (:mod:`nemo_gym.accept_limit`: silent
+  the socket reserved for it, with the run's connection limits (:mod:`nemo_gym.server.accept_limit`: silent
   and slow connections closed, places kept for token bearers); it is up within 10 s or start-up fails with
   :class:`~nemo_gym.supervision.children.StartupError`.
 * The run token is registered for this process's clients (every port of the run) and written to a
@@ -48,9 +48,9 @@ class HeadMixin:
         return [self.head_port] + [c.port for c in self.children] + ray_ports
 
     def _start_head_server(self, sock: socket.socket) -> None:
-        from nemo_gym.accept_limit import ConnectionLimits, bounded_server
         from nemo_gym.client.fd_limits import socket_budget
         from nemo_gym.head_server import build_head_app
+        from nemo_gym.server.accept_limit import ConnectionLimits, bounded_server
 
         app = build_head_app(self, token=self.auth_token, auth_disabled=not self.auth_enabled)
         # Bounded like every server of the run: silent or slow connections are closed, token bearers keep

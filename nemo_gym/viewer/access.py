@@ -71,7 +71,7 @@ class AccessPolicy:
         # The sidecars are named from the resolved file; matched against the resolved candidate,
         # so a sidecar that is itself a symlink to somewhere else does not match.
         self.sidecars.update(sidecar_paths(p).values())
-        from nemo_gym.observability import model_calls_path
+        from nemo_gym.server.model_calls import model_calls_path
 
         self.sidecars.add(model_calls_path(p))  # written only with model-call capture on
         return p

@@ -187,7 +187,7 @@ def create_app(state: ViewerState, token: TokenGuard | None = None) -> FastAPI:
 
     def trusts(scope: dict) -> bool:
         """Whether a request head carries the token (or none is needed): its connection then keeps a
-        place kept for trusted clients (nemo_gym.accept_limit)."""
+        place kept for trusted clients (nemo_gym.server.accept_limit)."""
         if not guard_token.required:
             return True
         server = scope.get("server")
@@ -346,7 +346,7 @@ def create_app(state: ViewerState, token: TokenGuard | None = None) -> FastAPI:
 
     @app.get("/api/files/{file_id}/rollouts/{row}/model_calls")
     def model_calls(file_id: str, row: int) -> JSON:
-        """The rollout's captured model calls (``<stem>_model_calls.jsonl``; nemo_gym.observability)."""
+        """The rollout's captured model calls (``<stem>_model_calls.jsonl``; nemo_gym.server.model_calls)."""
         ds = dataset_or_error(file_id)
         if isinstance(ds, JSON):
             return ds

@@ -15,7 +15,7 @@ It serves only the files it was started with (and their sidecars) and files unde
 ``+allowed_roots``. Off loopback (or with ``+token`` / ``NG_VIEWER_TOKEN``) every request needs the
 access token; the printed URL carries it (``?token=...``), printed once. Connections that send no
 complete request within ``+request_head_timeout_s`` are closed, and places are kept for requests with
-the token, as on every server of a run (:mod:`nemo_gym.accept_limit`).
+the token, as on every server of a run (:mod:`nemo_gym.server.accept_limit`).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class ViewerConfig(BaseModel):
     index_dir: str | None = None
     allowed_roots: list[str] = Field(default_factory=list)
     token: str | None = Field(default=None, min_length=MIN_TOKEN_CHARS)
-    # Connection limits, as for every server of a run (nemo_gym.accept_limit; defaults there).
+    # Connection limits, as for every server of a run (nemo_gym.server.accept_limit; defaults there).
     request_head_timeout_s: float | None = Field(default=None, gt=0)
     request_body_idle_timeout_s: float | None = Field(default=None, gt=0)
     keep_alive_timeout_s: float | None = Field(default=None, gt=0)
@@ -148,9 +148,9 @@ def main(argv: list[str] | None = None) -> None:
         if not Path(root).expanduser().is_dir():
             _fail(f"+allowed_roots: {root} is not a directory")
 
-    from nemo_gym.accept_limit import ConnectionLimits, bounded_server
     from nemo_gym.client.fd_limits import split_server_budget
     from nemo_gym.ports import reserve_listening_socket
+    from nemo_gym.server.accept_limit import ConnectionLimits, bounded_server
     from nemo_gym.viewer.access import AccessPolicy, TokenGuard, is_loopback_host
     from nemo_gym.viewer.app import ViewerState, create_app
 
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     threading.Thread(target=_report_when_indexed, args=(state,), daemon=True).start()
     # Silent or slow connections are closed and requests with the token keep places: no connection flood
-    # can stop the viewer (nemo_gym.accept_limit).
+    # can stop the viewer (nemo_gym.server.accept_limit).
     limits, keep_alive_s = ConnectionLimits.from_settings(
         lambda key, default: default if getattr(cfg, key) is None else getattr(cfg, key)
     )

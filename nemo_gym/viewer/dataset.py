@@ -536,10 +536,10 @@ class Dataset:
             self._cache["failures"] = (key, value)
         return value
 
-    # -- the model-calls sidecar (nemo_gym.observability) -----------------------------------------
+    # -- the model-calls sidecar (nemo_gym.server.model_calls) -----------------------------------------
     def model_calls_path(self) -> Path:
         """``<stem>_model_calls.jsonl`` next to the rollouts file."""
-        from nemo_gym.observability import model_calls_path
+        from nemo_gym.server.model_calls import model_calls_path
 
         return model_calls_path(self.path)
 

@@ -25,7 +25,7 @@ Contract
   /verify answers an error naming the call, never reward 0.
 * Seeded but never verified sessions are bounded by ``max_sessions`` (oldest dropped first).
 * With ``expose_tools_over_mcp: true`` the same tools are served over MCP, bound to the session
-  (see ``nemo_gym/mcp``); :meth:`WorkbenchResourcesServer.call_session_tool` is the one entry point
+  (see ``nemo_gym/server/mcp``); :meth:`WorkbenchResourcesServer.call_session_tool` is the one entry point
   both transports use.
 """
 

@@ -11,7 +11,7 @@ Contract
   the session cookie ``/seed_session`` set (the env is bound to that session).
 * The env is always closed (bounded by ``close_timeout_s``), also when anything fails. When the caller
   of ``/run`` disconnects, the rollout is cancelled at once, whatever it is waiting on (the model, a
-  step; :mod:`nemo_gym.disconnect`), and the env is closed with reason ``client_disconnected``.
+  step; :mod:`nemo_gym.server.disconnect`), and the env is closed with reason ``client_disconnected``.
 * The response: ``output`` is the whole trajectory as Responses items (first observation, then per
   turn the model's items and the env's observations, in order), ``tools`` the env's tools, usage
   summed over turns, plus ``env_id``, ``group_id`` (the task index), ``contains_transitions``
@@ -48,15 +48,15 @@ from nemo_gym.base_responses_api_agent import (
     add_usage,
 )
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
-from nemo_gym.disconnect import (
+from nemo_gym.errors import UpstreamError, raise_for_status, response_body
+from nemo_gym.export_transitions import render_step_context
+from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.server.disconnect import (
     ClientDisconnected,
     cancel_reason,
     disconnected_response,
     run_until_disconnected,
 )
-from nemo_gym.errors import UpstreamError, raise_for_status, response_body
-from nemo_gym.export_transitions import render_step_context
-from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.server_utils import response_cookies, validated_body
 
 logger = logging.getLogger(__name__)
@@ -217,7 +217,7 @@ class AviaryAgent(SimpleResponsesAPIAgent):
     ) -> dict[str, Any]:
         """Seed, loop, close; the trajectory as an ``AviaryNeMoGymResponse`` dict. ``cookies`` (if given)
         receives the resources server's session cookie, for ``/verify``. ``request`` is not read
-        (cancel the task to stop a rollout: :func:`nemo_gym.disconnect.run_until_disconnected`)."""
+        (cancel the task to stop a rollout: :func:`nemo_gym.server.disconnect.run_until_disconnected`)."""
         cfg = self.config
         resources, model = cfg.resources_server.name, cfg.model_server.name
         cookies = {} if cookies is None else cookies

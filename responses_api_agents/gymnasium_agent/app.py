@@ -17,7 +17,7 @@ Contract
   ``info.cleanup_warning``. A failure to reach the model or the server fails the rollout (502/504
   naming the server and path), never a reward.
 * When the caller of ``/run`` disconnects, the rollout is cancelled at once, whatever it waits on
-  (:mod:`nemo_gym.disconnect`), and a closable episode is closed with body
+  (:mod:`nemo_gym.server.disconnect`), and a closable episode is closed with body
   ``{"reason": "client_disconnected"}`` (bounded by ``tool_timeout_s``).
 """
 
@@ -40,13 +40,13 @@ from nemo_gym.base_responses_api_agent import (
     empty_usage,
 )
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
-from nemo_gym.disconnect import (
+from nemo_gym.openai_utils import new_id
+from nemo_gym.server.disconnect import (
     ClientDisconnected,
     cancel_reason,
     disconnected_response,
     run_until_disconnected,
 )
-from nemo_gym.openai_utils import new_id
 from nemo_gym.server_utils import validated_body
 
 _LOGGER = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ made -> verify. Anything wrong with a tool call (unknown tool, arguments that ar
 the tool's schema, a tool that raises) becomes a ``function_call_output`` the model reads; only a
 failure to reach a server (or a model error) fails the rollout, as a 502 naming that server. When the
 caller of ``/run`` or ``/v1/responses`` disconnects, the rollout stops at once, whatever it waits on
-(:mod:`nemo_gym.disconnect`): no further model turn, tool call or verify is made for it.
+(:mod:`nemo_gym.server.disconnect`): no further model turn, tool call or verify is made for it.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from nemo_gym.base_responses_api_agent import (
     empty_usage,
 )
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
-from nemo_gym.disconnect import ClientDisconnected, disconnected_response, run_until_disconnected
 from nemo_gym.errors import UpstreamError, response_body
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, new_id
+from nemo_gym.server.disconnect import ClientDisconnected, disconnected_response, run_until_disconnected
 from nemo_gym.server_utils import response_cookies, validated_body
 
 
@@ -80,7 +80,7 @@ class SimpleAgent(SimpleResponsesAPIAgent):
             resources, "/seed_session", json=row, cookies=cookies, **self.timeout("seed_session_timeout_s")
         )
         cookies.update(new_cookies)
-        # With observability_enabled the model calls carry /ng-rollout/<id> (nemo_gym.observability).
+        # With observability_enabled the model calls carry /ng-rollout/<id> (nemo_gym.server.model_calls).
         model_path = self.url_path_for_run("/v1/responses", row)
         response, cookies = await self.run_loop(row["responses_create_params"], cookies, model_path)
         verify, _ = await self.server_client.post_json(

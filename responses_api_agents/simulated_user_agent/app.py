@@ -23,7 +23,7 @@ Contract
 * A simulator answer with no text, or a failure to reach any server, fails the rollout (a non-2xx
   naming the server), never a reward.
 * When the caller of ``/run`` disconnects, the conversation is cancelled at once, whatever it waits
-  on (the policy, the simulator, a tool; :mod:`nemo_gym.disconnect`): no model is called for a rollout
+  on (the policy, the simulator, a tool; :mod:`nemo_gym.server.disconnect`): no model is called for a rollout
   nobody will read. (The resources server's session has no close call; its own bounds drop it.)
 """
 
@@ -39,9 +39,9 @@ from pydantic import Field
 from nemo_gym.base_resources_server import BaseRunRequest
 from nemo_gym.base_responses_api_agent import add_usage, empty_usage
 from nemo_gym.config_types import ModelServerRef
-from nemo_gym.disconnect import ClientDisconnected, disconnected_response, run_until_disconnected
 from nemo_gym.errors import UpstreamError
 from nemo_gym.openai_utils import text_of_message
+from nemo_gym.server.disconnect import ClientDisconnected, disconnected_response, run_until_disconnected
 from nemo_gym.server_utils import validated_body
 from responses_api_agents.simple_agent.app import SimpleAgent, SimpleAgentConfig
 

@@ -10,9 +10,9 @@ passes straight through, like every other scope type):
 2. ``/ng-rollout/<id>/<path>`` is served as ``/<path>`` with ``<id>`` current for the handler and
    everything it awaits (:func:`nemo_gym.rollout_correlation.current_rollout_id`).
 3. With sessions: the request's session id goes into the scope and every answer sets the cookie
-   (:mod:`nemo_gym.asgi.sessions`).
+   (:mod:`nemo_gym.server.asgi.sessions`).
 4. With errors: an unhandled exception becomes a JSON 500, and an error answer is scrubbed of secrets
-   before it leaves (:mod:`nemo_gym.asgi.errors`).
+   before it leaves (:mod:`nemo_gym.server.asgi.errors`).
 
 The behaviour is exactly that of ``RequestGuard`` > ``RolloutContextMiddleware`` > ``SessionMiddleware`` >
 ``InternalErrorMiddleware`` stacked (outermost first), at the cost of one call and at most one ``send``
@@ -23,16 +23,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from nemo_gym.asgi.errors import serve_with_error_answers
-from nemo_gym.asgi.sessions import SessionMiddleware, with_cookie
 from nemo_gym.auth import RequestGuard
 from nemo_gym.rollout_correlation import enter_rollout, leave_rollout, split_rollout_prefix
+from nemo_gym.server.asgi.errors import serve_with_error_answers
+from nemo_gym.server.asgi.sessions import SessionMiddleware, with_cookie
 
 
 class ServerLayer:
     """See the module docstring. ``sessions``: the cookie signer, or ``None`` for a server without
     sessions. ``errors``: whether this layer answers unhandled errors and scrubs error answers (off when
-    an app installed :class:`nemo_gym.asgi.InternalErrorMiddleware` itself)."""
+    an app installed :class:`nemo_gym.server.asgi.InternalErrorMiddleware` itself)."""
 
     def __init__(
         self,

@@ -189,8 +189,8 @@ def install_mcp(server: MCPServable, app: FastAPI) -> None:
     from mcp.server.lowlevel import Server
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
-    from nemo_gym.asgi.sessions import SessionMiddleware, cookie_name_for, session_secret
     from nemo_gym.auth import auth_headers, server_token_from_env
+    from nemo_gym.server.asgi.sessions import SessionMiddleware, cookie_name_for, session_secret
 
     logging.getLogger("mcp.server.streamable_http").setLevel(logging.WARNING)  # one INFO line per request
     name = server.config.name or type(server).__name__

@@ -46,7 +46,7 @@ def cookie_name_for(instance_name: str) -> str:
 
 class SessionMiddleware:
     """Pure ASGI middleware for the session cookie (see the module docstring). Also the cookie signer
-    :class:`nemo_gym.asgi.ServerLayer` and the MCP mount use (``app`` may then be ``None``)."""
+    :class:`nemo_gym.server.asgi.ServerLayer` and the MCP mount use (``app`` may then be ``None``)."""
 
     def __init__(self, app: Any, cookie_name: str, secret: bytes):
         self.app = app
