@@ -444,8 +444,8 @@ class BaseServer(BaseModel):
         process's outbound connection pools (see :mod:`nemo_gym.client.fd_limits`).
         """
         from nemo_gym.client.fd_limits import raise_open_file_limit, split_server_budget
+        from nemo_gym.config.ports import reserve_listening_socket
         from nemo_gym.global_config import ConfigError
-        from nemo_gym.ports import reserve_listening_socket
 
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
         raise_open_file_limit()

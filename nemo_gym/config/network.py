@@ -9,7 +9,7 @@ Contract
   naming the key on a value that is not a positive integer. The process's own limits (its held
   config) are ``nemo_gym.global_config.client_connection_limits``.
 * :func:`find_open_port` is upstream's helper; our launcher binds its sockets itself
-  (:mod:`nemo_gym.ports`) and never relies on it.
+  (:mod:`nemo_gym.config.ports`) and never relies on it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def find_open_port(disallowed_ports: list[int] | None = None, max_retries: int =
     """A TCP port free on this machine right now and not in ``disallowed_ports``.
 
     The port may be taken by someone else before it is used; our launcher never relies on this (it
-    binds its sockets itself, see :mod:`nemo_gym.ports`). Raises ``RuntimeError`` after ``max_retries``.
+    binds its sockets itself, see :mod:`nemo_gym.config.ports`). Raises ``RuntimeError`` after ``max_retries``.
     """
     import socket
 

@@ -129,7 +129,7 @@ class ReplicaActor:
 
     def reserve(self) -> dict[str, Any]:
         """Open the replica's listening socket on this node; its address, node id and this actor's pid."""
-        from nemo_gym.ports import reserve_listening_socket
+        from nemo_gym.config.ports import reserve_listening_socket
 
         loopback = self.bind_host in _LOOPBACK
         bind = "0.0.0.0" if loopback else self.bind_host

@@ -2,7 +2,7 @@
 
 Contract
 --------
-* ``start()`` reserves every port first (see :mod:`nemo_gym.ports`), starts the head server in this
+* ``start()`` reserves every port first (see :mod:`nemo_gym.config.ports`), starts the head server in this
   process, spawns one child per server instance (each in its own process group, its output
   prefixed with the instance name), and health-polls them all within ``startup_timeout_s``.
   If a child exits or the bound passes, it stops everything and raises :class:`StartupError`
@@ -50,6 +50,7 @@ from omegaconf import OmegaConf
 from nemo_gym.auth import SERVER_AUTH_KEY_NAME, new_run_token
 from nemo_gym.client.replicas import REPLICAS_KEY_NAME, new_replica_identity
 from nemo_gym.config.keys import DEFAULT_SHUTDOWN_TIMEOUT_S, DEFAULT_STARTUP_TIMEOUT_S
+from nemo_gym.config.ports import reserve_listening_socket, reserve_listening_socket_in_range
 from nemo_gym.global_config import (
     DEFAULT_HEAD_SERVER_HOST,
     DEFAULT_HEAD_SERVER_PORT,
@@ -59,7 +60,6 @@ from nemo_gym.global_config import (
     configured_port_range,
     find_server_dir,
 )
-from nemo_gym.ports import reserve_listening_socket, reserve_listening_socket_in_range
 from nemo_gym.redaction import (
     Scrubber,
     add_secret_values,

@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
             _fail(f"+allowed_roots: {root} is not a directory")
 
     from nemo_gym.client.fd_limits import split_server_budget
-    from nemo_gym.ports import reserve_listening_socket
+    from nemo_gym.config.ports import reserve_listening_socket
     from nemo_gym.server.accept_limit import ConnectionLimits, bounded_server
     from nemo_gym.viewer.access import AccessPolicy, TokenGuard, is_loopback_host
     from nemo_gym.viewer.app import ViewerState, create_app
