@@ -9,7 +9,7 @@ with ``+num_repeats=K`` to get groups of K.
   (``tools`` only when the task offered tools), one line per rollout whose reward is at least
   ``--min-reward`` (default 1.0). ``messages`` is the task's prompt (system/user messages) followed by
   the rollout's turns (assistant messages with ``tool_calls``, ``tool`` messages with the results), as
-  :mod:`nemo_gym.chat_conversion` maps the Responses items to Chat Completions messages.
+  :mod:`nemo_gym.kit.chat_conversion` maps the Responses items to Chat Completions messages.
 * ``dpo.jsonl``: TRL's conversational preference format, ``{"prompt": [...], "chosen": [...],
   "rejected": [...]}``: per group, the best rollout (highest reward) against the worst (lowest), only
   when the best's reward exceeds the worst's by more than ``--min-margin`` (default 0). Ties keep the
@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from nemo_gym.chat_conversion import responses_to_chat_messages, responses_tools_to_chat_tools
+from nemo_gym.kit.chat_conversion import responses_to_chat_messages, responses_tools_to_chat_tools
 
 TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 

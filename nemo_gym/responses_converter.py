@@ -3,7 +3,7 @@
 Contract
 --------
 * ``ResponsesConverter(return_token_id_information=..., uses_reasoning_parser=True)`` is a face over
-  :mod:`nemo_gym.chat_conversion` (the one conversion module; see its docstring for the mapping rules).
+  :mod:`nemo_gym.kit.chat_conversion` (the one conversion module; see its docstring for the mapping rules).
   Environments and model servers written against upstream's class call the same method names here.
 * ``responses_to_chat_completion_create_params(params)`` -> a
   :class:`~nemo_gym.openai_utils.NeMoGymChatCompletionCreateParamsNonStreaming` whose ``messages`` are
@@ -15,7 +15,7 @@ Contract
   unless ``uses_reasoning_parser`` is false. ``chat_completions_messages_to_responses_items(messages)``
   maps a whole chat history back to Responses items. ``chat_completion_to_response(params, completion)``
   -> a complete :class:`~nemo_gym.openai_utils.NeMoGymResponse`.
-* Something Chat Completions cannot carry raises :class:`~nemo_gym.chat_conversion.ChatConversionError`
+* Something Chat Completions cannot carry raises :class:`~nemo_gym.kit.chat_conversion.ChatConversionError`
   (a ``ValueError``) naming it; an unknown chat role is a ``ValueError`` naming the role.
 """
 
@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, TypeAdapter
 
-from nemo_gym.chat_conversion import (
+from nemo_gym.kit.chat_conversion import (
     THINK_CLOSE,
     THINK_OPEN,
     build_response,

@@ -29,7 +29,7 @@ import orjson
 from nemo_gym.config.command import command
 from nemo_gym.config_types import AggregateMetrics, AggregateMetricsRequest
 from nemo_gym.global_config import ConfigError, check_options, load_global_config
-from nemo_gym.rollout_stats import reward_profile
+from nemo_gym.kit.rollout_stats import reward_profile
 
 TASK_INDEX_KEY_NAME = "_ng_task_index"
 ROLLOUT_INDEX_KEY_NAME = "_ng_rollout_index"

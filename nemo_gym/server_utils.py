@@ -11,8 +11,8 @@ Contract
   Every error answer (status >= 400, whoever built it) is scrubbed of the secret values this process
   knows (its config, the whole config it got, the env.yaml values ``ng_run`` passed): see
   :mod:`nemo_gym.redaction`. Successful answers are never touched. A
-  :class:`~nemo_gym.verify_pool.VerifyPoolError` escaping a handler (a check that timed out or whose
-  worker died, or a library's own timeout reported as :class:`~nemo_gym.verify_pool.VerifyTimeoutError`)
+  :class:`~nemo_gym.kit.verify_pool.VerifyPoolError` escaping a handler (a check that timed out or whose
+  worker died, or a library's own timeout reported as :class:`~nemo_gym.kit.verify_pool.VerifyTimeoutError`)
   is answered 503 with its ``kind`` (``verify_timeout`` / ``verify_failed``): never a score.
 * ``run_webserver()`` is what each ``app.py`` calls under ``if __name__ == "__main__"``. It validates
   the instance's config block (unknown keys are errors, with "did you mean"); under ``ng_run`` it
@@ -73,6 +73,7 @@ from nemo_gym.global_config import (
     current_global_config_dict,
     get_global_config_dict,
 )
+from nemo_gym.kit.verify_pool import VerifyPoolError
 from nemo_gym.redaction import (
     add_secret_values,
     collect_secret_values,
@@ -96,7 +97,6 @@ from nemo_gym.supervision.verdicts import field_names_at as field_names_at
 from nemo_gym.supervision.verdicts import loc_text as loc_text
 from nemo_gym.supervision.verdicts import model_in as model_in
 from nemo_gym.supervision.verdicts import report_config_verdict as report_config_verdict
-from nemo_gym.verify_pool import VerifyPoolError
 
 logger = logging.getLogger("nemo_gym")
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import orjson
 
+from nemo_gym.kit.rollout_stats import aggregate_metrics
 from nemo_gym.rollout_collection import collect_main
-from nemo_gym.rollout_stats import aggregate_metrics
 from nemo_gym.testing import running_servers
 
 ENV = "example_multi_step"

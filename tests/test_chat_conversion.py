@@ -1,4 +1,4 @@
-"""nemo_gym.chat_conversion: every conversion case, both directions, and round trips."""
+"""nemo_gym.kit.chat_conversion: every conversion case, both directions, and round trips."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from openai.types.responses import (
     ResponseReasoningItem,
 )
 
-from nemo_gym.chat_conversion import (
+from nemo_gym.kit.chat_conversion import (
     ChatConversionError,
     build_response,
     chat_message_to_output_items,

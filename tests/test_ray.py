@@ -24,15 +24,15 @@ import pytest
 import yaml
 
 from nemo_gym.global_config import ConfigError
-from nemo_gym.ray import ray_settings
-from nemo_gym.supervision.children import StartupError
-from nemo_gym.testing import get, run_rollout, running_servers, server_url
-from nemo_gym.verify_pool import (
+from nemo_gym.kit.verify_pool import (
     VerifyTimeoutError,
     VerifyWorkerCrashedError,
     run_in_verify_pool,
     set_verify_ray_address,
 )
+from nemo_gym.ray import ray_settings
+from nemo_gym.supervision.children import StartupError
+from nemo_gym.testing import get, run_rollout, running_servers, server_url
 
 REPO = Path(__file__).resolve().parents[1]
 ENV_CONFIG = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
@@ -49,7 +49,7 @@ def test_nothing_imports_ray_without_a_ray_config() -> None:
     """ng_run's modules, and a whole RunHelper start/stop of a config without Ray keys, import no ray."""
     code = f"""
 import sys
-import nemo_gym.cli, nemo_gym.client.server_client, nemo_gym.verify_pool, nemo_gym.rollout_collection, nemo_gym.ray
+import nemo_gym.cli, nemo_gym.client.server_client, nemo_gym.kit.verify_pool, nemo_gym.rollout_collection, nemo_gym.ray
 assert "ray" not in sys.modules, "importing nemo_gym's launcher modules imported ray"
 from nemo_gym.testing import running_servers
 with running_servers([{ENV_CONFIG!r}]) as helper:
@@ -945,7 +945,7 @@ def test_ng_run_with_ray_starts_and_stops_quietly(ray_env: None, tmp_path: Path)
     """ng_run +ray_start_local=true, one rollout whose verification runs as a Ray task (so the resources
     server joined the cluster too), then Ctrl+C: no traceback, no Ray "SIGTERM received" stack, no Ray
     warning about signal handlers; the run reports a clean stop. (Errors are not filtered: only Ray's
-    not-main-thread warning and its SIGTERM stack for a normal stop are, see nemo_gym.ray.quiet.)"""
+    not-main-thread warning and its SIGTERM stack for a normal stop are, see nemo_gym.kit.ray_quiet.)"""
     from nemo_gym.testing import collect_rollouts, example_rows
 
     overrides = tmp_path / "overrides.yaml"
@@ -1000,7 +1000,7 @@ def test_only_rays_not_main_thread_warning_is_filtered(caplog: pytest.LogCapture
     """Real problems Ray logs still show; only the one warning about signal handlers is dropped."""
     import logging
 
-    from nemo_gym.ray.quiet import (
+    from nemo_gym.kit.ray_quiet import (
         NOT_MAIN_THREAD_WARNING,
         drop_not_main_thread_warning,
         restore_python_sigterm_handler,

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from nemo_gym.rollout_stats import aggregate_metrics, k_values, pass_at_k, reward_profile
+from nemo_gym.kit.rollout_stats import aggregate_metrics, k_values, pass_at_k, reward_profile
 
 REWARD_PROFILE = str(Path(sys.executable).parent / "ng_reward_profile")
 

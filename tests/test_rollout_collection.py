@@ -42,8 +42,8 @@ from nemo_gym.collection.dispatch import run_one
 from nemo_gym.collection.output_files import _scan_existing_output, sidecar_paths
 from nemo_gym.errors import UpstreamError
 from nemo_gym.global_config import PACKAGE_PARENT_DIR
+from nemo_gym.kit.rollout_stats import k_values
 from nemo_gym.rollout_collection import collect_main
-from nemo_gym.rollout_stats import k_values
 from nemo_gym.server_utils import ServerClient, close_shared_session
 from nemo_gym.testing import example_rows, running_servers
 from resources_servers.example_single_tool_call.app import weather_report

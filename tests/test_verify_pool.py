@@ -1,4 +1,4 @@
-"""nemo_gym.verify_pool: results, errors, timeouts, crashes, the bound, the main thread, parent death.
+"""nemo_gym.kit.verify_pool: results, errors, timeouts, crashes, the bound, the main thread, parent death.
 
 The functions sent to the pool are standard-library ones so the spawned workers can import them.
 """
@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from nemo_gym.verify_pool import (
+from nemo_gym.kit.verify_pool import (
     VerifyPool,
     VerifyPoolError,
     VerifyTimeoutError,
@@ -134,7 +134,7 @@ def test_workers_die_with_their_parent() -> None:
     script = textwrap.dedent(
         """
         import asyncio, os, sys, time
-        from nemo_gym.verify_pool import VerifyPool
+        from nemo_gym.kit.verify_pool import VerifyPool
         async def main():
             pool = VerifyPool(max_workers=1)
             print(await pool.run(os.getpid, timeout=60), flush=True)

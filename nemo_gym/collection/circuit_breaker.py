@@ -25,8 +25,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from nemo_gym.errors import UpstreamError
+from nemo_gym.kit.verify_pool import VERIFY_ERROR_KINDS
 from nemo_gym.redaction import process_scrubber
-from nemo_gym.verify_pool import VERIFY_ERROR_KINDS
 
 
 def classify_failure(exc: BaseException, agent: str) -> dict[str, Any]:
@@ -69,7 +69,7 @@ def classify_failure(exc: BaseException, agent: str) -> dict[str, Any]:
 
 def _verify_error_kind(detail: Any) -> str | None:
     """``verify_timeout`` / ``verify_failed`` when ``detail`` is a server's answer saying its check could
-    not be carried out (:mod:`nemo_gym.verify_pool`), else None."""
+    not be carried out (:mod:`nemo_gym.kit.verify_pool`), else None."""
     error = detail.get("error") if isinstance(detail, dict) else None
     kind = error.get("kind") if isinstance(error, dict) else None
     return kind if kind in VERIFY_ERROR_KINDS else None

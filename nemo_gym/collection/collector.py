@@ -16,7 +16,7 @@ Contract
   outputs and, on resume, what is done; write the materialized inputs), run (send, record each
   outcome and the breaker's decisions), report.
 * It returns the summary, a :class:`~.summary.CollectionSummary` (counts, failure kinds, down
-  servers, aggregate metrics from :mod:`nemo_gym.rollout_stats`), and writes its ``to_dict()`` to
+  servers, aggregate metrics from :mod:`nemo_gym.kit.rollout_stats`), and writes its ``to_dict()`` to
   ``<stem>_aggregate_metrics.json``;
   :func:`format_summary` renders it for people (its last line is ``Average reward: <mean>``).
 """
@@ -59,7 +59,7 @@ from nemo_gym.collection.output_files import (
 from nemo_gym.collection.row_schema import CheckedInput, check_input
 from nemo_gym.collection.summary import CollectionSummary, RunCounts
 from nemo_gym.errors import UpstreamError
-from nemo_gym.rollout_stats import aggregate_metrics, k_values
+from nemo_gym.kit.rollout_stats import aggregate_metrics, k_values
 from nemo_gym.server.model_calls import ModelCallSink, capture_wanted, model_calls_path
 
 # The fields that group this run's failures into kinds for the end-of-run report.

@@ -4,7 +4,7 @@ Contract
 --------
 * :class:`CollectionSummary` holds what :func:`~nemo_gym.collection.collector.collect_rollouts`
   reports: counts, this run's numbers (:class:`RunCounts`), failure kinds, down servers, files, and the
-  aggregate metrics of :mod:`nemo_gym.rollout_stats` (``metrics``, keys such as ``mean/reward``).
+  aggregate metrics of :mod:`nemo_gym.kit.rollout_stats` (``metrics``, keys such as ``mean/reward``).
 * :meth:`CollectionSummary.to_dict` is the dict written to ``<stem>_aggregate_metrics.json`` and
   given to trackers: the same keys in the same order as before the summary was typed, the metrics
   at the top level, so those files stay byte for byte as they were.
@@ -53,7 +53,7 @@ class CollectionSummary:
     max_attempts: int
     unreadable_output_lines: int
     files: dict[str, str]
-    # nemo_gym.rollout_stats.aggregate_metrics of the output (num_rollouts, tokens, mean/..., pass@k, ...).
+    # nemo_gym.kit.rollout_stats.aggregate_metrics of the output (num_rollouts, tokens, mean/..., pass@k, ...).
     metrics: dict[str, Any] = field(default_factory=dict)
     # The model-call capture's summary, when capture was on.
     model_calls: dict[str, Any] | None = None

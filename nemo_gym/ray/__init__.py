@@ -13,7 +13,7 @@ Contract
   cluster at shutdown. Setting both is a config error.
 * Once connected, the launcher writes the cluster's GCS address into the config every server receives
   (``ray_head_node_address``), so servers can join the same cluster (heavy verification as Ray tasks,
-  :mod:`nemo_gym.verify_pool`).
+  :mod:`nemo_gym.kit.verify_pool`).
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ machine (``ray.cluster_utils.Cluster``: one CPU and one custom resource per node
 store, private ``RAY_TMPDIR``), runs ``N`` CPU-bound verification calls (a pure-Python loop of about
 ``MS`` ms each) through
 
-* ``ray_1_node``: :func:`nemo_gym.verify_pool.ray_tasks.run_as_ray_task` pinned to one node (``node_a``),
+* ``ray_1_node``: :func:`nemo_gym.kit.verify_pool.ray_tasks.run_as_ray_task` pinned to one node (``node_a``),
 * ``ray_2_nodes``: the same, spread over both nodes,
-* ``local_pool_1`` / ``local_pool_2``: :class:`nemo_gym.verify_pool.VerifyPool` with 1 / 2 workers,
+* ``local_pool_1`` / ``local_pool_2``: :class:`nemo_gym.kit.verify_pool.VerifyPool` with 1 / 2 workers,
 
 all in one run; then rollouts/s of a CPU-bound environment (:mod:`nemo_gym.ray.bench_server`:
 example_single_tool_call whose verify burns ``--verify-ms`` of CPU in the resources server) with its
@@ -46,8 +46,8 @@ async def _rate(calls: int, run_one: Any) -> float:
 
 
 async def _measure(address: str, calls: int, work_ms: float) -> dict[str, float]:
-    from nemo_gym.verify_pool import VerifyPool
-    from nemo_gym.verify_pool.ray_tasks import run_as_ray_task
+    from nemo_gym.kit.verify_pool import VerifyPool
+    from nemo_gym.kit.verify_pool.ray_tasks import run_as_ray_task
 
     out: dict[str, float] = {}
     for workers in (1, 2):

@@ -28,8 +28,8 @@ from typing import Any
 
 import ray
 
+from nemo_gym.kit.ray_quiet import drop_not_main_thread_warning, restore_python_sigterm_handler
 from nemo_gym.ray import RaySettings
-from nemo_gym.ray.quiet import drop_not_main_thread_warning, restore_python_sigterm_handler
 
 DEFAULT_CONNECT_TIMEOUT_S = 60.0
 

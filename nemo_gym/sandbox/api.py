@@ -53,6 +53,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from nemo_gym.kit.verify_pool import machine_cpu_count as machine_cpu_count
 from nemo_gym.sandbox.errors import SandboxBusyError as SandboxBusyError
 from nemo_gym.sandbox.errors import SandboxCreateError as SandboxCreateError
 from nemo_gym.sandbox.errors import SandboxError as SandboxError
@@ -74,7 +75,6 @@ from nemo_gym.sandbox.spec import SandboxResources as SandboxResources
 from nemo_gym.sandbox.spec import SandboxSpec as SandboxSpec
 from nemo_gym.sandbox.spec import safe_relative as safe_relative
 from nemo_gym.sandbox.workers import remove_dir_later
-from nemo_gym.verify_pool import machine_cpu_count as machine_cpu_count
 
 _safe_relative = safe_relative  # its name here before it became public in spec (still importable)
 
@@ -113,7 +113,7 @@ def _runs_on_ray(config: SandboxProviderConfig) -> bool:
         return False
     if config.run_on == "ray":
         return True
-    from nemo_gym.verify_pool import verify_ray_address
+    from nemo_gym.kit.verify_pool import verify_ray_address
 
     return verify_ray_address() is not None
 

@@ -5,7 +5,7 @@ Contract
 * A server whose ``sandbox:`` block says ``run_on: ray`` (or ``run_on: auto`` in a run that has a Ray
   cluster, i.e. ``ray_head_node_address`` in its config, which ``ng_run`` writes there) keeps using
   :class:`~nemo_gym.sandbox.AsyncSandbox` unchanged; every ``exec`` becomes one Ray task
-  (:func:`nemo_gym.verify_pool.ray_tasks.run_as_ray_task`, the helper math-verify uses too) that runs the
+  (:func:`nemo_gym.kit.verify_pool.ray_tasks.run_as_ray_task`, the helper math-verify uses too) that runs the
   program under the node's own sandbox backend (bubblewrap) with the same spec and limits, and returns
   the same :class:`~nemo_gym.sandbox.SandboxExecResult`.
 * The server's local work dir stays the source of truth: its files (and the program's stdin) travel
@@ -53,7 +53,7 @@ def node_counts() -> dict[str, int]:
 
 
 def _address() -> str:
-    from nemo_gym.verify_pool import verify_ray_address
+    from nemo_gym.kit.verify_pool import verify_ray_address
 
     address = verify_ray_address()
     if not address:
@@ -140,8 +140,8 @@ async def exec_on_ray(
     """Run one program of an :class:`~nemo_gym.sandbox.AsyncSandbox` as a Ray task; see the module docstring.
     ``run_on_node`` is the task (``nemo_gym.sandbox.api._run_on_node``): it gets the provider config, the
     files, argv, workdir, cwd, env, stdin, the limits and the cap on what comes back."""
-    from nemo_gym.verify_pool.errors import VerifyPoolError, VerifyTimeoutError
-    from nemo_gym.verify_pool.ray_tasks import run_as_ray_task
+    from nemo_gym.kit.verify_pool.errors import VerifyPoolError, VerifyTimeoutError
+    from nemo_gym.kit.verify_pool.ray_tasks import run_as_ray_task
 
     address = _address()
     cap = int(config.ray_max_payload_mib * 2**20)

@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from nemo_gym.rollout_stats import pass_at_k
+from nemo_gym.kit.rollout_stats import pass_at_k
 from nemo_gym.viewer.access import AccessDenied, AccessPolicy
 from nemo_gym.viewer.index import IndexFileError, RolloutIndex
 from nemo_gym.viewer.query import (

@@ -18,13 +18,13 @@ Contract
 * ``POST /verify`` (row fields ``expected_result: str``, optional ``expected_code_contains``): the answer is
   the content of the last ``\\boxed{...}`` in the final assistant message (if none, in the tool outputs'
   stdout). reward = 1.0 iff math-verify finds it equal to ``expected_result`` (run in
-  :mod:`nemo_gym.verify_pool`, on a worker's main thread, since math-verify uses ``signal.alarm``).
+  :mod:`nemo_gym.kit.verify_pool`, on a worker's main thread, since math-verify uses ``signal.alarm``).
   Returns ``extracted_answer`` and ``accuracy`` (upstream's fields) and ``used_python``.
 * Infrastructure failures are never a reward of 0: a sandbox that cannot run answers the tool with a
   503 (the agent fails the rollout). A check that runs out of time, math-verify's own bound
   (``math_verify_timeout_seconds`` per parse / comparison; math-verify would swallow it and answer
   "not equal") or the pool's (``verify_timeout_s``), raises
-  :class:`~nemo_gym.verify_pool.VerifyTimeoutError`: ``/verify`` answers 503 of kind ``verify_timeout``
+  :class:`~nemo_gym.kit.verify_pool.VerifyTimeoutError`: ``/verify`` answers 503 of kind ``verify_timeout``
   (:mod:`nemo_gym.server_utils`), and a worker that dies a 503 of kind ``verify_failed``. The server
   refuses to START if bubblewrap is missing (naming the package).
 """
@@ -46,6 +46,7 @@ from nemo_gym.base_resources_server import (
     BaseVerifyResponse,
     SimpleResourcesServer,
 )
+from nemo_gym.kit.verify_pool import VerifyTimeoutError, run_in_verify_pool
 from nemo_gym.sandbox import (
     AsyncSandbox,
     SandboxError,
@@ -55,7 +56,6 @@ from nemo_gym.sandbox import (
     check_sandbox_available,
 )
 from nemo_gym.server_utils import get_session_id
-from nemo_gym.verify_pool import VerifyTimeoutError, run_in_verify_pool
 
 
 class PythonExecutorResourcesServerConfig(BaseResourcesServerConfig):

@@ -6,7 +6,7 @@ Contract
   so a row without them is refused by ``ng_collect_rollouts`` before any rollout).
 * The answer is the concatenated ``output_text`` of the response's assistant messages. math-verify
   extracts the last ``\\boxed{}`` (or a plain expression) and compares it with ``\\boxed{expected_answer}``
-  (outer ``$...$`` / ``\\(...\\)`` stripped) symbolically. That runs in :mod:`nemo_gym.verify_pool`
+  (outer ``$...$`` / ``\\(...\\)`` stripped) symbolically. That runs in :mod:`nemo_gym.kit.verify_pool`
   (a worker process's main thread: math-verify uses ``signal.alarm``), never on the event loop.
   ``library_reward`` is its verdict (1.0 / 0.0); ``extracted_answer`` the answer it read (or None).
 * ``should_use_judge`` defaults to true when a ``judge_model_server`` is configured (upstream's default),
@@ -24,7 +24,7 @@ Contract
   is not a verdict. With ``should_use_judge: true`` the judge decides instead, as upstream does
   (``library_reward`` 0.0, ``extracted_answer`` None, the whole answer text goes to the judge, and
   ``library_verify_timed_out: true`` says so). Without a judge it is a
-  :class:`~nemo_gym.verify_pool.VerifyTimeoutError`: HTTP 503 of kind ``verify_timeout`` (the rollout
+  :class:`~nemo_gym.kit.verify_pool.VerifyTimeoutError`: HTTP 503 of kind ``verify_timeout`` (the rollout
   goes to the failures sidecar), never a 0 and never an unhandled 500. (Upstream scores it 0.0 when no
   judge is configured.) A check whose worker crashes is a 503 of kind ``verify_failed``; an
   ``expected_answer`` math-verify cannot parse is the row's fault (HTTP 422 "bad row" naming the
@@ -57,13 +57,13 @@ from nemo_gym.base_resources_server import (
 )
 from nemo_gym.config_types import ModelServerRef
 from nemo_gym.judge import JudgeError, call_judge, judge_failsafe
+from nemo_gym.kit.verify_pool import VerifyTimeoutError, get_verify_pool, run_in_verify_pool
 from nemo_gym.openai_utils import (
     NeMoGymEasyInputMessage,
     NeMoGymResponse,
     NeMoGymResponseCreateParamsNonStreaming,
 )
 from nemo_gym.reward_profile import compute_pass_majority_metrics, highest_k_metrics
-from nemo_gym.verify_pool import VerifyTimeoutError, get_verify_pool, run_in_verify_pool
 
 JUDGE_SYSTEM_MESSAGE = (
     "You are a strict grader of math answers. You are shown a problem and two answers, A and B. "

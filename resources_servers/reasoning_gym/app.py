@@ -12,7 +12,7 @@ Contract
   is ``\\frac{1}{2}``; upstream's regex cuts it at the first ``}``, ``\\frac{1``); failing that the
   whole text (as upstream).
 * ``reward`` = ``score`` = ``reasoning_gym.get_score_answer_fn(task)(answer, entry)`` (0.0 .. 1.0;
-  partial credit where the task gives it). The scorer runs in :mod:`nemo_gym.verify_pool` (some tasks
+  partial credit where the task gives it). The scorer runs in :mod:`nemo_gym.kit.verify_pool` (some tasks
   use sympy or search), with ``score_timeout_seconds``.
 * A scorer that raises or an unknown task is an error (HTTP 500 naming it), never a 0 (upstream
   scores a raising scorer 0.0); a row without ``question``, ``answer`` or ``metadata`` is refused by
@@ -34,7 +34,7 @@ from nemo_gym.base_resources_server import (
     ReverifyMode,
     SimpleResourcesServer,
 )
-from nemo_gym.verify_pool import get_verify_pool, run_in_verify_pool
+from nemo_gym.kit.verify_pool import get_verify_pool, run_in_verify_pool
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _BOXED_OPEN = "\\boxed{"

@@ -16,7 +16,7 @@ Contract
   ``multiple_tool_calls``, ``wrong_tool_name``, ``tool_arguments_parse_error``,
   ``missing_tool_payload_key``) and ``error_message``.
 * Parsing and validation of large answers or schemas (over ``pool_threshold_chars``) run in
-  :mod:`nemo_gym.verify_pool`, off the event loop.
+  :mod:`nemo_gym.kit.verify_pool`, off the event loop.
 * A malformed ``schema_str`` is bad data, not a wrong answer: ``ng_collect_rollouts`` refuses a row
   whose ``schema_str`` is not JSON (file, line, field) before any rollout, and ``/verify`` answers 422
   for one that is JSON but not a valid schema. (Upstream scores both 0.0 with ``schema_error``.)
@@ -47,7 +47,7 @@ from nemo_gym.base_resources_server import (
     ReverifyMode,
     SimpleResourcesServer,
 )
-from nemo_gym.verify_pool import run_in_verify_pool
+from nemo_gym.kit.verify_pool import run_in_verify_pool
 
 
 class SchemaType(StrEnum):

@@ -40,7 +40,7 @@ if __package__ in (None, ""):  # run as a script by ng_run: make the package imp
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from nemo_gym.base_responses_api_model import BaseResponsesAPIModelConfig, SimpleResponsesAPIModel  # noqa: E402
-from nemo_gym.chat_conversion import (  # noqa: E402
+from nemo_gym.kit.chat_conversion import (  # noqa: E402
     ChatConversionError,
     build_response,
     chat_message_to_output_items,

@@ -2,7 +2,7 @@
 
 Contract
 --------
-* ``POST /v1/responses``: the request is converted with :mod:`nemo_gym.chat_conversion`, sent to
+* ``POST /v1/responses``: the request is converted with :mod:`nemo_gym.kit.chat_conversion`, sent to
   ``<base_url>/chat/completions`` of one backend, and the answer converted back into ``reasoning`` /
   ``message`` / ``function_call`` items (reasoning from ``reasoning_content`` or ``<think>`` tags).
   ``finish_reason == "length"`` gives ``status: "incomplete"`` (reason ``max_output_tokens``).
@@ -41,15 +41,15 @@ from fastapi.responses import Response
 from pydantic import Field, PrivateAttr, SecretStr, field_validator
 
 from nemo_gym.base_responses_api_model import BaseResponsesAPIModelConfig, SimpleResponsesAPIModel
-from nemo_gym.chat_conversion import (
+from nemo_gym.client.fd_limits import client_socket_budget
+from nemo_gym.errors import UpstreamError
+from nemo_gym.global_config import connector_limits
+from nemo_gym.kit.chat_conversion import (
     ChatConversionError,
     build_response,
     chat_message_to_output_items,
     responses_params_to_chat_request,
 )
-from nemo_gym.client.fd_limits import client_socket_budget
-from nemo_gym.errors import UpstreamError
-from nemo_gym.global_config import connector_limits
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id, openai_error_message
 
 logger = logging.getLogger("nemo_gym.vllm_model")

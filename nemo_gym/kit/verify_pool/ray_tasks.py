@@ -1,4 +1,4 @@
-"""Work as Ray tasks: the Ray side of :func:`nemo_gym.verify_pool.run_in_verify_pool` (heavy verification)
+"""Work as Ray tasks: the Ray side of :func:`nemo_gym.kit.verify_pool.run_in_verify_pool` (heavy verification)
 and of the sandbox's ``run_on: ray`` (:mod:`nemo_gym.sandbox.ray_exec`).
 
 Contract
@@ -8,10 +8,10 @@ Contract
   result, with the same errors as the local pool:
 
   - past ``timeout`` seconds the task is force-cancelled (its worker killed) and
-    :class:`~nemo_gym.verify_pool.errors.VerifyTimeoutError` is raised;
-  - a task whose worker or node dies raises :class:`~nemo_gym.verify_pool.errors.VerifyWorkerCrashedError`
+    :class:`~nemo_gym.kit.verify_pool.errors.VerifyTimeoutError` is raised;
+  - a task whose worker or node dies raises :class:`~nemo_gym.kit.verify_pool.errors.VerifyWorkerCrashedError`
     (tasks are never retried: a verification that crashed a worker is reported, not repeated);
-  - any other Ray failure raises :class:`~nemo_gym.verify_pool.errors.VerifyPoolError`;
+  - any other Ray failure raises :class:`~nemo_gym.kit.verify_pool.errors.VerifyPoolError`;
   - an exception raised by ``fn`` itself is re-raised unchanged (the worker's traceback as a note).
 
   All three are infrastructure failures for the caller to report, never a reward of 0.
@@ -34,8 +34,8 @@ from typing import Any
 import ray
 import ray.exceptions
 
-from nemo_gym.ray.quiet import drop_not_main_thread_warning, restore_python_sigterm_handler
-from nemo_gym.verify_pool.errors import VerifyPoolError, VerifyTimeoutError, VerifyWorkerCrashedError
+from nemo_gym.kit.ray_quiet import drop_not_main_thread_warning, restore_python_sigterm_handler
+from nemo_gym.kit.verify_pool.errors import VerifyPoolError, VerifyTimeoutError, VerifyWorkerCrashedError
 
 _init_lock = threading.Lock()
 _remote_fns: dict[tuple[Any, ...], Any] = {}

@@ -12,10 +12,10 @@ Contract
 * The pool is bounded: at most ``max_workers`` calls run at once (default: the CPUs this process may
   use, :func:`machine_cpu_count`); further calls wait their turn. Workers start lazily and are reused.
 * Every call has a bound: past ``timeout`` seconds the worker running it is killed (SIGKILL) and replaced,
-  and the call raises :class:`~nemo_gym.verify_pool.errors.VerifyTimeoutError`. A worker that dies
+  and the call raises :class:`~nemo_gym.kit.verify_pool.errors.VerifyTimeoutError`. A worker that dies
   during a call (segfault, OOM kill, ``os._exit``) raises
-  :class:`~nemo_gym.verify_pool.errors.VerifyWorkerCrashedError` naming its exit status (both
-  :class:`~nemo_gym.verify_pool.errors.VerifyPoolError` subclasses, see that module). An exception
+  :class:`~nemo_gym.kit.verify_pool.errors.VerifyWorkerCrashedError` naming its exit status (both
+  :class:`~nemo_gym.kit.verify_pool.errors.VerifyPoolError` subclasses, see that module). An exception
   raised by ``fn`` itself is re-raised in the caller unchanged (its traceback from the worker is
   attached as a note); one that cannot be pickled becomes a ``VerifyPoolError`` with it. ``fn`` may
   raise ``VerifyTimeoutError`` itself (a library's own time bound ran out): the caller gets the same
@@ -28,7 +28,7 @@ Contract
   timeouts; a failed warm-up is logged, never raised.
 * :func:`get_verify_pool` is the process-wide pool (sized to the machine, created on first use);
   :class:`VerifyPool` can also be used directly (its own size, ``await pool.aclose()``).
-* Never imports ray. :mod:`nemo_gym.verify_pool` re-exports every name.
+* Never imports ray. :mod:`nemo_gym.kit.verify_pool` re-exports every name.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from nemo_gym.verify_pool.errors import VerifyPoolError, VerifyTimeoutError, VerifyWorkerCrashedError
+from nemo_gym.kit.verify_pool.errors import VerifyPoolError, VerifyTimeoutError, VerifyWorkerCrashedError
 
 T = TypeVar("T")
 

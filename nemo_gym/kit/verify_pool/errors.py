@@ -11,9 +11,9 @@ Contract
   that escapes a handler with HTTP 503 and ``{"error": {"kind", "server", "path", "message"}}``
   (:mod:`nemo_gym.server_utils`); the collector files it in the failures sidecar under that kind, and a
   server answering it is not counted as down (it answered).
-* Plain classes, no imports: both runners (the local pool, :mod:`nemo_gym.verify_pool.local`, and the
-  Ray task runner, :mod:`nemo_gym.verify_pool.ray_tasks`) raise them, so neither imports the other.
-  :mod:`nemo_gym.verify_pool` re-exports every name.
+* Plain classes, no imports: both runners (the local pool, :mod:`nemo_gym.kit.verify_pool.local`, and the
+  Ray task runner, :mod:`nemo_gym.kit.verify_pool.ray_tasks`) raise them, so neither imports the other.
+  :mod:`nemo_gym.kit.verify_pool` re-exports every name.
 """
 
 from __future__ import annotations

@@ -14,16 +14,16 @@ Contract
   Both are :class:`VerifyPoolError` subclasses: infrastructure failures for the caller to report, NEVER
   a reward of 0, each carrying its ``kind`` (:data:`VERIFY_TIMEOUT_KIND`, :data:`VERIFY_FAILED_KIND`)
   that our servers answer with HTTP 503. An exception raised by ``fn`` itself is re-raised unchanged.
-  The pool's details: :mod:`nemo_gym.verify_pool.local`; the errors': :mod:`nemo_gym.verify_pool.errors`.
+  The pool's details: :mod:`nemo_gym.kit.verify_pool.local`; the errors': :mod:`nemo_gym.kit.verify_pool.errors`.
 * On a Ray cluster: when the run's config has ``ray_head_node_address`` (``ng_run`` writes it there for
   every server when it joins or starts a cluster, see :mod:`nemo_gym.ray`) or
   :func:`set_verify_ray_address` was called, :func:`run_in_verify_pool` runs each call as a Ray task on
-  the cluster instead (:mod:`nemo_gym.verify_pool.ray_tasks`), with the same API, bounds and errors.
+  the cluster instead (:mod:`nemo_gym.kit.verify_pool.ray_tasks`), with the same API, bounds and errors.
   Otherwise the local pool runs it and ray is never imported. ``set_verify_ray_address("")`` forces the
   local pool.
-* Layout: the errors (:mod:`~nemo_gym.verify_pool.errors`, no imports) sit below both runners, the
-  local pool (:mod:`~nemo_gym.verify_pool.local`) and the Ray task runner
-  (:mod:`~nemo_gym.verify_pool.ray_tasks`, which imports ray and is imported only when a cluster is
+* Layout: the errors (:mod:`~nemo_gym.kit.verify_pool.errors`, no imports) sit below both runners, the
+  local pool (:mod:`~nemo_gym.kit.verify_pool.local`) and the Ray task runner
+  (:mod:`~nemo_gym.kit.verify_pool.ray_tasks`, which imports ray and is imported only when a cluster is
   used; the sandbox's Ray backend runs its programs through it too). Every public name is importable
   from here.
 """
@@ -33,15 +33,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from nemo_gym.verify_pool.errors import VERIFY_ERROR_KINDS as VERIFY_ERROR_KINDS
-from nemo_gym.verify_pool.errors import VERIFY_FAILED_KIND as VERIFY_FAILED_KIND
-from nemo_gym.verify_pool.errors import VERIFY_TIMEOUT_KIND as VERIFY_TIMEOUT_KIND
-from nemo_gym.verify_pool.errors import VerifyPoolError as VerifyPoolError
-from nemo_gym.verify_pool.errors import VerifyTimeoutError as VerifyTimeoutError
-from nemo_gym.verify_pool.errors import VerifyWorkerCrashedError as VerifyWorkerCrashedError
-from nemo_gym.verify_pool.local import VerifyPool as VerifyPool
-from nemo_gym.verify_pool.local import get_verify_pool as get_verify_pool
-from nemo_gym.verify_pool.local import machine_cpu_count as machine_cpu_count
+from nemo_gym.kit.verify_pool.errors import VERIFY_ERROR_KINDS as VERIFY_ERROR_KINDS
+from nemo_gym.kit.verify_pool.errors import VERIFY_FAILED_KIND as VERIFY_FAILED_KIND
+from nemo_gym.kit.verify_pool.errors import VERIFY_TIMEOUT_KIND as VERIFY_TIMEOUT_KIND
+from nemo_gym.kit.verify_pool.errors import VerifyPoolError as VerifyPoolError
+from nemo_gym.kit.verify_pool.errors import VerifyTimeoutError as VerifyTimeoutError
+from nemo_gym.kit.verify_pool.errors import VerifyWorkerCrashedError as VerifyWorkerCrashedError
+from nemo_gym.kit.verify_pool.local import VerifyPool as VerifyPool
+from nemo_gym.kit.verify_pool.local import get_verify_pool as get_verify_pool
+from nemo_gym.kit.verify_pool.local import machine_cpu_count as machine_cpu_count
 
 T = TypeVar("T")
 
@@ -89,7 +89,7 @@ async def run_in_verify_pool(fn: Callable[..., T], /, *args: Any, timeout: float
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     address = verify_ray_address()
     if address:
-        from nemo_gym.verify_pool.ray_tasks import run_as_ray_task
+        from nemo_gym.kit.verify_pool.ray_tasks import run_as_ray_task
 
         return await run_as_ray_task(address, fn, args, kwargs, timeout)
     return await get_verify_pool().run(fn, *args, timeout=timeout, **kwargs)
