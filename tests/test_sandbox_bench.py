@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from nemo_gym.sandbox.bench import main
+from nemo_gym.tools.bench.sandbox import main
 
 
 def test_bench_writes_every_measurement(tmp_path, capsys) -> None:

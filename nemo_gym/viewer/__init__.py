@@ -13,6 +13,6 @@ Pieces
   worker thread); :mod:`nemo_gym.viewer.compare` two files side by side.
 * :mod:`nemo_gym.viewer.app` — the FastAPI app: JSON API plus the hand-written page in ``static/``.
 * :mod:`nemo_gym.viewer.cli` — ``ng_viewer +jsonl_fpath=<rollouts.jsonl> [+host=...] [+port=...]``.
-* :mod:`nemo_gym.viewer.bench` — ``python -m nemo_gym.viewer.bench``: index time, time to first
+* :mod:`nemo_gym.tools.bench.viewer` — ``python -m nemo_gym.tools.bench.viewer``: index time, time to first
   paint and server RSS on a generated 100,000-rollout (>= 1 GB) file.
 """

@@ -1,7 +1,7 @@
 """``ng_bench`` for gsm8k_aviary: rollouts/s on the scripted model, as a ratio of the bare HTTP limit.
 
 ``ng_bench`` assumes an environment named like its folder with a ``simple_agent``; this variant runs
-the same measurement (``nemo_gym.bench``'s driver and bare stack) on ``configs/gsm8k_aviary.yaml``
+the same measurement (``nemo_gym.tools.bench.stack``'s driver and bare stack) on ``configs/gsm8k_aviary.yaml``
 with ``gsm8k_aviary_agent``. The bare stack makes the same inner calls per rollout as aviary_agent
 does: ``/seed_session``, per model turn ``/v1/responses`` + ``/step``, then ``/close`` and ``/verify``.
 The scripted model answers every turn with a correct ``submit_answer``, so each rollout is one turn.
@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nemo_gym.bench import BareStack, _measure, _one_result, format_table
 from nemo_gym.client.fd_limits import raise_open_file_limit
 from nemo_gym.client.server_client import ServerClient
 from nemo_gym.testing import running_servers
+from nemo_gym.tools.bench.stack import BareStack, _measure, _one_result, format_table
 
 CONFIG = "resources_servers/aviary/configs/gsm8k_aviary.yaml"
 AGENT = "gsm8k_aviary_agent"

@@ -1,6 +1,6 @@
 """The bare stack ``ng_bench`` compares against: the least a rollout could cost on our HTTP stack.
 
-Run as ``python -m nemo_gym.bench_bare`` with ``NG_BARE_ROLE`` = ``echo_a`` | ``echo_b`` | ``agent``
+Run as ``python -m nemo_gym.tools.bench.bare`` with ``NG_BARE_ROLE`` = ``echo_a`` | ``echo_b`` | ``agent``
 and ``NG_BARE_FD`` (a listening socket). An echo answers every POST with the body it got. The agent
 answers ``POST /run`` after making the inner calls in ``NG_BARE_PLAN`` (``a``/``b`` per call: which
 echo) one after another, each carrying the request body, as a real agent would; no validation, no

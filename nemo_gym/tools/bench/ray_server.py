@@ -1,4 +1,4 @@
-"""A CPU-bound variant of example_single_tool_call for the replica benchmark (:mod:`nemo_gym.ray.bench`).
+"""A CPU-bound variant of example_single_tool_call for the replica benchmark (:mod:`nemo_gym.tools.bench.ray`).
 
 Its ``verify`` burns ``verify_work_ms`` of CPU inline in the server process (a stand-in for an
 environment whose scoring runs in the server itself), then scores as example_single_tool_call does,

@@ -1,4 +1,4 @@
-"""``ng_bench_sandbox`` (or ``python -m nemo_gym.sandbox.bench``): what the sandbox costs, measured in one run.
+"""``ng_bench_sandbox`` (or ``python -m nemo_gym.tools.bench.sandbox``): what the sandbox costs, measured in one run.
 
 Contract
 --------

@@ -1,6 +1,6 @@
 """Measure heavy verification on a 2-node Ray cluster started here: 1 node vs 2 nodes, local pool vs Ray.
 
-``python -m nemo_gym.ray.bench [--calls N] [--work-ms MS]`` starts a private 2-node cluster on this
+``python -m nemo_gym.tools.bench.ray [--calls N] [--work-ms MS]`` starts a private 2-node cluster on this
 machine (``ray.cluster_utils.Cluster``: one CPU and one custom resource per node, capped object
 store, private ``RAY_TMPDIR``), runs ``N`` CPU-bound verification calls (a pure-Python loop of about
 ``MS`` ms each) through
@@ -9,7 +9,7 @@ store, private ``RAY_TMPDIR``), runs ``N`` CPU-bound verification calls (a pure-
 * ``ray_2_nodes``: the same, spread over both nodes,
 * ``local_pool_1`` / ``local_pool_2``: :class:`nemo_gym.kit.verify_pool.VerifyPool` with 1 / 2 workers,
 
-all in one run; then rollouts/s of a CPU-bound environment (:mod:`nemo_gym.ray.bench_server`:
+all in one run; then rollouts/s of a CPU-bound environment (:mod:`nemo_gym.tools.bench.ray_server`:
 example_single_tool_call whose verify burns ``--verify-ms`` of CPU in the resources server) with its
 resources server as 1 replica (on ``node_a``) vs 2 replicas (``node_a`` + ``node_b``), each placed
 by its actor (``--rollouts`` rollouts each, scripted model). It prints the rates, the ratios, the

@@ -167,7 +167,7 @@ async def _run_and_close(
 def _spawn_bare(role: str, sock: socket.socket, env_extra: dict[str, str]) -> subprocess.Popen:
     env = {**os.environ, **env_extra, "NG_BARE_FD": str(sock.fileno()), "NG_BARE_ROLE": role}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "nemo_gym.bench_bare"],
+        [sys.executable, "-m", "nemo_gym.tools.bench.bare"],
         env=env,
         pass_fds=(sock.fileno(),),
         start_new_session=True,

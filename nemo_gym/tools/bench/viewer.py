@@ -1,4 +1,4 @@
-"""Benchmark of ``ng_viewer`` on a big file: ``python -m nemo_gym.viewer.bench``.
+"""Benchmark of ``ng_viewer`` on a big file: ``python -m nemo_gym.tools.bench.viewer``.
 
 Generates (or reuses) a rollouts file of 100,000 rollouts of about 10.8 KB each (>= 1 GB) in
 /tmp, then measures, with a real ``ng_viewer`` process and headless Chromium:
