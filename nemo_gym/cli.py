@@ -31,10 +31,10 @@ from nemo_gym.global_config import (
     validate_global_config,
 )
 from nemo_gym.redaction import add_secret_values, config_secret_values, env_yaml_secret_values, scrub
-from nemo_gym.supervision.children import StartupError
-from nemo_gym.supervision.core import ServerSupervisor
-from nemo_gym.supervision.instances import format_instances_table
-from nemo_gym.supervision.stop import StopFlag
+from nemo_gym.run.supervision.children import StartupError
+from nemo_gym.run.supervision.core import ServerSupervisor
+from nemo_gym.run.supervision.instances import format_instances_table
+from nemo_gym.run.supervision.stop import StopFlag
 
 COMMANDS = {
     "ng_run": "Start the head server and every configured server; keep them alive until Ctrl+C.",
@@ -66,7 +66,7 @@ EXAMPLE_CONFIGS = (
 
 def _help(command: str) -> str:
     """``--help`` of ng_run, ng_status and ng_dump_config: options from the option registry."""
-    from nemo_gym.cli_help import command_help
+    from nemo_gym.run.cli_help import command_help
 
     if command == "ng_run":
         return command_help(
@@ -321,7 +321,7 @@ def status_main(argv: list[str] | None = None) -> None:
 
 @command("ng_dump_config")
 def dump_config_main(argv: list[str] | None = None) -> None:
-    from nemo_gym.head_server import redacted_config_yaml
+    from nemo_gym.run.head_server import redacted_config_yaml
 
     argv = sys.argv[1:] if argv is None else argv
     if _wants_help(argv):

@@ -86,7 +86,7 @@ class BaseRunServerInstanceConfig(BaseModel):
     request_body_idle_timeout_s: float | None = Field(default=None, gt=0)
     keep_alive_timeout_s: float | None = Field(default=None, gt=0)
     reserved_connection_fraction: float | None = Field(default=None, ge=0, lt=1)
-    # Replicas and placement (nemo_gym.client.replicas, nemo_gym.ray.replicas): how many processes serve this
+    # Replicas and placement (nemo_gym.client.replicas, nemo_gym.run.ray.replicas): how many processes serve this
     # instance, and where on a Ray cluster they run. ``replicas`` is filled in by the launcher.
     num_replicas: int = Field(default=1, ge=1)
     ray_resources: dict[str, float] | list[dict[str, float]] | None = None

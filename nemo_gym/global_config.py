@@ -18,7 +18,7 @@ Contract
   top-level options, and :func:`option_problems` reports a top-level key close to one of them unless
   it is a server instance, set in env.yaml, used by an interpolation, or another command's option.
   Typos inside server blocks are found by each server's config class, before any server starts
-  (:mod:`nemo_gym.supervision.verdicts`).
+  (:mod:`nemo_gym.run.supervision.verdicts`).
 * ``LoadedConfig.env_yaml_data`` keeps env.yaml as read: its values are secrets
   (:mod:`nemo_gym.redaction`, whose ``REDACTED``, ``is_secret_key`` and ``redact`` are re-exported).
   A command-line override of a secret key is quoted as ``+key=***`` in messages.

@@ -34,7 +34,7 @@ from nemo_gym.collection.options import InputError, RolloutCollectionConfig
 from nemo_gym.collection.summary import CollectionSummary
 from nemo_gym.config.command import command
 from nemo_gym.global_config import PACKAGE_PARENT_DIR, ConfigError, GlobalConfigDictParserConfig
-from nemo_gym.supervision.children import StartupError
+from nemo_gym.run.supervision.children import StartupError
 
 QUICKSTART_CONFIG = "configs/quickstart.yaml"
 AGENT_NAME = "example_single_tool_call_simple_agent"

@@ -6,7 +6,7 @@ Contract
   repository, installed packages' ``nemo_gym.servers`` entry points), nothing started and nothing of a
   server imported. Per server: kind, name, where from (folder path or ``package <dist>``),
   requirements status (``requirements.txt`` against this environment,
-  :func:`nemo_gym.server_venvs.unmet_requirements`), tools, reward rule and description.
+  :func:`nemo_gym.run.server_venvs.unmet_requirements`), tools, reward rule and description.
 * Tools are read from ``app.py``'s source (``app.post("/<tool>")`` with a literal path), not by starting
   the server: routes built at run time (``/{tool_name}``, f-strings) are shown as ``(dynamic)``; the
   protocol's own routes (``/seed_session``, ``/verify``, ``/run``, ...) are left out.
@@ -31,7 +31,7 @@ from nemo_gym.config.command import command
 from nemo_gym.config.discovery import ServerFolder, installed_servers, server_folders
 from nemo_gym.config.keys import SERVER_TYPES
 from nemo_gym.config.problems import ConfigError, did_you_mean
-from nemo_gym.server_venvs import requirements_path, unmet_requirements
+from nemo_gym.run.server_venvs import requirements_path, unmet_requirements
 
 USAGE = "usage: ng_list [+kind=resources_servers|responses_api_agents|responses_api_models] [+json=true]"
 PROTOCOL_ROUTES = frozenset(

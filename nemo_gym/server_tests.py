@@ -12,7 +12,7 @@ Contract
 * Dependencies: by default the shared environment is used and the folder's ``requirements.txt`` is
   checked first (a line naming nemo-gym itself, e.g. ``-e nemo-gym[dev] @ ../../``, counts as
   satisfied); anything missing is one error naming the file and the fix. With
-  ``+isolate_server_venvs=true`` the tests run in the server's own venv (``nemo_gym.server_venvs``,
+  ``+isolate_server_venvs=true`` the tests run in the server's own venv (``nemo_gym.run.server_venvs``,
   built once and reused; ``+venv_cache_dir`` chooses where).
 * ``+should_validate_data=true`` (resources servers) then checks the folder's example data as
   upstream does: ``data/example.jsonl`` has exactly 5 rows, ``data/example_metrics.json`` says
@@ -140,7 +140,7 @@ def example_data_problems(folder: Path) -> list[str]:
 
 
 def _python_for(folder: Path, isolate: bool, cache_dir: str | None, label: str) -> str:
-    from nemo_gym.server_venvs import ensure_server_venv, requirements_path, unmet_requirements
+    from nemo_gym.run.server_venvs import ensure_server_venv, requirements_path, unmet_requirements
 
     if isolate:
         return str(ensure_server_venv(folder, label, Path(cache_dir) if cache_dir else None))

@@ -29,7 +29,7 @@ Contract
       the reward comes from its steps) shows ``no /verify``. A reward reproduces when it equals the recorded one (0 and 1 exactly, others
       within 1e-6). A ``/verify`` that fails (5xx, timeout) is listed as a failure, never a mismatch.
 * Requirements: a ``requirements.txt`` the shared environment satisfies is used as is; otherwise the
-  folder gets its own venv (``nemo_gym.server_venvs``, the same cache as ``+isolate_server_venvs``;
+  folder gets its own venv (``nemo_gym.run.server_venvs``, the same cache as ``+isolate_server_venvs``;
   ``+venv_cache_dir``), built within ``+install_timeout_s``; an install that fails or runs over is its
   own status, ``install failed``.
 * Skipped, not failed (the rule, in order): requirements naming a GPU-only or CUDA package
@@ -75,14 +75,14 @@ from nemo_gym.config.command import command
 from nemo_gym.config.keys import PACKAGE_PARENT_DIR, SERVER_TYPES
 from nemo_gym.global_config import ConfigError, check_options, load_global_config
 from nemo_gym.reverify import iter_jsonl
-from nemo_gym.server_tests import PYTEST_OPTIONS
-from nemo_gym.server_venvs import (
+from nemo_gym.run.server_venvs import (
     DEFAULT_VENV_CACHE_DIR,
     ensure_server_venv,
     names_nemo_gym,
     requirements_path,
     unmet_requirements,
 )
+from nemo_gym.server_tests import PYTEST_OPTIONS
 
 COMMAND = "ng_check_upstream_env"
 SUMMARY = (
@@ -324,7 +324,7 @@ def requirement_skip_reason(req_file: Path | None) -> str | None:
         return None
     from packaging.requirements import InvalidRequirement, Requirement
 
-    from nemo_gym.server_venvs import requirement_lines
+    from nemo_gym.run.server_venvs import requirement_lines
 
     for _origin, line in requirement_lines(req_file):
         if names_nemo_gym(line) or line.startswith("-e ../") or line in ("-e .", "-e ../../"):
@@ -545,7 +545,7 @@ def _imported_server_folders(folder: Path) -> set[tuple[str, str]]:
 def _kill_group(proc: subprocess.Popen, grace_s: float = 0.0, sig: int = signal.SIGTERM) -> None:
     """Stop ``proc`` and its process group: ``sig`` to the leader, up to ``grace_s`` to exit, then SIGKILL
     to the group."""
-    from nemo_gym.supervision.children import signal_group
+    from nemo_gym.run.supervision.children import signal_group
 
     if proc.poll() is None and grace_s > 0:
         with contextlib.suppress(ProcessLookupError):

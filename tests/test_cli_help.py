@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from nemo_gym.cli import dump_config_main, run_main, status_main
-from nemo_gym.cli_help import instance_keys, option_help
 from nemo_gym.config.options import COMMAND_OPTIONS, HEAD_SERVER_KEYS
+from nemo_gym.run.cli_help import instance_keys, option_help
 
 MAINS = {"ng_run": run_main, "ng_dump_config": dump_config_main, "ng_status": status_main}
 
@@ -38,7 +38,7 @@ def test_help_lists_every_option_with_a_description(command: str, capsys: pytest
     assert not missing, f"{command} --help does not list: {missing}"
     described = option_help()
     undescribed = [k for k in _accepted(command) if not described.get(k, ("", ""))[1]]
-    assert not undescribed, f"options without a description in nemo_gym.cli_help: {undescribed}"
+    assert not undescribed, f"options without a description in nemo_gym.run.cli_help: {undescribed}"
     assert "(undescribed)" not in text
 
 

@@ -336,7 +336,7 @@ def test_the_stop_flag_is_set_by_a_real_signal_and_wakes_a_waiting_main_thread()
     deadlocked ng_run once in CI) and ends a ``wait`` in progress."""
     script = (
         "import os, signal, threading, time\n"
-        "from nemo_gym.supervision.stop import StopFlag\n"
+        "from nemo_gym.run.supervision.stop import StopFlag\n"
         "flag = StopFlag()\n"
         "signal.signal(signal.SIGINT, lambda *a: flag.set())\n"
         "threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()\n"

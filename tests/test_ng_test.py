@@ -177,7 +177,7 @@ def test_our_example_env_passes_from_inside_its_folder() -> None:
 
 
 def test_nemo_gym_self_requirement_is_satisfied_and_never_installed(tmp_path: Path) -> None:
-    from nemo_gym.server_venvs import _installable, unmet_requirements
+    from nemo_gym.run.server_venvs import _installable, unmet_requirements
 
     folder = tmp_path / "srv"
     folder.mkdir()

@@ -1,4 +1,4 @@
-"""Ray support (nemo_gym.ray) on a real 2-node Ray cluster started by this module on this machine.
+"""Ray support (nemo_gym.run.ray) on a real 2-node Ray cluster started by this module on this machine.
 
 One module-scoped cluster (two nodes, one CPU each, custom resources ``node_a`` / ``node_b``) is
 shared by the tests; it is stopped through ``ray.cluster_utils.Cluster.shutdown`` (never ``ray stop``,
@@ -30,8 +30,8 @@ from nemo_gym.kit.verify_pool import (
     run_in_verify_pool,
     set_verify_ray_address,
 )
-from nemo_gym.ray import ray_settings
-from nemo_gym.supervision.children import StartupError
+from nemo_gym.run.ray import ray_settings
+from nemo_gym.run.supervision.children import StartupError
 from nemo_gym.testing import get, run_rollout, running_servers, server_url
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def test_nothing_imports_ray_without_a_ray_config() -> None:
     """ng_run's modules, and a whole RunHelper start/stop of a config without Ray keys, import no ray."""
     code = f"""
 import sys
-import nemo_gym.cli, nemo_gym.client.server_client, nemo_gym.kit.verify_pool, nemo_gym.rollout_collection, nemo_gym.ray
+import nemo_gym.cli, nemo_gym.client.server_client, nemo_gym.kit.verify_pool, nemo_gym.rollout_collection, nemo_gym.run.ray
 assert "ray" not in sys.modules, "importing nemo_gym's launcher modules imported ray"
 from nemo_gym.testing import running_servers
 with running_servers([{ENV_CONFIG!r}]) as helper:
@@ -85,9 +85,9 @@ def test_an_unreachable_cluster_fails_within_the_bound_naming_the_address(tmp_pa
     # In a fresh interpreter: the abandoned connect attempt must not linger in this test process.
     code = """
 import os, sys
-from nemo_gym.ray import ray_settings
-from nemo_gym.supervision.children import StartupError
-from nemo_gym.ray.cluster import RayConnectError, connect
+from nemo_gym.run.ray import ray_settings
+from nemo_gym.run.supervision.children import StartupError
+from nemo_gym.run.ray.cluster import RayConnectError, connect
 try:
     connect(ray_settings({"ray_head_node_address": "127.0.0.1:1"}), timeout_s=3)
 except RayConnectError as e:
@@ -344,7 +344,7 @@ def test_sealed_secrets_open_only_with_the_actors_key() -> None:
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
     from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-    from nemo_gym.ray.replicas import seal, unseal
+    from nemo_gym.run.ray.replicas import seal, unseal
 
     actor_key, other_key = X25519PrivateKey.generate(), X25519PrivateKey.generate()
     public = actor_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)

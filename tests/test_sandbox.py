@@ -213,7 +213,7 @@ async def test_cancelled_exec_leaves_nothing_running() -> None:
 def test_a_sandboxed_environment_refuses_to_start_without_bubblewrap(
     monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
-    from nemo_gym.supervision.children import StartupError
+    from nemo_gym.run.supervision.children import StartupError
     from nemo_gym.testing import running_servers
 
     bin_dir = tmp_path / "bin"  # this machine's PATH minus bwrap

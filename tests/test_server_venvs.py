@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from nemo_gym.global_config import ConfigError
-from nemo_gym.server_venvs import (
+from nemo_gym.run.server_venvs import (
     READY_MARKER,
     check_shared_requirements,
     ensure_server_venv,
@@ -257,7 +257,7 @@ def test_a_pyproject_toml_declares_a_folders_requirements_when_it_has_no_require
 ) -> None:
     """Three of upstream's server folders declare dependencies in a pyproject.toml (code_fim takes one from
     git through uv's sources): they are checked (and installed in isolated mode) like a requirements.txt."""
-    monkeypatch.setattr("nemo_gym.server_venvs.DERIVED_REQUIREMENTS_DIR", tmp_path / "derived")
+    monkeypatch.setattr("nemo_gym.run.server_venvs.DERIVED_REQUIREMENTS_DIR", tmp_path / "derived")
     folder = tmp_path / "code_fim"
     folder.mkdir()
     (folder / "pyproject.toml").write_text(

@@ -59,7 +59,7 @@ POLICY_MODEL_KEY_NAME = "policy_model"
 GLOBAL_AIOHTTP_CONNECTOR_LIMIT_KEY_NAME = "global_aiohttp_connector_limit"
 GLOBAL_AIOHTTP_CONNECTOR_LIMIT_PER_HOST_KEY_NAME = "global_aiohttp_connector_limit_per_host"
 DEFAULT_CONNECTION_LIMIT = 1024
-# ng_run's waits (``startup_timeout_s``, ``shutdown_timeout_s``), applied by nemo_gym.supervision.core.
+# ng_run's waits (``startup_timeout_s``, ``shutdown_timeout_s``), applied by nemo_gym.run.supervision.core.
 DEFAULT_STARTUP_TIMEOUT_S = 120.0
 DEFAULT_SHUTDOWN_TIMEOUT_S = 3.0
 

@@ -62,7 +62,7 @@ LAUNCHER_KEYS = {
     DEFAULT_HOST_KEY_NAME,
     PORT_RANGE_LOW_KEY_NAME,
     PORT_RANGE_HIGH_KEY_NAME,
-    # Ray (nemo_gym.ray): join a cluster, or start a private local one.
+    # Ray (nemo_gym.run.ray): join a cluster, or start a private local one.
     RAY_HEAD_NODE_ADDRESS_KEY_NAME,
     "ray_start_local",
     "ray_local_num_cpus",

@@ -9,7 +9,7 @@ Contract
   connection limit, and missing or unresolvable values (:mod:`nemo_gym.config.missing`). It returns
   the server instances when there is none.
 * Typos inside server blocks are found by each server's config class, before any server starts
-  (:mod:`nemo_gym.supervision.verdicts`).
+  (:mod:`nemo_gym.run.supervision.verdicts`).
 """
 
 from __future__ import annotations

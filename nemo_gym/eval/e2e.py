@@ -74,7 +74,7 @@ from nemo_gym.global_config import (
     validate_global_config,
 )
 from nemo_gym.redaction import add_secret_values, config_secret_values, scrub
-from nemo_gym.supervision.stop import StopFlag
+from nemo_gym.run.supervision.stop import StopFlag
 
 COMMAND = "ng_e2e_collect_rollouts"
 SPLITS = ("train", "validation", "example", "benchmark")
@@ -401,9 +401,9 @@ def run(
     loaded: LoadedConfig, opts: E2ECollectionConfig, plans: list[AgentPlan], stop_thread: StopFlag
 ) -> int:
     """Start the servers, collect, write the results, stop the servers; returns the exit status."""
-    from nemo_gym.supervision.children import StartupError
-    from nemo_gym.supervision.core import ServerSupervisor
-    from nemo_gym.supervision.instances import format_instances_table
+    from nemo_gym.run.supervision.children import StartupError
+    from nemo_gym.run.supervision.core import ServerSupervisor
+    from nemo_gym.run.supervision.instances import format_instances_table
 
     instances = validate_global_config(loaded)
     collated = write_inputs(opts, plans)

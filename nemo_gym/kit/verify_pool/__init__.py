@@ -16,7 +16,7 @@ Contract
   that our servers answer with HTTP 503. An exception raised by ``fn`` itself is re-raised unchanged.
   The pool's details: :mod:`nemo_gym.kit.verify_pool.local`; the errors': :mod:`nemo_gym.kit.verify_pool.errors`.
 * On a Ray cluster: when the run's config has ``ray_head_node_address`` (``ng_run`` writes it there for
-  every server when it joins or starts a cluster, see :mod:`nemo_gym.ray`) or
+  every server when it joins or starts a cluster, see :mod:`nemo_gym.run.ray`) or
   :func:`set_verify_ray_address` was called, :func:`run_in_verify_pool` runs each call as a Ray task on
   the cluster instead (:mod:`nemo_gym.kit.verify_pool.ray_tasks`), with the same API, bounds and errors.
   Otherwise the local pool runs it and ray is never imported. ``set_verify_ray_address("")`` forces the

@@ -18,7 +18,7 @@ import subprocess
 import time
 
 from nemo_gym.auth import register_in_process, remove_token_file
-from nemo_gym.supervision.children import signal_group
+from nemo_gym.run.supervision.children import signal_group
 
 
 class ShutdownMixin:

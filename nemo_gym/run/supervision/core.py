@@ -11,20 +11,20 @@ Contract
   verdict over a pipe, and waits. Only when every child's config is valid are they all told to go
   on (build the server, run start-up hooks, serve); otherwise everything stops and one
   :class:`ConfigError` lists every server's problems with file:line and "did you mean"
-  (:mod:`nemo_gym.supervision.verdicts`).
+  (:mod:`nemo_gym.run.supervision.verdicts`).
 * Secrets never leave through the logs: every line relayed from a child (to the terminal, the
   ``log_dir`` files and error messages) is scrubbed (:mod:`nemo_gym.redaction`) of the secret values
   of the config and of ``env.yaml``. Each child is told only its own secret values and the run token
   (``NEMO_GYM_SECRET_VALUES``) so it can scrub its own error bodies, and inherits the launcher's
   environment without secret-looking variables (except its block's ``pass_env``):
-  :mod:`nemo_gym.supervision.spawning`.
+  :mod:`nemo_gym.run.supervision.spawning`.
 * ``dead_server()`` reports a child that has exited since start, or an instance placed on Ray whose
   every replica is dead. Ray-placed replicas check their config blocks on their nodes and report
   their verdicts with the local ones: nothing serves until every config is valid.
 * ``shutdown()`` sends SIGTERM to every child's process group, then SIGKILL after
   ``shutdown_timeout_s``; it is idempotent and also runs at interpreter exit.
 * Children also die on their own when this process dies, even by SIGKILL (parent-death signal
-  plus a parent watch in :func:`nemo_gym.supervision.children.die_with_parent`). Linux delivers the
+  plus a parent watch in :func:`nemo_gym.run.supervision.children.die_with_parent`). Linux delivers the
   parent-death signal when the *thread* that forked the child exits, so every child is spawned
   from one long-lived thread owned by the supervisor: ``RunHelper().start()`` may be called from
   a short-lived thread (a trainer's worker, ``asyncio.to_thread``) without its servers dying.
@@ -67,17 +67,17 @@ from nemo_gym.redaction import (
     env_yaml_secret_values,
     process_scrubber,
 )
-from nemo_gym.server_venvs import check_shared_requirements, ensure_server_venv
-from nemo_gym.supervision.children import ChildServer, DeadRayInstance, SpawnerThread, StartupError
-from nemo_gym.supervision.head import HeadMixin
-from nemo_gym.supervision.instances import InstancesMixin
-from nemo_gym.supervision.placement import PlacementMixin
-from nemo_gym.supervision.ray_groups import RayGroupsMixin
-from nemo_gym.supervision.readiness import ReadinessMixin
-from nemo_gym.supervision.shutdown import ShutdownMixin
-from nemo_gym.supervision.spawning import SpawningMixin
-from nemo_gym.supervision.stop import StopFlag
-from nemo_gym.supervision.verdicts import VerdictsMixin
+from nemo_gym.run.server_venvs import check_shared_requirements, ensure_server_venv
+from nemo_gym.run.supervision.children import ChildServer, DeadRayInstance, SpawnerThread, StartupError
+from nemo_gym.run.supervision.head import HeadMixin
+from nemo_gym.run.supervision.instances import InstancesMixin
+from nemo_gym.run.supervision.placement import PlacementMixin
+from nemo_gym.run.supervision.ray_groups import RayGroupsMixin
+from nemo_gym.run.supervision.readiness import ReadinessMixin
+from nemo_gym.run.supervision.shutdown import ShutdownMixin
+from nemo_gym.run.supervision.spawning import SpawningMixin
+from nemo_gym.run.supervision.stop import StopFlag
+from nemo_gym.run.supervision.verdicts import VerdictsMixin
 
 
 class ServerSupervisor(
@@ -109,8 +109,8 @@ class ServerSupervisor(
         self._head_server: Any = None
         self._head_sock: socket.socket | None = None
         self._head_thread: threading.Thread | None = None
-        self.ray_connection: Any = None  # nemo_gym.ray.cluster.RayConnection when the config uses Ray
-        # Instances placed on the Ray cluster: name -> nemo_gym.ray.replicas.RayReplicaGroup.
+        self.ray_connection: Any = None  # nemo_gym.run.ray.cluster.RayConnection when the config uses Ray
+        # Instances placed on the Ray cluster: name -> nemo_gym.run.ray.replicas.RayReplicaGroup.
         self.ray_groups: dict[str, Any] = {}
         self.head_host = str(
             OmegaConf.select(self.cfg, f"{HEAD_SERVER_KEY_NAME}.host", default=None)

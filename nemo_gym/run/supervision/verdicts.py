@@ -13,7 +13,7 @@ Contract
   and Ray replica's verdict within the start-up bound; if any config is invalid, raise one
   ``ConfigError`` listing every problem with the file:line of its key and "did you mean", and let
   nothing serve; else tell every child to go. A child that exits or stays silent past the bound is a
-  :class:`~nemo_gym.supervision.children.StartupError` naming it with its last log lines.
+  :class:`~nemo_gym.run.supervision.children.StartupError` naming it with its last log lines.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 from nemo_gym.global_config import NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME, ConfigError, ServerInstance
-from nemo_gym.supervision.children import ChildServer, StartupError
+from nemo_gym.run.supervision.children import ChildServer, StartupError
 
 
 # -- the server's side ------------------------------------------------------------------------------
@@ -181,7 +181,7 @@ class VerdictsMixin:
         nodes, as local ones do); replicas of one instance report the same problems once."""
         if not self.ray_groups:
             return []
-        from nemo_gym.ray.replicas import RayPlacementError
+        from nemo_gym.run.ray.replicas import RayPlacementError
 
         problems: list[str] = []
         for inst in self.instances:

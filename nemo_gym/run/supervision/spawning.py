@@ -46,7 +46,7 @@ from nemo_gym.redaction import (
     process_scrubber,
     redact_config,
 )
-from nemo_gym.supervision.children import ChildServer, StartupError
+from nemo_gym.run.supervision.children import ChildServer, StartupError
 
 
 class SpawningMixin:

@@ -5,11 +5,11 @@ Contract
 * ``ray`` is imported only when the config asks for a cluster (``ray_head_node_address`` /
   ``ray_start_local``) or places an instance on it (``ray_resources`` / ``ray_node_id``); placing one
   without a cluster is a ``ConfigError`` naming the key.
-* Each placed instance is a ``nemo_gym.ray.replicas.RayReplicaGroup``: its replicas' ports are
+* Each placed instance is a ``nemo_gym.run.ray.replicas.RayReplicaGroup``: its replicas' ports are
   reserved on their nodes before anything starts and written into the config (``host``, ``port``,
   ``replicas``); they check their config blocks and wait for go like local children, and get what a
   local child gets: their own secret values and the run token (sealed), and their node's environment
-  without secret-looking variables except their block's ``pass_env``. A placement or start failure is a :class:`~nemo_gym.supervision.children.StartupError`.
+  without secret-looking variables except their block's ``pass_env``. A placement or start failure is a :class:`~nemo_gym.run.supervision.children.StartupError`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from nemo_gym.global_config import (
     find_server_dir,
 )
 from nemo_gym.redaction import NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME, Scrubber
-from nemo_gym.supervision.children import StartupError
+from nemo_gym.run.supervision.children import StartupError
 
 
 class RayGroupsMixin:
@@ -36,12 +36,12 @@ class RayGroupsMixin:
     def _connect_ray(self) -> None:
         """Join (or start) the run's Ray cluster when the config asks for it (only then is ray imported),
         and hand its address to every server through the config."""
-        from nemo_gym.ray import RAY_START_LOCAL_KEY_NAME, ray_settings
+        from nemo_gym.run.ray import RAY_START_LOCAL_KEY_NAME, ray_settings
 
         settings = ray_settings(self.cfg)
         if settings is None:
             return
-        from nemo_gym.ray.cluster import RayConnectError, connect
+        from nemo_gym.run.ray.cluster import RayConnectError, connect
 
         try:
             self.ray_connection = connect(settings, timeout_s=min(self.startup_timeout_s, 60.0))
@@ -65,7 +65,7 @@ class RayGroupsMixin:
         return True
 
     def _reserve_ray_replicas(self, inst: ServerInstance, block: Any, num_replicas: int) -> None:
-        from nemo_gym.ray.replicas import RayPlacementError, RayReplicaGroup
+        from nemo_gym.run.ray.replicas import RayPlacementError, RayReplicaGroup
 
         try:
             group = RayReplicaGroup(inst.name, OmegaConf.to_container(block, resolve=True), num_replicas)
@@ -91,7 +91,7 @@ class RayGroupsMixin:
     def _start_ray_replicas(self, run_scrubber: Scrubber, secret: str) -> None:
         if not self.ray_groups:  # ray is imported only when something runs on it
             return
-        from nemo_gym.ray.replicas import script_spec
+        from nemo_gym.run.ray.replicas import script_spec
 
         for inst in self.instances:
             group = self.ray_groups.get(inst.name)
@@ -130,7 +130,7 @@ class RayGroupsMixin:
     def _wait_ray_replicas(self, deadline: float) -> None:
         if not self.ray_groups:
             return
-        from nemo_gym.ray.replicas import RayPlacementError
+        from nemo_gym.run.ray.replicas import RayPlacementError
 
         for group in self.ray_groups.values():
             try:

@@ -3,7 +3,7 @@
 Contract
 --------
 * Imported only when a config uses Ray and an instance block has ``ray_resources`` or ``ray_node_id``
-  (see :mod:`nemo_gym.supervision.ray_groups`); it imports ray.
+  (see :mod:`nemo_gym.run.supervision.ray_groups`); it imports ray.
 * :class:`RayReplicaGroup` is one instance's replicas. ``reserve()`` creates one :class:`ReplicaActor`
   per replica, placed by the block's ``ray_resources`` (``{CPU: 1, node_b: 1}``, the same for every
   replica, spread over nodes; or a list with one dict per replica) or ``ray_node_id`` (node
@@ -59,7 +59,7 @@ from nemo_gym.global_config import (
     NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME,
 )
 from nemo_gym.redaction import NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME, child_environ
-from nemo_gym.supervision.children import LOG_TAIL_LINES
+from nemo_gym.run.supervision.children import LOG_TAIL_LINES
 
 RESTART_DELAY_S = 0.5
 HEALTH_POLL_S = 0.1
@@ -104,7 +104,7 @@ class ReplicaActor:
 
     def __init__(self, label: str, bind_host: str, max_restarts: int) -> None:
         # One long-lived thread forks (the parent-death signal follows the forking thread).
-        from nemo_gym.supervision.children import SpawnerThread
+        from nemo_gym.run.supervision.children import SpawnerThread
 
         self.label = label
         self.bind_host = bind_host

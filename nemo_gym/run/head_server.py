@@ -22,7 +22,7 @@ from nemo_gym.redaction import Scrubber, collect_secret_values, redact_config
 
 
 class RunState(Protocol):
-    """What the head server reads of a run (a :class:`nemo_gym.supervision.core.ServerSupervisor`)."""
+    """What the head server reads of a run (a :class:`nemo_gym.run.supervision.core.ServerSupervisor`)."""
 
     cfg: Any
     env_secret_values: list[str]

@@ -34,7 +34,8 @@ def option_help() -> dict[str, tuple[str, str]]:
     """option -> (value placeholder, one line: what it does, with the default the code uses)."""
     # Imported here: the defaults live with the code that applies them (no copies to drift).
     from nemo_gym.auth import DEFAULT_MAX_REQUEST_BODY_BYTES
-    from nemo_gym.ray import DEFAULT_LOCAL_OBJECT_STORE_MB
+    from nemo_gym.run.ray import DEFAULT_LOCAL_OBJECT_STORE_MB
+    from nemo_gym.run.server_venvs import DEFAULT_VENV_CACHE_DIR
     from nemo_gym.server.accept_limit import (
         DEFAULT_KEEP_ALIVE_TIMEOUT_S,
         DEFAULT_REQUEST_BODY_IDLE_TIMEOUT_S,
@@ -42,7 +43,6 @@ def option_help() -> dict[str, tuple[str, str]]:
         DEFAULT_RESERVED_CONNECTION_FRACTION,
     )
     from nemo_gym.server.model_calls import DEFAULT_MAX_BYTES, DEFAULT_MAX_CALLS
-    from nemo_gym.server_venvs import DEFAULT_VENV_CACHE_DIR
 
     return {
         "config_paths": ("[a.yaml,b.yaml]", "YAML files to load, in order (they may list more config_paths)"),

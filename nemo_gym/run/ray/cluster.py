@@ -3,7 +3,7 @@
 Contract
 --------
 * :func:`connect` imports ray (this module is only imported when the config uses Ray, see
-  :func:`nemo_gym.ray.ray_settings`) and returns a :class:`RayConnection`.
+  :func:`nemo_gym.run.ray.ray_settings`) and returns a :class:`RayConnection`.
 * Joining (``settings.address``): ``ray.init(address=...)`` as a driver. If this process is already a
   Ray driver (a trainer that called ``ray.init`` itself), that connection is reused and left alone at
   close. Close disconnects only what this module connected; the cluster keeps running.
@@ -29,7 +29,7 @@ from typing import Any
 import ray
 
 from nemo_gym.kit.ray_quiet import drop_not_main_thread_warning, restore_python_sigterm_handler
-from nemo_gym.ray import RaySettings
+from nemo_gym.run.ray import RaySettings
 
 DEFAULT_CONNECT_TIMEOUT_S = 60.0
 

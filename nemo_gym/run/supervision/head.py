@@ -2,10 +2,10 @@
 
 Contract
 --------
-* The head server (:mod:`nemo_gym.head_server`) is served by uvicorn on a thread of this process, on
+* The head server (:mod:`nemo_gym.run.head_server`) is served by uvicorn on a thread of this process, on
   the socket reserved for it, with the run's connection limits (:mod:`nemo_gym.server.accept_limit`: silent
   and slow connections closed, places kept for token bearers); it is up within 10 s or start-up fails with
-  :class:`~nemo_gym.supervision.children.StartupError`.
+  :class:`~nemo_gym.run.supervision.children.StartupError`.
 * The run token is registered for this process's clients (every port of the run) and written to a
   0600 file for the user's other processes; with ``+server_auth=false`` a loud warning says
   authentication is off. A token file that cannot be written is a warning, not a failure.
@@ -18,7 +18,7 @@ import threading
 import time
 
 from nemo_gym.auth import AUTH_TOKEN_ENV_VAR_NAME, register_in_process, write_token_file
-from nemo_gym.supervision.children import StartupError
+from nemo_gym.run.supervision.children import StartupError
 
 
 class HeadMixin:
@@ -49,7 +49,7 @@ class HeadMixin:
 
     def _start_head_server(self, sock: socket.socket) -> None:
         from nemo_gym.client.fd_limits import socket_budget
-        from nemo_gym.head_server import build_head_app
+        from nemo_gym.run.head_server import build_head_app
         from nemo_gym.server.accept_limit import ConnectionLimits, bounded_server
 
         app = build_head_app(self, token=self.auth_token, auth_disabled=not self.auth_enabled)

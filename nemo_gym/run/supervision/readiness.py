@@ -4,7 +4,7 @@ Contract
 --------
 * :meth:`ReadinessMixin._wait_ready` polls ``GET /`` of every child (with the run token) until all
   answer 200, a child dies, start-up is interrupted or the deadline passes (then
-  :class:`~nemo_gym.supervision.children.StartupError` names the servers still waiting).
+  :class:`~nemo_gym.run.supervision.children.StartupError` names the servers still waiting).
 * :meth:`ReadinessMixin.dead_server` reports the first child that exited (a replica only once every
   local replica of its instance is dead), or an instance on Ray whose every replica is dead (its
   actors are asked at most once per :data:`RAY_DEAD_CHECK_S`).
@@ -19,7 +19,7 @@ import time
 import httpx
 
 from nemo_gym.auth import auth_headers
-from nemo_gym.supervision.children import ChildServer, DeadRayInstance, StartupError
+from nemo_gym.run.supervision.children import ChildServer, DeadRayInstance, StartupError
 
 RAY_DEAD_CHECK_S = 1.0  # how often dead_server() asks the Ray replicas' actors for their status
 

@@ -3,7 +3,7 @@
 Contract
 --------
 * Nothing here imports :mod:`ray` at import time. :func:`ray_settings` reads a config and says whether
-  Ray is wanted at all; only then does the launcher import :mod:`nemo_gym.ray.cluster` (which imports
+  Ray is wanted at all; only then does the launcher import :mod:`nemo_gym.run.ray.cluster` (which imports
   ray). A config without ``ray_head_node_address`` / ``ray_start_local`` never imports ray, so ng_run's
   start-up on a laptop is unchanged.
 * ``ray_head_node_address: host:port`` (upstream's key; NeMo RL sets it to its GCS address) joins that
