@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from nemo_gym.eval import tracking
+from nemo_gym.collection import tracking
 from nemo_gym.rollout_collection import collect_main
 from nemo_gym.testing import running_servers
 from resources_servers.example_single_tool_call.app import weather_report

@@ -107,7 +107,7 @@ def collect_main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     print(format_summary(summary), flush=True)
     if cfg.tracker:
-        from nemo_gym.eval.tracking import track_run
+        from nemo_gym.collection.tracking import track_run
 
         out = Path(cfg.output_jsonl_fpath)
         track_run(cfg.tracker, container, summary.to_dict(), out, run_name=out.stem, e2e=False)

@@ -59,7 +59,7 @@ class CollectionOptions(BaseModel):
     pass_threshold: float = 1.0
     request_timeout_s: float = 3600.0
     progress: bool = True
-    # Export the metrics to an experiment tracker at the end (nemo_gym.eval.tracking; its keys apart).
+    # Export the metrics to an experiment tracker at the end (nemo_gym.collection.tracking; its keys apart).
     tracker: Literal["mlflow", "wandb"] | None = None
     # Model-call capture (nemo_gym.server.model_calls): None follows the servers' config, false never pulls.
     observability_enabled: bool | None = None

@@ -100,7 +100,7 @@ _COLLECT_OPTIONS = (
     "pass_threshold", "request_timeout_s", "progress", "circuit_breaker_threshold", "tracker",
     "observability_enabled",
 )  # fmt: skip
-# Experiment tracking (nemo_gym.eval.tracking.OPTION_KEYS besides ``tracker``; upstream's key names).
+# Experiment tracking (nemo_gym.collection.tracking.OPTION_KEYS besides ``tracker``; upstream's key names).
 TRACKER_OPTIONS = (
     "tracker_num_trajectories", "mlflow_tracking_uri", "mlflow_experiment_name", "mlflow_run_name",
     "wandb_project", "wandb_name", "wandb_mode", "wandb_dir",

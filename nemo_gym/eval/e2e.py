@@ -27,7 +27,7 @@ Contract
   metrics are written for what is done; exit 130. ``+resume_from_cache=true`` then runs exactly what
   is missing. Exit status: 0 all done, 1 rollouts missing after failures (or a server failed to
   start), 2 bad input, 3 stopped early because a server is down, 130 interrupted.
-* ``+tracker=mlflow|wandb`` exports the metrics to an experiment tracker (:mod:`nemo_gym.eval.tracking`).
+* ``+tracker=mlflow|wandb`` exports the metrics to an experiment tracker (:mod:`nemo_gym.collection.tracking`).
 """
 
 from __future__ import annotations
@@ -448,7 +448,7 @@ def run(
     print(format_overall(metrics))
     print(f"Wrote {output} ({n_lines} rollouts) and {metrics_path}", flush=True)
     if opts.tracker:
-        from nemo_gym.eval.tracking import track_run
+        from nemo_gym.collection.tracking import track_run
 
         track_run(opts.tracker, tracker_config(loaded, opts), metrics, output, run_name=_stem(output).name)
     if interrupted:
@@ -461,7 +461,7 @@ def run(
 
 def tracker_config(loaded: LoadedConfig, opts: E2ECollectionConfig) -> dict[str, Any]:
     """The options and tracker keys to hand to the tracker (never the server configs)."""
-    from nemo_gym.eval.tracking import OPTION_KEYS
+    from nemo_gym.collection.tracking import OPTION_KEYS
 
     out: dict[str, Any] = opts.model_dump()
     for key in OPTION_KEYS:
