@@ -337,7 +337,7 @@ def dump_config_main(argv: list[str] | None = None) -> None:
 
 @command("ng_test")
 def test_main(argv: list[str] | None = None) -> None:
-    from nemo_gym.server_tests import main
+    from nemo_gym.tools.server_tests import main
 
     main(sys.argv[1:] if argv is None else argv)
 

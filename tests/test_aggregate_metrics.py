@@ -14,7 +14,7 @@ import orjson
 
 from nemo_gym.kit.rollout_stats import aggregate_metrics
 from nemo_gym.rollout_collection import collect_main
-from nemo_gym.testing import running_servers
+from nemo_gym.tools.testing import running_servers
 
 ENV = "example_multi_step"
 

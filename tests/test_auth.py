@@ -20,7 +20,7 @@ import yaml
 
 from nemo_gym.auth import AUTH_TOKEN_ENV_VAR_NAME, TOKEN_HEADER_NAME, RequestGuard, token_file_for
 from nemo_gym.redaction import REDACTED
-from nemo_gym.testing import example_rows, post_json, running_servers, server_url
+from nemo_gym.tools.testing import example_rows, post_json, running_servers, server_url
 from resources_servers.example_single_tool_call.app import weather_for, weather_report
 from tests.conftest import EXAMPLE_CONFIG, EXAMPLE_CONFIG_PATHS, get_json
 

@@ -10,7 +10,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from nemo_gym.testing import running_servers, server_url
+from nemo_gym.tools.testing import running_servers, server_url
 from tests.conftest import write_server_folder
 
 WS_APP = """

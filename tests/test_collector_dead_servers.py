@@ -38,7 +38,7 @@ from nemo_gym.collection.output_files import sidecar_paths
 from nemo_gym.errors import UpstreamError
 from nemo_gym.rollout_collection import RolloutCollectionHelper
 from nemo_gym.server_utils import close_shared_session
-from nemo_gym.testing import example_rows, running_servers
+from nemo_gym.tools.testing import example_rows, running_servers
 from tests.test_rollout_collection import (
     WEATHER,
     WEATHER_AGENT,

@@ -771,10 +771,10 @@ def test_top_level_values_that_are_not_mistyped_options_are_accepted(cfg_dir: Pa
 
 def test_every_command_option_registry_matches_the_command(cfg_dir: Path) -> None:
     from nemo_gym.collection.tracking import OPTION_KEYS
-    from nemo_gym.eval.e2e import E2ECollectionConfig
     from nemo_gym.global_config import COMMAND_OPTIONS, LAUNCHER_KEYS, TRACKER_OPTIONS
     from nemo_gym.rollout_collection import RolloutCollectionConfig
-    from nemo_gym.viewer.cli import ViewerConfig
+    from nemo_gym.tools.eval.e2e import E2ECollectionConfig
+    from nemo_gym.tools.viewer.cli import ViewerConfig
 
     base = {"config_paths", "head_server"}
     assert COMMAND_OPTIONS["ng_collect_rollouts"] == set(RolloutCollectionConfig.model_fields) | base | set(

@@ -215,7 +215,7 @@ BLOCK_FILES: dict[tuple[str, str], str] = {
     ): "resources_servers/unit_convert/data/example.jsonl",
     (
         "docs/writing_an_environment.md",
-        "from nemo_gym.testing import example_rows, run_rollout, running_servers",
+        "from nemo_gym.tools.testing import example_rows, run_rollout, running_servers",
     ): "resources_servers/unit_convert/tests/test_app.py",
     ("resources_servers/example_multi_step/README.md", "policy_model:"): "my_script.yaml",
     ("resources_servers/example_session_state_mgmt/README.md", "policy_model:"): "my_script.yaml",

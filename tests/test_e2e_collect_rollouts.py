@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 import pytest
 
-from nemo_gym.eval.e2e import main as e2e_main
+from nemo_gym.tools.eval.e2e import main as e2e_main
 from tests.conftest import REPO, Launcher
 
 WEATHER = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
@@ -43,7 +43,7 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 def _e2e(launch: Launcher, *args: str) -> Any:
     return launch(
         "-m",
-        "nemo_gym.eval.e2e",
+        "nemo_gym.tools.eval.e2e",
         CONFIGS,
         "+head_server.port=0",
         "+progress=false",

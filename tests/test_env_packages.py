@@ -17,7 +17,7 @@ import setuptools
 from packaging.version import Version
 
 from nemo_gym.config.discovery import ENTRY_POINT_GROUP
-from nemo_gym.scaffold import main as scaffold_main
+from nemo_gym.tools.scaffold import main as scaffold_main
 from tests.conftest import REPO, SCRIPTED_MODEL_CONFIG, LaunchedProcess
 
 NAME = "pkg_word_env"
@@ -122,7 +122,7 @@ def test_the_installed_package_holds_the_whole_server_folder(installed: Path) ->
 
 
 def test_ng_list_shows_the_package(installed: Path, tmp_path: Path) -> None:
-    code = "import sys; from nemo_gym.server_list import main; main(sys.argv[1:])"
+    code = "import sys; from nemo_gym.tools.server_list import main; main(sys.argv[1:])"
     listed = _python(tmp_path, installed, code, "+kind=resources_servers", "+json=true")
     assert listed.returncode == 0, listed.stderr
     rows = {r["name"]: r for r in json.loads(listed.stdout)}
@@ -205,7 +205,7 @@ def test_a_malformed_entry_point_is_reported_and_skipped(tmp_path: Path) -> None
     )
     (target / "broken_envs").mkdir()
     (target / "broken_envs" / "__init__.py").write_text("")
-    code = "import sys; from nemo_gym.server_list import main; main(sys.argv[1:])"
+    code = "import sys; from nemo_gym.tools.server_list import main; main(sys.argv[1:])"
     listed = _python(tmp_path, target, code, "+json=true")
     assert listed.returncode == 0, listed.stderr
     assert "wrong_kind" in listed.stderr and "'<package>.<server_type>.<impl>'" in listed.stderr

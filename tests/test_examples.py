@@ -25,7 +25,7 @@ import orjson
 import pytest
 
 from nemo_gym.rollout_collection import collect_main
-from nemo_gym.testing import running_servers
+from nemo_gym.tools.testing import running_servers
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))

@@ -25,7 +25,7 @@ import orjson
 import psutil
 import pytest
 
-from nemo_gym.testing import example_rows
+from nemo_gym.tools.testing import example_rows
 from tests.conftest import EXAMPLE_CONFIG_PATHS, EXAMPLE_INSTANCES, REPO, Launcher, get_json
 
 MACHINE_HARD = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
@@ -213,7 +213,7 @@ def test_run_helper_starts_in_a_process_holding_more_than_1024_files() -> None:
     refuses descriptors >= 1024 ("filedescriptor out of range in select()")."""
     import os
 
-    from nemo_gym.testing import run_rollout, running_servers
+    from nemo_gym.tools.testing import run_rollout, running_servers
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 2048:

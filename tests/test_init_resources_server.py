@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from nemo_gym.scaffold import main
+from nemo_gym.tools.scaffold import main
 from tests.conftest import REPO, SCRIPTED_MODEL_CONFIG, Launcher
 
 
@@ -22,7 +22,7 @@ def run_cmd(cwd: Path, code: str, *args: str, timeout: float = 300) -> subproces
 
 
 def scaffold(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return run_cmd(cwd, "import sys; from nemo_gym.scaffold import main; main(sys.argv[1:])", *args)
+    return run_cmd(cwd, "import sys; from nemo_gym.tools.scaffold import main; main(sys.argv[1:])", *args)
 
 
 @pytest.mark.parametrize("bad", ["My-Env", "class", "1env", "has space", "Upper"])

@@ -40,7 +40,7 @@ from nemo_gym.prompt import (
     validate_prompt_compatibility,
 )
 from nemo_gym.server_utils import ServerClient, close_shared_session
-from nemo_gym.testing import get, running_servers, server_url
+from nemo_gym.tools.testing import get, running_servers, server_url
 
 BOUND_S = 60.0
 JUDGE = "policy_model"  # the scripted model plays the judge

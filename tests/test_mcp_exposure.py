@@ -16,7 +16,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from nemo_gym.server.mcp import MCP_URL_PATH as MCP_PATH
 from nemo_gym.server_utils import cookie_name_for
-from nemo_gym.testing import post_json, running_servers, server_url
+from nemo_gym.tools.testing import post_json, running_servers, server_url
 
 ENV = "example_session_state_mgmt"
 STUB = {"responses_create_params": {"input": "direct"}, "response": {"output": []}}

@@ -17,7 +17,7 @@ import pytest
 
 from nemo_gym.redaction import REDACTED, add_secret_values
 from nemo_gym.server.model_calls import ModelCallStore
-from nemo_gym.testing import collect_rollouts, post_json, running_servers, server_url
+from nemo_gym.tools.testing import collect_rollouts, post_json, running_servers, server_url
 
 EXAMPLE_CONFIG = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
 AGENT = "example_single_tool_call_simple_agent"
@@ -177,7 +177,7 @@ def test_a_model_error_is_an_error_entry_and_secrets_are_redacted(captured: dict
 
 @pytest.mark.slow
 def test_viewer_trajectory_page_shows_the_model_calls(captured: dict[str, Any], launch: Any) -> None:
-    from nemo_gym.viewer.browser import chromium_missing_reason
+    from nemo_gym.tools.viewer.browser import chromium_missing_reason
     from tests.test_viewer_app import get, start_viewer, wait_ready
 
     work: Path = captured["work"]
@@ -190,7 +190,7 @@ def test_viewer_trajectory_page_shows_the_model_calls(captured: dict[str, Any], 
     assert {(c["_ng_task_index"], c["_ng_rollout_index"]) for c in api["calls"]} == {(0, paris["rollout"])}
     if chromium_missing_reason() is not None:
         pytest.skip(str(chromium_missing_reason()))
-    from nemo_gym.viewer.browser import browser_context
+    from nemo_gym.tools.viewer.browser import browser_context
 
     with browser_context() as ctx:
         page = ctx.new_page()
@@ -292,7 +292,7 @@ def test_ng_e2e_collect_rollouts_writes_the_model_calls_per_agent(tmp_path: Path
     out = tmp_path / "eval.jsonl"
     run = launch(
         "-m",
-        "nemo_gym.eval.e2e",
+        "nemo_gym.tools.eval.e2e",
         f"+config_paths=[{EXAMPLE_CONFIG},{model}]",
         "+head_server.port=0",
         "+progress=false",

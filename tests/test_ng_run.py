@@ -27,7 +27,7 @@ import yaml
 from nemo_gym.auth import auth_headers
 from nemo_gym.cli import RunHelper
 from nemo_gym.global_config import REDACTED, GlobalConfigDictParserConfig
-from nemo_gym.testing import example_rows, post_json
+from nemo_gym.tools.testing import example_rows, post_json
 from tests.conftest import (
     EXAMPLE_CONFIG,
     EXAMPLE_CONFIG_PATHS,

@@ -23,7 +23,7 @@ from nemo_gym.openai_utils import (
     NeMoGymChatCompletion,
     NeMoGymResponse,
 )
-from nemo_gym.testing import running_servers, server_url
+from nemo_gym.tools.testing import running_servers, server_url
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_PATH = ROOT / "responses_api_models" / "vllm_model" / "tests" / "fake_vllm_backend.py"

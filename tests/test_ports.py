@@ -9,7 +9,7 @@ import pytest
 
 from nemo_gym.config.ports import reserve_listening_socket
 from nemo_gym.global_config import ConfigError
-from nemo_gym.testing import example_rows, post_json
+from nemo_gym.tools.testing import example_rows, post_json
 from tests.conftest import EXAMPLE_CONFIG_PATHS, READY_WAIT_S, LaunchedProcess, Launcher, get_json
 
 AGENT = "example_single_tool_call_simple_agent"

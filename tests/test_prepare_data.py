@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from nemo_gym.data.prepare import main
+from nemo_gym.tools.data.prepare import main
 
 TOOL = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
 

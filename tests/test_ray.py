@@ -32,7 +32,7 @@ from nemo_gym.kit.verify_pool import (
 )
 from nemo_gym.run.ray import ray_settings
 from nemo_gym.run.supervision.children import StartupError
-from nemo_gym.testing import get, run_rollout, running_servers, server_url
+from nemo_gym.tools.testing import get, run_rollout, running_servers, server_url
 
 REPO = Path(__file__).resolve().parents[1]
 ENV_CONFIG = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
@@ -51,7 +51,7 @@ def test_nothing_imports_ray_without_a_ray_config() -> None:
 import sys
 import nemo_gym.cli, nemo_gym.client.server_client, nemo_gym.kit.verify_pool, nemo_gym.rollout_collection, nemo_gym.run.ray
 assert "ray" not in sys.modules, "importing nemo_gym's launcher modules imported ray"
-from nemo_gym.testing import running_servers
+from nemo_gym.tools.testing import running_servers
 with running_servers([{ENV_CONFIG!r}]) as helper:
     assert len(helper.server_instances()) == 3
 assert "ray" not in sys.modules, "starting servers without a Ray config imported ray"
@@ -312,7 +312,7 @@ SO_WRONG = '{"title": "The Left Hand of Darkness", "author": "Ursula K. Le Guin"
 def test_servers_of_a_run_verify_as_ray_tasks_on_the_cluster(cluster: Any, tmp_path: Path) -> None:
     """ng_run hands the cluster's address to every server; a server's run_in_verify_pool then runs on
     the cluster (no local pool worker is started) and rewards are the same as locally."""
-    from nemo_gym.testing import collect_rollouts, example_rows
+    from nemo_gym.tools.testing import collect_rollouts, example_rows
 
     row = example_rows("structured_outputs")[0]
     wrong = json_row_with_marker(row, "[wrong]")
@@ -361,7 +361,7 @@ RES = "example_single_tool_call"
 
 
 def _weather_scripts() -> list[dict[str, Any]]:
-    from nemo_gym.testing import example_rows
+    from nemo_gym.tools.testing import example_rows
     from resources_servers.example_single_tool_call.app import weather_report
 
     return [
@@ -445,7 +445,7 @@ def test_replicas_run_on_their_nodes_require_the_token_and_serve_2000_rollouts(
     interface); without the run token a replica refuses; 2,000 rollouts through both, all rewarded 1."""
     import httpx
 
-    from nemo_gym.testing import collect_rollouts, example_rows
+    from nemo_gym.tools.testing import collect_rollouts, example_rows
 
     extra = _placed_extra(cluster.address, [{"node_a": 1}, {"node_b": 1}])
     with running_servers([ENV_CONFIG], extra) as helper:
@@ -554,7 +554,7 @@ def test_a_killed_node_loses_no_row_and_resume_completes_the_missing_pairs(
     row is scored 0 or lost, the failed rollouts are infrastructure failures, the run goes on through
     the other replica (not stopped as "server down"), and a resume completes exactly the missing
     pairs through the surviving replica."""
-    from nemo_gym.testing import collect_rollouts, example_rows
+    from nemo_gym.tools.testing import collect_rollouts, example_rows
 
     node_c = cluster.add_node(
         num_cpus=1, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False, resources={"node_c": 1}
@@ -754,7 +754,7 @@ def _code_gen_extra(
     address: str, sandbox: dict[str, Any], **block: Any
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Rows 0 of code_gen, right (slowed a little, so its programs can be watched) and tagged [wrong]."""
-    from nemo_gym.testing import example_rows
+    from nemo_gym.tools.testing import example_rows
 
     row = example_rows("code_gen")[0]
     wrong = json_row_with_marker(row, "[wrong]")
@@ -780,7 +780,7 @@ def test_code_gen_runs_its_programs_on_the_other_node_and_a_missing_node_is_not_
     started by a Ray worker of node_b's raylet (never by the code_gen server), right and wrong programs
     score 1 and 0. Pinned to a node no live machine offers, the rows are infrastructure failures in the
     sidecar, not rewards of 0."""
-    from nemo_gym.testing import collect_rollouts
+    from nemo_gym.tools.testing import collect_rollouts
 
     rows, extra = _code_gen_extra(cluster.address, {"run_on": "ray", "ray_resources": {"node_b": 1}})
     with running_servers([CODE_GEN_CONFIG], extra) as helper:
@@ -946,7 +946,7 @@ def test_ng_run_with_ray_starts_and_stops_quietly(ray_env: None, tmp_path: Path)
     server joined the cluster too), then Ctrl+C: no traceback, no Ray "SIGTERM received" stack, no Ray
     warning about signal handlers; the run reports a clean stop. (Errors are not filtered: only Ray's
     not-main-thread warning and its SIGTERM stack for a normal stop are, see nemo_gym.kit.ray_quiet.)"""
-    from nemo_gym.testing import collect_rollouts, example_rows
+    from nemo_gym.tools.testing import collect_rollouts, example_rows
 
     overrides = tmp_path / "overrides.yaml"
     overrides.write_text(

@@ -17,9 +17,9 @@ from typing import Any
 import orjson
 import pytest
 
-from nemo_gym.reverify import main as reverify_main
 from nemo_gym.rollout_collection import collect_main
-from nemo_gym.testing import running_servers
+from nemo_gym.tools.reverify import main as reverify_main
+from nemo_gym.tools.testing import running_servers
 
 WEATHER = "example_single_tool_call"
 COUNTER = "example_session_state_mgmt"
@@ -149,7 +149,7 @@ def _upstream_like_line(task_index: int) -> dict[str, Any]:
 
 
 def test_plain_task_file_supplies_the_fields_a_verifier_dropped(tmp_path: Path) -> None:
-    from nemo_gym.reverify import ReverifyError, default_inputs_path, plan
+    from nemo_gym.tools.reverify import ReverifyError, default_inputs_path, plan
 
     tasks = [{"responses_create_params": {"input": f"q{i}"}, "expected_answer": f"a{i}",
               "extraction_mode": "boxed" if i < 2 else "last_line"} for i in range(3)]  # fmt: skip
@@ -196,7 +196,7 @@ def test_reverify_without_task_rows_warns(tmp_path: Path, capsys: pytest.Capture
 
 PEAK_RSS = """
 import resource, sys
-from nemo_gym.reverify import main
+from nemo_gym.tools.reverify import main
 code = 0
 try:
     main(sys.argv[1:])
@@ -259,7 +259,7 @@ def test_memory_does_not_grow_with_the_file(tmp_path: Path, capsys: pytest.Captu
 @pytest.mark.parametrize("agent_ref", ["x", ["a"], {"name": 5}, None, {}])
 def test_a_line_with_a_malformed_agent_ref_is_named_not_a_crash(agent_ref: object, tmp_path: Path) -> None:
     """Before: ``"agent_ref": "x"`` ended ng_reverify with an AttributeError traceback (exit 1)."""
-    from nemo_gym.reverify import payload_for
+    from nemo_gym.tools.reverify import payload_for
 
     line = {"agent_ref": agent_ref, "response": {"output": []}, "reward": 1.0}
     payload, why = payload_for(line, 7, None, tmp_path / "rollouts.jsonl")

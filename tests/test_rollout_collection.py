@@ -45,7 +45,7 @@ from nemo_gym.global_config import PACKAGE_PARENT_DIR
 from nemo_gym.kit.rollout_stats import k_values
 from nemo_gym.rollout_collection import collect_main
 from nemo_gym.server_utils import ServerClient, close_shared_session
-from nemo_gym.testing import example_rows, running_servers
+from nemo_gym.tools.testing import example_rows, running_servers
 from resources_servers.example_single_tool_call.app import weather_report
 
 REPO = Path(PACKAGE_PARENT_DIR)

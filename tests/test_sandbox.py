@@ -214,7 +214,7 @@ def test_a_sandboxed_environment_refuses_to_start_without_bubblewrap(
     monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
     from nemo_gym.run.supervision.children import StartupError
-    from nemo_gym.testing import running_servers
+    from nemo_gym.tools.testing import running_servers
 
     bin_dir = tmp_path / "bin"  # this machine's PATH minus bwrap
     bin_dir.mkdir()

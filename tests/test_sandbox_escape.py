@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from nemo_gym.cli import RunHelper
-from nemo_gym.testing import get, post_json, running_servers, server_url
+from nemo_gym.tools.testing import get, post_json, running_servers, server_url
 
 ENV = "math_with_code"
 CONFIG = f"resources_servers/{ENV}/configs/{ENV}.yaml"

@@ -22,7 +22,7 @@ import pytest
 
 from nemo_gym.auth import auth_headers
 from nemo_gym.global_config import REDACTED
-from nemo_gym.testing import post_json, running_servers, server_url
+from nemo_gym.tools.testing import post_json, running_servers, server_url
 from tests.conftest import READY_WAIT_S, REPO, LaunchedProcess, Launcher, get_json, write_server_folder
 
 PROBE_APP = """

@@ -18,7 +18,7 @@ import pytest
 
 from nemo_gym.collection import tracking
 from nemo_gym.rollout_collection import collect_main
-from nemo_gym.testing import running_servers
+from nemo_gym.tools.testing import running_servers
 from resources_servers.example_single_tool_call.app import weather_report
 from tests.test_e2e_collect_rollouts import PARIS, mlflow_runs
 

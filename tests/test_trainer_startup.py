@@ -32,7 +32,7 @@ from nemo_gym.global_config import (
 )
 from nemo_gym.rollout_collection import RolloutCollectionHelper
 from nemo_gym.server_utils import HEAD_SERVER_KEY_NAME
-from nemo_gym.testing import SCRIPTED_MODEL_CONFIG, example_rows
+from nemo_gym.tools.testing import SCRIPTED_MODEL_CONFIG, example_rows
 from resources_servers.example_single_tool_call.app import weather_report
 
 ENV = "example_single_tool_call"

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from nemo_gym.config.keys import PACKAGE_PARENT_DIR
-from nemo_gym.upstream_check import (
+from nemo_gym.tools.upstream_check import (
     CheckError,
     Options,
     make_scratch,
@@ -219,7 +219,7 @@ def _options(upstream: Path, tmp_path: Path, envs: list[str], **kw: Any) -> Opti
 def _cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(PACKAGE_PARENT_DIR)}
     return subprocess.run(
-        [sys.executable, "-c", "from nemo_gym.upstream_check import main; main()", *args],
+        [sys.executable, "-c", "from nemo_gym.tools.upstream_check import main; main()", *args],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -380,7 +380,7 @@ def test_ctrl_c_stops_the_running_suite_and_leaves_no_process_or_scratch(tmp_pat
     env = {**os.environ, "PYTHONPATH": str(PACKAGE_PARENT_DIR)}
     proc = subprocess.Popen(
         [
-            sys.executable, "-c", "from nemo_gym.upstream_check import main; main()",
+            sys.executable, "-c", "from nemo_gym.tools.upstream_check import main; main()",
             f"+upstream_checkout={upstream}", f"+scratch_dir={scratch}", f"+output={tmp_path / 'o.json'}",
         ],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -413,7 +413,7 @@ def test_ctrl_c_stops_the_running_suite_and_leaves_no_process_or_scratch(tmp_pat
 
 def test_options_registry_and_help_list_every_option(capsys: pytest.CaptureFixture[str]) -> None:
     from nemo_gym.config.options import COMMAND_OPTIONS
-    from nemo_gym.upstream_check import OPTIONS, main
+    from nemo_gym.tools.upstream_check import OPTIONS, main
 
     assert COMMAND_OPTIONS["ng_check_upstream_env"] == OPTIONS
     main(["--help"])
@@ -482,7 +482,7 @@ def test_imported_from_ours_takes_this_repos_folder_of_that_name(tmp_path: Path)
 def test_a_config_refused_for_a_missing_credential_is_skipped_not_failed() -> None:
     """google_search's config leaves its API key to the user (ng_run: "Field required"); critpt's
     resolves it to null: both are configs that need values only the user can give."""
-    from nemo_gym.upstream_check import user_credentials_missing
+    from nemo_gym.tools.upstream_check import user_credentials_missing
 
     google = (
         "The configuration of the servers is not valid (2 problems; no server was started): "
@@ -508,7 +508,7 @@ def test_a_recorded_line_finds_its_task_row_by_a_shared_id() -> None:
     """swebench's recorded lines carry the task's instance_id (and fields of their own), not its input:
     the one row with that id is the task (before: the line itself was posted, and /verify answered 422
     for the row's missing `repo`). An id two rows share pairs nothing."""
-    from nemo_gym.upstream_check import _task_row
+    from nemo_gym.tools.upstream_check import _task_row
 
     rows = [
         {"instance_id": "astropy-1", "repo": "astropy/astropy", "responses_create_params": {"input": "a"}},

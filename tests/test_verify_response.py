@@ -6,7 +6,7 @@ import pytest
 from pydantic import ConfigDict
 
 from nemo_gym.base_resources_server import BaseVerifyRequest, BaseVerifyResponse
-from nemo_gym.testing import text_response
+from nemo_gym.tools.testing import text_response
 
 
 class LenientRequest(BaseVerifyRequest):

@@ -20,7 +20,7 @@ import httpx
 import orjson
 import pytest
 
-from nemo_gym.testing import running_servers
+from nemo_gym.tools.testing import running_servers
 from tests.conftest import EXAMPLE_CONFIG, HANG_BOUND_S, LaunchedProcess, Launcher
 from tests.test_viewer_support import MALFORMED_A, NEEDLE, ViewerFiles, write_files
 

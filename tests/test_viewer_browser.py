@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 import pytest
 
-from nemo_gym.viewer.browser import chromium_missing_reason
+from nemo_gym.tools.viewer.browser import chromium_missing_reason
 from tests.conftest import Launcher
 from tests.test_viewer_app import URL_RE, start_viewer, wait_ready
 from tests.test_viewer_support import (
@@ -53,7 +53,7 @@ def base(launch_module: Launcher, data: ViewerFiles, tmp_path_factory: pytest.Te
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from nemo_gym.viewer.browser import browser_context
+    from nemo_gym.tools.viewer.browser import browser_context
 
     with browser_context(width=1400, height=900) as ctx:
         ctx.set_default_timeout(TIMEOUT_MS)

@@ -15,11 +15,11 @@ from typing import cast
 import orjson
 import pytest
 
-from nemo_gym.viewer.compare import compare
-from nemo_gym.viewer.dataset import Dataset
-from nemo_gym.viewer.index import RolloutIndex, cache_path_for
-from nemo_gym.viewer.query import Filters, QueryError, parse_task_spec
-from nemo_gym.viewer.row_facts import (
+from nemo_gym.tools.viewer.compare import compare
+from nemo_gym.tools.viewer.dataset import Dataset
+from nemo_gym.tools.viewer.index import RolloutIndex, cache_path_for
+from nemo_gym.tools.viewer.query import Filters, QueryError, parse_task_spec
+from nemo_gym.tools.viewer.row_facts import (
     FLAG_MISSING_OUTPUT,
     FLAG_NO_REWARD,
     FLAG_RESPONSE_ERROR,
@@ -27,7 +27,7 @@ from nemo_gym.viewer.row_facts import (
     looks_like_error,
     summarize_row,
 )
-from nemo_gym.viewer.search import search_patterns
+from nemo_gym.tools.viewer.search import search_patterns
 from tests.test_viewer_support import (
     AGENT,
     MALFORMED_A,
@@ -353,7 +353,7 @@ def test_search_patterns() -> None:
 def test_search_finds_matches_across_block_boundaries(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import nemo_gym.viewer.search as search_mod
+    import nemo_gym.tools.viewer.search as search_mod
 
     monkeypatch.setattr(search_mod, "SEARCH_BLOCK_BYTES", 1)  # one row per block
     path = tmp_path / "r.jsonl"

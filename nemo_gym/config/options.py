@@ -121,8 +121,8 @@ COMMAND_OPTIONS: dict[str, frozenset[str]] = {
         }
     ),
     "ng_init_resources_server": frozenset({"entrypoint", "name", "package"}),
-    "ng_list": frozenset({"kind", "json"}),  # nemo_gym.server_list.parse_options
-    # nemo_gym.upstream_check.OPTION_HELP's keys
+    "ng_list": frozenset({"kind", "json"}),  # nemo_gym.tools.server_list.parse_options
+    # nemo_gym.tools.upstream_check.OPTION_HELP's keys
     "ng_check_upstream_env": frozenset(
         {
             "upstream_checkout",
@@ -153,7 +153,7 @@ COMMAND_OPTIONS: dict[str, frozenset[str]] = {
     "ng_collect_rollouts": frozenset(
         {CONFIG_PATHS_KEY_NAME, HEAD_SERVER_KEY_NAME, *_COLLECT_OPTIONS, *TRACKER_OPTIONS}
     ),
-    # nemo_gym.eval.e2e.E2ECollectionConfig's fields, plus ng_run's (it starts the servers).
+    # nemo_gym.tools.eval.e2e.E2ECollectionConfig's fields, plus ng_run's (it starts the servers).
     "ng_e2e_collect_rollouts": frozenset(
         {*LAUNCHER_KEYS, *_COLLECT_OPTIONS, *TRACKER_OPTIONS, "split", "agent_num_repeats"}
         - {"input_jsonl_fpath"}

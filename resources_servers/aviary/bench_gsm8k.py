@@ -19,8 +19,8 @@ from typing import Any
 
 from nemo_gym.client.fd_limits import raise_open_file_limit
 from nemo_gym.client.server_client import ServerClient
-from nemo_gym.testing import running_servers
 from nemo_gym.tools.bench.stack import BareStack, _measure, _one_result, format_table
+from nemo_gym.tools.testing import running_servers
 
 CONFIG = "resources_servers/aviary/configs/gsm8k_aviary.yaml"
 AGENT = "gsm8k_aviary_agent"

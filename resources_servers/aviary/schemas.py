@@ -11,7 +11,7 @@ Contract
   1-based step number); ``/verify`` answers ``step_rewards`` (one per env step, as Aviary returned
   them), ``num_steps`` and ``env_done``; the agent's response carries ``steps`` (one
   :class:`AviaryStepRecord` per model turn) and ``context_policy`` (how the model's context was built,
-  so :mod:`nemo_gym.export_transitions` can rebuild each step's prompt).
+  so :mod:`nemo_gym.tools.export_transitions` can rebuild each step's prompt).
 * Observation messages that carry environment *state* (Aviary's ``info["is_env_state"]``, e.g. the
   notebook view) are ``AviaryEnvStateEasyInputMessage`` with ``is_env_state: true``; agents strip
   the marker before sending input to a model.

@@ -21,7 +21,7 @@ Contract
   sees the instruction, every earlier action and tool result, and only the *latest* environment-state
   observation; older ones are replaced by ``old_env_state_message``. Token-id fields are then not
   sent back to the model (its earlier prompts no longer prefix the new one). ``context_policy`` in
-  the response records this, so :mod:`nemo_gym.export_transitions` rebuilds each step's exact prompt.
+  the response records this, so :mod:`nemo_gym.tools.export_transitions` rebuilds each step's exact prompt.
 * A failure to reach the model or the env server (or a 4xx/5xx from them) fails the rollout with a
   502/504 naming the server, never a reward. ``max_steps`` is required to be finite (upstream allowed
   unbounded loops).
@@ -49,7 +49,6 @@ from nemo_gym.base_responses_api_agent import (
 )
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
 from nemo_gym.errors import UpstreamError, raise_for_status, response_body
-from nemo_gym.export_transitions import render_step_context
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.server.disconnect import (
     ClientDisconnected,
@@ -58,6 +57,7 @@ from nemo_gym.server.disconnect import (
     run_until_disconnected,
 )
 from nemo_gym.server_utils import response_cookies, validated_body
+from nemo_gym.tools.export_transitions import render_step_context
 
 logger = logging.getLogger(__name__)
 

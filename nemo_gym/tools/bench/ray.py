@@ -83,7 +83,7 @@ def _replica_rate(
     machine's CPU went, and whether the replicas shared the work evenly."""
     from pathlib import Path
 
-    from nemo_gym.testing import collect_rollouts, example_rows, running_servers
+    from nemo_gym.tools.testing import collect_rollouts, example_rows, running_servers
     from resources_servers.example_single_tool_call.app import weather_report
 
     env = "example_single_tool_call"

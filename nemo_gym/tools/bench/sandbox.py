@@ -162,7 +162,7 @@ def _code_gen_verify(calls: int, concurrency: int) -> dict[str, Any]:
     import httpx
 
     from nemo_gym.auth import auth_headers, client_token_for_url
-    from nemo_gym.testing import example_rows, running_servers, server_url
+    from nemo_gym.tools.testing import example_rows, running_servers, server_url
 
     rows = example_rows("code_gen")
     bodies = []

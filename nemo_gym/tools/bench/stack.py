@@ -287,7 +287,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> None:
     from omegaconf import OmegaConf
 
-    from nemo_gym.testing import example_rows, running_servers
+    from nemo_gym.tools.testing import example_rows, running_servers
 
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):

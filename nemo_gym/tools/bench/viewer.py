@@ -25,9 +25,9 @@ from typing import Any
 
 import psutil
 
-from nemo_gym.viewer.browser import browser_context, chromium_missing_reason
-from nemo_gym.viewer.demo import write_demo
-from nemo_gym.viewer.process import ViewerProcess
+from nemo_gym.tools.viewer.browser import browser_context, chromium_missing_reason
+from nemo_gym.tools.viewer.demo import write_demo
+from nemo_gym.tools.viewer.process import ViewerProcess
 
 DEFAULT_FILE = "/tmp/ng_viewer_bench/rollouts_100k.jsonl"
 N_TASKS, REPEATS, ROW_BYTES = 25_000, 4, 10_800

@@ -22,7 +22,7 @@ import pytest
 
 from nemo_gym.cli import RunHelper
 from nemo_gym.server_utils import close_shared_session, request, response_cookies
-from nemo_gym.testing import get, post_json, run_rollout, running_servers, server_url
+from nemo_gym.tools.testing import get, post_json, run_rollout, running_servers, server_url
 
 HERE = Path(__file__).resolve().parents[1]
 GSM8K_CONFIG = "resources_servers/aviary/configs/gsm8k_aviary.yaml"

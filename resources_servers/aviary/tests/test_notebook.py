@@ -22,8 +22,8 @@ import psutil
 import pytest
 
 from nemo_gym.cli import RunHelper
-from nemo_gym.export_transitions import transitions
-from nemo_gym.testing import get, post_json, run_rollout, running_servers, server_url
+from nemo_gym.tools.export_transitions import transitions
+from nemo_gym.tools.testing import get, post_json, run_rollout, running_servers, server_url
 
 pytestmark = pytest.mark.slow
 

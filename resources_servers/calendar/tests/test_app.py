@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from nemo_gym.cli import RunHelper
-from nemo_gym.testing import example_rows, post_json, run_rollout, running_servers, server_url
+from nemo_gym.tools.testing import example_rows, post_json, run_rollout, running_servers, server_url
 from resources_servers.calendar.app import ExpectedEvent, grade, last_json_list, minutes
 
 ENV = "calendar"

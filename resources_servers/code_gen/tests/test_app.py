@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from nemo_gym.cli import RunHelper
-from nemo_gym.testing import example_rows, post_json, run_rollout, running_servers, server_url
+from nemo_gym.tools.testing import example_rows, post_json, run_rollout, running_servers, server_url
 
 ENV = "code_gen"
 CONFIG = f"resources_servers/{ENV}/configs/{ENV}.yaml"

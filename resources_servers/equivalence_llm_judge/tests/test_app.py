@@ -6,7 +6,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from nemo_gym.testing import collect_rollouts, example_rows, running_servers
+from nemo_gym.tools.testing import collect_rollouts, example_rows, running_servers
 from resources_servers.equivalence_llm_judge.app import last_match
 
 CONFIG = "resources_servers/equivalence_llm_judge/configs/equivalence_llm_judge.yaml"

@@ -3,7 +3,7 @@
 import orjson
 import pytest
 
-from nemo_gym.testing import example_rows, post_json, run_rollout, running_servers, server_url
+from nemo_gym.tools.testing import example_rows, post_json, run_rollout, running_servers, server_url
 from resources_servers.example_single_tool_call.app import answer_reports_reading, weather_for
 
 CONFIG = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"

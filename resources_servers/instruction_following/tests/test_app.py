@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym.testing import collect_rollouts, example_rows, post_json, running_servers, server_url
+from nemo_gym.tools.testing import collect_rollouts, example_rows, post_json, running_servers, server_url
 from resources_servers.instruction_following.instructions import INSTRUCTION_IDS, BadInstruction, check
 
 CONFIG = "resources_servers/instruction_following/configs/instruction_following.yaml"

@@ -13,7 +13,7 @@ import pytest
 
 from nemo_gym.cli import RunHelper
 from nemo_gym.server_utils import cookie_name_for
-from nemo_gym.testing import example_rows, post_json, run_rollout, running_servers, server_url
+from nemo_gym.tools.testing import example_rows, post_json, run_rollout, running_servers, server_url
 
 ENV = "math_with_code"
 CONFIG = f"resources_servers/{ENV}/configs/{ENV}.yaml"

@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from nemo_gym.openai_utils import NeMoGymResponse
-from nemo_gym.testing import (
+from nemo_gym.tools.testing import (
     collect_rollouts,
     example_rows,
     post_json,

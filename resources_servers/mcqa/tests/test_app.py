@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym.testing import (
+from nemo_gym.tools.testing import (
     collect_rollouts,
     example_rows,
     post_json,

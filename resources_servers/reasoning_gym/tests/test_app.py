@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym.testing import collect_rollouts, example_rows, post_json, running_servers, server_url
+from nemo_gym.tools.testing import collect_rollouts, example_rows, post_json, running_servers, server_url
 from resources_servers.reasoning_gym.app import extract_model_answer
 from resources_servers.reasoning_gym.scripts.create_dataset import generate_rows
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym.testing import collect_rollouts, example_rows, running_servers
+from nemo_gym.tools.testing import collect_rollouts, example_rows, running_servers
 from resources_servers.single_step_tool_use_with_argument_comparison.common.verification_utils import (
     ActionComparator,
     FunctionCallAction,

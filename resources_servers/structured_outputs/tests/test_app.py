@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym.testing import collect_rollouts, example_rows, post_json, running_servers, server_url
+from nemo_gym.tools.testing import collect_rollouts, example_rows, post_json, running_servers, server_url
 from resources_servers.structured_outputs.app import check_document
 
 CONFIG = "resources_servers/structured_outputs/configs/structured_outputs.yaml"

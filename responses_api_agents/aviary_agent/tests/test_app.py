@@ -18,9 +18,9 @@ import orjson
 import pytest
 
 from nemo_gym.cli import RunHelper
-from nemo_gym.export_transitions import main as export_main
-from nemo_gym.export_transitions import transitions
-from nemo_gym.testing import post_json, run_rollout, running_servers, server_url
+from nemo_gym.tools.export_transitions import main as export_main
+from nemo_gym.tools.export_transitions import transitions
+from nemo_gym.tools.testing import post_json, run_rollout, running_servers, server_url
 
 CONFIG = "resources_servers/aviary/configs/gsm8k_aviary.yaml"
 AGENT = "gsm8k_aviary_agent"

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from nemo_gym.testing import example_rows, get, post_json, running_servers, server_url
+from nemo_gym.tools.testing import example_rows, get, post_json, running_servers, server_url
 
 CONFIG = "responses_api_agents/gymnasium_agent/configs/gymnasium_agent.yaml"
 ROWS = example_rows("gymnasium")

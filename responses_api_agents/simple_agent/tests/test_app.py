@@ -24,7 +24,7 @@ from openai.types.responses import Response
 from pydantic import ValidationError
 
 from nemo_gym.openai_utils import TOKEN_ID_FIELDS, NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
-from nemo_gym.testing import get, post_json, running_servers, server_url
+from nemo_gym.tools.testing import get, post_json, running_servers, server_url
 
 FIXTURE_ROOT = Path(__file__).resolve().parent / "fixture_root"
 CONFIG = str(FIXTURE_ROOT / "resources_servers" / "agent_test_tools" / "configs" / "agent_test_tools.yaml")

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from nemo_gym.cli import RunHelper
-from nemo_gym.testing import get, post_json, run_rollout, running_servers, server_url
+from nemo_gym.tools.testing import get, post_json, run_rollout, running_servers, server_url
 
 CONFIGS = [
     "resources_servers/calendar/configs/calendar.yaml",

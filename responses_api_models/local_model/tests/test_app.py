@@ -29,7 +29,14 @@ from openai.types.chat import ChatCompletion
 from openai.types.responses import Response, ResponseFunctionToolCall, ResponseOutputMessage
 
 from nemo_gym.auth import client_token_for_url
-from nemo_gym.testing import WEATHER_CHAT_TOOL, WEATHER_TOOL, get, post_json, running_servers, server_url
+from nemo_gym.tools.testing import (
+    WEATHER_CHAT_TOOL,
+    WEATHER_TOOL,
+    get,
+    post_json,
+    running_servers,
+    server_url,
+)
 from responses_api_models.local_model import weights
 
 pytestmark = pytest.mark.skipif(

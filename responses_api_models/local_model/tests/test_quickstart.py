@@ -15,7 +15,7 @@ import orjson
 import psutil
 import pytest
 
-from nemo_gym.quickstart import run_quickstart
+from nemo_gym.tools.quickstart import run_quickstart
 from responses_api_models.local_model.weights import default_model_unavailable
 
 WAIT_S = 600.0  # bound on every wait (a whole quickstart takes ~50 s here)
@@ -59,7 +59,7 @@ def test_quickstart_collects_five_rollouts_and_prints_each_and_the_average(
 
 def test_ctrl_c_stops_every_server(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "nemo_gym.quickstart"],
+        [sys.executable, "-m", "nemo_gym.tools.quickstart"],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

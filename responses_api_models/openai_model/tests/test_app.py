@@ -22,7 +22,7 @@ from openai.types.responses import Response, ResponseFunctionToolCall, ResponseO
 from pydantic import ValidationError
 
 from nemo_gym.auth import client_token_for_url
-from nemo_gym.testing import get, post_json, running_servers, server_url
+from nemo_gym.tools.testing import get, post_json, running_servers, server_url
 
 HERE = Path(__file__).resolve().parent
 FAKE_PATH = HERE.parents[1] / "vllm_model" / "tests" / "fake_vllm_backend.py"

@@ -31,7 +31,7 @@ from openai.types.responses import (
 from pydantic import ValidationError
 
 from nemo_gym.auth import client_token_for_url
-from nemo_gym.testing import (
+from nemo_gym.tools.testing import (
     WEATHER_CHAT_TOOL,
     WEATHER_TOOL,
     example_rows,

@@ -596,7 +596,7 @@
   }
 
   const ERROR_RE = /^\s*(error\b|traceback \(most recent call last\))/i;
-  /** Same rule as the server's index (nemo_gym/viewer/index.py: looks_like_error). */
+  /** Same rule as the server's index (nemo_gym/tools/viewer/index.py: looks_like_error). */
   function looksLikeError(output) {
     const text = textOf(output);
     if (ERROR_RE.test(text) || text.includes("Traceback (most recent call last)")) return true;

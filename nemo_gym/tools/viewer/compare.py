@@ -6,9 +6,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from nemo_gym.viewer.dataset import Dataset
-from nemo_gym.viewer.query import COMPARE_SORT_KEYS, EPS, QueryError, check_page, sort_page
-from nemo_gym.viewer.row_facts import NO_INDEX
+from nemo_gym.tools.viewer.dataset import Dataset
+from nemo_gym.tools.viewer.query import COMPARE_SORT_KEYS, EPS, QueryError, check_page, sort_page
+from nemo_gym.tools.viewer.row_facts import NO_INDEX
 
 # ------------------------------------------------------------------------------------------------
 # Comparing two files.

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from nemo_gym.viewer.index import RolloutIndex
+from nemo_gym.tools.viewer.index import RolloutIndex
 
 SEARCH_BLOCK_BYTES = 4 << 20
 

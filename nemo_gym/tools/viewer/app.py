@@ -12,12 +12,12 @@ Contract
   disk), ``.../summary``, ``.../tasks``, ``.../malformed``; ``GET /api/compare?a=&b=``.
 * Errors are JSON ``{"error": message}``: 400 for bad parameters, 404 for an unknown file or row,
   503 (with the progress) while a file is still being indexed.
-* Only files on the :class:`~nemo_gym.viewer.access.AccessPolicy` allow-list are opened: the
+* Only files on the :class:`~nemo_gym.tools.viewer.access.AccessPolicy` allow-list are opened: the
   files the viewer was started with, their sidecars, and files under ``+allowed_roots``, checked
   after resolving symlinks and ``..``. ``POST /api/files`` for any other path is a 403 saying how
   to allow it (the same answer whether or not the path exists).
 * When the viewer has a token (bound to a non-loopback address, or ``+token`` given), every
-  request must carry it (see :class:`~nemo_gym.viewer.access.TokenGuard`), else 401. A ``GET``
+  request must carry it (see :class:`~nemo_gym.tools.viewer.access.TokenGuard`), else 401. A ``GET``
   with a valid ``?token=`` sets an HttpOnly ``SameSite=Strict`` cookie, so the page's own requests
   carry it; ``GET /?token=`` then redirects to ``/`` so the token leaves the address bar.
 * Work that reads the file or walks every row runs on worker threads; the event loop only routes.
@@ -37,7 +37,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from nemo_gym.viewer.access import (
+from nemo_gym.tools.viewer.access import (
     LOOPBACK_NAMES,
     TOKEN_HEADER,
     TOKEN_QUERY,
@@ -45,9 +45,9 @@ from nemo_gym.viewer.access import (
     AccessPolicy,
     TokenGuard,
 )
-from nemo_gym.viewer.compare import compare
-from nemo_gym.viewer.dataset import Dataset
-from nemo_gym.viewer.query import Filters, QueryError, parse_task_spec
+from nemo_gym.tools.viewer.compare import compare
+from nemo_gym.tools.viewer.dataset import Dataset
+from nemo_gym.tools.viewer.query import Filters, QueryError, parse_task_spec
 
 STATIC_DIR = Path(__file__).parent / "static"
 MAX_WAIT_S = 5.0

@@ -1,4 +1,4 @@
-"""The project's pytest plugin (loaded for the whole suite by ``addopts = -p nemo_gym.pytest_plugin``).
+"""The project's pytest plugin (loaded for the whole suite by ``addopts = -p nemo_gym.tools.pytest_plugin``).
 
 Contract
 --------

@@ -6,7 +6,7 @@ Contract
 * Reads the config as ``ng_run`` does (YAML files, env.yaml, overrides). The datasets are those of
   type ``+split`` (``train``, ``validation``, ``example`` or ``benchmark``) that the agents declare
   (``datasets: [{name, type, jsonl_fpath, num_repeats?}]``), found and validated with
-  :mod:`nemo_gym.data.prepare`'s functions; ``+agent_name=<agent>`` keeps one agent only.
+  :mod:`nemo_gym.tools.data.prepare`'s functions; ``+agent_name=<agent>`` keeps one agent only.
 * Everything is checked before any server starts or any file is written: an unknown ``+split`` or
   option, an unknown agent, a split no agent declares (the message lists what each agent declares), a
   missing dataset file, a row that is not a valid agent request (``file:line: field``), an output that
@@ -55,16 +55,6 @@ from nemo_gym.collection.options import CollectionOptions, InputError, RolloutCo
 from nemo_gym.collection.output_files import sidecar_paths
 from nemo_gym.collection.summary import CollectionSummary
 from nemo_gym.config.command import command
-from nemo_gym.data.metrics import DatasetMetrics
-from nemo_gym.data.prepare import (
-    AGENT_SERVER_TYPE,
-    Dataset,
-    declared_datasets,
-    json_file_bytes,
-    locate,
-    read_rows,
-    write_atomic,
-)
 from nemo_gym.global_config import (
     PACKAGE_PARENT_DIR,
     ConfigError,
@@ -75,6 +65,16 @@ from nemo_gym.global_config import (
 )
 from nemo_gym.redaction import add_secret_values, config_secret_values, scrub
 from nemo_gym.run.supervision.stop import StopFlag
+from nemo_gym.tools.data.metrics import DatasetMetrics
+from nemo_gym.tools.data.prepare import (
+    AGENT_SERVER_TYPE,
+    Dataset,
+    declared_datasets,
+    json_file_bytes,
+    locate,
+    read_rows,
+    write_atomic,
+)
 
 COMMAND = "ng_e2e_collect_rollouts"
 SPLITS = ("train", "validation", "example", "benchmark")

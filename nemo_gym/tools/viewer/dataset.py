@@ -3,10 +3,10 @@
 Contract
 --------
 * Everything except full-text search and reading single rows works on the compact index columns
-  only (see :mod:`nemo_gym.viewer.index`); no whole row is loaded to filter or sort.
-* Full-text search runs as a :class:`~nemo_gym.viewer.search.SearchJob`; starting a search for a new
+  only (see :mod:`nemo_gym.tools.viewer.index`); no whole row is loaded to filter or sort.
+* Full-text search runs as a :class:`~nemo_gym.tools.viewer.search.SearchJob`; starting a search for a new
   text cancels the previous unfinished one. Filters, sorts and pages are
-  :mod:`nemo_gym.viewer.query`'s; comparing two files is :mod:`nemo_gym.viewer.compare`.
+  :mod:`nemo_gym.tools.viewer.query`'s; comparing two files is :mod:`nemo_gym.tools.viewer.compare`.
 * Methods that can take long (indexing, scans) are meant to be called off the event loop; all
   shared state is guarded by locks.
 """
@@ -25,9 +25,9 @@ from typing import Any
 import orjson
 
 from nemo_gym.kit.rollout_stats import pass_at_k
-from nemo_gym.viewer.access import AccessDenied, AccessPolicy
-from nemo_gym.viewer.index import IndexFileError, RolloutIndex
-from nemo_gym.viewer.query import (
+from nemo_gym.tools.viewer.access import AccessDenied, AccessPolicy
+from nemo_gym.tools.viewer.index import IndexFileError, RolloutIndex
+from nemo_gym.tools.viewer.query import (
     MAX_PAGE,
     ROW_SORT_KEYS,
     TASK_SORT_KEYS,
@@ -39,8 +39,8 @@ from nemo_gym.viewer.query import (
     mean_std,
     sort_page,
 )
-from nemo_gym.viewer.row_facts import ERROR_FLAGS, NO_INDEX
-from nemo_gym.viewer.search import SearchJob
+from nemo_gym.tools.viewer.row_facts import ERROR_FLAGS, NO_INDEX
+from nemo_gym.tools.viewer.search import SearchJob
 
 MAX_QUERY_CACHE = 16
 MAX_SEARCH_JOBS = 8

@@ -38,7 +38,7 @@ from typing import Any
 
 import orjson
 
-from nemo_gym.viewer.row_facts import NO_INDEX, summarize_row
+from nemo_gym.tools.viewer.row_facts import NO_INDEX, summarize_row
 
 INDEX_VERSION = 1
 MAGIC = b"NGVIDX\x00\x01"

@@ -104,7 +104,7 @@ import orjson
 import pytest
 
 from nemo_gym.cli import RunHelper
-from nemo_gym.testing import post_json, run_rollout, running_servers, server_url
+from nemo_gym.tools.testing import post_json, run_rollout, running_servers, server_url
 
 FOLDER = Path(__file__).resolve().parents[1]
 ROOT = FOLDER.parents[1]  # the folder that holds resources_servers/

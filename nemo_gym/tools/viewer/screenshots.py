@@ -1,6 +1,6 @@
-"""Screenshots of the viewer for the docs: ``python -m nemo_gym.viewer.screenshots [--out docs]``.
+"""Screenshots of the viewer for the docs: ``python -m nemo_gym.tools.viewer.screenshots [--out docs]``.
 
-Writes demo rollouts files (see :mod:`nemo_gym.viewer.demo`; one malformed line and a failures
+Writes demo rollouts files (see :mod:`nemo_gym.tools.viewer.demo`; one malformed line and a failures
 sidecar included) to a temp directory, starts ``ng_viewer`` on them, and saves
 ``viewer-list.png``, ``viewer-trajectory.png``, ``viewer-summary.png`` and ``viewer-compare.png``
 taken by headless Chromium.
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import orjson
 
-from nemo_gym.viewer.browser import browser_context, chromium_missing_reason
-from nemo_gym.viewer.demo import write_demo
-from nemo_gym.viewer.process import ViewerProcess
+from nemo_gym.tools.viewer.browser import browser_context, chromium_missing_reason
+from nemo_gym.tools.viewer.demo import write_demo
+from nemo_gym.tools.viewer.process import ViewerProcess
 
 WAIT_MS = 30_000
 

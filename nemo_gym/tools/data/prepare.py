@@ -14,11 +14,11 @@ Contract (upstream NeMo Gym's option names, output names and fields; stricter wh
   and nothing is written. Blank lines are ignored.
 * Per dataset: ``<dir>/<stem>_metrics.json`` (the dataset entry's ``name, type, jsonl_fpath,
   num_repeats, gitlab_identifier, huggingface_identifier, license`` plus
-  :class:`nemo_gym.data.metrics.DatasetMetrics`) and ``<dir>/<stem>_prepare.jsonl`` (each row
+  :class:`nemo_gym.tools.data.metrics.DatasetMetrics`) and ``<dir>/<stem>_prepare.jsonl`` (each row
   ``num_repeats`` times, with ``agent_ref: {type: responses_api_agents, name: <agent instance>}``).
   Per type: ``<output_dirpath>/<type>.jsonl`` (the prepared files concatenated) and
   ``<output_dirpath>/<type>_metrics.json`` (metrics over every dataset of that type).
-* A metrics file that exists and differs (:func:`nemo_gym.data.metrics.same_metrics`) is not
+* A metrics file that exists and differs (:func:`nemo_gym.tools.data.metrics.same_metrics`) is not
   overwritten: ``<stem>_metrics_conflict.json`` is written beside it and the command exits 1 at the
   end, unless ``+overwrite_metrics_conflicts=true``. Unchanged metrics files are not rewritten. Every
   file is written to a temporary name and renamed, so an interrupted run leaves no half file.
@@ -39,7 +39,6 @@ from pydantic import ValidationError
 
 from nemo_gym.base_resources_server import BaseRunRequest
 from nemo_gym.config.command import command
-from nemo_gym.data.metrics import DatasetMetrics, same_metrics
 from nemo_gym.global_config import (
     PACKAGE_PARENT_DIR,
     ConfigError,
@@ -48,6 +47,7 @@ from nemo_gym.global_config import (
     load_global_config,
 )
 from nemo_gym.redaction import scrub
+from nemo_gym.tools.data.metrics import DatasetMetrics, same_metrics
 
 AGENT_SERVER_TYPE = "responses_api_agents"
 MODES = {"train_preparation": ("train", "validation", "benchmark"), "example_validation": ("example",)}

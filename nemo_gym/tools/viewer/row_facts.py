@@ -4,7 +4,7 @@ their errors, token usage, a prompt preview, and flags for what looks wrong.
 Contract
 --------
 * :func:`summarize_row` reads a parsed row (any shape: missing or odd fields count as absent, never an
-  error) into a :class:`RowFacts`; the index (:mod:`nemo_gym.viewer.index`) stores those as columns.
+  error) into a :class:`RowFacts`; the index (:mod:`nemo_gym.tools.viewer.index`) stores those as columns.
 * ``FLAG_*`` bits say what looks wrong (:data:`ERROR_FLAGS` are the error ones); :data:`NO_INDEX`
   stands for a missing task or rollout index.
 """

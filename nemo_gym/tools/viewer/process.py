@@ -1,6 +1,6 @@
 """Run ``ng_viewer`` as a child process (for the benchmark and the screenshot script).
 
-:class:`ViewerProcess` starts ``python -m nemo_gym.viewer`` in its own session, reads its output on
+:class:`ViewerProcess` starts ``python -m nemo_gym.tools.viewer`` in its own session, reads its output on
 a thread, waits (bounded) for the ``open http://...`` line, and on exit stops it by pid: SIGTERM,
 then SIGKILL after a bound.
 """
@@ -37,7 +37,7 @@ class ViewerProcess:
     def __enter__(self) -> ViewerProcess:
         self.started_at = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nemo_gym.viewer", *self.args],
+            [sys.executable, "-m", "nemo_gym.tools.viewer", *self.args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

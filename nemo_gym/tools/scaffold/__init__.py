@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from nemo_gym.config.command import command
-from nemo_gym.scaffold.templates import render_files, render_package_files
+from nemo_gym.tools.scaffold.templates import render_files, render_package_files
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 USAGE = "usage: ng_init_resources_server NAME   (or +entrypoint=resources_servers/NAME) [+package=true]"

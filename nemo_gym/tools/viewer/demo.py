@@ -1,6 +1,6 @@
 """Synthetic rollouts files in ``ng_collect_rollouts``' output format, for the benchmark and screenshots.
 
-``python -m nemo_gym.viewer.demo <out.jsonl> [--tasks N] [--repeats K] [--row-bytes B] [--seed S]``
+``python -m nemo_gym.tools.viewer.demo <out.jsonl> [--tasks N] [--repeats K] [--row-bytes B] [--seed S]``
 writes ``N*K`` rollouts of a made-up "travel desk" environment: a developer prompt, a user
 question, reasoning, one to four tool calls (weather, currency, document search) with outputs —
 some of them errors — a final answer, a verify result with ``reward`` and task fields, usage, and

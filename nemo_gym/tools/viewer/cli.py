@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from nemo_gym.client.fd_limits import raise_open_file_limit
 from nemo_gym.config.command import command
 from nemo_gym.global_config import ConfigError, did_you_mean, load_global_config
-from nemo_gym.viewer.access import MIN_TOKEN_CHARS, TOKEN_ENV
+from nemo_gym.tools.viewer.access import MIN_TOKEN_CHARS, TOKEN_ENV
 
 USAGE = (
     "usage: ng_viewer +jsonl_fpath=<rollouts.jsonl> [+host=127.0.0.1] [+port=0]\n"
@@ -151,8 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     from nemo_gym.client.fd_limits import split_server_budget
     from nemo_gym.config.ports import reserve_listening_socket
     from nemo_gym.server.accept_limit import ConnectionLimits, bounded_server
-    from nemo_gym.viewer.access import AccessPolicy, TokenGuard, is_loopback_host
-    from nemo_gym.viewer.app import ViewerState, create_app
+    from nemo_gym.tools.viewer.access import AccessPolicy, TokenGuard, is_loopback_host
+    from nemo_gym.tools.viewer.app import ViewerState, create_app
 
     given = [f for f in (cfg.jsonl_fpath, cfg.compare_jsonl_fpath) if f is not None]
     policy = AccessPolicy(files=given, roots=cfg.allowed_roots)

@@ -74,7 +74,6 @@ from nemo_gym.auth import auth_headers, read_token_file, token_file_for
 from nemo_gym.config.command import command
 from nemo_gym.config.keys import PACKAGE_PARENT_DIR, SERVER_TYPES
 from nemo_gym.global_config import ConfigError, check_options, load_global_config
-from nemo_gym.reverify import iter_jsonl
 from nemo_gym.run.server_venvs import (
     DEFAULT_VENV_CACHE_DIR,
     ensure_server_venv,
@@ -82,7 +81,8 @@ from nemo_gym.run.server_venvs import (
     requirements_path,
     unmet_requirements,
 )
-from nemo_gym.server_tests import PYTEST_OPTIONS
+from nemo_gym.tools.reverify import iter_jsonl
+from nemo_gym.tools.server_tests import PYTEST_OPTIONS
 
 COMMAND = "ng_check_upstream_env"
 SUMMARY = (
