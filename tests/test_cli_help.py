@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from nemo_gym.cli import dump_config_main, run_main, status_main
 from nemo_gym.config.options import COMMAND_OPTIONS, HEAD_SERVER_KEYS
+from nemo_gym.run.cli import dump_config_main, run_main, status_main
 from nemo_gym.run.cli_help import instance_keys, option_help
 
 MAINS = {"ng_run": run_main, "ng_dump_config": dump_config_main, "ng_status": status_main}
@@ -63,7 +63,7 @@ def test_ng_dump_config_example_is_pasteable(capsys: pytest.CaptureFixture[str])
     argv = shlex.split(example.split(">", 1)[0])
     assert argv[0] == "ng_dump_config"
     done = subprocess.run(
-        [sys.executable, "-c", "import sys; from nemo_gym.cli import dump_config_main; dump_config_main(sys.argv[1:])",
+        [sys.executable, "-c", "import sys; from nemo_gym.run.cli import dump_config_main; dump_config_main(sys.argv[1:])",
          *argv[1:]],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip

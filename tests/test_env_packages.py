@@ -139,14 +139,14 @@ def test_ng_list_shows_the_package(installed: Path, tmp_path: Path) -> None:
 
 
 def test_ng_run_env_of_an_unknown_name_suggests_the_package(installed: Path, tmp_path: Path) -> None:
-    code = "import sys; from nemo_gym.cli import run_main; run_main(sys.argv[1:])"
+    code = "import sys; from nemo_gym.run.cli import run_main; run_main(sys.argv[1:])"
     ran = _python(tmp_path, installed, code, f"+env={NAME}x", f"+config_paths=[{SCRIPTED_MODEL_CONFIG}]")
     assert ran.returncode == 2
     assert f"no environment named '{NAME}x'" in ran.stderr and f"Did you mean '{NAME}'?" in ran.stderr
 
 
 def test_ng_dump_config_env_adds_the_package_config_to_config_paths(installed: Path, tmp_path: Path) -> None:
-    code = "import sys; from nemo_gym.cli import dump_config_main; dump_config_main(sys.argv[1:])"
+    code = "import sys; from nemo_gym.run.cli import dump_config_main; dump_config_main(sys.argv[1:])"
     dumped = _python(tmp_path, installed, code, f"+env={NAME}", f"+config_paths=[{SCRIPTED_MODEL_CONFIG}]")
     assert dumped.returncode == 0, dumped.stderr
     for instance in (f"{NAME}:", f"{NAME}_simple_agent:", "policy_model:"):
@@ -156,7 +156,7 @@ def test_ng_dump_config_env_adds_the_package_config_to_config_paths(installed: P
 
 def test_ng_run_env_starts_the_package_and_a_rollout_goes_through_it(installed: Path, tmp_path: Path) -> None:
     """From a directory that holds no server folder: the environment comes from the package only."""
-    run_code = "import sys; from nemo_gym.cli import run_main; run_main(sys.argv[1:])"
+    run_code = "import sys; from nemo_gym.run.cli import run_main; run_main(sys.argv[1:])"
     argv = [f"+env={NAME}", f"+config_paths=[{SCRIPTED_MODEL_CONFIG}]", "+head_server.port=0"]
     run = LaunchedProcess([sys.executable, "-c", run_code, *argv], tmp_path, _env(installed))
     collect = None

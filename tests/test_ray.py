@@ -49,7 +49,7 @@ def test_nothing_imports_ray_without_a_ray_config() -> None:
     """ng_run's modules, and a whole RunHelper start/stop of a config without Ray keys, import no ray."""
     code = f"""
 import sys
-import nemo_gym.cli, nemo_gym.client.server_client, nemo_gym.kit.verify_pool, nemo_gym.rollout_collection, nemo_gym.run.ray
+import nemo_gym.cli, nemo_gym.run.cli, nemo_gym.client.server_client, nemo_gym.kit.verify_pool, nemo_gym.rollout_collection, nemo_gym.run.ray
 assert "ray" not in sys.modules, "importing nemo_gym's launcher modules imported ray"
 from nemo_gym.tools.testing import running_servers
 with running_servers([{ENV_CONFIG!r}]) as helper:
@@ -110,7 +110,7 @@ def test_ng_run_names_a_bad_ray_setting_and_starts_nothing() -> None:
     base = [
         sys.executable,
         "-c",
-        "import sys; from nemo_gym.cli import run_main; run_main(sys.argv[1:])",
+        "import sys; from nemo_gym.run.cli import run_main; run_main(sys.argv[1:])",
         f"+config_paths=[{ENV_CONFIG},responses_api_models/scripted_model/configs/scripted_model.yaml]",
         "+head_server.port=0",
     ]
@@ -856,7 +856,7 @@ def test_ng_run_counts_ray_replicas_and_stops_when_every_replica_is_dead(cluster
     cmd = [
         sys.executable,
         "-c",
-        "import sys; from nemo_gym.cli import run_main; run_main(sys.argv[1:])",
+        "import sys; from nemo_gym.run.cli import run_main; run_main(sys.argv[1:])",
         f"+config_paths=[{ENV_CONFIG},responses_api_models/scripted_model/configs/scripted_model.yaml]",
         "+head_server.port=0",
         f"+ray_head_node_address={cluster.address}",
@@ -960,7 +960,7 @@ def test_ng_run_with_ray_starts_and_stops_quietly(ray_env: None, tmp_path: Path)
     )  # fmt: skip
     configs = f"{SO_CONFIG},responses_api_models/scripted_model/configs/scripted_model.yaml,{overrides}"
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from nemo_gym.cli import run_main; run_main()", f"+config_paths=[{configs}]",
+        [sys.executable, "-c", "from nemo_gym.run.cli import run_main; run_main()", f"+config_paths=[{configs}]",
          "+ray_start_local=true", "+ray_local_num_cpus=1", "+head_server.port=0"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )  # fmt: skip

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym.cli import help_main
+from nemo_gym.run.cli import help_main
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_TYPES = ("resources_servers", "responses_api_agents", "responses_api_models")

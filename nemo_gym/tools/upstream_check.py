@@ -656,7 +656,7 @@ class NgRun:
         self.ready = threading.Event()
         self.head: tuple[str, int] | None = None
         cmd = [
-            python, "-c", "from nemo_gym.cli import run_main; run_main()",
+            python, "-c", "from nemo_gym.run.cli import run_main; run_main()",
             f"+config_paths=[{','.join(configs)}]", "+head_server.port=0", *extra,
         ]  # fmt: skip
         self.proc = subprocess.Popen(
