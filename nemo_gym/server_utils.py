@@ -17,9 +17,8 @@ Contract
 * ``run_webserver()`` is what each ``app.py`` calls under ``if __name__ == "__main__"``. It validates
   the instance's config block (unknown keys are errors, with "did you mean"); under ``ng_run`` it
   reports the verdict to the launcher and waits for its go before building and serving, so a typo
-  in any server's block stops the run before any server starts (both sides of that verdict protocol
-  live in :mod:`nemo_gym.run.supervision.verdicts`; ``config_problems`` and ``InstanceConfigError`` are
-  re-exported here).
+  in any server's block stops the run before any server starts (the server's side of that verdict
+  protocol is :mod:`nemo_gym.server.startup`, the launcher's :mod:`nemo_gym.run.supervision.verdicts`).
 """
 
 from __future__ import annotations
@@ -81,13 +80,6 @@ from nemo_gym.redaction import (
 )
 from nemo_gym.rollout_correlation import apply_rollout_prefix as apply_rollout_prefix
 from nemo_gym.rollout_correlation import rollout_path_prefix as rollout_path_prefix
-from nemo_gym.run.supervision.children import die_with_parent as die_with_parent
-from nemo_gym.run.supervision.verdicts import InstanceConfigError as InstanceConfigError
-from nemo_gym.run.supervision.verdicts import config_problems as config_problems
-from nemo_gym.run.supervision.verdicts import field_names_at as field_names_at
-from nemo_gym.run.supervision.verdicts import loc_text as loc_text
-from nemo_gym.run.supervision.verdicts import model_in as model_in
-from nemo_gym.run.supervision.verdicts import report_config_verdict as report_config_verdict
 from nemo_gym.server.accept_limit import (
     ConnectionLimits,
 )
@@ -97,6 +89,13 @@ from nemo_gym.server.asgi import SessionMiddleware as SessionMiddleware
 from nemo_gym.server.asgi.sessions import SESSION_ID_KEY as SESSION_ID_KEY
 from nemo_gym.server.asgi.sessions import cookie_name_for as cookie_name_for
 from nemo_gym.server.asgi.sessions import session_secret as session_secret
+from nemo_gym.server.startup import InstanceConfigError as InstanceConfigError
+from nemo_gym.server.startup import config_problems as config_problems
+from nemo_gym.server.startup import die_with_parent as die_with_parent
+from nemo_gym.server.startup import field_names_at as field_names_at
+from nemo_gym.server.startup import loc_text as loc_text
+from nemo_gym.server.startup import model_in as model_in
+from nemo_gym.server.startup import report_config_verdict as report_config_verdict
 
 logger = logging.getLogger("nemo_gym")
 

@@ -7,8 +7,8 @@ Contract
   :class:`DeadRayInstance` is an instance placed on Ray whose every replica is dead.
 * :class:`SpawnerThread` runs every ``Popen`` of a supervisor (and of a Ray replica's actor) on one
   long-lived thread: Linux delivers the parent-death signal when the forking *thread* exits.
-* :func:`die_with_parent` is the child's side: under a launcher (``NEMO_GYM_PARENT_PID``) the server
-  process exits when the launcher dies, however it dies (parent-death signal plus a watch thread).
+* The child's side, that a server process exits when the launcher dies, is
+  :func:`nemo_gym.server.startup.die_with_parent`.
 * :func:`signal_group` signals a child's process group, ignoring one that is already gone.
 * :class:`StartupError`: a server failed to come up; the message names it with its last log lines.
 """
@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import os
 import queue
-import signal
 import socket
 import subprocess
-import sys
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -29,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_gym.global_config import NEMO_GYM_PARENT_PID_ENV_VAR_NAME, ServerInstance
+from nemo_gym.global_config import ServerInstance
 
 LOG_TAIL_LINES = 30
 
@@ -138,33 +136,3 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def die_with_parent() -> None:
-    """Make this process exit when the launcher dies, however it dies (even SIGKILL)."""
-    parent = os.environ.get(NEMO_GYM_PARENT_PID_ENV_VAR_NAME)
-    if not parent:
-        return
-    parent_pid = int(parent)
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-    if os.getppid() != parent_pid:
-        os._exit(1)
-
-    def watch() -> None:
-        import time
-
-        while True:
-            time.sleep(0.5)
-            if os.getppid() != parent_pid:
-                os.kill(os.getpid(), signal.SIGTERM)
-                time.sleep(5)
-                os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()

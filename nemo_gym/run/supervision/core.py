@@ -24,7 +24,7 @@ Contract
 * ``shutdown()`` sends SIGTERM to every child's process group, then SIGKILL after
   ``shutdown_timeout_s``; it is idempotent and also runs at interpreter exit.
 * Children also die on their own when this process dies, even by SIGKILL (parent-death signal
-  plus a parent watch in :func:`nemo_gym.run.supervision.children.die_with_parent`). Linux delivers the
+  plus a parent watch in :func:`nemo_gym.server.startup.die_with_parent`). Linux delivers the
   parent-death signal when the *thread* that forked the child exits, so every child is spawned
   from one long-lived thread owned by the supervisor: ``RunHelper().start()`` may be called from
   a short-lived thread (a trainer's worker, ``asyncio.to_thread``) without its servers dying.

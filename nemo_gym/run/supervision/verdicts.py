@@ -1,14 +1,12 @@
 """The config-verdict protocol: every server checks its config block, then all go on together.
 
-One place for both sides of the pipe pair named by ``NEMO_GYM_VALIDATION_FDS``.
+The launcher's side of the pipe pair named by ``NEMO_GYM_VALIDATION_FDS``.
 
 Contract
 --------
-* The server's side (run in each server process by ``BaseServer.run_webserver``):
-  :func:`config_problems` turns a validation error of a config block into problems (``loc``, ``msg``,
-  ``type``; an unknown key also ``suggest`` and ``known``); :class:`InstanceConfigError` carries them;
-  :func:`report_config_verdict` writes one JSON line ``{"ok", "problems"}`` and, if the config is
-  valid, blocks until the launcher writes ``b"g"`` (any other end of the pipe: the process exits).
+* The server's side (run in each server process by ``BaseServer.run_webserver``) is
+  :mod:`nemo_gym.server.startup`: ``config_problems``, ``InstanceConfigError`` and
+  ``report_config_verdict`` (one JSON line ``{"ok", "problems"}``, then wait for ``b"g"``).
 * The launcher's side (:class:`VerdictsMixin`, part of the supervisor): collect every local child's
   and Ray replica's verdict within the start-up bound; if any config is invalid, raise one
   ``ConfigError`` listing every problem with the file:line of its key and "did you mean", and let
@@ -18,125 +16,14 @@ Contract
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import selectors
 import time
-import typing
 from typing import Any
 
-import orjson
-from pydantic import BaseModel, ValidationError
-
-from nemo_gym.global_config import NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME, ConfigError, ServerInstance
+from nemo_gym.global_config import ConfigError, ServerInstance
 from nemo_gym.run.supervision.children import ChildServer, StartupError
-
-
-# -- the server's side ------------------------------------------------------------------------------
-class InstanceConfigError(SystemExit):
-    """A server instance's config block is invalid; ``problems`` says where and why (for ``ng_run``)."""
-
-    def __init__(self, message: str, problems: list[dict[str, Any]]) -> None:
-        super().__init__(message)
-        self.problems = problems
-
-
-def loc_text(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def model_in(annotation: Any) -> type[BaseModel] | None:
-    """The pydantic model inside an annotation (``Model``, ``Model | None``, ``list[Model]``...)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = model_in(arg)
-        if found is not None:
-            return found
-    return None
-
-
-def field_names_at(model: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
-    """The field names of the (nested) model that ``path`` leads to; [] when it cannot be told."""
-    current: type[BaseModel] | None = model
-    for part in path:
-        if isinstance(part, int):
-            continue
-        fields = current.model_fields if current is not None else {}
-        if part not in fields:
-            return []
-        current = model_in(fields[part].annotation)
-    if current is None:
-        return []
-    return [f.alias or n for n, f in current.model_fields.items() if n != "name" or current is not model]
-
-
-def config_problems(model: type[BaseModel], error: ValidationError) -> list[dict[str, Any]]:
-    """The errors of validating a config block, each with ``loc`` (dotted), ``msg`` and ``type``;
-    an unknown key also with ``suggest`` (close field names), ``typo_of`` (those it reads as a typo of:
-    :func:`is_typo_of`) and ``known`` (all field names there)."""
-    out = []
-    for err in error.errors(include_url=False):
-        loc = tuple(err["loc"])
-        item: dict[str, Any] = {"loc": loc_text(loc), "msg": err["msg"], "type": err["type"]}
-        if err["type"] == "extra_forbidden" and loc:
-            known = sorted(field_names_at(model, loc[:-1]))
-            item["known"] = known
-            item["suggest"] = difflib.get_close_matches(str(loc[-1]), known, n=3, cutoff=0.6)
-            item["typo_of"] = [k for k in item["suggest"] if is_typo_of(str(loc[-1]), k)]
-        out.append(item)
-    return out
-
-
-def is_typo_of(key: str, setting: str) -> bool:
-    """Whether ``key`` reads as a mistyped ``setting``: a few letters changed, dropped, added or swapped
-    (edit distance with transpositions at most 1 for names up to 4 letters, 2 up to 10, else 3).
-    ``verified_url`` is not a typo of ``verified``; ``judge_modle_server`` is one of ``judge_model_server``."""
-    limit = 1 if len(setting) <= 4 else 2 if len(setting) <= 10 else 3
-    if abs(len(key) - len(setting)) > limit:
-        return False
-    prev2: list[int] = []
-    prev = list(range(len(setting) + 1))
-    for i, a in enumerate(key, 1):
-        row = [i] + [0] * len(setting)
-        for j, b in enumerate(setting, 1):
-            row[j] = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (a != b))
-            if i > 1 and j > 1 and a == setting[j - 2] and key[i - 2] == b:
-                row[j] = min(row[j], prev2[j - 2] + 1)
-        prev2, prev = prev, row
-    return prev[-1] <= limit
-
-
-def report_config_verdict(problems: list[dict[str, Any]]) -> bool:
-    """Under ng_run: tell the launcher whether this server's config is valid; if it is, wait for its go.
-
-    Returns whether a launcher was told. Without one this returns at once. The wait ends when the
-    launcher says go, or this process exits: the launcher closed the pipe (it stopped the run) or
-    died (the parent-death signal).
-    """
-    fds = os.environ.pop(NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME, None)
-    if not fds:
-        return False
-    write_fd, go_fd = (int(x) for x in fds.split(","))
-    try:
-        payload = orjson.dumps({"ok": not problems, "problems": problems}) + b"\n"
-        view = memoryview(payload)
-        while view:
-            view = view[os.write(write_fd, view) :]
-    finally:
-        os.close(write_fd)
-    if problems:
-        os.close(go_fd)
-        return True
-    go = os.read(go_fd, 1)
-    os.close(go_fd)
-    if go != b"g":
-        os._exit(0)
-    return True
 
 
 # -- the launcher's side ----------------------------------------------------------------------------
