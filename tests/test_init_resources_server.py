@@ -60,7 +60,7 @@ def test_scaffold_passes_its_tests_and_collects_five_rollouts_under_ng_run(tmp_p
     assert len((folder / "data/example.jsonl").read_text().splitlines()) == 5
 
     tested = run_cmd(
-        tmp_path, "import sys; from nemo_gym.run.cli import test_main; test_main(sys.argv[1:])",
+        tmp_path, "import sys; from nemo_gym.tools.server_tests import test_main; test_main(sys.argv[1:])",
         "+entrypoint=resources_servers/word_env", "--", "-q",
     )  # fmt: skip
     assert tested.returncode == 0, tested.stdout[-3000:] + tested.stderr[-3000:]

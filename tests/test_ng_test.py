@@ -74,7 +74,7 @@ def make_env(root: Path, failing: bool = False, requirements: str = "-e nemo-gym
 
 def ng_test(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    code = "import sys; from nemo_gym.run.cli import test_main; test_main(sys.argv[1:])"
+    code = "import sys; from nemo_gym.tools.server_tests import test_main; test_main(sys.argv[1:])"
     return subprocess.run(
         [sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
     )

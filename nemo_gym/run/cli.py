@@ -335,13 +335,6 @@ def dump_config_main(argv: list[str] | None = None) -> None:
     sys.stdout.write(redacted_config_yaml(loaded.config, env_yaml_secret_values(loaded.env_yaml_data)))
 
 
-@command("ng_test")
-def test_main(argv: list[str] | None = None) -> None:
-    from nemo_gym.tools.server_tests import main
-
-    main(sys.argv[1:] if argv is None else argv)
-
-
 @command("ng_version")
 def version_main(argv: list[str] | None = None) -> None:
     print(f"nemo-gym {__version__} (python {sys.version.split()[0]})")

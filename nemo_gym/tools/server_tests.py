@@ -36,6 +36,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from nemo_gym.config.command import command
 from nemo_gym.global_config import (
     PACKAGE_PARENT_DIR,
     SERVER_TYPES,
@@ -215,3 +216,9 @@ def main(argv: list[str]) -> None:
         if problems:
             _fail("ng_test: example data checks failed:\n" + "\n".join(f"  - {p}" for p in problems), 1)
         print(f"ng_test: example data of {entry} is complete ({EXAMPLE_ROWS} rows, metrics, rollouts).")
+
+
+@command("ng_test")
+def test_main(argv: list[str] | None = None) -> None:
+    """The ``ng_test`` entry point."""
+    main(sys.argv[1:] if argv is None else argv)
