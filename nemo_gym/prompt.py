@@ -27,7 +27,7 @@ import orjson
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from nemo_gym.global_config import PACKAGE_PARENT_DIR
+from nemo_gym.config.keys import PACKAGE_PARENT_DIR
 from nemo_gym.jsonl import iter_jsonl_objects
 
 PROMPT_CONFIG_USED_KEY_NAME = "prompt_config_used"

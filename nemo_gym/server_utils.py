@@ -56,22 +56,21 @@ from nemo_gym.client.server_client import close_shared_session as close_shared_s
 from nemo_gym.client.server_client import find_instance_block
 from nemo_gym.client.server_client import get_response_json as get_response_json
 from nemo_gym.client.server_client import response_cookies as response_cookies
-from nemo_gym.config_types import BaseRunServerInstanceConfig as BaseRunServerInstanceConfig
-from nemo_gym.config_types import BaseServerConfig as BaseServerConfig
-from nemo_gym.errors import UpstreamError as UpstreamError
-from nemo_gym.errors import error_envelope
-from nemo_gym.errors import raise_for_status as raise_for_status
-from nemo_gym.errors import response_body as response_body
-from nemo_gym.global_config import (
+from nemo_gym.config.keys import (
     DEFAULT_HEAD_SERVER_HOST,
     DEFAULT_HEAD_SERVER_PORT,
     HEAD_SERVER_KEY_NAME,
     NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME,
     NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME,
     NEMO_GYM_LISTEN_FD_ENV_VAR_NAME,
-    current_global_config_dict,
-    get_global_config_dict,
 )
+from nemo_gym.config_types import BaseRunServerInstanceConfig as BaseRunServerInstanceConfig
+from nemo_gym.config_types import BaseServerConfig as BaseServerConfig
+from nemo_gym.errors import UpstreamError as UpstreamError
+from nemo_gym.errors import error_envelope
+from nemo_gym.errors import raise_for_status as raise_for_status
+from nemo_gym.errors import response_body as response_body
+from nemo_gym.global_config import current_global_config_dict, get_global_config_dict
 from nemo_gym.kit.verify_pool import VerifyPoolError
 from nemo_gym.redaction import (
     add_secret_values,
@@ -444,7 +443,7 @@ class BaseServer(BaseModel):
         """
         from nemo_gym.client.fd_limits import raise_open_file_limit, split_server_budget
         from nemo_gym.config.ports import reserve_listening_socket
-        from nemo_gym.global_config import ConfigError
+        from nemo_gym.config.problems import ConfigError
 
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
         raise_open_file_limit()

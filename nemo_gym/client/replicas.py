@@ -208,7 +208,7 @@ class ReplicaSet:
 
 def replicated_instances(cfg: Any) -> set[str]:
     """Names of the server instances of a run's config that list more than one replica."""
-    from nemo_gym.global_config import SERVER_TYPES
+    from nemo_gym.config.keys import SERVER_TYPES
 
     out: set[str] = set()
     for name in cfg.keys() if hasattr(cfg, "keys") else ():

@@ -38,15 +38,17 @@ from nemo_gym.client.http_transport import (
     TransportError,
 )
 from nemo_gym.client.replicas import ReplicaSet, replica_set_from_block
+from nemo_gym.config.keys import (
+    DEFAULT_HEAD_SERVER_HOST,
+    DEFAULT_HEAD_SERVER_PORT,
+    HEAD_SERVER_KEY_NAME,
+    SERVER_TYPES,
+)
 from nemo_gym.config_types import BaseServerConfig
 from nemo_gym.errors import UpstreamError as UpstreamError
 from nemo_gym.errors import raise_for_status as raise_for_status
 from nemo_gym.errors import response_body as response_body
 from nemo_gym.global_config import (
-    DEFAULT_HEAD_SERVER_HOST,
-    DEFAULT_HEAD_SERVER_PORT,
-    HEAD_SERVER_KEY_NAME,
-    SERVER_TYPES,
     client_connection_limits,
     current_global_config_dict,
     get_global_config_dict,

@@ -31,7 +31,7 @@ from nemo_gym.collection.options import InputError, RolloutCollectionConfig
 from nemo_gym.collection.row_schema import check_input
 from nemo_gym.collection.summary import CollectionSummary
 from nemo_gym.config.command import command
-from nemo_gym.global_config import ConfigError
+from nemo_gym.config.problems import ConfigError
 from nemo_gym.redaction import add_secret_values, config_secret_values
 
 # Exit status when dispatch stopped because a server is down (restart it, then resume).
@@ -45,13 +45,10 @@ def collect_main(argv: list[str] | None = None) -> None:
     (for 1, 3 and 130: rerun with ``+resume_from_cache=true``)."""
     from omegaconf import OmegaConf
 
-    from nemo_gym.global_config import (
-        COMMAND_OPTIONS,
-        HEAD_SERVER_KEY_NAME,
-        load_global_config,
-        option_problems,
-        parse_cli_overrides,
-    )
+    from nemo_gym.config.keys import HEAD_SERVER_KEY_NAME
+    from nemo_gym.config.loading import load_global_config
+    from nemo_gym.config.options import COMMAND_OPTIONS, option_problems
+    from nemo_gym.config.overrides import parse_cli_overrides
 
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):

@@ -17,7 +17,7 @@ import errno
 import socket
 from collections.abc import Callable
 
-from nemo_gym.global_config import ConfigError
+from nemo_gym.config.problems import ConfigError
 
 LISTEN_BACKLOG = 4096
 

@@ -16,20 +16,13 @@ from nemo_gym import __version__
 from nemo_gym.auth import AUTH_TOKEN_ENV_VAR_NAME, auth_headers, client_token
 from nemo_gym.client.fd_limits import raise_open_file_limit
 from nemo_gym.config.command import command
-from nemo_gym.config.loading import file_override_notes
+from nemo_gym.config.keys import DEFAULT_HEAD_SERVER_HOST, DEFAULT_HEAD_SERVER_PORT, HEAD_SERVER_KEY_NAME
+from nemo_gym.config.loading import LoadedConfig, file_override_notes, load_global_config
+from nemo_gym.config.options import check_options, no_effect_upstream_keys
+from nemo_gym.config.parser import GlobalConfigDictParserConfig
+from nemo_gym.config.problems import ConfigError
+from nemo_gym.config.validation import validate_global_config
 from nemo_gym.config_types import BaseServerConfig
-from nemo_gym.global_config import (
-    DEFAULT_HEAD_SERVER_HOST,
-    DEFAULT_HEAD_SERVER_PORT,
-    HEAD_SERVER_KEY_NAME,
-    ConfigError,
-    GlobalConfigDictParserConfig,
-    LoadedConfig,
-    check_options,
-    load_global_config,
-    no_effect_upstream_keys,
-    validate_global_config,
-)
 from nemo_gym.redaction import add_secret_values, config_secret_values, env_yaml_secret_values, scrub
 from nemo_gym.run.supervision.children import StartupError
 from nemo_gym.run.supervision.core import ServerSupervisor

@@ -41,7 +41,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 
-from nemo_gym.global_config import ConfigError
+from nemo_gym.config.problems import ConfigError
 
 READY_MARKER = ".nemo_gym_ready"
 DEFAULT_VENV_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "nemo_gym" / "venvs"

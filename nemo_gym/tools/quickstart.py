@@ -33,7 +33,9 @@ from nemo_gym.collection.collector import collect_rollouts, format_summary
 from nemo_gym.collection.options import InputError, RolloutCollectionConfig
 from nemo_gym.collection.summary import CollectionSummary
 from nemo_gym.config.command import command
-from nemo_gym.global_config import PACKAGE_PARENT_DIR, ConfigError, GlobalConfigDictParserConfig
+from nemo_gym.config.keys import PACKAGE_PARENT_DIR
+from nemo_gym.config.parser import GlobalConfigDictParserConfig
+from nemo_gym.config.problems import ConfigError
 from nemo_gym.run.supervision.children import StartupError
 
 QUICKSTART_CONFIG = "configs/quickstart.yaml"

@@ -59,15 +59,11 @@ from nemo_gym.client.server_client import (
     find_instance_block,
 )
 from nemo_gym.config.command import command
+from nemo_gym.config.keys import HEAD_SERVER_KEY_NAME, ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
+from nemo_gym.config.loading import load_global_config
+from nemo_gym.config.overrides import parse_cli_overrides
+from nemo_gym.config.problems import ConfigError
 from nemo_gym.errors import UpstreamError, response_body
-from nemo_gym.global_config import (
-    HEAD_SERVER_KEY_NAME,
-    ROLLOUT_INDEX_KEY_NAME,
-    TASK_INDEX_KEY_NAME,
-    ConfigError,
-    load_global_config,
-    parse_cli_overrides,
-)
 
 OPTIONS = (
     "input_jsonl_fpath",

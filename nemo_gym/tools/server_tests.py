@@ -37,13 +37,10 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from nemo_gym.config.command import command
-from nemo_gym.global_config import (
-    PACKAGE_PARENT_DIR,
-    SERVER_TYPES,
-    ConfigError,
-    check_options,
-    load_global_config,
-)
+from nemo_gym.config.keys import PACKAGE_PARENT_DIR, SERVER_TYPES
+from nemo_gym.config.loading import load_global_config
+from nemo_gym.config.options import check_options
+from nemo_gym.config.problems import ConfigError
 from nemo_gym.redaction import child_environ, scrub
 
 DEFAULT_TEST_TIMEOUT_S = 3600.0

@@ -73,7 +73,9 @@ import yaml
 from nemo_gym.auth import auth_headers, read_token_file, token_file_for
 from nemo_gym.config.command import command
 from nemo_gym.config.keys import PACKAGE_PARENT_DIR, SERVER_TYPES
-from nemo_gym.global_config import ConfigError, check_options, load_global_config
+from nemo_gym.config.loading import load_global_config
+from nemo_gym.config.options import check_options
+from nemo_gym.config.problems import ConfigError
 from nemo_gym.run.server_venvs import (
     DEFAULT_VENV_CACHE_DIR,
     ensure_server_venv,

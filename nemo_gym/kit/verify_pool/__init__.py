@@ -75,7 +75,8 @@ def verify_ray_address() -> str | None:
     """The Ray cluster verification runs on, or None for the local pool."""
     if _ray_address_override is not None:
         return _ray_address_override or None
-    from nemo_gym.global_config import RAY_HEAD_NODE_ADDRESS_KEY_NAME, current_global_config_dict
+    from nemo_gym.config.keys import RAY_HEAD_NODE_ADDRESS_KEY_NAME
+    from nemo_gym.global_config import current_global_config_dict
 
     cfg = current_global_config_dict()
     address = cfg.get(RAY_HEAD_NODE_ADDRESS_KEY_NAME) if cfg is not None else None

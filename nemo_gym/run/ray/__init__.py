@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_gym.global_config import RAY_HEAD_NODE_ADDRESS_KEY_NAME, ConfigError
+from nemo_gym.config.keys import RAY_HEAD_NODE_ADDRESS_KEY_NAME
+from nemo_gym.config.problems import ConfigError
 
 RAY_START_LOCAL_KEY_NAME = "ray_start_local"
 RAY_LOCAL_NUM_CPUS_KEY_NAME = "ray_local_num_cpus"

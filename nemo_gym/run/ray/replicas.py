@@ -51,7 +51,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from nemo_gym.auth import AUTH_TOKEN_ENV_VAR_NAME
 from nemo_gym.client.replicas import REPLICA_ENV_VAR_NAME
-from nemo_gym.global_config import (
+from nemo_gym.config.keys import (
     NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME,
     NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME,
     NEMO_GYM_LISTEN_FD_ENV_VAR_NAME,

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_gym.global_config import ServerInstance
+from nemo_gym.config.instances import ServerInstance
 
 LOG_TAIL_LINES = 30
 

@@ -49,17 +49,17 @@ from omegaconf import OmegaConf
 
 from nemo_gym.auth import SERVER_AUTH_KEY_NAME, new_run_token
 from nemo_gym.client.replicas import REPLICAS_KEY_NAME, new_replica_identity
-from nemo_gym.config.keys import DEFAULT_SHUTDOWN_TIMEOUT_S, DEFAULT_STARTUP_TIMEOUT_S
-from nemo_gym.config.ports import reserve_listening_socket, reserve_listening_socket_in_range
-from nemo_gym.global_config import (
+from nemo_gym.config.instances import ServerInstance, find_server_dir
+from nemo_gym.config.keys import (
     DEFAULT_HEAD_SERVER_HOST,
     DEFAULT_HEAD_SERVER_PORT,
+    DEFAULT_SHUTDOWN_TIMEOUT_S,
+    DEFAULT_STARTUP_TIMEOUT_S,
     HEAD_SERVER_KEY_NAME,
-    LoadedConfig,
-    ServerInstance,
-    configured_port_range,
-    find_server_dir,
 )
+from nemo_gym.config.loading import LoadedConfig
+from nemo_gym.config.network import configured_port_range
+from nemo_gym.config.ports import reserve_listening_socket, reserve_listening_socket_in_range
 from nemo_gym.redaction import (
     Scrubber,
     add_secret_values,

@@ -18,7 +18,9 @@ import httpx
 from omegaconf import OmegaConf
 
 from nemo_gym.client.replicas import NUM_REPLICAS_KEY_NAME, REPLICAS_KEY_NAME
-from nemo_gym.global_config import HEAD_SERVER_KEY_NAME, ConfigError, ServerInstance
+from nemo_gym.config.instances import ServerInstance
+from nemo_gym.config.keys import HEAD_SERVER_KEY_NAME
+from nemo_gym.config.problems import ConfigError
 
 
 class PlacementMixin:

@@ -20,12 +20,9 @@ from omegaconf import OmegaConf
 
 from nemo_gym.auth import AUTH_DISABLED_ENV_VAR_NAME, AUTH_TOKEN_ENV_VAR_NAME
 from nemo_gym.client.replicas import REPLICAS_KEY_NAME, new_replica_identity
-from nemo_gym.global_config import (
-    NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME,
-    ConfigError,
-    ServerInstance,
-    find_server_dir,
-)
+from nemo_gym.config.instances import ServerInstance, find_server_dir
+from nemo_gym.config.keys import NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME
+from nemo_gym.config.problems import ConfigError
 from nemo_gym.redaction import NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME, Scrubber
 from nemo_gym.run.supervision.children import StartupError
 

@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 
 from nemo_gym.auth import AUTH_DISABLED_ENV_VAR_NAME, AUTH_TOKEN_ENV_VAR_NAME
 from nemo_gym.client.replicas import REPLICA_ENV_VAR_NAME, REPLICAS_KEY_NAME
-from nemo_gym.global_config import (
+from nemo_gym.config.keys import (
     ENV_YAML_FNAME,
     NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME,
     NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME,
@@ -35,13 +35,13 @@ from nemo_gym.global_config import (
     NEMO_GYM_PARENT_PID_ENV_VAR_NAME,
     NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME,
     NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME,
-    is_secret_key,
 )
 from nemo_gym.redaction import (
     NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME,
     PASS_ENV_KEY_NAME,
     Scrubber,
     child_environ,
+    is_secret_key,
     own_secret_values,
     process_scrubber,
     redact_config,

@@ -22,7 +22,8 @@ import selectors
 import time
 from typing import Any
 
-from nemo_gym.global_config import ConfigError, ServerInstance
+from nemo_gym.config.instances import ServerInstance
+from nemo_gym.config.problems import ConfigError
 from nemo_gym.run.supervision.children import ChildServer, StartupError
 
 

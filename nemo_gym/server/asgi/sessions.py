@@ -21,7 +21,7 @@ import re
 import uuid
 from typing import Any
 
-from nemo_gym.global_config import NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME
+from nemo_gym.config.keys import NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME
 
 SESSION_ID_KEY = "session_id"
 _COOKIE_ATTRIBUTES = b"; Path=/; HttpOnly; SameSite=Lax"

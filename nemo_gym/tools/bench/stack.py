@@ -38,9 +38,11 @@ from nemo_gym.client.fd_limits import raise_open_file_limit
 from nemo_gym.client.server_client import ServerClient, close_shared_session
 from nemo_gym.collection.dispatch import bounded_map
 from nemo_gym.config.command import command
+from nemo_gym.config.loading import load_global_config
+from nemo_gym.config.options import check_options
 from nemo_gym.config.ports import reserve_listening_socket
+from nemo_gym.config.problems import ConfigError
 from nemo_gym.errors import response_body
-from nemo_gym.global_config import ConfigError, check_options, load_global_config
 
 DEFAULT_ENV = "example_single_tool_call"
 DEFAULT_CONCURRENCIES = (64, 1024, 16384)

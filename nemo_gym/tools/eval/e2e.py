@@ -55,14 +55,11 @@ from nemo_gym.collection.options import CollectionOptions, InputError, RolloutCo
 from nemo_gym.collection.output_files import sidecar_paths
 from nemo_gym.collection.summary import CollectionSummary
 from nemo_gym.config.command import command
-from nemo_gym.global_config import (
-    PACKAGE_PARENT_DIR,
-    ConfigError,
-    LoadedConfig,
-    load_global_config,
-    option_problems,
-    validate_global_config,
-)
+from nemo_gym.config.keys import PACKAGE_PARENT_DIR
+from nemo_gym.config.loading import LoadedConfig, load_global_config
+from nemo_gym.config.options import option_problems
+from nemo_gym.config.problems import ConfigError
+from nemo_gym.config.validation import validate_global_config
 from nemo_gym.redaction import add_secret_values, config_secret_values, scrub
 from nemo_gym.run.supervision.stop import StopFlag
 from nemo_gym.tools.data.metrics import DatasetMetrics

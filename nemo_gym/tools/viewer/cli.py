@@ -31,7 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from nemo_gym.client.fd_limits import raise_open_file_limit
 from nemo_gym.config.command import command
-from nemo_gym.global_config import ConfigError, did_you_mean, load_global_config
+from nemo_gym.config.loading import load_global_config
+from nemo_gym.config.problems import ConfigError, did_you_mean
 from nemo_gym.tools.viewer.access import MIN_TOKEN_CHARS, TOKEN_ENV
 
 USAGE = (
