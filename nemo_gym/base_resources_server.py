@@ -42,12 +42,13 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from nemo_gym.config_types import AggregateMetrics as AggregateMetrics
 from nemo_gym.config_types import AggregateMetricsRequest as AggregateMetricsRequest
-from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.config_types import BaseRunServerInstanceConfig
+from nemo_gym.openai_utils.responses import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.reward_profile import AggregateMetricsMixin
 from nemo_gym.server.mcp import NEMO_GYM_MCP_METADATA_KEY as NEMO_GYM_MCP_METADATA_KEY
 from nemo_gym.server.mcp import NEMO_GYM_MCP_SESSION_TOKEN_HEADER as NEMO_GYM_MCP_SESSION_TOKEN_HEADER
 from nemo_gym.server.mcp import MCPServerMetadata as MCPServerMetadata
-from nemo_gym.server_utils import BaseRunServerInstanceConfig, SimpleServer
+from nemo_gym.server_utils import SimpleServer
 
 __all__ = [
     "AggregateMetrics",

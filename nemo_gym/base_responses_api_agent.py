@@ -24,7 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import Field, PrivateAttr
 
-from nemo_gym.config_types import AnyDatasetConfig
+from nemo_gym.config_types import AnyDatasetConfig, BaseRunServerInstanceConfig
 from nemo_gym.reward_profile import AggregateMetricsMixin
 from nemo_gym.rollout_correlation import (
     InvalidRolloutId,
@@ -33,7 +33,7 @@ from nemo_gym.rollout_correlation import (
     maybe_rollout_id_from_run_body,
     rollout_path_prefix,
 )
-from nemo_gym.server_utils import BaseRunServerInstanceConfig, SimpleServer
+from nemo_gym.server_utils import SimpleServer
 
 USAGE_KEYS = ("input_tokens", "output_tokens", "total_tokens")
 USAGE_DETAIL_KEYS = {

@@ -20,8 +20,9 @@ from fastapi import Body, FastAPI, Request
 from pydantic import PrivateAttr
 from starlette.middleware import Middleware
 
+from nemo_gym.config_types import BaseRunServerInstanceConfig
 from nemo_gym.global_config import current_global_config_dict
-from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.openai_utils.responses import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.server.model_calls import (
     POP_PATH,
     ModelCallCaptureMiddleware,
@@ -30,7 +31,7 @@ from nemo_gym.server.model_calls import (
     pop_answer,
     store_from_config,
 )
-from nemo_gym.server_utils import BaseRunServerInstanceConfig, SimpleServer
+from nemo_gym.server_utils import SimpleServer
 
 
 class BaseResponsesAPIModelConfig(BaseRunServerInstanceConfig):

@@ -33,8 +33,8 @@ from nemo_gym.kit.chat_conversion import (
     chat_message_to_output_items,
     responses_params_to_chat_request,
 )
-from nemo_gym.openai_utils import (
-    NeMoGymChatCompletionCreateParamsNonStreaming,
+from nemo_gym.openai_utils import NeMoGymChatCompletionCreateParamsNonStreaming
+from nemo_gym.openai_utils.responses import (
     NeMoGymEasyInputMessage,
     NeMoGymFunctionCallOutput,
     NeMoGymResponse,

@@ -71,7 +71,7 @@ from nemo_gym.errors import error_envelope
 from nemo_gym.errors import raise_for_status as raise_for_status
 from nemo_gym.errors import response_body as response_body
 from nemo_gym.global_config import current_global_config_dict, get_global_config_dict
-from nemo_gym.kit.verify_pool import VerifyPoolError
+from nemo_gym.kit.verify_pool.errors import VerifyPoolError
 from nemo_gym.redaction import (
     add_secret_values,
     collect_secret_values,
@@ -82,10 +82,10 @@ from nemo_gym.rollout_correlation import rollout_path_prefix as rollout_path_pre
 from nemo_gym.server.accept_limit import (
     ConnectionLimits,
 )
-from nemo_gym.server.asgi import InternalErrorMiddleware as InternalErrorMiddleware
-from nemo_gym.server.asgi import ServerLayer
-from nemo_gym.server.asgi import SessionMiddleware as SessionMiddleware
+from nemo_gym.server.asgi.errors import InternalErrorMiddleware as InternalErrorMiddleware
+from nemo_gym.server.asgi.layer import ServerLayer
 from nemo_gym.server.asgi.sessions import SESSION_ID_KEY as SESSION_ID_KEY
+from nemo_gym.server.asgi.sessions import SessionMiddleware as SessionMiddleware
 from nemo_gym.server.asgi.sessions import cookie_name_for as cookie_name_for
 from nemo_gym.server.asgi.sessions import session_secret as session_secret
 from nemo_gym.server.startup import InstanceConfigError as InstanceConfigError

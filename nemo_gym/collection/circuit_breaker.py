@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from nemo_gym.errors import UpstreamError
-from nemo_gym.kit.verify_pool import VERIFY_ERROR_KINDS
+from nemo_gym.kit.verify_pool.errors import VERIFY_ERROR_KINDS
 from nemo_gym.redaction import process_scrubber
 
 

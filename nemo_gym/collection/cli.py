@@ -24,7 +24,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from nemo_gym.client.fd_limits import raise_open_file_limit
-from nemo_gym.client.server_client import BaseServerConfig, ServerClient, close_shared_session
+from nemo_gym.client.server_client import ServerClient, close_shared_session
 from nemo_gym.collection.circuit_breaker import describe_down
 from nemo_gym.collection.collector import collect_rollouts, format_summary
 from nemo_gym.collection.options import InputError, RolloutCollectionConfig
@@ -32,6 +32,7 @@ from nemo_gym.collection.row_schema import check_input
 from nemo_gym.collection.summary import CollectionSummary
 from nemo_gym.config.command import command
 from nemo_gym.config.problems import ConfigError
+from nemo_gym.config_types import BaseServerConfig
 from nemo_gym.redaction import add_secret_values, config_secret_values
 
 # Exit status when dispatch stopped because a server is down (restart it, then resume).

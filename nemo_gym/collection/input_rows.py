@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from nemo_gym.client.server_client import ServerClient
 from nemo_gym.collection.options import InputError, RolloutCollectionConfig
-from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.openai_utils.responses import NeMoGymResponseCreateParamsNonStreaming
 
 MAX_ERRORS_SHOWN = 50
 

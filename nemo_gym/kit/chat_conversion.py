@@ -46,7 +46,7 @@ from typing import Any
 
 import orjson
 
-from nemo_gym.openai_utils import new_id
+from nemo_gym.openai_utils.responses import new_id
 
 __all__ = [
     "ChatConversionError",

@@ -7,33 +7,30 @@ and the outside-provider names (``register_provider``, ``list_providers``, ``San
 :mod:`nemo_gym.sandbox.bwrap` for what the isolation consists of.
 """
 
-from nemo_gym.sandbox.api import (
-    UNSAFE_BACKEND,
-    AsyncSandbox,
-    ExecResult,
-    SandboxBusyError,
-    SandboxError,
-    SandboxExecResult,
-    SandboxProviderConfig,
-    SandboxResources,
-    SandboxSpec,
-    SandboxUnavailableError,
-    check_sandbox_available,
-    python_argv,
-    run_in_sandbox,
-    sandbox_pool_size,
-)
+from nemo_gym.sandbox.api import AsyncSandbox, check_sandbox_available, python_argv, run_in_sandbox
 from nemo_gym.sandbox.config import resolve_provider_config, resolve_provider_metadata
-from nemo_gym.sandbox.providers import (
+from nemo_gym.sandbox.errors import (
+    SandboxBusyError,
     SandboxCreateError,
     SandboxCreateVerificationError,
-    SandboxHandle,
-    SandboxProvider,
-    SandboxStatus,
+    SandboxError,
+    SandboxUnavailableError,
+)
+from nemo_gym.sandbox.providers.base import SandboxHandle, SandboxProvider, SandboxStatus
+from nemo_gym.sandbox.providers.registry import (
     create_provider,
     get_provider_class,
     list_providers,
     register_provider,
+)
+from nemo_gym.sandbox.slots import sandbox_pool_size
+from nemo_gym.sandbox.spec import (
+    UNSAFE_BACKEND,
+    ExecResult,
+    SandboxExecResult,
+    SandboxProviderConfig,
+    SandboxResources,
+    SandboxSpec,
 )
 
 __all__ = [

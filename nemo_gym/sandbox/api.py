@@ -53,7 +53,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from nemo_gym.kit.verify_pool import machine_cpu_count as machine_cpu_count
+from nemo_gym.kit.verify_pool.local import machine_cpu_count as machine_cpu_count
 from nemo_gym.sandbox.errors import SandboxBusyError as SandboxBusyError
 from nemo_gym.sandbox.errors import SandboxCreateError as SandboxCreateError
 from nemo_gym.sandbox.errors import SandboxError as SandboxError

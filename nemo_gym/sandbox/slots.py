@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from nemo_gym.kit.verify_pool import machine_cpu_count
+from nemo_gym.kit.verify_pool.local import machine_cpu_count
 
 
 class _Slots:

@@ -27,7 +27,6 @@ from typing import Any
 
 import orjson
 
-from nemo_gym.cli import RunHelper
 from nemo_gym.client.server_client import ServerClient, close_shared_session
 from nemo_gym.collection.collector import collect_rollouts, format_summary
 from nemo_gym.collection.options import InputError, RolloutCollectionConfig
@@ -36,6 +35,7 @@ from nemo_gym.config.command import command
 from nemo_gym.config.keys import PACKAGE_PARENT_DIR
 from nemo_gym.config.parser import GlobalConfigDictParserConfig
 from nemo_gym.config.problems import ConfigError
+from nemo_gym.run.cli import RunHelper
 from nemo_gym.run.supervision.children import StartupError
 
 QUICKSTART_CONFIG = "configs/quickstart.yaml"

@@ -52,17 +52,13 @@ from typing import Any
 
 import orjson
 
-from nemo_gym.client.server_client import (
-    BaseServerConfig,
-    ServerClient,
-    close_shared_session,
-    find_instance_block,
-)
+from nemo_gym.client.server_client import ServerClient, close_shared_session, find_instance_block
 from nemo_gym.config.command import command
 from nemo_gym.config.keys import HEAD_SERVER_KEY_NAME, ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 from nemo_gym.config.loading import load_global_config
 from nemo_gym.config.overrides import parse_cli_overrides
 from nemo_gym.config.problems import ConfigError
+from nemo_gym.config_types import BaseServerConfig
 from nemo_gym.errors import UpstreamError, response_body
 
 OPTIONS = (

@@ -16,9 +16,9 @@ import httpx
 import orjson
 
 from nemo_gym.auth import auth_headers, client_token_for_url
-from nemo_gym.cli import RunHelper
 from nemo_gym.config.keys import PACKAGE_PARENT_DIR
 from nemo_gym.config.parser import GlobalConfigDictParserConfig
+from nemo_gym.run.cli import RunHelper
 
 SCRIPTED_MODEL_CONFIG = "responses_api_models/scripted_model/configs/scripted_model.yaml"
 

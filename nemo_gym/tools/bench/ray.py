@@ -46,7 +46,7 @@ async def _rate(calls: int, run_one: Any) -> float:
 
 
 async def _measure(address: str, calls: int, work_ms: float) -> dict[str, float]:
-    from nemo_gym.kit.verify_pool import VerifyPool
+    from nemo_gym.kit.verify_pool.local import VerifyPool
     from nemo_gym.kit.verify_pool.ray_tasks import run_as_ray_task
 
     out: dict[str, float] = {}

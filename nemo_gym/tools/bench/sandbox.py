@@ -39,7 +39,9 @@ import orjson
 import psutil
 
 from nemo_gym.config.command import command
-from nemo_gym.sandbox import SandboxProviderConfig, run_in_sandbox, sandbox_pool_size
+from nemo_gym.sandbox.api import run_in_sandbox
+from nemo_gym.sandbox.slots import sandbox_pool_size
+from nemo_gym.sandbox.spec import SandboxProviderConfig
 
 SORT_PROGRAM = "import sys\ndata = sys.stdin.buffer.read().split()\nnums = sorted(map(int, data[1:]))\nprint(sum(nums[::1000]))\n"
 SORT_STDIN = "200000\n" + " ".join(str((i * 7919) % 1000003) for i in range(200000)) + "\n"

@@ -48,7 +48,7 @@ from omegaconf import DictConfig, OmegaConf
 from pydantic import Field, ValidationError
 
 from nemo_gym.client.fd_limits import raise_open_file_limit
-from nemo_gym.client.server_client import BaseServerConfig, ServerClient, close_shared_session
+from nemo_gym.client.server_client import ServerClient, close_shared_session
 from nemo_gym.collection.cli import EXIT_SERVER_DOWN
 from nemo_gym.collection.collector import collect_rollouts, format_summary
 from nemo_gym.collection.options import CollectionOptions, InputError, RolloutCollectionConfig
@@ -60,6 +60,7 @@ from nemo_gym.config.loading import LoadedConfig, load_global_config
 from nemo_gym.config.options import option_problems
 from nemo_gym.config.problems import ConfigError
 from nemo_gym.config.validation import validate_global_config
+from nemo_gym.config_types import BaseServerConfig
 from nemo_gym.redaction import add_secret_values, config_secret_values, scrub
 from nemo_gym.run.supervision.stop import StopFlag
 from nemo_gym.tools.data.metrics import DatasetMetrics
