@@ -3,6 +3,26 @@
 The pieces (see docs/concepts.md): model servers, resources servers and agents, each a FastAPI
 process, started by ``ng_run`` and talking over HTTP with per-rollout session cookies.
 
+The package is in wings by role, each importing only the wings before it in this list (checked by
+tests/test_architecture.py; each wing's ``__init__`` says what it is for):
+
+* base modules: ``errors`` (error answers and upstream errors), ``redaction`` (secrets kept out of
+  output), ``jsonl``, ``auth`` (the run token);
+* ``config/`` (loading and validating a config; ``config_types`` and ``global_config`` on its layer);
+* ``openai_utils/`` (the OpenAI API types, upstream's path);
+* ``kit/`` (the environment author's helpers; ``judge``, ``prompt``, ``reward_profile``,
+  ``responses_converter`` and ``sandbox/`` on its layer);
+* ``client/`` (talking to the servers of a run);
+* ``server/`` (what runs inside every server; the base classes ``server_utils``,
+  ``base_resources_server``, ``base_responses_api_agent``, ``base_responses_api_model``,
+  ``mcp_auto_exposure``, ``rollout_correlation`` on its layer);
+* ``run/`` (``ng_run``: start and supervise the servers);
+* ``collection/`` (``ng_collect_rollouts``);
+* ``tools/`` (viewer, benchmarks, eval, scaffolding and the other commands around a run);
+* thin faces kept at upstream's paths (``cli``, ``rollout_collection``, ``path_utils``): upstream's
+  public names that we implement, re-exported for code written against upstream NeMo Gym. Code in
+  this package imports every name from the module that defines it, never through a face.
+
 Path constants upstream NeMo Gym code imports from the package root (importing them has no side
 effect): ``ROOT_DIR`` (this package's folder), ``PARENT_DIR`` (its parent: the repository root in a
 checkout), ``WORKING_DIR`` (``PARENT_DIR`` when it holds a ``pyproject.toml``, i.e. a checkout or an

@@ -9,6 +9,7 @@ its part, so another part importing it is reaching into code it should not depen
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
@@ -187,3 +188,102 @@ def test_error_answers_are_built_in_one_place(
     assert not hand_built, "error envelopes built by hand (use nemo_gym.errors.error_envelope): " + ", ".join(
         hand_built
     )
+
+
+# The wings of nemo_gym/, bottom first: a module may import only from its own wing and the wings before
+# it. Each wing's ``__init__`` docstring says the same in words; nemo_gym/__init__.py shows the tree.
+WINGS: list[tuple[str, set[str]]] = [
+    ("base", {"errors", "redaction", "jsonl", "auth"}),
+    ("config", {"config", "config_types", "global_config"}),
+    ("openai_utils", {"openai_utils"}),
+    ("kit", {"kit", "sandbox", "judge", "prompt", "reward_profile", "responses_converter"}),
+    ("client", {"client"}),
+    (
+        "server",
+        {
+            "server",
+            "server_utils",
+            "base_resources_server",
+            "base_responses_api_agent",
+            "base_responses_api_model",
+            "mcp_auto_exposure",
+            "rollout_correlation",
+        },
+    ),
+    ("run", {"run"}),
+    ("collection", {"collection"}),
+    ("tools", {"tools"}),
+    ("faces", {"cli", "rollout_collection", "path_utils"}),  # upstream's paths, importing what they face
+]
+THIN_FACES = ("nemo_gym.cli", "nemo_gym.rollout_collection")
+MAX_LOOSE_MODULES = 20
+
+
+def _wing_of(module: str) -> int | None:
+    top = module.split(".")[1] if "." in module else None
+    return next((i for i, (_, parts) in enumerate(WINGS) if top in parts), None)
+
+
+def test_every_part_of_the_package_is_in_a_wing(graph: tuple[dict[str, Path], list]) -> None:
+    modules, _edges = graph
+    unplaced = sorted({m.split(".")[1] for m in modules if "." in m and _wing_of(m) is None})
+    assert not unplaced, (
+        f"parts of nemo_gym in no wing (add them to WINGS and to nemo_gym/__init__.py): {unplaced}"
+    )
+
+
+def test_wings_import_only_the_wings_below(graph: tuple[dict[str, Path], list]) -> None:
+    _modules_, edges = graph
+    upward = sorted(
+        f"{a} ({WINGS[_wing_of(a)][0]}) imports {b} ({WINGS[_wing_of(b)][0]})"
+        for a, b, _name in edges
+        if "." in a and "." in b and _wing_of(a) < _wing_of(b)  # type: ignore[operator]
+    )
+    assert not upward, "imports running back up the wings (move the code down, or up):\n" + "\n".join(upward)
+
+
+def test_the_top_of_the_package_stays_small(graph: tuple[dict[str, Path], list]) -> None:
+    modules, _edges = graph
+    loose = sorted(m for m, path in modules.items() if m.count(".") == 1 and path.name != "__init__.py")
+    assert len(loose) <= MAX_LOOSE_MODULES, f"{len(loose)} loose modules at the top of nemo_gym/: {loose}"
+
+
+def _reexports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """Names a module binds by importing them from another module of the package."""
+    names = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
+            names |= {a.asname or a.name for a in node.names if f"{node.module}.{a.name}" not in modules}
+    return names
+
+
+def test_our_code_imports_each_name_from_where_it_is_defined(graph: tuple[dict[str, Path], list]) -> None:
+    """One address per name: inside nemo_gym/ nothing imports a name through a module that only
+    re-exports it (the faces at upstream's paths are for code written against upstream)."""
+    modules, edges = graph
+    reexported = {m: _reexports(p, modules) for m, p in modules.items()}
+    indirect = sorted(
+        f"{a} imports {name} from {b}" for a, b, name in edges if name and name in reexported[b]
+    )
+    assert not indirect, (
+        "names imported through a re-export (import from the defining module):\n" + "\n".join(indirect)
+    )
+
+
+@pytest.mark.parametrize("face", THIN_FACES)
+def test_upstream_faces_are_thin(face: str) -> None:
+    """A face at upstream's path holds a docstring, imports and ``__all__``: exactly the upstream public
+    names we implement, each defined elsewhere."""
+    path = _modules()[face]
+    tree = ast.parse(path.read_text(), str(path))
+    extra = [
+        ast.unparse(node)[:60]
+        for node in tree.body
+        if not isinstance(node, (ast.Import, ast.ImportFrom))
+        and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
+        and not (isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"])
+    ]
+    assert not extra, f"{face} defines code (move it to its wing): {extra}"
+    imported = {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    module = importlib.import_module(face)
+    assert set(module.__all__) == imported - {"annotations"}
