@@ -37,7 +37,8 @@ from typing import Any
 import orjson
 
 from nemo_gym.cli import RunHelper
-from nemo_gym.global_config import PACKAGE_PARENT_DIR, GlobalConfigDictParserConfig
+from nemo_gym.config.keys import PACKAGE_PARENT_DIR
+from nemo_gym.global_config import GlobalConfigDictParserConfig
 from nemo_gym.rollout_collection import RolloutCollectionHelper
 
 ENV = "example_single_tool_call"

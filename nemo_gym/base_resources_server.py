@@ -40,9 +40,9 @@ from typing import Any, ClassVar, Self
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from nemo_gym.config_types import AggregateMetrics as AggregateMetrics
-from nemo_gym.config_types import AggregateMetricsRequest as AggregateMetricsRequest
-from nemo_gym.config_types import BaseRunServerInstanceConfig
+from nemo_gym.config.types import AggregateMetrics as AggregateMetrics
+from nemo_gym.config.types import AggregateMetricsRequest as AggregateMetricsRequest
+from nemo_gym.config.types import BaseRunServerInstanceConfig
 from nemo_gym.openai_utils.responses import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.reward_profile import AggregateMetricsMixin
 from nemo_gym.server.mcp import NEMO_GYM_MCP_METADATA_KEY as NEMO_GYM_MCP_METADATA_KEY

@@ -24,7 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import Field, PrivateAttr
 
-from nemo_gym.config_types import AnyDatasetConfig, BaseRunServerInstanceConfig
+from nemo_gym.config.types import AnyDatasetConfig, BaseRunServerInstanceConfig
 from nemo_gym.reward_profile import AggregateMetricsMixin
 from nemo_gym.rollout_correlation import (
     InvalidRolloutId,

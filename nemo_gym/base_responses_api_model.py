@@ -20,8 +20,8 @@ from fastapi import Body, FastAPI, Request
 from pydantic import PrivateAttr
 from starlette.middleware import Middleware
 
-from nemo_gym.config_types import BaseRunServerInstanceConfig
-from nemo_gym.global_config import current_global_config_dict
+from nemo_gym.config.process import current_global_config_dict
+from nemo_gym.config.types import BaseRunServerInstanceConfig
 from nemo_gym.openai_utils.responses import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.server.model_calls import (
     POP_PATH,

@@ -30,7 +30,7 @@ from nemo_gym.config.command import command
 from nemo_gym.config.loading import load_global_config
 from nemo_gym.config.options import check_options
 from nemo_gym.config.problems import ConfigError
-from nemo_gym.config_types import AggregateMetrics, AggregateMetricsRequest
+from nemo_gym.config.types import AggregateMetrics, AggregateMetricsRequest
 from nemo_gym.kit.rollout_stats import reward_profile
 
 TASK_INDEX_KEY_NAME = "_ng_task_index"

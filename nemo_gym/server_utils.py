@@ -64,13 +64,13 @@ from nemo_gym.config.keys import (
     NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME,
     NEMO_GYM_LISTEN_FD_ENV_VAR_NAME,
 )
-from nemo_gym.config_types import BaseRunServerInstanceConfig as BaseRunServerInstanceConfig
-from nemo_gym.config_types import BaseServerConfig as BaseServerConfig
+from nemo_gym.config.process import current_global_config_dict, get_global_config_dict
+from nemo_gym.config.types import BaseRunServerInstanceConfig as BaseRunServerInstanceConfig
+from nemo_gym.config.types import BaseServerConfig as BaseServerConfig
 from nemo_gym.errors import UpstreamError as UpstreamError
 from nemo_gym.errors import error_envelope
 from nemo_gym.errors import raise_for_status as raise_for_status
 from nemo_gym.errors import response_body as response_body
-from nemo_gym.global_config import current_global_config_dict, get_global_config_dict
 from nemo_gym.kit.verify_pool.errors import VerifyPoolError
 from nemo_gym.redaction import (
     add_secret_values,

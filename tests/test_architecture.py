@@ -215,7 +215,12 @@ WINGS: list[tuple[str, set[str]]] = [
     ("tools", {"tools"}),
     ("faces", {"cli", "rollout_collection", "path_utils"}),  # upstream's paths, importing what they face
 ]
-THIN_FACES = ("nemo_gym.cli", "nemo_gym.rollout_collection")
+THIN_FACES = (
+    "nemo_gym.cli",
+    "nemo_gym.rollout_collection",
+    "nemo_gym.global_config",
+    "nemo_gym.config_types",
+)
 MAX_LOOSE_MODULES = 20
 
 

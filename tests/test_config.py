@@ -13,20 +13,14 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from nemo_gym.global_config import (
-    PACKAGE_PARENT_DIR,
-    REDACTED,
-    ConfigError,
-    LoadedConfig,
-    Provenance,
-    ServerInstance,
-    find_server_dir,
-    is_secret_key,
-    load_global_config,
-    redact,
-    server_instances,
-    validate_global_config,
-)
+from nemo_gym.config.instances import ServerInstance, find_server_dir, server_instances
+from nemo_gym.config.keys import PACKAGE_PARENT_DIR
+from nemo_gym.config.loading import LoadedConfig, load_global_config
+from nemo_gym.config.problems import Provenance
+from nemo_gym.config.process import redact
+from nemo_gym.config.validation import validate_global_config
+from nemo_gym.global_config import ConfigError
+from nemo_gym.redaction import REDACTED, is_secret_key
 
 # Every error message must fit on one screen: at most MAX_ERROR_LINES rows at SCREEN_WIDTH columns.
 MAX_ERROR_LINES = 40
@@ -771,7 +765,7 @@ def test_top_level_values_that_are_not_mistyped_options_are_accepted(cfg_dir: Pa
 
 def test_every_command_option_registry_matches_the_command(cfg_dir: Path) -> None:
     from nemo_gym.collection.tracking import OPTION_KEYS
-    from nemo_gym.global_config import COMMAND_OPTIONS, LAUNCHER_KEYS, TRACKER_OPTIONS
+    from nemo_gym.config.options import COMMAND_OPTIONS, LAUNCHER_KEYS, TRACKER_OPTIONS
     from nemo_gym.rollout_collection import RolloutCollectionConfig
     from nemo_gym.tools.eval.e2e import E2ECollectionConfig
     from nemo_gym.tools.viewer.cli import ViewerConfig
@@ -902,7 +896,7 @@ def test_redact_replaces_secret_values_everywhere() -> None:
 def test_an_instance_whose_name_resembles_a_server_type_is_a_well_formed_instance(tmp_path: Path) -> None:
     # Upstream's arc_agi names its instance ``arc_agi_resources_server``: close to the type name, but
     # a proper instance block (it holds a server type), so it is not mistaken for a misplaced type.
-    from nemo_gym.global_config import scan_server_instances
+    from nemo_gym.config.instances import scan_server_instances
 
     cfg = OmegaConf.create(
         {
@@ -917,40 +911,6 @@ def test_an_instance_whose_name_resembles_a_server_type_is_a_well_formed_instanc
     misplaced = OmegaConf.create({"resources_server": {"example_single_tool_call": {"entrypoint": "app.py"}}})
     _, problems, _ = scan_server_instances(misplaced, Provenance())
     assert problems and "looks like the server type 'resources_servers'" in problems[0]
-
-
-def test_global_config_re_exports_every_public_name_of_the_config_package() -> None:
-    """``nemo_gym.global_config`` is the public face: each public name defined in ``nemo_gym.config.*``
-    is importable from it as the same object, and the repo root is still the package's parent."""
-    import ast
-    import importlib
-    import pkgutil
-
-    import nemo_gym
-    import nemo_gym.config
-    import nemo_gym.global_config as facade
-
-    assert PACKAGE_PARENT_DIR == nemo_gym.PARENT_DIR and (PACKAGE_PARENT_DIR / "resources_servers").is_dir()
-    checked = 0
-    for info in pkgutil.iter_modules(nemo_gym.config.__path__):
-        if info.name == "command":  # how a command ends, not config: imported from nemo_gym.config.command
-            continue
-        module = importlib.import_module(f"nemo_gym.config.{info.name}")
-        tree = ast.parse(Path(module.__file__).read_text())
-        for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-                names = [node.name]
-            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                names = [t.id for t in targets if isinstance(t, ast.Name)]
-            else:
-                continue
-            for name in names:
-                if name.startswith("_"):
-                    continue
-                assert getattr(facade, name, None) is getattr(module, name), f"{info.name}.{name}"
-                checked += 1
-    assert checked > 60  # the key names alone are more than 40
 
 
 def test_a_config_file_replacing_another_files_value_is_said_loudly_for_routing_keys(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nemo_gym.global_config import REDACTED
+from nemo_gym.redaction import REDACTED
 from tests.conftest import BIN_DIR, READY_RE, Launcher
 
 SUBPROCESS_TIMEOUT_S = 120  # a bound on each wait on a busy machine, not a speed check

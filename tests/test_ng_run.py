@@ -26,7 +26,8 @@ import yaml
 
 from nemo_gym.auth import auth_headers
 from nemo_gym.cli import RunHelper
-from nemo_gym.global_config import REDACTED, GlobalConfigDictParserConfig
+from nemo_gym.global_config import GlobalConfigDictParserConfig
+from nemo_gym.redaction import REDACTED
 from nemo_gym.tools.testing import example_rows, post_json
 from tests.conftest import (
     EXAMPLE_CONFIG,

@@ -40,8 +40,8 @@ from nemo_gym.cli import RunHelper
 from nemo_gym.collection.circuit_breaker import classify_failure
 from nemo_gym.collection.dispatch import run_one
 from nemo_gym.collection.output_files import _scan_existing_output, sidecar_paths
+from nemo_gym.config.keys import PACKAGE_PARENT_DIR
 from nemo_gym.errors import UpstreamError
-from nemo_gym.global_config import PACKAGE_PARENT_DIR
 from nemo_gym.kit.rollout_stats import k_values
 from nemo_gym.rollout_collection import collect_main
 from nemo_gym.server_utils import ServerClient, close_shared_session

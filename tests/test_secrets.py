@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from nemo_gym.auth import auth_headers
-from nemo_gym.global_config import REDACTED
+from nemo_gym.redaction import REDACTED
 from nemo_gym.tools.testing import post_json, running_servers, server_url
 from tests.conftest import READY_WAIT_S, REPO, LaunchedProcess, Launcher, get_json, write_server_folder
 

@@ -21,7 +21,7 @@ from nemo_gym.base_resources_server import (
     BaseVerifyResponse,
     SimpleResourcesServer,
 )
-from nemo_gym.global_config import NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME
+from nemo_gym.config.keys import NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME
 from nemo_gym.server_utils import ServerClient, cookie_name_for, get_session_id
 
 START_BOUND_S = 15.0

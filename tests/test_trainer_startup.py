@@ -22,6 +22,9 @@ from omegaconf import DictConfig, OmegaConf
 from nemo_gym import global_config as gc
 from nemo_gym.cli import GlobalConfigDictParserConfig as CliParserConfig
 from nemo_gym.cli import RunHelper
+from nemo_gym.config import process as config_process
+from nemo_gym.config.keys import DEFAULT_CONNECTION_LIMIT
+from nemo_gym.config.validation import validate_global_config
 from nemo_gym.config_types import BaseServerConfig
 from nemo_gym.errors import UpstreamError
 from nemo_gym.global_config import (
@@ -173,7 +176,7 @@ def test_global_config_names_upstream_code_imports() -> None:
 
 def test_get_and_set_global_config_dict_take_a_parser_config(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(gc.NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME, raising=False)
-    monkeypatch.setattr(gc, "_GLOBAL_CONFIG", None)
+    monkeypatch.setattr(config_process, "_GLOBAL_CONFIG", None)
     parser_config = GlobalConfigDictParserConfig(
         initial_global_config_dict={"x": 5}, skip_load_from_cli=True, skip_load_from_dotenv=True
     )
@@ -196,7 +199,7 @@ def test_trainer_keys_pass_the_option_check_and_their_typos_do_not(tmp_path: Pat
             initial_global_config_dict=initial, skip_load_from_cli=True, skip_load_from_dotenv=True
         ).load(cwd=tmp_path)
         try:
-            gc.validate_global_config(loaded)
+            validate_global_config(loaded)
         except ConfigError as e:
             return str(e)
         return ""
@@ -231,10 +234,10 @@ def test_trainer_keys_pass_the_option_check_and_their_typos_do_not(tmp_path: Pat
 
 def test_pool_limits_come_from_the_trainer_keys() -> None:
     cfg = {"global_aiohttp_connector_limit": 64, "global_aiohttp_connector_limit_per_host": 8}
-    assert gc.client_connection_limits(cfg) == (64, 8)
-    assert gc.client_connection_limits({}) == (gc.DEFAULT_CONNECTION_LIMIT, None)
+    assert config_process.client_connection_limits(cfg) == (64, 8)
+    assert config_process.client_connection_limits({}) == (DEFAULT_CONNECTION_LIMIT, None)
     with pytest.raises(ValueError, match="global_aiohttp_connector_limit must be a positive integer"):
-        gc.client_connection_limits({"global_aiohttp_connector_limit": "many"})
+        config_process.client_connection_limits({"global_aiohttp_connector_limit": "many"})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -523,20 +526,20 @@ def test_model_servers_aiohttp_connectors_follow_the_trainer_keys(monkeypatch: p
     from responses_api_models.vllm_model.app import VLLMModelConfig
 
     monkeypatch.setattr(
-        gc,
+        config_process,
         "_GLOBAL_CONFIG",
         OmegaConf.create(
             {"global_aiohttp_connector_limit": 4096, "global_aiohttp_connector_limit_per_host": 512}
         ),
     )
     implicit = VLLMModelConfig(name="policy_model", base_url="http://127.0.0.1:1/v1", model="m")
-    assert gc.connector_limits(implicit) == (4096, 512)
+    assert config_process.connector_limits(implicit) == (4096, 512)
     explicit = VLLMModelConfig(
         name="policy_model", base_url="http://127.0.0.1:1/v1", model="m", max_connections=8
     )
-    assert gc.connector_limits(explicit) == (8, 512)  # the server's own setting wins
-    monkeypatch.setattr(gc, "_GLOBAL_CONFIG", OmegaConf.create({}))
-    assert gc.connector_limits(implicit) == (gc.DEFAULT_CONNECTION_LIMIT, 0)  # 0: no per-host cap
+    assert config_process.connector_limits(explicit) == (8, 512)  # the server's own setting wins
+    monkeypatch.setattr(config_process, "_GLOBAL_CONFIG", OmegaConf.create({}))
+    assert config_process.connector_limits(implicit) == (DEFAULT_CONNECTION_LIMIT, 0)  # 0: no per-host cap
 
 
 def test_the_training_vllm_config_nemo_rl_names_is_valid(tmp_path: Path) -> None:
@@ -549,7 +552,7 @@ def test_the_training_vllm_config_nemo_rl_names_is_valid(tmp_path: Path) -> None
     loaded = GlobalConfigDictParserConfig(
         initial_global_config_dict=initial, skip_load_from_cli=True, skip_load_from_dotenv=True
     ).load()
-    gc.validate_global_config(loaded)
+    validate_global_config(loaded)
     from responses_api_models.vllm_model.app import VLLMModelConfig
 
     block = OmegaConf.to_container(get_first_server_config_dict(loaded.config, "policy_model"), resolve=True)

@@ -44,15 +44,15 @@ from nemo_gym.config.keys import (
     HEAD_SERVER_KEY_NAME,
     SERVER_TYPES,
 )
-from nemo_gym.config_types import BaseServerConfig
-from nemo_gym.errors import UpstreamError as UpstreamError
-from nemo_gym.errors import raise_for_status as raise_for_status
-from nemo_gym.errors import response_body as response_body
-from nemo_gym.global_config import (
+from nemo_gym.config.process import (
     client_connection_limits,
     current_global_config_dict,
     get_global_config_dict,
 )
+from nemo_gym.config.types import BaseServerConfig
+from nemo_gym.errors import UpstreamError as UpstreamError
+from nemo_gym.errors import raise_for_status as raise_for_status
+from nemo_gym.errors import response_body as response_body
 
 logger = logging.getLogger("nemo_gym")
 
@@ -166,7 +166,7 @@ class ServerClient:
 
     The connection pool's limits are ``max_connections`` / ``max_connections_per_host`` when given,
     else the config's ``global_aiohttp_connector_limit`` / ``global_aiohttp_connector_limit_per_host``
-    (:func:`nemo_gym.global_config.client_connection_limits`; default 1024 in total, no per-host cap).
+    (:func:`nemo_gym.config.process.client_connection_limits`; default 1024 in total, no per-host cap).
     """
 
     def __init__(

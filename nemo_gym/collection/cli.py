@@ -2,7 +2,7 @@
 
 Contract
 --------
-* Options are ``+key=value`` overrides (and config files) loaded by :mod:`nemo_gym.global_config`;
+* Options are ``+key=value`` overrides (and config files) loaded by :mod:`nemo_gym.config.process`;
   an unknown command-line key, an invalid option or a bad input file exits 2 with a message and
   nothing sent or written. Known secret values are registered for scrubbing before anything runs.
 * The input is validated before any server is contacted; SIGINT/SIGTERM stop cleanly (nothing new
@@ -32,7 +32,7 @@ from nemo_gym.collection.row_schema import check_input
 from nemo_gym.collection.summary import CollectionSummary
 from nemo_gym.config.command import command
 from nemo_gym.config.problems import ConfigError
-from nemo_gym.config_types import BaseServerConfig
+from nemo_gym.config.types import BaseServerConfig
 from nemo_gym.redaction import add_secret_values, config_secret_values
 
 # Exit status when dispatch stopped because a server is down (restart it, then resume).

@@ -25,7 +25,7 @@ from nemo_gym.client.replicas import replicated_instances
 from nemo_gym.client.server_client import ServerClient, close_shared_session, live_replicas
 from nemo_gym.collection.circuit_breaker import CircuitBreaker, ServerDownError, classify_failure
 from nemo_gym.collection.dispatch import post_run
-from nemo_gym.config_types import BaseServerConfig
+from nemo_gym.config.types import BaseServerConfig
 from nemo_gym.errors import UpstreamError
 
 

@@ -42,7 +42,7 @@ from typing import Any
 import orjson
 
 TRACKERS = ("mlflow", "wandb")
-# Top-level option keys read here (registered in nemo_gym.global_config as TRACKER_OPTIONS).
+# Top-level option keys read here (registered in nemo_gym.config.process as TRACKER_OPTIONS).
 OPTION_KEYS = (
     "tracker",
     "tracker_num_trajectories",

@@ -1,6 +1,6 @@
 """The global configuration's machinery, one module per concept.
 
-``nemo_gym.global_config`` is the public face (upstream NeMo Gym's module path): it re-exports every
+``nemo_gym.config.process`` is the public face (upstream NeMo Gym's module path): it re-exports every
 name below and holds this process's config. Import from there; the modules here are where the code
 lives:
 

@@ -7,7 +7,7 @@ Contract
 * :func:`connection_limits_from` reads ``global_aiohttp_connector_limit`` (default 1024) and
   ``..._per_host`` (default: no cap beyond the total) from a given config, raising ``ValueError``
   naming the key on a value that is not a positive integer. The process's own limits (its held
-  config) are ``nemo_gym.global_config.client_connection_limits``.
+  config) are ``nemo_gym.config.process.client_connection_limits``.
 * :func:`find_open_port` is upstream's helper; our launcher binds its sockets itself
   (:mod:`nemo_gym.config.ports`) and never relies on it.
 """

@@ -6,7 +6,7 @@ Contract
   an unknown field is an error naming it, never silently dropped.
 * :meth:`GlobalConfigDictParser.parse` loads (:func:`~nemo_gym.config.loading.load_global_config`) and
   validates (:func:`~nemo_gym.config.validation.validate_global_config`) the config; it binds no
-  ports and touches no network. Holding the result for the process is ``nemo_gym.global_config``'s.
+  ports and touches no network. Holding the result for the process is ``nemo_gym.config.process``'s.
 """
 
 from __future__ import annotations

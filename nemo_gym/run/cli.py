@@ -21,8 +21,8 @@ from nemo_gym.config.loading import LoadedConfig, file_override_notes, load_glob
 from nemo_gym.config.options import check_options, no_effect_upstream_keys
 from nemo_gym.config.parser import GlobalConfigDictParserConfig
 from nemo_gym.config.problems import ConfigError
+from nemo_gym.config.types import BaseServerConfig
 from nemo_gym.config.validation import validate_global_config
-from nemo_gym.config_types import BaseServerConfig
 from nemo_gym.redaction import add_secret_values, config_secret_values, env_yaml_secret_values, scrub
 from nemo_gym.run.supervision.children import StartupError
 from nemo_gym.run.supervision.core import ServerSupervisor

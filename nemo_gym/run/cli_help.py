@@ -8,7 +8,7 @@ Contract
   the option is still listed, marked undescribed). ``head_server`` is listed as its settings
   (``head_server.host``, ``head_server.port``).
 * The per-instance keys listed for ``ng_run`` are the fields of the server-instance config model
-  (:class:`nemo_gym.config_types.BaseRunServerInstanceConfig`) minus the ones the launcher fills in.
+  (:class:`nemo_gym.config.types.BaseRunServerInstanceConfig`) minus the ones the launcher fills in.
 * Defaults quoted are the constants the code applies, imported from where they are defined.
 """
 
@@ -161,7 +161,7 @@ def option_lines(command: str) -> list[tuple[str, str]]:
 
 def instance_keys() -> list[str]:
     """The keys a server instance's block may set (the instance config model's fields)."""
-    from nemo_gym.config_types import BaseRunServerInstanceConfig
+    from nemo_gym.config.types import BaseRunServerInstanceConfig
 
     return [k for k in BaseRunServerInstanceConfig.model_fields if k not in _FILLED_IN]
 

@@ -58,7 +58,7 @@ from nemo_gym.config.keys import HEAD_SERVER_KEY_NAME, ROLLOUT_INDEX_KEY_NAME, T
 from nemo_gym.config.loading import load_global_config
 from nemo_gym.config.overrides import parse_cli_overrides
 from nemo_gym.config.problems import ConfigError
-from nemo_gym.config_types import BaseServerConfig
+from nemo_gym.config.types import BaseServerConfig
 from nemo_gym.errors import UpstreamError, response_body
 
 OPTIONS = (

@@ -35,7 +35,7 @@ from pydantic import Field, PrivateAttr, SecretStr, field_validator
 
 from nemo_gym.base_responses_api_model import BaseResponsesAPIModelConfig, SimpleResponsesAPIModel
 from nemo_gym.client.fd_limits import client_socket_budget
-from nemo_gym.global_config import connector_limits
+from nemo_gym.config.process import connector_limits
 from nemo_gym.openai_utils import (
     TOKEN_ID_FIELDS,
     NeMoGymResponseCreateParamsNonStreaming,

@@ -76,7 +76,7 @@ def verify_ray_address() -> str | None:
     if _ray_address_override is not None:
         return _ray_address_override or None
     from nemo_gym.config.keys import RAY_HEAD_NODE_ADDRESS_KEY_NAME
-    from nemo_gym.global_config import current_global_config_dict
+    from nemo_gym.config.process import current_global_config_dict
 
     cfg = current_global_config_dict()
     address = cfg.get(RAY_HEAD_NODE_ADDRESS_KEY_NAME) if cfg is not None else None

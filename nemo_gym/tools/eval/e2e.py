@@ -59,8 +59,8 @@ from nemo_gym.config.keys import PACKAGE_PARENT_DIR
 from nemo_gym.config.loading import LoadedConfig, load_global_config
 from nemo_gym.config.options import option_problems
 from nemo_gym.config.problems import ConfigError
+from nemo_gym.config.types import BaseServerConfig
 from nemo_gym.config.validation import validate_global_config
-from nemo_gym.config_types import BaseServerConfig
 from nemo_gym.redaction import add_secret_values, config_secret_values, scrub
 from nemo_gym.run.supervision.stop import StopFlag
 from nemo_gym.tools.data.metrics import DatasetMetrics
@@ -97,7 +97,7 @@ class E2ECollectionConfig(CollectionOptions):
     agent_num_repeats: dict[str, int] = Field(default_factory=dict)
 
 
-# The top-level keys this command reads (registered in nemo_gym.global_config.COMMAND_OPTIONS).
+# The top-level keys this command reads (registered in nemo_gym.config.process.COMMAND_OPTIONS).
 E2E_OPTIONS = tuple(E2ECollectionConfig.model_fields)
 
 
