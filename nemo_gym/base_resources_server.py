@@ -15,7 +15,7 @@ Contract
   verify response over the row it was given, so every task field survives into the rollout output.
 * ``POST /aggregate_metrics`` (``AggregateMetricsRequest`` -> ``AggregateMetrics``) computes metrics over a
   run's verify responses through the overridable ``compute_metrics``/``get_key_metrics`` hooks
-  (:mod:`nemo_gym.reward_profile`). ``GET /reverify_mode`` answers the config class's
+  (:mod:`nemo_gym.kit.reward_profile`). ``GET /reverify_mode`` answers the config class's
   ``REVERIFY_MODE`` (whether ``/verify`` can be re-run later from a stored rollout alone).
 * ``BaseMultiRewardVerifyResponse`` adds ``reward_components``; ``reward`` must equal their sum.
 * Names follow NVIDIA NeMo Gym's ``nemo_gym.base_resources_server`` so its environments import them
@@ -43,8 +43,8 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from nemo_gym.config.types import AggregateMetrics as AggregateMetrics
 from nemo_gym.config.types import AggregateMetricsRequest as AggregateMetricsRequest
 from nemo_gym.config.types import BaseRunServerInstanceConfig
+from nemo_gym.kit.reward_profile import AggregateMetricsMixin
 from nemo_gym.openai_utils.responses import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
-from nemo_gym.reward_profile import AggregateMetricsMixin
 from nemo_gym.server.mcp import NEMO_GYM_MCP_METADATA_KEY as NEMO_GYM_MCP_METADATA_KEY
 from nemo_gym.server.mcp import NEMO_GYM_MCP_SESSION_TOKEN_HEADER as NEMO_GYM_MCP_SESSION_TOKEN_HEADER
 from nemo_gym.server.mcp import MCPServerMetadata as MCPServerMetadata

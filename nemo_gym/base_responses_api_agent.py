@@ -7,7 +7,7 @@ Contract
 * ``POST /run`` takes a task row (``BaseRunRequest``), seeds the resources server session, runs
   the loop, calls ``/verify`` and returns the verify response unchanged (reward and task fields).
 * ``POST /aggregate_metrics`` computes metrics over a run's verify responses
-  (:mod:`nemo_gym.reward_profile`; override ``compute_metrics``/``get_key_metrics``).
+  (:mod:`nemo_gym.kit.reward_profile`; override ``compute_metrics``/``get_key_metrics``).
 * A failure to reach the model or the resources server is a non-2xx naming the server and path,
   never a reward.
 * ``Body`` is FastAPI's, re-exported as upstream NeMo Gym does.
@@ -25,7 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import Field, PrivateAttr
 
 from nemo_gym.config.types import AnyDatasetConfig, BaseRunServerInstanceConfig
-from nemo_gym.reward_profile import AggregateMetricsMixin
+from nemo_gym.kit.reward_profile import AggregateMetricsMixin
 from nemo_gym.rollout_correlation import (
     InvalidRolloutId,
     apply_rollout_prefix,

@@ -29,10 +29,10 @@ from nemo_gym.base_resources_server import (
 )
 from nemo_gym.errors import UpstreamError
 from nemo_gym.judge import JudgeError, call_judge, judge_failsafe, reraise_judge_errors
+from nemo_gym.kit.prompt import PromptConfigError
 from nemo_gym.openai_utils import NeMoGymResponse
 from nemo_gym.prompt import (
     PromptConfig,
-    PromptConfigError,
     apply_prompt_to_row,
     fill_prompt,
     load_prompt_config,
