@@ -1,21 +1,12 @@
-"""Paths of the files written next to a rollouts file (upstream's ``nemo_gym.path_utils``).
+"""Upstream NeMo Gym's module path ``nemo_gym.path_utils``, kept as a thin face for code written against upstream.
 
-Contract
---------
-* ``failures_path_for(output)`` is the failures file the collector writes next to ``output``
-  (``out.jsonl`` -> ``out_failures.jsonl``): the same path :func:`nemo_gym.collection.output_files.sidecar_paths`
-  gives, so tools that read or append to it agree with ``ng_collect_rollouts``.
+It holds exactly upstream's public names here that we implement: ``failures_path_for``, the failures
+file next to a rollouts file, defined in :mod:`nemo_gym.collection.output_files` with the other files
+written next to the output.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from nemo_gym.collection.output_files import sidecar_paths
+from nemo_gym.collection.output_files import failures_path_for
 
 __all__ = ["failures_path_for"]
-
-
-def failures_path_for(output_fpath: Path | str) -> Path:
-    """``<stem>_failures.jsonl`` next to ``output_fpath``."""
-    return sidecar_paths(Path(output_fpath))["failures"]

@@ -31,13 +31,13 @@ import orjson
 import pytest
 
 from nemo_gym.client import server_client
-from nemo_gym.client.server_client import RETRY_WARNING_BURST
+from nemo_gym.client.server_client import RETRY_WARNING_BURST, close_shared_session
 from nemo_gym.collection.circuit_breaker import CircuitBreaker, ServerDownError
 from nemo_gym.collection.cli import EXIT_SERVER_DOWN
 from nemo_gym.collection.output_files import sidecar_paths
 from nemo_gym.errors import UpstreamError
+from nemo_gym.path_utils import failures_path_for
 from nemo_gym.rollout_collection import RolloutCollectionHelper
-from nemo_gym.server_utils import close_shared_session
 from nemo_gym.tools.testing import example_rows, running_servers
 from tests.test_rollout_collection import (
     WEATHER,
@@ -221,7 +221,7 @@ def test_only_agents_that_need_the_down_server_are_stopped(tmp_path: Path) -> No
         (WEATHER, [WEATHER_AGENT])
     ]
     done = read_jsonl(out)
-    failed = read_jsonl(sidecar_paths(out)["failures"])
+    failed = read_jsonl(failures_path_for(out))  # upstream's name for the file the collector wrote
     # Tasks 1, 3, 5, ... are the other environment's: every one of its rollouts ran and succeeded.
     other_pairs = {(t, r) for t in range(1, 10, 2) for r in range(repeats)}
     assert {p for p in pairs(done) if p[0] % 2 == 1} == other_pairs

@@ -38,6 +38,12 @@ def sidecar_paths(output: Path) -> dict[str, Path]:
     }
 
 
+def failures_path_for(output_fpath: Path | str) -> Path:
+    """``<stem>_failures.jsonl`` next to ``output_fpath``: the failures file ``ng_collect_rollouts`` writes
+    (upstream's ``nemo_gym.path_utils.failures_path_for``), so tools that read or append to it agree."""
+    return sidecar_paths(Path(output_fpath))["failures"]
+
+
 def _rollout_key(line: bytes) -> tuple[int, int] | None:
     """The (task, rollout) pair of one output line, or None when it is not a finished rollout."""
     try:
