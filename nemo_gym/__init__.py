@@ -8,20 +8,23 @@ tests/test_architecture.py; each wing's ``__init__`` says what it is for):
 
 * base modules: ``errors`` (error answers and upstream errors), ``redaction`` (secrets kept out of
   output), ``jsonl``, ``auth`` (the run token);
-* ``config/`` (loading and validating a config; ``config_types`` and ``global_config`` on its layer);
-* ``openai_utils/`` (the OpenAI API types, upstream's path);
-* ``kit/`` (the environment author's helpers; ``judge``, ``prompt``, ``reward_profile``,
-  ``responses_converter`` and ``sandbox/`` on its layer);
+* ``config/`` (loading, validating and holding a config);
+* ``openai_utils/`` (the OpenAI API types, at upstream's path);
+* ``kit/`` (the environment author's helpers; ``sandbox/`` at upstream's path beside it);
 * ``client/`` (talking to the servers of a run);
-* ``server/`` (what runs inside every server; the base classes ``server_utils``,
-  ``base_resources_server``, ``base_responses_api_agent``, ``base_responses_api_model``,
-  ``mcp_auto_exposure``, ``rollout_correlation`` on its layer);
+* ``server/`` (what runs inside every server: the base classes, the ASGI layer, sessions);
 * ``run/`` (``ng_run``: start and supervise the servers);
 * ``collection/`` (``ng_collect_rollouts``);
-* ``tools/`` (viewer, benchmarks, eval, scaffolding and the other commands around a run);
-* thin faces kept at upstream's paths (``cli``, ``rollout_collection``, ``path_utils``): upstream's
-  public names that we implement, re-exported for code written against upstream NeMo Gym. Code in
-  this package imports every name from the module that defines it, never through a face.
+* ``tools/`` (viewer, benchmarks, eval, scaffolding and the other commands around a run).
+
+The other top-level modules are upstream NeMo Gym's paths kept as thin faces for code written against
+upstream (``server_utils``, ``base_resources_server``, ``base_responses_api_agent``,
+``base_responses_api_model``, ``config_types``, ``global_config``, ``judge``, ``prompt``,
+``reward_profile``, ``responses_converter``, ``rollout_correlation``, ``mcp_auto_exposure``,
+``rollout_collection``, ``path_utils``, ``cli``): each holds exactly upstream's public names that we
+implement, imported from the module that defines them. Code in this package imports every name from
+its defining module, never through a face; environment folders use upstream's paths for upstream's
+names, so they run on either implementation.
 
 Path constants upstream NeMo Gym code imports from the package root (importing them has no side
 effect): ``ROOT_DIR`` (this package's folder), ``PARENT_DIR`` (its parent: the repository root in a

@@ -213,13 +213,14 @@ WINGS: list[tuple[str, set[str]]] = [
     ("run", {"run"}),
     ("collection", {"collection"}),
     ("tools", {"tools"}),
-    ("faces", {"cli", "rollout_collection", "path_utils"}),  # upstream's paths, importing what they face
+    ("faces", {"cli", "rollout_collection", "path_utils"}),  # upstream's paths facing the wings above
 ]
-THIN_FACES = (
-    "nemo_gym.cli",
-    "nemo_gym.rollout_collection",
-    "nemo_gym.global_config",
-    "nemo_gym.config_types",
+BASE_MODULES = WINGS[0][1]
+# Every other top-level module is upstream NeMo Gym's path, kept as a thin face.
+THIN_FACES = sorted(
+    f"nemo_gym.{path.stem}"
+    for path in (PACKAGE_PARENT_DIR / PACKAGE).glob("*.py")
+    if path.stem != "__init__" and path.stem not in BASE_MODULES
 )
 MAX_LOOSE_MODULES = 20
 

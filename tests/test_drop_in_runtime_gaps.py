@@ -548,10 +548,10 @@ def test_run_answers_with_a_failure_class_go_to_the_failures_file_and_no_persist
 ) -> None:
     import orjson
 
+    from nemo_gym.client.server_client import close_shared_session
     from nemo_gym.collection.collector import collect_rollouts
     from nemo_gym.collection.output_files import sidecar_paths
     from nemo_gym.rollout_collection import RolloutCollectionConfig
-    from nemo_gym.server_utils import close_shared_session
     from tests.test_sessions import serve
 
     modes = ["ok", "judge_down", "terminal", "killed"]

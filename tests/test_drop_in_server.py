@@ -34,12 +34,12 @@ from nemo_gym.base_resources_server import (
 )
 from nemo_gym.config_types import BaseServerConfig, DatasetConfig, Domain
 from nemo_gym.errors import UpstreamError
+from nemo_gym.server.startup import config_problems
 from nemo_gym.server_utils import (
     SESSION_ID_KEY,
     BaseServer,
     ServerClient,
     SimpleServer,
-    config_problems,
     get_first_server_config_dict,
     get_response_json,
     raise_for_status,
@@ -438,8 +438,8 @@ def test_rollout_prefixed_paths_answer_as_plain_ones_and_expose_the_id() -> None
         RolloutContextMiddleware,
         current_rollout_id,
         maybe_rollout_id_from_run_body,
-        rollout_path_prefix,
     )
+    from nemo_gym.server.rollout_prefix import rollout_path_prefix
 
     server = hosted_server()
     app = hosted_app(server)

@@ -27,6 +27,7 @@ from nemo_gym.base_resources_server import (
     BaseVerifyResponse,
     SimpleResourcesServer,
 )
+from nemo_gym.client.server_client import close_shared_session
 from nemo_gym.errors import UpstreamError
 from nemo_gym.judge import JudgeError, call_judge, judge_failsafe, reraise_judge_errors
 from nemo_gym.kit.prompt import PromptConfigError
@@ -39,7 +40,7 @@ from nemo_gym.prompt import (
     materialize_prompts,
     validate_prompt_compatibility,
 )
-from nemo_gym.server_utils import ServerClient, close_shared_session
+from nemo_gym.server_utils import ServerClient
 from nemo_gym.tools.testing import get, running_servers, server_url
 
 BOUND_S = 60.0

@@ -14,8 +14,8 @@ import httpx2  # noqa: E402
 from mcp import ClientSession  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client
 
+from nemo_gym.server.asgi.sessions import cookie_name_for
 from nemo_gym.server.mcp import MCP_URL_PATH as MCP_PATH
-from nemo_gym.server_utils import cookie_name_for
 from nemo_gym.tools.testing import post_json, running_servers, server_url
 
 ENV = "example_session_state_mgmt"

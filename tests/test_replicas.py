@@ -26,7 +26,7 @@ from nemo_gym.client.replicas import replica_cookie_name
 from nemo_gym.client.server_client import ServerClient
 from nemo_gym.errors import UpstreamError
 from nemo_gym.global_config import ConfigError
-from nemo_gym.server_utils import cookie_name_for
+from nemo_gym.server.asgi.sessions import cookie_name_for
 from nemo_gym.tools.testing import collect_rollouts, example_rows, get, post_json, running_servers
 
 ENV = "example_session_state_mgmt"

@@ -37,6 +37,7 @@ import psutil
 import pytest
 
 from nemo_gym.cli import RunHelper
+from nemo_gym.client.server_client import close_shared_session
 from nemo_gym.collection.circuit_breaker import classify_failure
 from nemo_gym.collection.dispatch import run_one
 from nemo_gym.collection.output_files import _scan_existing_output, sidecar_paths
@@ -44,7 +45,7 @@ from nemo_gym.config.keys import PACKAGE_PARENT_DIR
 from nemo_gym.errors import UpstreamError
 from nemo_gym.kit.rollout_stats import k_values
 from nemo_gym.rollout_collection import collect_main
-from nemo_gym.server_utils import ServerClient, close_shared_session
+from nemo_gym.server_utils import ServerClient
 from nemo_gym.tools.testing import example_rows, running_servers
 from resources_servers.example_single_tool_call.app import weather_report
 

@@ -21,11 +21,12 @@ import orjson
 import pytest
 from omegaconf import OmegaConf
 
-from nemo_gym.base_resources_server import task_row_schema
+from nemo_gym.client.server_client import close_shared_session
 from nemo_gym.collection.output_files import sidecar_paths
 from nemo_gym.collection.row_schema import RowSchema, check_rows_against_schemas, fetch_row_schemas
 from nemo_gym.rollout_collection import RolloutCollectionConfig
-from nemo_gym.server_utils import ServerClient, close_shared_session
+from nemo_gym.server.resources import task_row_schema
+from nemo_gym.server_utils import ServerClient
 from nemo_gym.tools.testing import example_rows, get, running_servers, server_url
 from resources_servers.example_multi_step.app import ExampleMultiStepServer
 from resources_servers.example_session_state_mgmt.app import ExampleSessionStateMgmtServer

@@ -22,8 +22,9 @@ from nemo_gym.base_resources_server import (
     BaseVerifyResponse,
     SimpleResourcesServer,
 )
+from nemo_gym.client.server_client import close_shared_session
 from nemo_gym.errors import UpstreamError, response_body
-from nemo_gym.server_utils import ServerClient, close_shared_session
+from nemo_gym.server_utils import ServerClient
 
 BOUND_S = 20.0  # the outer bound on anything a test awaits
 

@@ -22,7 +22,9 @@ from nemo_gym.base_resources_server import (
     SimpleResourcesServer,
 )
 from nemo_gym.config.keys import NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME
-from nemo_gym.server_utils import ServerClient, cookie_name_for, get_session_id
+from nemo_gym.server.asgi.sessions import cookie_name_for
+from nemo_gym.server.base import get_session_id
+from nemo_gym.server_utils import ServerClient
 
 START_BOUND_S = 15.0
 

@@ -471,7 +471,8 @@ async def test_nemo_rl_startup_on_local_model(tmp_path: Path) -> None:
 async def _max_concurrent_requests(client_cfg: dict[str, Any], n: int) -> int:
     """Send ``n`` requests at once through a ServerClient over ``client_cfg`` to a server that holds each
     one for a moment; return the most it ever had in progress at the same time."""
-    from nemo_gym.server_utils import ServerClient, close_shared_session
+    from nemo_gym.client.server_client import close_shared_session
+    from nemo_gym.server_utils import ServerClient
 
     state = {"active": 0, "max": 0}
 

@@ -2,10 +2,9 @@
 
 Contract
 --------
-* :mod:`nemo_gym.rollout_collection` stays the public, upstream-compatible path: it re-exports every
-  name of these modules that code imports from it (``RolloutCollectionHelper``,
-  ``RolloutCollectionConfig``, ``collect_main``, ``bounded_map``, ...), and its docstring states the
-  collector's whole contract. Import from there unless you are changing the collector itself.
+* :mod:`nemo_gym.rollout_collection` stays upstream's path, a thin face with upstream's names
+  (``RolloutCollectionHelper``, ``RolloutCollectionConfig``, ...), and its docstring states the
+  collector's whole contract. Our own code imports from the modules here.
 * Modules, from the bottom up: :mod:`.options` (the options and :class:`InputError`),
   :mod:`.input_rows` (streaming validation and materialisation of the input), :mod:`.row_schema` (rows
   against the environment's ``GET /row_schema``), :mod:`.output_files` (sidecar paths, whole-line

@@ -1,8 +1,14 @@
 """The global configuration's machinery, one module per concept.
 
-``nemo_gym.config.process`` is the public face (upstream NeMo Gym's module path): it re-exports every
-name below and holds this process's config. Import from there; the modules here are where the code
-lives:
+The modules here are where the code lives; ``nemo_gym.global_config`` and ``nemo_gym.config_types``
+are upstream NeMo Gym's paths, thin faces holding upstream's names for code written against upstream.
+Our own code imports from these modules:
+
+* :mod:`~nemo_gym.config.process`: the config THIS process holds (``get_global_config_dict``, ...).
+* :mod:`~nemo_gym.config.types`: the server config classes (``BaseServerConfig``, dataset configs, ...).
+* :mod:`~nemo_gym.config.ports`: reserving a listening socket, choosing free ports.
+* :mod:`~nemo_gym.config.command`: how every ``ng_*`` command starts and ends (``@command``).
+* :mod:`~nemo_gym.config.discovery`: server folders and installed environment packages.
 
 * :mod:`~nemo_gym.config.keys`: key names, environment variable names and defaults.
 * :mod:`~nemo_gym.config.problems`: :class:`ConfigError`, where each key was set, how problems are worded.

@@ -3,7 +3,7 @@
 Contract
 --------
 * Plain constants, no behaviour; each value equals upstream NeMo Gym's where upstream has the name,
-  so code written for it (``from nemo_gym.config.process import TASK_INDEX_KEY_NAME``) is unchanged.
+  so code written for it (``from nemo_gym.global_config import TASK_INDEX_KEY_NAME``) is unchanged.
 * :data:`PACKAGE_PARENT_DIR` is the repository root of an editable install: server folders and
   config files are looked up relative to the working directory first, then there.
 """
@@ -30,7 +30,7 @@ NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME = "NEMO_GYM_VALIDATION_FDS"
 
 ENV_YAML_FNAME = "env.yaml"
 
-# Names upstream NeMo Gym code imports from nemo_gym.config.process (same values as upstream).
+# Names upstream NeMo Gym code imports from nemo_gym.global_config (same values as upstream).
 # Keys of a task row / rollout result:
 TASK_INDEX_KEY_NAME = "_ng_task_index"
 ROLLOUT_INDEX_KEY_NAME = "_ng_rollout_index"

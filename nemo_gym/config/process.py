@@ -1,8 +1,7 @@
-"""The global configuration: load it, merge it, validate it, hand it to child servers.
+"""The config THIS process holds, and what reads it (upstream's ``nemo_gym.global_config`` faces it).
 
-This module is the public face (upstream NeMo Gym's module path ``nemo_gym.config.process``): every
-name below is importable from here, while the code lives in :mod:`nemo_gym.config`, one module per
-concept. What this module owns itself is the config THIS PROCESS holds, and what reads it.
+Loading, merging and validating a config live in the other modules of :mod:`nemo_gym.config`, one per
+concept; the contract of the whole is below, and each part is defined where it is named.
 
 Contract
 --------
@@ -18,9 +17,9 @@ Contract
   top-level options, and :func:`option_problems` reports a top-level key close to one of them unless
   it is a server instance, set in env.yaml, used by an interpolation, or another command's option.
   Typos inside server blocks are found by each server's config class, before any server starts
-  (:mod:`nemo_gym.run.supervision.verdicts`).
+  (:mod:`nemo_gym.server.startup`, :mod:`nemo_gym.run.supervision.verdicts`).
 * ``LoadedConfig.env_yaml_data`` keeps env.yaml as read: its values are secrets
-  (:mod:`nemo_gym.redaction`, whose ``REDACTED``, ``is_secret_key`` and ``redact`` are re-exported).
+  (:mod:`nemo_gym.redaction`).
   A command-line override of a secret key is quoted as ``+key=***`` in messages.
 * Child servers never parse the command line: the launcher passes them the merged config as YAML
   in ``NEMO_GYM_CONFIG_DICT`` and their own instance name in ``NEMO_GYM_CONFIG_PATH``;

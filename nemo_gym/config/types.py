@@ -2,7 +2,8 @@
 
 Contract
 --------
-* Names and fields follow NVIDIA NeMo Gym's ``nemo_gym.config.types`` so environments written for it
+* Names and fields follow NVIDIA NeMo Gym's ``nemo_gym.config_types`` (our face at that path imports
+  them from here) so environments written for it
   import them unchanged: ``ModelServerRef``/``ResourcesServerRef``/``AgentServerRef``, ``Domain``,
   ``BaseServerConfig``, ``BaseRunServerConfig``, ``BaseRunServerInstanceConfig``, ``DatasetConfig``
   (with ``source``, ``gitlab_identifier``, ``huggingface_identifier`` and the license set),
@@ -21,13 +22,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 AGENT_REF_KEY = "agent_ref"
-# Request paths that carry a rollout id: /ng-rollout/<id>/... (see nemo_gym.rollout_correlation).
+# Request paths that carry a rollout id: /ng-rollout/<id>/... (see nemo_gym.server.rollout_prefix).
 ROLLOUT_PATH_PREFIX = "ng-rollout"
 TOKEN_CAPTURE_PATH_SEGMENT = "training-token-capture"
 
 
 class BaseServerConfig(BaseModel):
-    """Where a server listens (also importable from ``nemo_gym.server_utils``)."""
+    """Where a server listens (also importable from ``nemo_gym.server.base``)."""
 
     host: str = "127.0.0.1"
     port: int

@@ -19,21 +19,20 @@ from abc import abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
-from fastapi import Body as Body
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import Field, PrivateAttr
 
 from nemo_gym.config.types import AnyDatasetConfig, BaseRunServerInstanceConfig
 from nemo_gym.kit.reward_profile import AggregateMetricsMixin
-from nemo_gym.rollout_correlation import (
+from nemo_gym.server.base import SimpleServer
+from nemo_gym.server.rollout_prefix import (
     InvalidRolloutId,
     apply_rollout_prefix,
     current_rollout_id,
     maybe_rollout_id_from_run_body,
     rollout_path_prefix,
 )
-from nemo_gym.server_utils import SimpleServer
 
 USAGE_KEYS = ("input_tokens", "output_tokens", "total_tokens")
 USAGE_DETAIL_KEYS = {
@@ -89,7 +88,7 @@ class SimpleResponsesAPIAgent(SimpleServer, AggregateMetricsMixin):
             "timeout_setting": f"{setting} of agent '{self.config.name}'",
         }
 
-    # -- rollout ids in downstream paths (upstream's API; see nemo_gym.rollout_correlation) -------------
+    # -- rollout ids in downstream paths (upstream's API; see nemo_gym.server.rollout_prefix) ------
     # As upstream: downstream calls carry /ng-rollout/<id> when the run sets ``observability_enabled``
     # (training-token capture is not offered, so never for that). Every server of ours answers a
     # prefixed path exactly like the plain one, so the prefix changes no answer.
@@ -156,7 +155,7 @@ class SimpleResponsesAPIAgent(SimpleServer, AggregateMetricsMixin):
         return app
 
     # Subclasses take the body either as a typed parameter (``body: BaseRunRequest``, FastAPI validates
-    # it) or, on hot paths, read it with ``nemo_gym.server_utils.validated_body`` and forward it as is.
+    # it) or, on hot paths, read it with ``nemo_gym.server.base.validated_body`` and forward it as is.
     @abstractmethod
     async def responses(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         """The model/tool loop for one ``NeMoGymResponseCreateParamsNonStreaming`` body."""

@@ -3,9 +3,9 @@
 Contract
 --------
 * The HTTP client lives in :mod:`nemo_gym.client.server_client`, its error and response checks
-  (``UpstreamError``, ``raise_for_status``, ``response_body``) in :mod:`nemo_gym.errors`; their
-  names are re-exported here (``from nemo_gym.server_utils import ServerClient, raise_for_status``,
-  upstream's path, keeps working).
+  (``UpstreamError``, ``raise_for_status``, ``response_body``) in :mod:`nemo_gym.errors`; upstream's
+  path ``nemo_gym.server_utils`` offers them with this module's names
+  (``from nemo_gym.server_utils import ServerClient, raise_for_status`` keeps working).
 * :class:`BaseServer` turns a pydantic config into a FastAPI app with ``GET /`` (health), a signed
   per-instance session cookie, and JSON errors that name the server, the path and the inner error.
   Every error answer (status >= 400, whoever built it) is scrubbed of the secret values this process
@@ -49,13 +49,9 @@ from nemo_gym.auth import (
 )
 from nemo_gym.client.replicas import install_replica_cookie
 from nemo_gym.client.server_client import (  # re-exported: the client is importable from here too
-    DEFAULT_REQUEST_TIMEOUT_S as DEFAULT_REQUEST_TIMEOUT_S,
+    ServerClient,
+    find_instance_block,
 )
-from nemo_gym.client.server_client import ServerClient as ServerClient
-from nemo_gym.client.server_client import close_shared_session as close_shared_session
-from nemo_gym.client.server_client import find_instance_block
-from nemo_gym.client.server_client import get_response_json as get_response_json
-from nemo_gym.client.server_client import response_cookies as response_cookies
 from nemo_gym.config.keys import (
     DEFAULT_HEAD_SERVER_HOST,
     DEFAULT_HEAD_SERVER_PORT,
@@ -65,36 +61,26 @@ from nemo_gym.config.keys import (
     NEMO_GYM_LISTEN_FD_ENV_VAR_NAME,
 )
 from nemo_gym.config.process import current_global_config_dict, get_global_config_dict
-from nemo_gym.config.types import BaseRunServerInstanceConfig as BaseRunServerInstanceConfig
-from nemo_gym.config.types import BaseServerConfig as BaseServerConfig
-from nemo_gym.errors import UpstreamError as UpstreamError
-from nemo_gym.errors import error_envelope
-from nemo_gym.errors import raise_for_status as raise_for_status
-from nemo_gym.errors import response_body as response_body
+from nemo_gym.config.types import BaseRunServerInstanceConfig, BaseServerConfig
+from nemo_gym.errors import UpstreamError, error_envelope
 from nemo_gym.kit.verify_pool.errors import VerifyPoolError
 from nemo_gym.redaction import (
     add_secret_values,
     collect_secret_values,
     config_secret_values,
 )
-from nemo_gym.rollout_correlation import apply_rollout_prefix as apply_rollout_prefix
-from nemo_gym.rollout_correlation import rollout_path_prefix as rollout_path_prefix
 from nemo_gym.server.accept_limit import (
     ConnectionLimits,
 )
-from nemo_gym.server.asgi.errors import InternalErrorMiddleware as InternalErrorMiddleware
+from nemo_gym.server.asgi.errors import InternalErrorMiddleware
 from nemo_gym.server.asgi.layer import ServerLayer
-from nemo_gym.server.asgi.sessions import SESSION_ID_KEY as SESSION_ID_KEY
-from nemo_gym.server.asgi.sessions import SessionMiddleware as SessionMiddleware
-from nemo_gym.server.asgi.sessions import cookie_name_for as cookie_name_for
-from nemo_gym.server.asgi.sessions import session_secret as session_secret
-from nemo_gym.server.startup import InstanceConfigError as InstanceConfigError
-from nemo_gym.server.startup import config_problems as config_problems
-from nemo_gym.server.startup import die_with_parent as die_with_parent
-from nemo_gym.server.startup import field_names_at as field_names_at
-from nemo_gym.server.startup import loc_text as loc_text
-from nemo_gym.server.startup import model_in as model_in
-from nemo_gym.server.startup import report_config_verdict as report_config_verdict
+from nemo_gym.server.asgi.sessions import SessionMiddleware, cookie_name_for, session_secret
+from nemo_gym.server.startup import (
+    InstanceConfigError,
+    config_problems,
+    die_with_parent,
+    report_config_verdict,
+)
 
 logger = logging.getLogger("nemo_gym")
 
@@ -559,7 +545,7 @@ async def request(method: str, url: str, _internal: bool = False, **kwargs: Any)
 
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
-        raise ValueError(f"nemo_gym.server_utils.request sends to plain http:// URLs only, got {url!r}")
+        raise ValueError(f"nemo_gym.server.base.request sends to plain http:// URLs only, got {url!r}")
     host = parts.hostname
     port = parts.port or 80
     name = f"{host}:{port}"

@@ -7,7 +7,7 @@ Contract
   serves MCP afterwards.
 * It is idempotent: :meth:`SimpleResourcesServer.setup_webserver` already installs MCP for a server
   with the flag set (so ``ng_run`` needs no extra call); calling ``maybe_auto_expose`` on that app, as
-  upstream's own tests and launch code do, leaves it as it is.
+  upstream's own tests and launch code do, leaves it is.
 * An app that already routes ``/mcp`` by other means (a server that mounted its own MCP endpoint) is
   refused with a :class:`ValueError` naming the server, rather than served twice.
 * The serving itself (tools/list, tools/call bound to the seeded session, the ``"mcp"`` key of
@@ -24,12 +24,10 @@ from fastapi import FastAPI
 from nemo_gym.server.mcp import MCP_URL_PATH, NEMO_GYM_MCP_SESSION_TOKEN_HEADER, install_mcp, mcp_installed
 
 if TYPE_CHECKING:
-    from nemo_gym.base_resources_server import SimpleResourcesServer
+    from nemo_gym.server.resources import SimpleResourcesServer
 
 # Upstream's alias for the per-rollout session-token header an MCP client sends on every call.
 TOKEN_HEADER = NEMO_GYM_MCP_SESSION_TOKEN_HEADER
-
-__all__ = ["MCP_URL_PATH", "TOKEN_HEADER", "install_auto_exposure", "maybe_auto_expose"]
 
 
 def _routes_mcp(app: FastAPI) -> bool:

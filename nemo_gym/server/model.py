@@ -23,6 +23,7 @@ from starlette.middleware import Middleware
 from nemo_gym.config.process import current_global_config_dict
 from nemo_gym.config.types import BaseRunServerInstanceConfig
 from nemo_gym.openai_utils.responses import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.server.base import SimpleServer
 from nemo_gym.server.model_calls import (
     POP_PATH,
     ModelCallCaptureMiddleware,
@@ -31,7 +32,6 @@ from nemo_gym.server.model_calls import (
     pop_answer,
     store_from_config,
 )
-from nemo_gym.server_utils import SimpleServer
 
 
 class BaseResponsesAPIModelConfig(BaseRunServerInstanceConfig):

@@ -4,9 +4,9 @@ Contract
 --------
 * Off (the default) nothing is installed: a model server answers exactly as before, with no per-request
   cost, and ``POST /ng_model_calls/pop`` answers ``{"enabled": false, "calls": {}, ...}``.
-* On, every model server of ours (:class:`nemo_gym.base_responses_api_model.SimpleResponsesAPIModel`)
+* On, every model server of ours (:class:`nemo_gym.server.model.SimpleResponsesAPIModel`)
   records each ``POST /v1/responses`` and ``POST /v1/chat/completions`` that arrives under a rollout
-  prefix (``/ng-rollout/<id>/...``, see :mod:`nemo_gym.rollout_correlation`; agents add it when the run
+  prefix (``/ng-rollout/<id>/...``, see :mod:`nemo_gym.server.rollout_prefix`; agents add it when the run
   sets ``observability_enabled``): the request and response bodies, started/completed timestamps,
   latency, the usage (token counts) the answer reports, the HTTP status, and for a failed call an
   ``error_category`` and ``error`` text (a call that raised is recorded as a 500 before the error
@@ -47,7 +47,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from nemo_gym.rollout_correlation import current_rollout_id, maybe_rollout_id_from_run_body
+from nemo_gym.server.rollout_prefix import current_rollout_id, maybe_rollout_id_from_run_body
 
 logger = logging.getLogger("nemo_gym")
 

@@ -18,10 +18,9 @@ Contract
   (:mod:`nemo_gym.kit.reward_profile`). ``GET /reverify_mode`` answers the config class's
   ``REVERIFY_MODE`` (whether ``/verify`` can be re-run later from a stored rollout alone).
 * ``BaseMultiRewardVerifyResponse`` adds ``reward_components``; ``reward`` must equal their sum.
-* Names follow NVIDIA NeMo Gym's ``nemo_gym.base_resources_server`` so its environments import them
-  unchanged. ``expose_tools_over_mcp: true`` also serves the tools over MCP at ``/mcp``
-  (:mod:`nemo_gym.server.mcp`, which defines ``MCPServerMetadata`` and the ``NEMO_GYM_MCP_*`` names
-  re-exported here).
+* Names follow NVIDIA NeMo Gym's ``nemo_gym.base_resources_server`` (our face at that path imports them
+  from here) so its environments import them unchanged. ``expose_tools_over_mcp: true`` also serves the tools over MCP at ``/mcp``
+  (:mod:`nemo_gym.server.mcp`, which defines ``MCPServerMetadata`` and the ``NEMO_GYM_MCP_*`` names).
 * ``GET /row_schema`` publishes the JSON schema of what a task row must carry for this environment:
   the fields of the ``/seed_session`` and ``/verify`` request bodies, without ``response`` (the
   agent adds it). ``ng_collect_rollouts`` checks every row against it before sending anything.
@@ -40,35 +39,10 @@ from typing import Any, ClassVar, Self
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from nemo_gym.config.types import AggregateMetrics as AggregateMetrics
-from nemo_gym.config.types import AggregateMetricsRequest as AggregateMetricsRequest
 from nemo_gym.config.types import BaseRunServerInstanceConfig
 from nemo_gym.kit.reward_profile import AggregateMetricsMixin
 from nemo_gym.openai_utils.responses import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
-from nemo_gym.server.mcp import NEMO_GYM_MCP_METADATA_KEY as NEMO_GYM_MCP_METADATA_KEY
-from nemo_gym.server.mcp import NEMO_GYM_MCP_SESSION_TOKEN_HEADER as NEMO_GYM_MCP_SESSION_TOKEN_HEADER
-from nemo_gym.server.mcp import MCPServerMetadata as MCPServerMetadata
-from nemo_gym.server_utils import SimpleServer
-
-__all__ = [
-    "AggregateMetrics",
-    "AggregateMetricsRequest",
-    "BaseMultiRewardVerifyResponse",
-    "BaseResourcesServer",
-    "BaseResourcesServerConfig",
-    "BaseRunRequest",
-    "BaseSeedSessionRequest",
-    "BaseSeedSessionResponse",
-    "BaseVerifyRequest",
-    "BaseVerifyResponse",
-    "MCPServerMetadata",
-    "NEMO_GYM_MCP_METADATA_KEY",
-    "NEMO_GYM_MCP_SESSION_TOKEN_HEADER",
-    "NeMoGymResponse",
-    "NeMoGymResponseCreateParamsNonStreaming",
-    "ReverifyMode",
-    "SimpleResourcesServer",
-]
+from nemo_gym.server.base import SimpleServer
 
 
 class ReverifyMode(StrEnum):

@@ -35,19 +35,6 @@ from nemo_gym.config.keys import (
 )
 from nemo_gym.config.types import ROLLOUT_PATH_PREFIX, TOKEN_CAPTURE_PATH_SEGMENT
 
-__all__ = [
-    "ROLLOUT_ID_PATTERN",
-    "RolloutContextMiddleware",
-    "apply_rollout_prefix",
-    "current_rollout_id",
-    "enter_rollout",
-    "leave_rollout",
-    "maybe_rollout_id_from_run_body",
-    "rollout_context",
-    "rollout_path_prefix",
-    "split_rollout_prefix",
-]
-
 ROLLOUT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _CURRENT: ContextVar[str | None] = ContextVar("nemo_gym_rollout_id", default=None)
 _PATH_START = f"/{ROLLOUT_PATH_PREFIX}/"

@@ -61,8 +61,9 @@ from aviary.core import (  # noqa: E402
 )
 from nemo_gym.base_resources_server import SimpleResourcesServer  # noqa: E402
 from nemo_gym.config.keys import PACKAGE_PARENT_DIR
+from nemo_gym.server.asgi.sessions import cookie_name_for
+from nemo_gym.server.base import get_session_id
 from nemo_gym.server.disconnect import CLIENT_DISCONNECTED  # noqa: E402
-from nemo_gym.server_utils import cookie_name_for, get_session_id  # noqa: E402
 from resources_servers.aviary.schemas import (  # noqa: E402
     ENV_STATE_KEY,
     AviaryAgentVerifyRequest,

@@ -34,8 +34,8 @@ from nemo_gym.base_resources_server import (
     BaseVerifyResponse,
     ReverifyMode,
     SimpleResourcesServer,
-    function_calls,
 )
+from nemo_gym.server.resources import function_calls
 
 SYNONYM_VALUE_MODULUS = 1000
 

@@ -35,7 +35,7 @@ from nemo_gym.base_resources_server import (
     ReverifyMode,
     SimpleResourcesServer,
 )
-from nemo_gym.server_utils import get_session_id
+from nemo_gym.server.base import get_session_id
 
 
 class ExampleSessionStateMgmtConfig(BaseResourcesServerConfig):

@@ -22,8 +22,8 @@ from nemo_gym.base_resources_server import (
     BaseVerifyResponse,
     ReverifyMode,
     SimpleResourcesServer,
-    function_calls,
 )
+from nemo_gym.server.resources import function_calls
 
 CONDITIONS = ("sunny", "cloudy", "rainy", "windy", "snowy", "foggy")
 # What an answer must say for each condition: "sun" matches "sunny", "sunshine", "sun is out".

@@ -36,7 +36,7 @@ from nemo_gym.openai_utils import (
     NeMoGymResponseCreateParamsNonStreaming,
     NeMoGymResponseFunctionToolCall,
 )
-from nemo_gym.server_utils import get_session_id
+from nemo_gym.server.base import get_session_id
 
 __all__ = [
     "EnvResetRequest",

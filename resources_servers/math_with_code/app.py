@@ -55,7 +55,7 @@ from nemo_gym.sandbox import (
     SandboxSpec,
     check_sandbox_available,
 )
-from nemo_gym.server_utils import get_session_id
+from nemo_gym.server.base import get_session_id
 
 
 class PythonExecutorResourcesServerConfig(BaseResourcesServerConfig):

@@ -45,7 +45,7 @@ from nemo_gym.base_resources_server import (
     ReverifyMode,
     SimpleResourcesServer,
 )
-from nemo_gym.server_utils import get_session_id
+from nemo_gym.server.base import get_session_id
 from resources_servers.workplace_assistant.world import (
     TOOLS,
     ToolError,

@@ -41,22 +41,19 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from nemo_gym.base_responses_api_agent import (
-    USAGE_KEYS,
-    BaseResponsesAPIAgentConfig,
-    SimpleResponsesAPIAgent,
-    add_usage,
-)
+from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
+from nemo_gym.client.server_client import response_cookies
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
 from nemo_gym.errors import UpstreamError, raise_for_status, response_body
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.server.agent import USAGE_KEYS, add_usage
+from nemo_gym.server.base import validated_body
 from nemo_gym.server.disconnect import (
     ClientDisconnected,
     cancel_reason,
     disconnected_response,
     run_until_disconnected,
 )
-from nemo_gym.server_utils import response_cookies, validated_body
 from nemo_gym.tools.export_transitions import render_step_context
 
 logger = logging.getLogger(__name__)

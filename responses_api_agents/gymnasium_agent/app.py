@@ -33,21 +33,17 @@ from fastapi.responses import Response
 from pydantic import Field
 
 from nemo_gym.base_resources_server import BaseRunRequest
-from nemo_gym.base_responses_api_agent import (
-    BaseResponsesAPIAgentConfig,
-    SimpleResponsesAPIAgent,
-    add_usage,
-    empty_usage,
-)
+from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
 from nemo_gym.openai_utils import new_id
+from nemo_gym.server.agent import add_usage, empty_usage
+from nemo_gym.server.base import validated_body
 from nemo_gym.server.disconnect import (
     ClientDisconnected,
     cancel_reason,
     disconnected_response,
     run_until_disconnected,
 )
-from nemo_gym.server_utils import validated_body
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -19,17 +19,14 @@ from fastapi.responses import Response
 from pydantic import Field
 
 from nemo_gym.base_resources_server import BaseRunRequest
-from nemo_gym.base_responses_api_agent import (
-    BaseResponsesAPIAgentConfig,
-    SimpleResponsesAPIAgent,
-    add_usage,
-    empty_usage,
-)
+from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
+from nemo_gym.client.server_client import response_cookies
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
 from nemo_gym.errors import UpstreamError, response_body
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, new_id
+from nemo_gym.server.agent import add_usage, empty_usage
+from nemo_gym.server.base import validated_body
 from nemo_gym.server.disconnect import ClientDisconnected, disconnected_response, run_until_disconnected
-from nemo_gym.server_utils import response_cookies, validated_body
 
 
 class SimpleAgentConfig(BaseResponsesAPIAgentConfig):

@@ -37,12 +37,12 @@ from fastapi.responses import Response
 from pydantic import Field
 
 from nemo_gym.base_resources_server import BaseRunRequest
-from nemo_gym.base_responses_api_agent import add_usage, empty_usage
 from nemo_gym.config_types import ModelServerRef
 from nemo_gym.errors import UpstreamError
 from nemo_gym.openai_utils import text_of_message
+from nemo_gym.server.agent import add_usage, empty_usage
+from nemo_gym.server.base import validated_body
 from nemo_gym.server.disconnect import ClientDisconnected, disconnected_response, run_until_disconnected
-from nemo_gym.server_utils import validated_body
 from responses_api_agents.simple_agent.app import SimpleAgent, SimpleAgentConfig
 
 DEFAULT_DONE_MARKER = "###DONE###"

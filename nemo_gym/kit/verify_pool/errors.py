@@ -9,7 +9,7 @@ Contract
 * Every error class carries its ``kind`` (:data:`VERIFY_TIMEOUT_KIND` ``"verify_timeout"`` for both
   timeouts, :data:`VERIFY_FAILED_KIND` ``"verify_failed"`` otherwise). Every server of ours answers one
   that escapes a handler with HTTP 503 and ``{"error": {"kind", "server", "path", "message"}}``
-  (:mod:`nemo_gym.server_utils`); the collector files it in the failures sidecar under that kind, and a
+  (:mod:`nemo_gym.server.base`); the collector files it in the failures sidecar under that kind, and a
   server answering it is not counted as down (it answered).
 * Plain classes, no imports: both runners (the local pool, :mod:`nemo_gym.kit.verify_pool.local`, and the
   Ray task runner, :mod:`nemo_gym.kit.verify_pool.ray_tasks`) raise them, so neither imports the other.

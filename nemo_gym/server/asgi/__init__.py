@@ -4,7 +4,7 @@ Contract
 --------
 * :class:`ServerLayer` (:mod:`nemo_gym.server.asgi.layer`) is ONE pure-ASGI layer doing, in this order: the
   run-token check and the request-body limit (:class:`nemo_gym.auth.RequestGuard`'s rules), the
-  ``/ng-rollout/<id>`` path prefix (:mod:`nemo_gym.rollout_correlation`), the signed per-instance
+  ``/ng-rollout/<id>`` path prefix (:mod:`nemo_gym.server.rollout_prefix`), the signed per-instance
   session cookie (:mod:`nemo_gym.server.asgi.sessions`) and JSON answers for unhandled errors, with every
   error answer scrubbed of known secrets (:mod:`nemo_gym.server.asgi.errors`). One layer with one ``send``
   wrapper instead of four stacked ones: the per-request cost is what throughput is measured against.

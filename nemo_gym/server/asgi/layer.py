@@ -8,7 +8,7 @@ passes straight through, like every other scope type):
 1. The run token and the body limit (:meth:`nemo_gym.auth.RequestGuard.admit`): a refused request is
    answered 401 / 413 here, with no session cookie, and nothing behind this layer runs.
 2. ``/ng-rollout/<id>/<path>`` is served as ``/<path>`` with ``<id>`` current for the handler and
-   everything it awaits (:func:`nemo_gym.rollout_correlation.current_rollout_id`).
+   everything it awaits (:func:`nemo_gym.server.rollout_prefix.current_rollout_id`).
 3. With sessions: the request's session id goes into the scope and every answer sets the cookie
    (:mod:`nemo_gym.server.asgi.sessions`).
 4. With errors: an unhandled exception becomes a JSON 500, and an error answer is scrubbed of secrets
@@ -24,9 +24,9 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_gym.auth import RequestGuard
-from nemo_gym.rollout_correlation import enter_rollout, leave_rollout, split_rollout_prefix
 from nemo_gym.server.asgi.errors import serve_with_error_answers
 from nemo_gym.server.asgi.sessions import SessionMiddleware, with_cookie
+from nemo_gym.server.rollout_prefix import enter_rollout, leave_rollout, split_rollout_prefix
 
 
 class ServerLayer:

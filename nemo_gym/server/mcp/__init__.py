@@ -3,10 +3,10 @@ the rollout's session.
 
 Contract
 --------
-* Installed by :class:`nemo_gym.base_resources_server.SimpleResourcesServer` when the config sets
+* Installed by :class:`nemo_gym.server.resources.SimpleResourcesServer` when the config sets
   ``expose_tools_over_mcp: true`` (:func:`install_mcp`). The optional ``mcp`` package (and ``httpx``)
   is imported only then: this module itself imports without them, since
-  :mod:`nemo_gym.base_resources_server` imports its metadata model and names at start. It never
+  :mod:`nemo_gym.server.resources` imports its metadata model and names at start. It never
   imports the server classes (:class:`MCPServable` is what it needs of a server).
 * ``POST /mcp`` is a stateless MCP endpoint (JSON responses). It sits behind the same request guard as
   every route: MCP clients send the run token (``Authorization: Bearer ...`` or ``X-NeMo-Gym-Token``)
@@ -16,7 +16,7 @@ Contract
   do not count), so idle streams do not hold connections for ever; clients reconnect if they want.
 * ``/seed_session`` answers carry ``{"mcp": {"server_name", "url_path": "/mcp", "transport": "http",
   "headers": {...}}}`` (:class:`MCPServerMetadata`, key ``NEMO_GYM_MCP_METADATA_KEY``; both are also
-  exported by :mod:`nemo_gym.base_resources_server`, upstream's module path). ``headers`` hold
+  exported by upstream's path :mod:`nemo_gym.base_resources_server`). ``headers`` hold
   ``X-NeMo-Gym-Session-Token`` (``NEMO_GYM_MCP_SESSION_TOKEN_HEADER``: this session's signed cookie
   value, which binds MCP calls to the session just seeded) and, when the run has a token, the
   ``Authorization`` header. Send them on every MCP request.
@@ -90,7 +90,7 @@ class _ServerConfig(Protocol):
 
 class MCPServable(Protocol):
     """What :func:`install_mcp` reads of a server (a
-    :class:`~nemo_gym.base_resources_server.SimpleResourcesServer`): its config's ``name`` (and
+    :class:`~nemo_gym.server.resources.SimpleResourcesServer`): its config's ``name`` (and
     ``mcp_stream_idle_timeout_s`` when the config has it), and ``mcp_tool_schemas()`` when the server
     defines it. A structural type, so this package never imports the server classes (which import it)."""
 

@@ -12,7 +12,7 @@ import time
 
 from pydantic import Field
 
-from nemo_gym.base_resources_server import BaseVerifyResponse
+from nemo_gym.server.resources import BaseVerifyResponse
 from resources_servers.example_single_tool_call.app import (
     ExampleSingleToolCallConfig,
     ExampleSingleToolCallServer,

@@ -37,13 +37,13 @@ import orjson
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from pydantic import ValidationError
 
-from nemo_gym.base_resources_server import BaseRunRequest
 from nemo_gym.config.command import command
 from nemo_gym.config.keys import PACKAGE_PARENT_DIR
 from nemo_gym.config.loading import LoadedConfig, load_global_config
 from nemo_gym.config.options import check_options
 from nemo_gym.config.problems import ConfigError
 from nemo_gym.redaction import scrub
+from nemo_gym.server.resources import BaseRunRequest
 from nemo_gym.tools.data.metrics import DatasetMetrics, same_metrics
 
 AGENT_SERVER_TYPE = "responses_api_agents"

@@ -19,7 +19,7 @@ import re
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from nemo_gym.base_resources_server import (
+from nemo_gym.server.resources import (
     BaseResourcesServerConfig,
     BaseVerifyRequest,
     BaseVerifyResponse,

@@ -21,7 +21,8 @@ import psutil
 import pytest
 
 from nemo_gym.cli import RunHelper
-from nemo_gym.server_utils import close_shared_session, request, response_cookies
+from nemo_gym.client.server_client import close_shared_session, response_cookies
+from nemo_gym.server_utils import request
 from nemo_gym.tools.testing import get, post_json, run_rollout, running_servers, server_url
 
 HERE = Path(__file__).resolve().parents[1]

@@ -20,7 +20,7 @@ import pytest
 
 from nemo_gym.auth import auth_headers, client_token_for_url
 from nemo_gym.cli import RunHelper
-from nemo_gym.server_utils import cookie_name_for
+from nemo_gym.server.asgi.sessions import cookie_name_for
 from nemo_gym.tools.testing import example_rows, post_json, run_rollout, running_servers, server_url
 
 ENV = "example_session_state_mgmt"

@@ -14,7 +14,7 @@ import gymnasium
 import pytest
 
 from nemo_gym.cli import RunHelper
-from nemo_gym.server_utils import cookie_name_for
+from nemo_gym.server.asgi.sessions import cookie_name_for
 from nemo_gym.tools.testing import example_rows, post_json, run_rollout, running_servers, server_url
 from resources_servers.gymnasium.app import GymEnvConfig, NotATextEnvError, make_env
 

@@ -164,7 +164,7 @@ def test_upstream_shaped_rows_are_accepted_and_echoed_as_given(tmp_path: Path) -
 def test_upstream_helper_names_for_environments_built_on_mcqa() -> None:
     """gpqa_diamond and bunsenbench_chemistry_mcq import these names from mcqa and subclass its server
     with a verify that reads the choices elsewhere: both work here unchanged."""
-    from nemo_gym.base_resources_server import task_row_schema
+    from nemo_gym.server.resources import task_row_schema
     from resources_servers.mcqa.app import (
         MCQAResourcesServer,
         MCQAVerifyRequest,

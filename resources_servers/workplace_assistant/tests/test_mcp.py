@@ -19,8 +19,8 @@ from mcp import ClientSession  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 from nemo_gym.cli import RunHelper
+from nemo_gym.server.asgi.sessions import cookie_name_for
 from nemo_gym.server.mcp import NEMO_GYM_MCP_METADATA_KEY, NEMO_GYM_MCP_SESSION_TOKEN_HEADER
-from nemo_gym.server_utils import cookie_name_for
 from nemo_gym.tools.testing import example_rows, post_json, running_servers, server_url
 from resources_servers.workplace_assistant.world import TOOLS
 
