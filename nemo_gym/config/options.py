@@ -71,6 +71,8 @@ LAUNCHER_KEYS = {
     "observability_enabled",
     "model_call_capture_max_calls",
     "model_call_capture_max_bytes",
+    # Prometheus metrics (nemo_gym.server.metrics): GET /metrics on every server, on unless false.
+    "metrics_enabled",
 }
 # Top-level keys upstream NeMo Gym defines that have no effect here, accepted so that configs and
 # trainers written for it (NeMo RL sets uv_cache_dir, uv_venv_dir, ...) start unchanged.
@@ -170,6 +172,7 @@ COMMAND_OPTIONS: dict[str, frozenset[str]] = {
             "output_json_fpath",
             "skip_bare",
             "compare_auth",
+            "compare_metrics",
             "rounds",
         }
     ),

@@ -119,6 +119,10 @@ def option_help() -> dict[str, tuple[str, str]]:
             f"object store of the +ray_start_local cluster (default {DEFAULT_LOCAL_OBJECT_STORE_MB})",
         ),
         "observability_enabled": ("true", "record every model call of each rollout (docs/trainers.md)"),
+        "metrics_enabled": (
+            "false",
+            "no Prometheus GET /metrics on the servers (default on; docs/observability.md)",
+        ),
         "model_call_capture_max_calls": (
             "N",
             f"most calls a model server keeps for capture (default {DEFAULT_MAX_CALLS})",

@@ -3,7 +3,8 @@
 ``GET /`` liveness; ``GET /global_config_dict_yaml`` the merged config with every port filled in and
 secrets hidden (:func:`nemo_gym.redaction.redact_config`: values under secret keys, URL passwords,
 and every secret value of the config and of ``env.yaml`` wherever it appears); ``GET /server_instances``
-name, type/impl, url, pid and liveness of each server.
+name, type/impl, url, pid and liveness of each server; ``GET /metrics`` and ``GET /prometheus_targets``
+(Prometheus scrape targets of the run, :mod:`nemo_gym.server.metrics`) unless ``+metrics_enabled=false``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from omegaconf import OmegaConf
 
 from nemo_gym.auth import RequestGuard
 from nemo_gym.redaction import Scrubber, collect_secret_values, redact_config
+from nemo_gym.server.metrics.discovery import install_head_metrics
 
 
 class RunState(Protocol):
@@ -56,6 +58,8 @@ def build_head_app(supervisor: RunState, token: str | None = None, auth_disabled
     app.add_middleware(RequestGuard, **guard_args)
     # Its ``trusts`` gives token bearers the connection places kept for them (nemo_gym.server.accept_limit).
     app.state.nemo_gym_request_guard = RequestGuard(None, **guard_args)
+    # GET /metrics and GET /prometheus_targets (the run's scrape targets): nemo_gym.server.metrics.
+    install_head_metrics(app, supervisor)
 
     @app.get("/")
     async def health() -> dict[str, str]:

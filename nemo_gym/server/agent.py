@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -26,6 +26,7 @@ from pydantic import Field, PrivateAttr
 from nemo_gym.config.types import AnyDatasetConfig, BaseRunServerInstanceConfig
 from nemo_gym.kit.reward_profile import AggregateMetricsMixin
 from nemo_gym.server.base import SimpleServer
+from nemo_gym.server.metrics.install import observe_agent_loop
 from nemo_gym.server.rollout_prefix import (
     InvalidRolloutId,
     apply_rollout_prefix,
@@ -79,6 +80,11 @@ class SimpleResponsesAPIAgent(SimpleServer, AggregateMetricsMixin):
     config: BaseResponsesAPIAgentConfig
     _capture_enabled_cache: bool | None = PrivateAttr(default=None)
     uses_sessions = False  # an agent keeps no state of its own; it forwards the others' cookies
+    metrics_kind: ClassVar[str] = "responses_api_agents"
+
+    def observe_loop(self, turns: int, tool_calls: int) -> None:
+        """Record one agent loop's model turns and tool calls in this server's metrics (nemo_gym.server.metrics)."""
+        observe_agent_loop(self._metrics, turns, tool_calls)
 
     def timeout(self, setting: str) -> dict[str, Any]:
         """Keyword arguments for a ``ServerClient`` call bounded by this agent's ``setting`` (e.g.

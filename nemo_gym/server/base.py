@@ -4,8 +4,8 @@ Contract
 --------
 * The HTTP client lives in :mod:`nemo_gym.client.server_client`, its error and response checks
   (``UpstreamError``, ``raise_for_status``, ``response_body``) in :mod:`nemo_gym.errors`; upstream's
-  path ``nemo_gym.server_utils`` offers them with this module's names
-  (``from nemo_gym.server_utils import ServerClient, raise_for_status`` keeps working).
+  path ``nemo_gym.server.base`` offers them with this module's names
+  (``from nemo_gym.server.base import ServerClient, raise_for_status`` keeps working).
 * :class:`BaseServer` turns a pydantic config into a FastAPI app with ``GET /`` (health), a signed
   per-instance session cookie, and JSON errors that name the server, the path and the inner error.
   Every error answer (status >= 400, whoever built it) is scrubbed of the secret values this process
@@ -38,7 +38,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from omegaconf import DictConfig, OmegaConf
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
 from nemo_gym.auth import (
     DEFAULT_MAX_REQUEST_BODY_BYTES,
@@ -75,6 +75,7 @@ from nemo_gym.server.accept_limit import (
 from nemo_gym.server.asgi.errors import InternalErrorMiddleware
 from nemo_gym.server.asgi.layer import ServerLayer
 from nemo_gym.server.asgi.sessions import SessionMiddleware, cookie_name_for, session_secret
+from nemo_gym.server.metrics.install import install_metrics
 from nemo_gym.server.startup import (
     InstanceConfigError,
     config_problems,
@@ -178,6 +179,9 @@ class BaseServer(BaseModel):
 
     # Subclasses that keep per-rollout state set this so the session cookie is issued.
     uses_sessions: ClassVar[bool] = True
+    # The server type its metrics are those of (nemo_gym.server.metrics); each base class sets its own.
+    metrics_kind: ClassVar[str] = "server"
+    _metrics: Any = PrivateAttr(default=None)  # its ServerMetrics (None: +metrics_enabled=false)
 
     async def on_startup(self) -> None:
         """Runs once in the server's event loop before the first request (override to open resources)."""
@@ -278,6 +282,8 @@ class BaseServer(BaseModel):
         app.state.nemo_gym_request_guard = guard  # its ``trusts`` gives token bearers reserved connections
         # Added last, so outermost: nothing runs for a request without the run token or too large a body.
         app.add_middleware(ServerLayer, guard=guard, server_name=name, sessions=sessions, errors=errors)
+        # GET /metrics and the request counts, outside the guard so refused requests count too.
+        self._metrics = install_metrics(app, name, self.metrics_kind, global_cfg, cookie_name_for(name))
 
     # -- upstream NeMo Gym's set-up steps (each idempotent: our setup_webserver already did them) -------
     def setup_liveness(self, app: FastAPI) -> None:

@@ -14,7 +14,7 @@ Contract
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any
+from typing import Any, ClassVar
 
 from fastapi import Body, FastAPI, Request
 from pydantic import PrivateAttr
@@ -41,6 +41,7 @@ class BaseResponsesAPIModelConfig(BaseRunServerInstanceConfig):
 class SimpleResponsesAPIModel(SimpleServer):
     config: BaseResponsesAPIModelConfig
     _model_call_store: ModelCallStore | None = PrivateAttr(default=None)
+    metrics_kind: ClassVar[str] = "responses_api_models"
 
     def setup_webserver(self) -> FastAPI:
         app = super().setup_webserver()

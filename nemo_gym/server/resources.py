@@ -18,7 +18,7 @@ Contract
   (:mod:`nemo_gym.kit.reward_profile`). ``GET /reverify_mode`` answers the config class's
   ``REVERIFY_MODE`` (whether ``/verify`` can be re-run later from a stored rollout alone).
 * ``BaseMultiRewardVerifyResponse`` adds ``reward_components``; ``reward`` must equal their sum.
-* Names follow NVIDIA NeMo Gym's ``nemo_gym.base_resources_server`` (our face at that path imports them
+* Names follow NVIDIA NeMo Gym's ``nemo_gym.server.resources`` (our face at that path imports them
   from here) so its environments import them unchanged. ``expose_tools_over_mcp: true`` also serves the tools over MCP at ``/mcp``
   (:mod:`nemo_gym.server.mcp`, which defines ``MCPServerMetadata`` and the ``NEMO_GYM_MCP_*`` names).
 * ``GET /row_schema`` publishes the JSON schema of what a task row must carry for this environment:
@@ -43,6 +43,7 @@ from nemo_gym.config.types import BaseRunServerInstanceConfig
 from nemo_gym.kit.reward_profile import AggregateMetricsMixin
 from nemo_gym.openai_utils.responses import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.server.base import SimpleServer
+from nemo_gym.server.metrics.install import observed_verify
 
 
 class ReverifyMode(StrEnum):
@@ -172,6 +173,7 @@ def task_row_schema(server_class: type[SimpleResourcesServer]) -> dict[str, Any]
 
 class BaseResourcesServer(SimpleServer):
     config: BaseResourcesServerConfig
+    metrics_kind: ClassVar[str] = "resources_servers"
 
 
 class SimpleResourcesServer(BaseResourcesServer, AggregateMetricsMixin):
@@ -180,7 +182,9 @@ class SimpleResourcesServer(BaseResourcesServer, AggregateMetricsMixin):
     def setup_webserver(self) -> FastAPI:
         app = super().setup_webserver()
         app.post("/seed_session")(self.seed_session)
-        app.post("/verify")(self.verify)
+        app.post("/verify")(
+            observed_verify(self._metrics, self.verify)
+        )  # the reward, for nemo_gym.server.metrics
         app.post("/aggregate_metrics")(self.aggregate_metrics)
         app.get("/reverify_mode")(self.get_reverify_mode)
         app.get(ROW_SCHEMA_PATH)(self.row_schema)

@@ -107,7 +107,9 @@ class SimpleAgent(SimpleResponsesAPIAgent):
         outputs: list[dict[str, Any]] = []
         usage = empty_usage()
         response: dict[str, Any] = {}
+        turns = tool_calls = 0
         for _step in range(self.config.max_steps):
+            turns += 1
             request_body = {**params, "input": input_items + outputs}
             response, new_cookies = await self.server_client.post_json(
                 model, model_path, json=request_body, cookies=cookies, **self.timeout("model_timeout_s")
@@ -119,6 +121,7 @@ class SimpleAgent(SimpleResponsesAPIAgent):
             calls = [item for item in turn_output if item.get("type") == "function_call"]
             if not calls or response.get("status") == "incomplete":
                 break
+            tool_calls += len(calls)
             for call in calls:  # in the order the model made them
                 text = await self.call_tool(call, tool_names, cookies)
                 outputs.append(
@@ -130,6 +133,7 @@ class SimpleAgent(SimpleResponsesAPIAgent):
                         "status": "completed",
                     }
                 )
+        self.observe_loop(turns, tool_calls)  # nemo_gym.server.metrics
         return {**response, "output": outputs, "usage": usage}, cookies
 
     async def call_tool(self, call: dict[str, Any], tool_names: list[str], cookies: dict[str, str]) -> str:

@@ -58,8 +58,8 @@ class HeadMixin:
         limits, keep_alive_s = ConnectionLimits.from_settings(lambda key, default: self.cfg.get(key, default))
         trusts = app.state.nemo_gym_request_guard.trusts
         self._head_server = bounded_server(
-            app, max(16, socket_budget() // 4), limits, keep_alive_s, trusts, lifespan="off"
-        )
+            app, max(16, socket_budget() // 4), limits, keep_alive_s, trusts, lifespan="on"
+        )  # lifespan on: the event-loop lag tick of nemo_gym.server.metrics starts with the server
         self._head_thread = threading.Thread(
             target=self._head_server.run, kwargs={"sockets": [sock]}, name="head-server", daemon=True
         )

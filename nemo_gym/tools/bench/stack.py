@@ -15,6 +15,9 @@ and measures both in alternating rounds (``+rounds``, default 3; the order flips
 drift of the machine's speed hits both alike). Each stack's row then holds the medians over its
 rounds, and ``ours`` gets ``ratio_to_no_auth`` (rollouts/s) and ``cpu_ratio_to_no_auth`` (server
 CPU per rollout): what the token check costs, measured in one run. The body limit stays on in both.
+``+compare_metrics=true`` does the same with ``+metrics_enabled=false`` (no ``/metrics``, no metrics
+middleware, no event-loop tick: :mod:`nemo_gym.server.metrics`); ``ours`` gets ``ratio_to_no_metrics`` and
+``cpu_ratio_to_no_metrics``. Both comparisons may run together (three stacks in alternating rounds).
 """
 
 from __future__ import annotations
@@ -266,22 +269,23 @@ def _inner_calls(result: dict[str, Any]) -> list[str]:
 
 
 def format_table(results: list[dict[str, Any]]) -> str:
-    header = f"{'stack':<7} {'conc':>6} {'n':>6} {'roll/s':>8} {'ratio':>6} {'p50 ms':>8} {'p99 ms':>9} {'srv CPU ms/r':>12} {'coll CPU ms/r':>13}  peak RSS MB"
+    header = f"{'stack':<10} {'conc':>6} {'n':>6} {'roll/s':>8} {'ratio':>6} {'p50 ms':>8} {'p99 ms':>9} {'srv CPU ms/r':>12} {'coll CPU ms/r':>13}  peak RSS MB"
     lines = [header, "-" * len(header)]
     for r in results:
         rss = " ".join(f"{k}={v:.0f}" for k, v in r["peak_rss_mb"].items())
         ratio = f"{r['ratio_to_bare']:.2f}" if "ratio_to_bare" in r else "-"
         lines.append(
-            f"{r['stack']:<7} {r['concurrency']:>6} {r['rollouts']:>6} {r['rollouts_per_s']:>8.1f} {ratio:>6} "
+            f"{r['stack']:<10} {r['concurrency']:>6} {r['rollouts']:>6} {r['rollouts_per_s']:>8.1f} {ratio:>6} "
             f"{r['p50_latency_ms']:>8.1f} {r['p99_latency_ms']:>9.1f} {r['cpu_ms_per_rollout_servers']:>12.2f} "
             f"{r['cpu_ms_per_rollout_collector']:>13.2f}  {rss}"
         )
     for r in results:
-        if "ratio_to_no_auth" in r:
-            lines.append(
-                f"run-token check at concurrency {r['concurrency']}: rollouts/s x{r['ratio_to_no_auth']:.3f}, "
-                f"server CPU per rollout x{r['cpu_ratio_to_no_auth']:.3f} (medians of {r['rounds']} rounds each)"
-            )
+        for other, what in (("no_auth", "run-token check"), ("no_metrics", "metrics")):
+            if f"ratio_to_{other}" in r:
+                lines.append(
+                    f"{what} at concurrency {r['concurrency']}: rollouts/s x{r[f'ratio_to_{other}']:.3f}, "
+                    f"server CPU per rollout x{r[f'cpu_ratio_to_{other}']:.3f} (medians of {r['rounds']} rounds each)"
+                )
     return "\n".join(lines)
 
 
@@ -296,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
         print(
             "usage: ng_bench [+env=example_single_tool_call] [+concurrencies=[64,1024,16384]] [+num_rollouts=4096]\n"
             "                [+output_json_fpath=bench_results.json] [+skip_bare=false]\n"
-            "                [+compare_auth=false] [+rounds=1 (3 with compare_auth)]\n"
+            "                [+compare_auth=false] [+compare_metrics=false] [+rounds=1 (3 with a compare)]\n"
             "Each concurrency runs max(num_rollouts, concurrency) rollouts per round."
         )
         return
@@ -316,7 +320,15 @@ def main(argv: list[str] | None = None) -> None:
     rows = example_rows(env)
     results: list[dict[str, Any]] = []
 
-    compare = bool(cfg.get("compare_auth", False))
+    compare_auth = bool(cfg.get("compare_auth", False))
+    compare_metrics = bool(cfg.get("compare_metrics", False))
+    compare = compare_auth or compare_metrics
+    # label -> the config the stack differs by; "ours" is the servers as they run by default.
+    variants: list[tuple[str, dict[str, Any] | None]] = [("ours", None)]
+    if compare_auth:
+        variants.append(("no_auth", {"server_auth": False}))
+    if compare_metrics:
+        variants.append(("no_metrics", {"metrics_enabled": False}))
     rounds = int(cfg.get("rounds", 3 if compare else 1))
     if rounds < 1:
         sys.exit(f"ng_bench: +rounds must be at least 1, got {rounds}")
@@ -325,12 +337,14 @@ def main(argv: list[str] | None = None) -> None:
     with contextlib.ExitStack() as started:
         # label -> (client, server pids); "no_auth" is the same servers with the token check off.
         stacks: dict[str, tuple[ServerClient, dict[str, int]]] = {}
-        for label, extra in (("ours", None), ("no_auth", {"server_auth": False}))[: 2 if compare else 1]:
+        for label, extra in variants:
             helper = started.enter_context(running_servers([env_config], extra))
             client = ServerClient.load_from_global_config(helper.head_server_config)
             stacks[label] = (client, {r["name"]: r["pid"] for r in helper.server_instances()})
-            if compare:
-                _check_token_check(helper, on=label == "ours")
+            if compare_auth:
+                _check_token_check(helper, on=label != "no_auth")
+            if compare_metrics:
+                _check_metrics_route(helper, on=label != "no_metrics")
             plan = _inner_calls(asyncio.run(_one_result(client, agent, rows[0])))
         for c in concurrencies:
             n = max(base_n, c)
@@ -346,10 +360,10 @@ def main(argv: list[str] | None = None) -> None:
             for label, r in combined.items():
                 r["stack"] = label
                 results.append(r)
-            if compare:
-                ours, open_ = combined["ours"], combined["no_auth"]
-                ours["ratio_to_no_auth"] = ours["rollouts_per_s"] / open_["rollouts_per_s"]
-                ours["cpu_ratio_to_no_auth"] = (
+            for other in list(combined)[1:]:
+                ours, open_ = combined["ours"], combined[other]
+                ours[f"ratio_to_{other}"] = ours["rollouts_per_s"] / open_["rollouts_per_s"]
+                ours[f"cpu_ratio_to_{other}"] = (
                     ours["cpu_ms_per_rollout_servers"] / open_["cpu_ms_per_rollout_servers"]
                 )
     hops = 1 + len(plan)
@@ -397,6 +411,24 @@ def _check_token_check(helper: Any, on: bool) -> None:
             raise RuntimeError(
                 f"ng_bench: {row['name']} answered {status} to a request without the run token; expected "
                 f"{'401' if on else '200'} in the stack with the token check {'on' if on else 'off'}"
+            )
+
+
+def _check_metrics_route(helper: Any, on: bool) -> None:
+    """Make sure a metrics comparison compares what it says: ``GET /metrics`` answers 200 on every server
+    of the stack with metrics on, and 404 on every server of the one without."""
+    import httpx
+
+    from nemo_gym.auth import auth_headers, client_token_for_url
+
+    for row in helper.server_instances():
+        url = row["url"]
+        headers = auth_headers(client_token_for_url(url))
+        status = httpx.get(url + "/metrics", headers=headers, timeout=30, trust_env=False).status_code
+        if (status == 200) != on:
+            raise RuntimeError(
+                f"ng_bench: {row['name']} answered {status} to GET /metrics; expected "
+                f"{'200' if on else '404'} in the stack with metrics {'on' if on else 'off'}"
             )
 
 

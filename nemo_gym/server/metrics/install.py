@@ -1,0 +1,113 @@
+"""Putting the metrics on an app: the ``metrics_enabled`` switch, ``GET /metrics``, the hooks of the bases.
+
+Contract
+--------
+* :func:`metrics_enabled` reads the run's top-level ``metrics_enabled`` (default true; ``false``, ``0``,
+  ``no`` or ``off`` turn it off).
+* :func:`install_metrics` gives an app its :class:`~nemo_gym.server.metrics.registry.ServerMetrics` (also at
+  ``app.state.nemo_gym_metrics``), ``GET /metrics``, the request-path middleware (added last, so
+  outermost: requests the run-token check refuses are counted too) and the event-loop lag tick, wrapped
+  around the app's lifespan. Metrics off: nothing at all is installed, and it returns None.
+* :func:`observed_verify` wraps a resources server's ``verify`` handler so the reward it answers is
+  observed (the handler's signature is kept for FastAPI); :func:`observe_agent_loop` records one agent
+  loop's model turns and tool calls. Both are no-ops without metrics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import Response
+
+from nemo_gym.server.metrics.loop_lag import LoopLagMonitor
+from nemo_gym.server.metrics.middleware import MetricsMiddleware
+from nemo_gym.server.metrics.registry import (
+    CONTENT_TYPE,
+    METRICS_ENABLED_KEY_NAME,
+    METRICS_PATH,
+    RESOURCES,
+    ServerMetrics,
+)
+
+_OFF = frozenset({"false", "0", "no", "off"})
+
+
+def metrics_enabled(global_config: Mapping[str, Any] | Any | None) -> bool:
+    """Whether the run's config leaves metrics on (the default)."""
+    if global_config is None:
+        return True
+    try:
+        value = global_config.get(METRICS_ENABLED_KEY_NAME, True)
+    except Exception:  # not a mapping: nothing set
+        return True
+    if value is None:
+        return True
+    if isinstance(value, str):
+        return value.strip().lower() not in _OFF
+    return bool(value)
+
+
+def install_metrics(
+    app: FastAPI,
+    server_name: str,
+    kind: str,
+    global_config: Mapping[str, Any] | Any | None = None,
+    session_cookie: str | None = None,
+) -> ServerMetrics | None:
+    """Install the metrics on ``app`` (see the module docstring); ``session_cookie``: the name of the
+    server's session cookie (resources servers count open sessions by it)."""
+    if not metrics_enabled(global_config):
+        return None
+    metrics = ServerMetrics(server_name, kind)
+    app.state.nemo_gym_metrics = metrics
+    lag = LoopLagMonitor(metrics.loop_lag.observe)
+
+    async def metrics_endpoint() -> Response:
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE)
+
+    app.add_api_route(METRICS_PATH, metrics_endpoint, methods=["GET"], include_in_schema=False)
+
+    inner = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan_with_lag(a: Any) -> AsyncIterator[Any]:
+        lag.start()
+        try:
+            async with inner(a) as state:
+                yield state
+        finally:
+            await lag.stop()
+
+    app.router.lifespan_context = lifespan_with_lag
+    app.add_middleware(
+        MetricsMiddleware, metrics=metrics, router=app.router, lag=lag, session_cookie=session_cookie
+    )
+    return metrics
+
+
+def observed_verify(
+    metrics: ServerMetrics | None, endpoint: Callable[..., Awaitable[Any]]
+) -> Callable[..., Awaitable[Any]]:
+    """``endpoint`` (a resources server's ``verify``) observing the reward it answers; unchanged when
+    metrics are off."""
+    if metrics is None or metrics.kind != RESOURCES:
+        return endpoint
+
+    @functools.wraps(endpoint)
+    async def verify(*args: Any, **kwargs: Any) -> Any:
+        result = await endpoint(*args, **kwargs)
+        reward = result.get("reward") if isinstance(result, dict) else getattr(result, "reward", None)
+        metrics.observe_reward(reward)
+        return result
+
+    return verify
+
+
+def observe_agent_loop(metrics: ServerMetrics | None, turns: int, tool_calls: int) -> None:
+    """Record one agent loop's model turns and tool calls (nothing when metrics are off)."""
+    if metrics is not None:
+        metrics.observe_agent_loop(turns, tool_calls)
