@@ -447,7 +447,7 @@ def test_the_scratch_copy_brings_the_server_folders_the_env_imports(tmp_path: Pa
     # Our own agent stays ours (it is the runtime under test), and this repo's nemo_gym is the one copied.
     ours = (PACKAGE_PARENT_DIR / "responses_api_agents" / "simple_agent" / "app.py").read_text()
     assert (root / "responses_api_agents" / "simple_agent" / "app.py").read_text() == ours
-    assert (root / "nemo_gym" / "upstream_check.py").is_file()
+    assert (root / "nemo_gym" / "tools" / "upstream_check.py").is_file()
     assert sorted(notes) == [
         "resources_servers/game_base (imported by its code) taken from upstream",
         "responses_api_agents/upstream_only_agent (imported by its code) taken from upstream",
