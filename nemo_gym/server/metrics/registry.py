@@ -6,28 +6,41 @@ Contract
   one) with the metrics every server has and those of its kind (``kind``: a server type such as
   ``resources_servers``, or ``head_server``). Names, types and labels are listed in
   docs/observability.md; every label value is bounded (see :mod:`nemo_gym.server.metrics`).
-* Labelled children are cached in plain dicts, so the request path pays one dict lookup for them
-  instead of ``prometheus_client``'s ``labels()`` (which validates and locks on every call).
+* The metrics the request path updates (every request, tool call, model call, ``/run``, ``/verify``
+  time) are :class:`HotCounter` / :class:`HotHistogram`: plain lists in a dict, updated without a lock by
+  the middleware (which runs on the app's event loop only) and turned into the same samples as
+  ``prometheus_client``'s ``Counter`` / ``Histogram`` (``_total``/``_created``, ``_bucket``/``_count``/
+  ``_sum``/``_created``) at scrape time. ``prometheus_client``'s own classes validate and take a lock on
+  every ``inc``/``observe`` and walk the buckets one by one: per request that cost several microseconds.
+  The request path looks each labelled cell up once (one dict lookup per request for all of them).
+  Metrics observed by handlers (rewards, agent loops; possibly on worker threads) keep
+  ``prometheus_client``'s locked classes.
 * :meth:`ServerMetrics.exposition` is the body of ``GET /metrics`` (``generate_latest``).
 """
 
 from __future__ import annotations
 
 import math
+import time
+from bisect import bisect_left
 from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
-    Counter,
     Gauge,
     Histogram,
     generate_latest,
 )
+from prometheus_client import metrics as prometheus_metrics
 from prometheus_client.gc_collector import GCCollector
+from prometheus_client.metrics_core import Metric
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 METRICS_ENABLED_KEY_NAME = "metrics_enabled"
 METRICS_PATH = "/metrics"
@@ -88,6 +101,119 @@ TOOL_CALL_BUCKETS = (0, 1, 2, 3, 4, 5, 8, 10, 15, 20, 30, 50, 100)
 MAX_OPEN_SESSIONS = 100_000
 
 
+class HotCounter(Collector):
+    """A counter for the request path (see the module docstring): :meth:`cell` gives the one-element list
+    of a label set's value (``cell[0] += n`` counts); exposed as ``prometheus_client.Counter`` would be.
+    Without labels, its one cell exists (at 0) from the start, as with ``Counter``."""
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str] = (), registry: CollectorRegistry | None = None
+    ) -> None:  # fmt: skip
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self.cells: dict[tuple[str, ...], list[float]] = {}
+        self.created: dict[tuple[str, ...], float] = {}
+        if not self.labelnames:
+            self.cell(())
+        if registry is not None:
+            registry.register(self)
+
+    def cell(self, labelvalues: tuple[str, ...]) -> list[float]:
+        cell = self.cells.get(labelvalues)
+        if cell is None:
+            self.created[labelvalues] = time.time()
+            cell = self.cells[labelvalues] = [0.0]
+        return cell
+
+    def inc(self, amount: float = 1) -> None:
+        """Count on the label-less cell."""
+        self.cells[()][0] += amount
+
+    def describe(self) -> list[Metric]:
+        return [Metric(self.name, self.documentation, "counter")]
+
+    def collect(self) -> Iterator[Metric]:
+        metric = Metric(self.name, self.documentation, "counter")
+        names = self.labelnames
+        for key, cell in list(self.cells.items()):
+            labels = dict(zip(names, key, strict=True))
+            metric.add_sample(self.name + "_total", labels, cell[0])
+            if _use_created():
+                metric.add_sample(self.name + "_created", labels, self.created[key])
+        yield metric
+
+
+class HotHistogram(Collector):
+    """A histogram for the request path (see the module docstring): :meth:`cell` gives a label set's list
+    of per-bucket counts (not cumulative; the last bucket is ``+Inf``) followed by the sum, which
+    :func:`observe` updates; exposed as ``prometheus_client.Histogram`` would be. Without labels, its one
+    cell exists from the start, as with ``Histogram``."""
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str] = (), buckets: Sequence[float] = (),
+        registry: CollectorRegistry | None = None,
+    ) -> None:  # fmt: skip
+        bounds = [float(b) for b in buckets]
+        if not bounds or bounds[-1] != math.inf:
+            bounds.append(math.inf)
+        if bounds != sorted(bounds) or bounds[0] < 0:
+            raise ValueError("buckets must be sorted and not negative")
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self.bounds = tuple(bounds)
+        self.cells: dict[tuple[str, ...], list[float]] = {}
+        self.created: dict[tuple[str, ...], float] = {}
+        if not self.labelnames:
+            self.cell(())
+        if registry is not None:
+            registry.register(self)
+
+    def cell(self, labelvalues: tuple[str, ...]) -> list[float]:
+        cell = self.cells.get(labelvalues)
+        if cell is None:
+            self.created[labelvalues] = time.time()
+            cell = self.cells[labelvalues] = [0.0] * (len(self.bounds) + 1)
+        return cell
+
+    def observe(self, amount: float) -> None:
+        """Observe on the label-less cell."""
+        observe(self.bounds, self.cells[()], amount)
+
+    def describe(self) -> list[Metric]:
+        return [Metric(self.name, self.documentation, "histogram")]
+
+    def collect(self) -> Iterator[Metric]:
+        metric = Metric(self.name, self.documentation, "histogram")
+        names, name = self.labelnames, self.name
+        les = [floatToGoString(b) for b in self.bounds]
+        for key, cell in list(self.cells.items()):
+            labels = dict(zip(names, key, strict=True))
+            acc = 0.0
+            for i, le in enumerate(les):
+                acc += cell[i]
+                metric.add_sample(name + "_bucket", {**labels, "le": le}, acc)
+            metric.add_sample(name + "_count", labels, acc)
+            metric.add_sample(name + "_sum", labels, cell[-1])
+            if _use_created():
+                metric.add_sample(name + "_created", labels, self.created[key])
+        yield metric
+
+
+def _use_created() -> bool:
+    """Whether ``prometheus_client`` exposes ``_created`` samples (``PROMETHEUS_DISABLE_CREATED_SERIES``,
+    ``disable_created_metrics()``): the hot metrics follow it as its own classes do."""
+    return getattr(prometheus_metrics, "_use_created", True)
+
+
+def observe(bounds: tuple[float, ...], cell: list[float], amount: float) -> None:
+    """Count ``amount`` in a :class:`HotHistogram` cell (``bounds``: that histogram's ``bounds``): the
+    first bucket whose upper bound is at least ``amount``, as ``prometheus_client`` does."""
+    cell[bisect_left(bounds, amount)] += 1
+    cell[-1] += amount
+
+
 class ServerMetrics:
     """The metrics of one app (see the module docstring)."""
 
@@ -102,13 +228,13 @@ class ServerMetrics:
         self.in_flight = 0  # read by the gauge at scrape time: no lock on the request path
         self.open_sessions: OrderedDict[bytes, None] = OrderedDict()
 
-        self.requests = Counter(
+        self.requests = HotCounter(
             "nemo_gym_http_requests",
             "HTTP requests answered, by method, route template and status.",
             ("method", "route", "status"),
             registry=reg,
         )
-        self.latency = Histogram(
+        self.latency = HotHistogram(
             "nemo_gym_http_request_duration_seconds",
             "Time from a request's arrival to the end of its answer, by method and route template.",
             ("method", "route"),
@@ -117,7 +243,7 @@ class ServerMetrics:
         )
         gauge = Gauge("nemo_gym_http_requests_in_flight", "HTTP requests being served now.", registry=reg)
         gauge.set_function(lambda: self.in_flight)
-        self.errors = Counter(
+        self.errors = HotCounter(
             "nemo_gym_http_errors",
             "Error answers (status >= 400), by route template and the error envelope's kind.",
             ("route", "kind"),
@@ -130,9 +256,9 @@ class ServerMetrics:
             buckets=LAG_BUCKETS,
             registry=reg,
         )
-        self._requests: dict[tuple[str, str, int], Any] = {}
-        self._latency: dict[tuple[str, str], Any] = {}
-        self._errors: dict[tuple[str, str], Any] = {}
+        # (method, route, status) -> (its request-count cell, its latency cell)
+        self._requests: dict[tuple[str, str, int], tuple[list[float], list[float]]] = {}
+        self._latency_bounds = self.latency.bounds
 
         if kind == RESOURCES:
             sessions = Gauge(
@@ -141,7 +267,7 @@ class ServerMetrics:
                 registry=reg,
             )
             sessions.set_function(lambda: len(self.open_sessions))
-            self.verify_latency = Histogram(
+            self.verify_latency = HotHistogram(
                 "nemo_gym_verify_duration_seconds",
                 "Time the verifier took (the /verify handler), successful or not.",
                 buckets=LATENCY_BUCKETS,
@@ -150,34 +276,36 @@ class ServerMetrics:
             self.reward = Histogram(
                 "nemo_gym_verify_reward", "Rewards /verify answered.", buckets=REWARD_BUCKETS, registry=reg
             )
-            self.tool_calls = Counter(
+            self.tool_calls = HotCounter(
                 "nemo_gym_tool_calls",
                 "Tool calls, by registered tool name and outcome (ok: status < 400).",
                 ("tool", "outcome"),
                 registry=reg,
             )
-            self._tool_calls: dict[tuple[str, str], Any] = {}
+            self._tool_calls: dict[tuple[str, bool], list[float]] = {}
         elif kind == MODELS:
-            self._model_children: dict[tuple[str, bool], tuple[Any, Any, Any, Any]] = {}
-            self.model_calls = Counter(
+            self._model_cells: dict[
+                tuple[str, bool], tuple[list[float], list[float], list[float], list[float]]
+            ] = {}
+            self.model_calls = HotCounter(
                 "nemo_gym_model_calls",
                 "Model calls, by endpoint route and outcome (ok: status < 400).",
                 ("endpoint", "outcome"),
                 registry=reg,
             )
-            self.prompt_tokens = Counter(
+            self.prompt_tokens = HotCounter(
                 "nemo_gym_model_prompt_tokens",
                 "Prompt (input) tokens of successful model calls, from the usage of the answers.",
                 ("endpoint",),
                 registry=reg,
             )
-            self.completion_tokens = Counter(
+            self.completion_tokens = HotCounter(
                 "nemo_gym_model_completion_tokens",
                 "Completion (output) tokens of successful model calls, from the usage of the answers.",
                 ("endpoint",),
                 registry=reg,
             )
-            self.generation_latency = Histogram(
+            self.generation_latency = HotHistogram(
                 "nemo_gym_model_generation_duration_seconds",
                 "Time a model call took, to the end of its answer (streamed answers included).",
                 ("endpoint",),
@@ -185,13 +313,13 @@ class ServerMetrics:
                 registry=reg,
             )
         elif kind == AGENTS:
-            self.rollouts_started = Counter(
+            self.rollouts_started = HotCounter(
                 "nemo_gym_rollouts_started", "Rollouts (/run requests) started.", registry=reg
             )
-            self.rollouts_finished = Counter(
+            self.rollouts_finished = HotCounter(
                 "nemo_gym_rollouts_finished", "Rollouts (/run) answered with a success.", registry=reg
             )
-            self.rollouts_failed = Counter(
+            self.rollouts_failed = HotCounter(
                 "nemo_gym_rollouts_failed",
                 "Rollouts (/run) answered with an error, by the error envelope's kind.",
                 ("kind",),
@@ -210,32 +338,27 @@ class ServerMetrics:
                 registry=reg,
             )
 
-    # -- the request path (labelled children cached: one dict lookup each) -----------------------------
+    # -- the request path (cells cached: one dict lookup per request) ----------------------------------
     def observe_request(self, method: str, route: str, status: int, elapsed: float) -> None:
-        key = (method, route, status)
-        child = self._requests.get(key)
-        if child is None:
-            child = self._requests[key] = self.requests.labels(method, route, str(status))
-        child.inc()
-        lkey = (method, route)
-        hist = self._latency.get(lkey)
-        if hist is None:
-            hist = self._latency[lkey] = self.latency.labels(method, route)
-        hist.observe(elapsed)
+        cells = self._requests.get((method, route, status))
+        if cells is None:
+            cells = self._requests[(method, route, status)] = (
+                self.requests.cell((method, route, str(status))),
+                self.latency.cell((method, route)),
+            )
+        cells[0][0] += 1
+        latency = cells[1]
+        latency[bisect_left(self._latency_bounds, elapsed)] += 1
+        latency[-1] += elapsed
 
     def observe_error(self, route: str, kind: str) -> None:
-        key = (route, kind)
-        child = self._errors.get(key)
-        if child is None:
-            child = self._errors[key] = self.errors.labels(route, kind)
-        child.inc()
+        self.errors.cell((route, kind))[0] += 1
 
     def observe_tool_call(self, tool: str, ok: bool) -> None:
-        key = (tool, "ok" if ok else "error")
-        child = self._tool_calls.get(key)
-        if child is None:
-            child = self._tool_calls[key] = self.tool_calls.labels(*key)
-        child.inc()
+        cell = self._tool_calls.get((tool, ok))
+        if cell is None:
+            cell = self._tool_calls[(tool, ok)] = self.tool_calls.cell((tool, "ok" if ok else "error"))
+        cell[0] += 1
 
     def observe_reward(self, reward: Any) -> None:
         if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
@@ -254,20 +377,20 @@ class ServerMetrics:
     def observe_model_call(
         self, endpoint: str, ok: bool, elapsed: float, usage: tuple[int, int] | None
     ) -> None:
-        children = self._model_children.get((endpoint, ok))
-        if children is None:
-            children = self._model_children[(endpoint, ok)] = (
-                self.model_calls.labels(endpoint, "ok" if ok else "error"),
-                self.generation_latency.labels(endpoint),
-                self.prompt_tokens.labels(endpoint),
-                self.completion_tokens.labels(endpoint),
+        cells = self._model_cells.get((endpoint, ok))
+        if cells is None:
+            cells = self._model_cells[(endpoint, ok)] = (
+                self.model_calls.cell((endpoint, "ok" if ok else "error")),
+                self.generation_latency.cell((endpoint,)),
+                self.prompt_tokens.cell((endpoint,)),
+                self.completion_tokens.cell((endpoint,)),
             )
-        calls, latency, prompt, completion = children
-        calls.inc()
-        latency.observe(elapsed)
+        calls, latency, prompt, completion = cells
+        calls[0] += 1
+        observe(self.generation_latency.bounds, latency, elapsed)
         if usage is not None:
-            prompt.inc(usage[0])
-            completion.inc(usage[1])
+            prompt[0] += usage[0]
+            completion[0] += usage[1]
 
     def observe_agent_loop(self, turns: int, tool_calls: int) -> None:
         if self.kind != AGENTS:
