@@ -11,11 +11,13 @@ agent, a split no agent declares, a missing dataset file, rollouts already there
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
@@ -40,6 +42,17 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return [orjson.loads(x) for x in path.read_bytes().splitlines() if x.strip()]
 
 
+def _scrape(url: str) -> dict[str, float]:
+    """A ``GET /metrics`` as {series: value}."""
+    resp = httpx.get(url, timeout=5, trust_env=False)
+    assert resp.status_code == 200, resp.text[:500]
+    return {
+        line.rpartition(" ")[0]: float(line.rpartition(" ")[2])
+        for line in resp.text.splitlines()
+        if line and not line.startswith("#")
+    }
+
+
 def _e2e(launch: Launcher, *args: str) -> Any:
     return launch(
         "-m",
@@ -58,20 +71,36 @@ def test_e2e_collect_interrupt_and_resume(tmp_path: Path, launch: Launcher) -> N
     common = ["+split=example", f"+output_jsonl_fpath={out}", f"+agent_num_repeats.{MULTI_AGENT}=2", PARIS]
     # Slow model turns so that Ctrl+C lands in the middle of the collection.
     slow = "+policy_model.responses_api_models.scripted_model.script=[{delay_s: 0.4}]"
-    first = _e2e(launch, *common, slow, "+num_samples_in_parallel=1")
+    first = _e2e(launch, *common, slow, "+num_samples_in_parallel=1", "+metrics_port=0")
     weather_out = tmp_path / "eval" / "rollouts" / f"{WEATHER_AGENT}.jsonl"
     deadline = time.monotonic() + BOUND_S
     while not (weather_out.is_file() and weather_out.read_bytes().count(b"\n") >= 2):
         assert first.proc.poll() is None, first.output
         assert time.monotonic() < deadline, first.output
         time.sleep(0.05)
+    # +metrics_port=0: the live stats on a free port, printed at the start, scraped mid-run.
+    line = first.wait_for_line(r"Live collection stats: http://127\.0\.0\.1:\d+/metrics", 10)
+    assert line is not None, first.output
+    url = line.split("Live collection stats: ", 1)[1].strip()
+    before = weather_out.read_bytes().count(b"\n")
+    live_now = _scrape(url)
+    after = weather_out.read_bytes().count(b"\n")
+    assert (
+        before - 1 <= live_now["nemo_gym_collection_rollouts_ok_total"] <= after
+    )  # -1: a line being counted
+    assert live_now["nemo_gym_collection_rollouts_planned"] == 5  # the weather agent's; the other not yet
     first.send_signal(signal.SIGINT)
     assert first.wait_exit(BOUND_S) == 130, first.output
     assert first.wait_no_processes() == []  # every server stopped with it
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    with socket.socket() as sock, pytest.raises(ConnectionRefusedError):  # the live stats server too
+        sock.connect(("127.0.0.1", port))
     kept = weather_out.read_bytes()
     assert kept.endswith(b"\n") and 2 <= kept.count(b"\n") < 5
     metrics = orjson.loads((tmp_path / "eval_aggregate_metrics.json").read_bytes())
     assert metrics["overall"]["interrupted"] is True
+    assert metrics["overall"]["live"]["rollouts_ok"] == kept.count(b"\n")
+    assert metrics["per_agent"][WEATHER_AGENT]["live"]["rollouts_ok"] == kept.count(b"\n")
     assert metrics["per_agent"][MULTI_AGENT] == {"started": False, "num_repeats": 2}
     assert len(_lines(out)) == kept.count(b"\n")  # the combined file has what is done
     assert "resume_from_cache" in first.stderr
@@ -115,6 +144,19 @@ def test_e2e_collect_interrupt_and_resume(tmp_path: Path, launch: Launcher) -> N
     collated = _lines(tmp_path / "eval" / "preprocessed_datasets" / "example.jsonl")
     assert len(collated) == 10 and {r["agent_ref"]["name"] for r in collated} == {WEATHER_AGENT, MULTI_AGENT}
     assert "Overall mean reward 0.0667" in done.stdout
+    # The live blocks: this run's rollouts (the resumed ones only), per agent and overall.
+    fresh_weather = weather[n_kept:]
+    assert per_agent[WEATHER_AGENT]["live"]["rollouts_ok"] == 5 - n_kept
+    assert per_agent[MULTI_AGENT]["live"]["rollouts_ok"] == 10
+    assert per_agent[WEATHER_AGENT]["live"]["tokens"]["total_tokens"] == sum(
+        r["response"]["usage"]["total_tokens"] for r in _lines(weather_out)[n_kept:]
+    )
+    live = overall["live"]
+    assert live["rollouts_ok"] == 15 - n_kept and live["rollouts_failed"] == 0
+    assert live["tokens"]["output_tokens"] == sum(
+        r["response"]["usage"]["output_tokens"] for r in fresh_weather + multi
+    )
+    assert live["reward"]["mean"] == pytest.approx(sum(r["reward"] for r in fresh_weather) / (15 - n_kept))
     # +tracker=mlflow: the overall and per-agent metrics in a local MLflow file store.
     tracked = mlflow_runs(mlruns)
     assert len(tracked) == 1 and tracked[0].info.run_name == "eval"

@@ -684,6 +684,94 @@ def test_agent_own_http_error_is_classified(weather: RunHelper) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
+# Live collection stats: +metrics_port's GET /metrics while it runs, the progress postfix, the live block.
+
+
+def scrape(url: str) -> dict[str, float]:
+    """The collector's ``GET /metrics`` as {series (name and labels as exposed): value}."""
+    import httpx
+
+    resp = httpx.get(url, timeout=5, trust_env=False)
+    assert resp.status_code == 200, resp.text[:500]
+    out = {}
+    for line in resp.text.splitlines():
+        if line and not line.startswith("#"):
+            series, _, value = line.rpartition(" ")
+            out[series] = float(value)
+    return out
+
+
+def test_live_stats_on_metrics_port_progress_and_aggregate_file(weather: RunHelper, tmp_path: Path) -> None:
+    base = example_rows(WEATHER)
+    # In this order, one at a time: two rollouts that succeed, one whose model answers 503, one that
+    # outlives +request_timeout_s (a window in which the counts must be exactly 2 ok and 1 failed).
+    rows = [base[0], base[1], with_marker(base[2], FAIL_503), with_marker(base[3], HANG)]
+    input_path = write_jsonl(tmp_path / "tasks.jsonl", rows)
+    out = tmp_path / "rollouts.jsonl"
+    side = sidecar_paths(out)
+    args = base_args(
+        input_path,
+        out,
+        "+num_samples_in_parallel=1",
+        "+request_timeout_s=5",
+        "+max_attempts=1",
+        "+metrics_port=0",
+    )
+    proc = start_collect(args, head_port(weather), tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        url = None
+        while url is None:
+            found = re.search(
+                r"Live collection stats: (http://127\.0\.0\.1:\d+/metrics)",
+                (tmp_path / "collect.stdout").read_text(),
+            )
+            url = found.group(1) if found else None
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                tmp_path / "collect.stderr"
+            ).read_text()
+            time.sleep(0.05)
+        wait_for_lines(out, 2, proc)
+        wait_for_lines(side["failures"], 1, proc)
+        seen: dict[str, float] = {}
+        while time.monotonic() < deadline:  # the hanging rollout is in flight for 5 s
+            seen = scrape(url)
+            if seen.get('nemo_gym_collection_rollouts_failed_total{kind="http_error"}') == 1:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the collector ended before the mid-run scrape"
+        assert seen["nemo_gym_collection_rollouts_ok_total"] == 2
+        assert seen['nemo_gym_collection_rollouts_failed_total{kind="http_error"}'] == 1
+        assert seen["nemo_gym_collection_rollouts_planned"] == 4
+        assert seen["process_resident_memory_bytes"] > 0
+        code, stdout, stderr = finish(proc, tmp_path)
+    finally:
+        _kill_group(proc)
+    assert code == 1, stderr[-3000:]  # two rollouts missing
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    with socket.socket() as s, pytest.raises(ConnectionRefusedError):  # the server stopped with the run
+        s.connect(("127.0.0.1", port))
+
+    written = read_jsonl(out)
+    rewards = [float(r["reward"]) for r in written]
+    usage = [r["response"]["usage"] for r in written]
+    assert len(written) == 2 and all(u["total_tokens"] > 0 for u in usage)
+    live = orjson.loads(side["metrics"].read_bytes())["live"]
+    assert live["rollouts_ok"] == 2 and live["rollouts_failed"] == 2 and live["rollouts_not_persisted"] == 0
+    assert live["failures_by_kind"] == {"http_error": 1, "timeout": 1}
+    assert live["reward"]["count"] == 2
+    assert live["reward"]["mean"] == pytest.approx(sum(rewards) / 2)
+    assert live["reward"]["std"] == pytest.approx(abs(rewards[0] - rewards[1]) / 2)
+    for key in ("input_tokens", "output_tokens", "total_tokens"):
+        assert live["tokens"][key] == sum(u[key] for u in usage), key
+    assert live["rollouts_per_s"] == pytest.approx(2 / live["wall_time_s"])
+    assert live["tokens_per_s"] == pytest.approx(live["tokens"]["total_tokens"] / live["wall_time_s"])
+    # The progress bar's last postfix: the same numbers.
+    assert "failed=2 (http_error 1, timeout 1)" in stderr, stderr[-2000:]
+    assert f"reward={live['reward']['mean']:.3f}±{live['reward']['std']:.3f}" in stderr
+
+
+# ------------------------------------------------------------------------------------------------
 # Resume bookkeeping on a damaged output file (no servers needed).
 
 

@@ -9,7 +9,8 @@ Contract
   :mod:`.input_rows` (streaming validation and materialisation of the input), :mod:`.row_schema` (rows
   against the environment's ``GET /row_schema``), :mod:`.output_files` (sidecar paths, whole-line
   writer, resume scans), :mod:`.circuit_breaker` (failure classification and the replica-aware
-  breaker), :mod:`.dispatch` (``/run`` calls and :func:`~.dispatch.bounded_map`), :mod:`.summary` (the
+  breaker), :mod:`.dispatch` (``/run`` calls and :func:`~.dispatch.bounded_map`), :mod:`.live_stats`
+  (running counts, the progress postfix, ``+metrics_port``'s ``GET /metrics``), :mod:`.summary` (the
   typed end-of-run summary), :mod:`.collector` (the whole job: plan, run, report), :mod:`.helper` (the trainers' Python API) and
   :mod:`.cli` (``ng_collect_rollouts``). Each imports only modules listed before it; none imports
   :mod:`nemo_gym.rollout_collection`.

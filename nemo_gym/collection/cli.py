@@ -61,6 +61,8 @@ def collect_main(argv: list[str] | None = None) -> None:
             "  [+head_server.host=127.0.0.1 +head_server.port=11000]\n"
             "  [+circuit_breaker_threshold=3] [+tracker=mlflow|wandb (docs/concepts.md: Experiment tracking)]\n"
             "  [+observability_enabled=true|false (model calls to <stem>_model_calls.jsonl; docs/trainers.md)]\n"
+            "  [+metrics_port=PORT (live stats on GET http://127.0.0.1:PORT/metrics while it runs; 0: a free\n"
+            "    port, printed at start; default off; docs/observability.md)]\n"
             "exit status: 0 all done, 1 some rollouts missing (see the failures file), 2 bad input or options,\n"
             "  3 stopped early because a server is down (restart it, then +resume_from_cache=true), 130 interrupted"
         )

@@ -17,7 +17,9 @@ Contract
   outcome and the breaker's decisions), report.
 * It returns the summary, a :class:`~.summary.CollectionSummary` (counts, failure kinds, down
   servers, aggregate metrics from :mod:`nemo_gym.kit.rollout_stats`), and writes its ``to_dict()`` to
-  ``<stem>_aggregate_metrics.json``;
+  ``<stem>_aggregate_metrics.json`` (its last block, ``live``, this run's numbers as
+  :mod:`.live_stats` counted them while it ran: also the progress bar's postfix and, with
+  ``+metrics_port``, ``GET /metrics``);
   :func:`format_summary` renders it for people (its last line is ``Average reward: <mean>``).
 """
 
@@ -40,6 +42,7 @@ from nemo_gym.client.server_client import ServerClient, live_replicas
 from nemo_gym.collection.circuit_breaker import CircuitBreaker, _error_text, classify_failure, describe_down
 from nemo_gym.collection.dispatch import bounded_map, run_one
 from nemo_gym.collection.input_rows import materialize
+from nemo_gym.collection.live_stats import LiveMetricsServer, LiveStats, failure_label
 from nemo_gym.collection.options import (
     NG_FAILURE_CLASS_KEY,
     NG_NO_PERSIST_KEY,
@@ -67,35 +70,28 @@ _KIND_FIELDS = ("kind", "server", "status", "via")
 
 
 class _Progress:
-    """A tqdm bar on stderr with the running mean reward and the failure count (or nothing)."""
+    """A tqdm bar on stderr whose postfix is the run's live numbers (:meth:`LiveStats.postfix`), or nothing."""
 
-    def __init__(self, total: int, enabled: bool) -> None:
+    def __init__(self, total: int, enabled: bool, stats: LiveStats) -> None:
         self.bar = None
-        self.reward_sum, self.n_ok, self.n_failed = 0.0, 0, 0
+        self.stats = stats
         self._last = 0.0
         if enabled:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, unit="rollout", dynamic_ncols=True, file=sys.stderr)
 
-    def update(self, reward: float | None) -> None:
-        if reward is None:
-            self.n_failed += 1
-        else:
-            self.n_ok += 1
-            self.reward_sum += reward
+    def update(self) -> None:
         if self.bar is not None:
             self.bar.update(1)
             now = time.monotonic()
-            if now - self._last > 0.5:
+            if now - self._last > 0.5:  # the postfix is rebuilt at most twice a second
                 self._last = now
-                mean = self.reward_sum / self.n_ok if self.n_ok else float("nan")
-                self.bar.set_postfix(mean_reward=f"{mean:.3f}", failed=self.n_failed, refresh=False)
+                self.bar.set_postfix(self.stats.postfix(), refresh=False)
 
     def close(self) -> None:
         if self.bar is not None:
-            mean = self.reward_sum / self.n_ok if self.n_ok else float("nan")
-            self.bar.set_postfix(mean_reward=f"{mean:.3f}", failed=self.n_failed, refresh=True)
+            self.bar.set_postfix(self.stats.postfix(), refresh=True)
             self.bar.close()
 
 
@@ -124,6 +120,7 @@ class _RunResult:
 
     breaker: CircuitBreaker
     sink: ModelCallSink | None
+    live: LiveStats
     n_ok: int = 0
     n_failed: int = 0
     n_unpersisted: int = 0
@@ -144,15 +141,27 @@ async def collect_rollouts(
     client: ServerClient,
     stop: asyncio.Event | None = None,
     checked: CheckedInput | None = None,
+    live: LiveStats | None = None,
 ) -> CollectionSummary:
     """The whole job: plan, run, report; returns the summary (also written to the metrics file).
 
     ``checked`` is the result of :func:`check_input` when the caller already ran it (the CLI does,
-    to report a bad input before it connects to the head server).
+    to report a bad input before it connects to the head server). ``live`` receives this run's counts
+    too (``ng_e2e_collect_rollouts`` sums its agents' runs there). With ``cfg.metrics_port`` set, this
+    run's numbers are served on ``GET /metrics`` from start to end (:mod:`.live_stats`).
     """
-    plan = await _plan(cfg, client, checked)
-    run = await _run(cfg, client, plan, stop)
-    return _report(cfg, plan, run, stop)
+    stats = LiveStats(parent=live)
+    server = None
+    if cfg.metrics_port is not None:
+        server = LiveMetricsServer(stats, cfg.metrics_port)
+        print(f"Live collection stats: {server.url}", flush=True)
+    try:
+        plan = await _plan(cfg, client, checked)
+        run = await _run(cfg, client, plan, stop, stats)
+        return _report(cfg, plan, run, stop)
+    finally:
+        if server is not None:
+            server.close()
 
 
 async def _plan(cfg: RolloutCollectionConfig, client: ServerClient, checked: CheckedInput | None) -> _Plan:
@@ -213,7 +222,11 @@ async def _plan(cfg: RolloutCollectionConfig, client: ServerClient, checked: Che
 
 
 async def _run(
-    cfg: RolloutCollectionConfig, client: ServerClient, plan: _Plan, stop: asyncio.Event | None
+    cfg: RolloutCollectionConfig,
+    client: ServerClient,
+    plan: _Plan,
+    stop: asyncio.Event | None,
+    stats: LiveStats,
 ) -> _RunResult:
     """Send the planned rows (the breaker holding back those of down servers); write each outcome."""
     breaker = CircuitBreaker(cfg.circuit_breaker_threshold, replicated_instances(client.global_config_dict))
@@ -245,9 +258,11 @@ async def _run(
     )
     if sink is not None:  # each rollout's model calls, pulled as it ends (nemo_gym.server.model_calls)
         worker = sink.wrap(worker)
-    tally = _RunResult(breaker=breaker, sink=sink)
+    tally = _RunResult(breaker=breaker, sink=sink, live=stats)
     kinds, kind_paths = tally.kinds, tally.kind_paths
-    progress = _Progress(plan.todo, cfg.progress)
+    stats.start()
+    stats.plan(plan.todo)
+    progress = _Progress(plan.todo, cfg.progress, stats)
     t0 = time.monotonic()
     try:
         if sink is not None:
@@ -264,7 +279,8 @@ async def _run(
             reward = result.get("reward") if isinstance(result, dict) else None
             if exc is None and isinstance(result, dict) and result.get(NG_NO_PERSIST_KEY):
                 tally.n_unpersisted += 1  # the environment asked: written nowhere, a resume runs it again
-                progress.update(None)
+                stats.rollout_not_persisted()
+                progress.update()
                 continue
             reported = result.get(NG_FAILURE_CLASS_KEY) if exc is None and isinstance(result, dict) else None
             if reported is not None:
@@ -286,8 +302,9 @@ async def _run(
             elif exc is None and isinstance(reward, (int, float)) and not isinstance(reward, bool):
                 out.write(result)
                 tally.n_ok += 1
+                stats.rollout_ok(float(reward), result)
                 breaker.success(agent)
-                progress.update(float(reward))
+                progress.update()
                 continue
             else:
                 if exc is None:
@@ -309,7 +326,8 @@ async def _run(
                 }
             )
             tally.n_failed += 1
-            progress.update(None)
+            stats.rollout_failed(failure_label(failure["kind"], reported=reported is not None))
+            progress.update()
     finally:
         progress.close()
         out.close()
@@ -317,6 +335,7 @@ async def _run(
         if sink is not None:
             sink.close()
     tally.wall = time.monotonic() - t0
+    stats.finish()
     return tally
 
 
@@ -360,6 +379,7 @@ def _report(
         files=files,
         metrics=metrics,
         model_calls=run.sink.summary(str(plan.calls_path)) if run.sink is not None else None,
+        live=run.live.to_dict(),
     )
     plan.side["metrics"].write_bytes(orjson.dumps(summary.to_dict(), option=orjson.OPT_INDENT_2))
     return summary

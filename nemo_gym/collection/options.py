@@ -63,6 +63,9 @@ class CollectionOptions(BaseModel):
     tracker: Literal["mlflow", "wandb"] | None = None
     # Model-call capture (nemo_gym.server.model_calls): None follows the servers' config, false never pulls.
     observability_enabled: bool | None = None
+    # Live stats on GET http://127.0.0.1:<port>/metrics while the collection runs (0: a free port;
+    # None: off). nemo_gym.collection.live_stats.
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
 
 
 class RolloutCollectionConfig(CollectionOptions):

@@ -7,7 +7,8 @@ Contract
   aggregate metrics of :mod:`nemo_gym.kit.rollout_stats` (``metrics``, keys such as ``mean/reward``).
 * :meth:`CollectionSummary.to_dict` is the dict written to ``<stem>_aggregate_metrics.json`` and
   given to trackers: the same keys in the same order as before the summary was typed, the metrics
-  at the top level, so those files stay byte for byte as they were.
+  at the top level, so those files keep every key they had; the ``live`` block
+  (:mod:`nemo_gym.collection.live_stats`) comes last.
 * ``summary[key]`` reads that dict, for Python callers written against the dict summary; code in
   this package reads attributes.
 """
@@ -57,6 +58,9 @@ class CollectionSummary:
     metrics: dict[str, Any] = field(default_factory=dict)
     # The model-call capture's summary, when capture was on.
     model_calls: dict[str, Any] | None = None
+    # This run's live numbers (nemo_gym.collection.live_stats.LiveStats.to_dict): rates, failures by
+    # kind, reward mean/std, tokens. Written last, so every key before it is as it was.
+    live: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (metrics file, trackers): keys in the order the dict summary always had."""
@@ -87,6 +91,8 @@ class CollectionSummary:
         }
         if self.model_calls is not None:
             out["model_calls"] = self.model_calls
+        if self.live is not None:
+            out["live"] = self.live
         return out
 
     def __getitem__(self, key: str) -> Any:

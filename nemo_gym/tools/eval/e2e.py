@@ -27,6 +27,9 @@ Contract
   metrics are written for what is done; exit 130. ``+resume_from_cache=true`` then runs exactly what
   is missing. Exit status: 0 all done, 1 rollouts missing after failures (or a server failed to
   start), 2 bad input, 3 stopped early because a server is down, 130 interrupted.
+* While it collects: the progress bar shows the live numbers of :mod:`nemo_gym.collection.live_stats`;
+  ``+metrics_port=PORT`` serves them for the whole run on ``GET http://127.0.0.1:PORT/metrics``; at
+  the end they are the ``live`` block of ``overall`` (each agent's in its ``per_agent`` entry).
 * ``+tracker=mlflow|wandb`` exports the metrics to an experiment tracker (:mod:`nemo_gym.collection.tracking`).
 """
 
@@ -51,6 +54,7 @@ from nemo_gym.client.fd_limits import raise_open_file_limit
 from nemo_gym.client.server_client import ServerClient, close_shared_session
 from nemo_gym.collection.cli import EXIT_SERVER_DOWN
 from nemo_gym.collection.collector import collect_rollouts, format_summary
+from nemo_gym.collection.live_stats import LiveMetricsServer, LiveStats
 from nemo_gym.collection.options import CollectionOptions, InputError, RolloutCollectionConfig
 from nemo_gym.collection.output_files import sidecar_paths
 from nemo_gym.collection.summary import CollectionSummary
@@ -82,7 +86,8 @@ usage: {COMMAND} "+config_paths=[env.yaml files..., model.yaml]" +split=train|va
          [+agent_num_repeats.<agent>=K ...] [+limit=N] [+num_samples_in_parallel=P]
          [+responses_create_params.temperature=0.7 ...] [+num_repeats_add_seed=true] [+resume_from_cache=true]
          [+overwrite=true] [+max_attempts=3] [+pass_threshold=1.0] [+request_timeout_s=3600] [+progress=false]
-         [+tracker=mlflow|wandb] [+observability_enabled=true] [+head_server.port=11000] [any ng_run option]
+         [+tracker=mlflow|wandb] [+observability_enabled=true] [+metrics_port=PORT (0: a free one)]
+         [+head_server.port=11000] [any ng_run option]
 Starts the servers, collects rollouts on the datasets of type +split that the agents declare, writes
 per-agent and overall metrics, stops the servers.
 exit status: 0 all done, 1 rollouts missing (see the failures files), 2 bad input, 3 a server is down,
@@ -283,12 +288,25 @@ def collection_config(opts: E2ECollectionConfig, plan: AgentPlan) -> RolloutColl
 
 
 async def collect_all(
-    opts: E2ECollectionConfig, plans: list[AgentPlan], head: BaseServerConfig, stop: asyncio.Event
+    opts: E2ECollectionConfig,
+    plans: list[AgentPlan],
+    head: BaseServerConfig,
+    stop: asyncio.Event,
+    live: LiveStats | None = None,
 ) -> dict[str, CollectionSummary]:
-    """Collect agent after agent; returns each started agent's collector summary."""
+    """Collect agent after agent; returns each started agent's collector summary.
+
+    ``live`` receives every agent's counts; with ``+metrics_port`` it is served on ``GET /metrics``
+    from the first agent's collection to the end of the last (one port for the whole run).
+    """
     client = ServerClient.load_from_global_config(head, timeout_s=opts.request_timeout_s)
     summaries: dict[str, CollectionSummary] = {}
+    live = live if live is not None else LiveStats()
+    server = None
     try:
+        if opts.metrics_port is not None:
+            server = LiveMetricsServer(live, opts.metrics_port)
+            print(f"Live collection stats: {server.url}", flush=True)
         for plan in plans:
             if stop.is_set():
                 break
@@ -296,9 +314,12 @@ async def collect_all(
             print(
                 f"\n== {plan.agent}: {plan.input_path} x {plan.num_repeats} -> {plan.output_path}", flush=True
             )
-            summaries[plan.agent] = await collect_rollouts(cfg, client, stop)
+            summaries[plan.agent] = await collect_rollouts(cfg, client, stop, live=live)
             print(format_summary(summaries[plan.agent]), flush=True)
     finally:
+        live.finish()
+        if server is not None:
+            server.close()
         await close_shared_session()
     return summaries
 
@@ -308,8 +329,10 @@ def overall_metrics(
     plans: list[AgentPlan],
     summaries: dict[str, CollectionSummary],
     interrupted: bool,
+    live: LiveStats | None = None,
 ) -> dict[str, Any]:
-    """Per-agent metrics (without per-task detail) and the overall ones."""
+    """Per-agent metrics (without per-task detail) and the overall ones (with ``live``: its block,
+    the whole run's live numbers; each agent's are in its entry)."""
     per_agent: dict[str, Any] = {}
     for plan in plans:
         s = summaries.get(plan.agent)
@@ -329,6 +352,8 @@ def overall_metrics(
         entry.update(
             tokens=s.metrics["tokens"], failed_this_run=s.this_run.failed, files=s.files, started=True
         )
+        if s.live is not None:
+            entry["live"] = s.live
         per_agent[plan.agent] = entry
     done = [e for e in per_agent.values() if e.get("started")]
     n_ok = sum(e["rollouts_ok"] for e in done)
@@ -352,6 +377,8 @@ def overall_metrics(
             e["rollouts_ok"] for e in with_reward
         )
         overall["mean_over_agents/reward"] = sum(e["mean/reward"] for e in with_reward) / len(with_reward)
+    if live is not None:
+        overall["live"] = live.to_dict()
     return {"overall": overall, "per_agent": per_agent, "output_jsonl_fpath": opts.output_jsonl_fpath}
 
 
@@ -422,6 +449,7 @@ def run(
         print(f"{COMMAND}: {len(supervisor.children)} servers ready ({time.monotonic() - t0:.1f} s)")
         print(format_instances_table(supervisor.server_instances_info()), flush=True)
         head = BaseServerConfig(host=supervisor.head_host, port=supervisor.head_port)
+        live = LiveStats()
 
         async def main() -> tuple[dict[str, dict[str, Any]], bool]:
             stop = asyncio.Event()
@@ -431,7 +459,7 @@ def run(
                     loop.add_signal_handler(sig, stop.set)
             if stop_thread.is_set():
                 stop.set()
-            return await collect_all(opts, plans, head, stop), stop.is_set()
+            return await collect_all(opts, plans, head, stop, live), stop.is_set()
 
         summaries, interrupted = asyncio.run(main())
         _install_signal_handlers(stop_thread)  # asyncio put the defaults back
@@ -440,7 +468,7 @@ def run(
     interrupted = interrupted or any(s.interrupted for s in summaries.values())
     output = Path(opts.output_jsonl_fpath)
     n_lines = write_combined(output, plans)
-    metrics = overall_metrics(opts, plans, summaries, interrupted)
+    metrics = overall_metrics(opts, plans, summaries, interrupted, live)
     metrics_path = sidecar_paths(output)["metrics"]
     write_atomic(metrics_path, json_file_bytes(metrics))
     print(format_overall(metrics))
