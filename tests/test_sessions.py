@@ -163,7 +163,7 @@ def test_signing_secret_comes_from_the_environment(monkeypatch: pytest.MonkeyPat
 
 def test_without_the_environment_the_secret_is_random_per_process() -> None:
     env = {k: v for k, v in os.environ.items() if k != NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME}
-    code = "from nemo_gym.server_utils import session_secret as s; a, b = s(), s(); print(a.hex(), b.hex(), len(a))"
+    code = "from nemo_gym.server.asgi.sessions import session_secret as s; a, b = s(), s(); print(a.hex(), b.hex(), len(a))"
     outs = []
     for _ in range(2):
         done = subprocess.run(
