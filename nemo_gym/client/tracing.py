@@ -12,6 +12,7 @@ Contract
   method, path and answer status as attributes, and the request carries that span's ``traceparent``
   (and ``tracestate``) so the server called continues the same trace. A status >= 400 or an exception
   marks the span as an error. Retries of a call that did not reach its server are one span.
+  ``GET /`` (liveness) and ``GET /metrics`` are never spans (:data:`UNTRACED_GET_PATHS`).
 * One tracer per process: each server of a run is its own process. Apps sharing a process (tests)
   share the last tracer installed.
 """
@@ -24,6 +25,9 @@ from nemo_gym.config.types import ROLLOUT_PATH_PREFIX
 
 # The process's tracer while traces are on; None (the default) means off and costs one attribute read.
 TRACER: Any = None
+# ``GET`` of these paths is no span, on either side: liveness checks and Prometheus scrapes are no
+# rollout's work, and a scrape every few seconds would bury the traces that are.
+UNTRACED_GET_PATHS = frozenset({"/", "/metrics"})
 _ROLLOUT_START = f"/{ROLLOUT_PATH_PREFIX}/"
 _otel: Any = None  # the OpenTelemetry names used per call, bound once by enable_client_tracing
 
@@ -61,7 +65,10 @@ def span_path(path: str) -> str:
 
 def start_client_span(method: str, server_name: str, url_path: str, headers: dict[str, str]) -> Any:
     """Open the span of one outgoing call and put its ``traceparent`` into ``headers``; end it with
-    :func:`end_client_span`. Only called while :data:`TRACER` is set."""
+    :func:`end_client_span`. None (no span, no header) for a liveness check or scrape
+    (:data:`UNTRACED_GET_PATHS`). Only called while :data:`TRACER` is set."""
+    if method == "GET" and url_path in UNTRACED_GET_PATHS:
+        return None
     span = TRACER.start_span(
         f"{method} {span_path(url_path)}",
         kind=_otel.client_kind,

@@ -3,13 +3,15 @@
 Contract
 --------
 * Off (unset or false, :func:`nemo_gym.config.tracing.tracing_mode`) :func:`install_tracing` returns at
-  once: nothing of OpenTelemetry is imported, no layer is added, no header is read or written.
+  once: nothing of OpenTelemetry is imported by us (the SDK and exporter never load; recent FastAPI
+  versions import ``opentelemetry-api`` themselves), no layer is added, no header is read or written.
 * On, it gives the process a ``TracerProvider`` whose resource is ``service.name`` = the server's
   instance name and ``nemo_gym.server_type`` = its server type, with a ``BatchSpanProcessor`` and an
   OTLP/HTTP exporter to ``tracing_endpoint``; the usual ``OTEL_BSP_*`` and ``OTEL_EXPORTER_OTLP_*``
-  environment variables (schedule delay, headers, ...) apply. The provider also becomes OpenTelemetry's
-  global one when none was set, so environment code may add spans with ``trace.get_tracer(...)``.
-  It is flushed and shut down when the app's lifespan ends (after the server's own ``on_shutdown``),
+  environment variables (schedule delay, headers, ...) apply. It is NOT made OpenTelemetry's global
+  provider: FastAPI >= 0.16x traces requests itself once a global provider is set, which would double
+  every server span (environment code that wants spans of its own takes
+  ``app.state.nemo_gym_tracer_provider``). It is flushed and shut down when the app's lifespan ends (after the server's own ``on_shutdown``),
   so spans of the last rollouts reach the collector when ``ng_run`` stops the server.
 * Every HTTP request is a ``SERVER`` span named ``<METHOD> <path>`` (a ``/ng-rollout/<id>`` prefix left
   out of the name), the child of the caller's span when the request carries a W3C ``traceparent``,
@@ -17,7 +19,8 @@ Contract
   rollout, and the agent's calls to the model and resources servers (client spans,
   :mod:`nemo_gym.client.tracing`) and those servers' spans hang below it. The layer is outermost, so
   requests the run-token check refuses are spans too; a status >= 500 or an escaping exception marks
-  the span as an error.
+  the span as an error. ``GET /`` (liveness, polled by the launcher) and ``GET /metrics`` (Prometheus)
+  are not traced.
 * Missing packages are a :class:`RuntimeError` naming the ``tracing`` extra (the launcher reports the
   same before anything starts: :func:`nemo_gym.config.tracing.tracing_problems`).
 """
@@ -31,7 +34,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from nemo_gym.client.tracing import enable_client_tracing, span_path
+from nemo_gym.client.tracing import UNTRACED_GET_PATHS, enable_client_tracing, span_path
 from nemo_gym.config.tracing import MISSING_PACKAGES_HINT, tracing_endpoint, tracing_mode
 
 TRACER_NAME = "nemo_gym"
@@ -70,7 +73,6 @@ def install_tracing(
 def tracer_provider(service_name: str, server_type: str, endpoint: str) -> Any:
     """A ``TracerProvider`` exporting in batches over OTLP/HTTP to ``endpoint``."""
     try:
-        from opentelemetry import trace
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
@@ -82,8 +84,6 @@ def tracer_provider(service_name: str, server_type: str, endpoint: str) -> Any:
     provider.add_span_processor(
         BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_S))
     )
-    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):  # none set yet in this process
-        trace.set_tracer_provider(provider)
     return provider
 
 
@@ -103,7 +103,7 @@ class TracingMiddleware:
         self.error = trace.StatusCode.ERROR
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or (scope["method"] == "GET" and scope["path"] in UNTRACED_GET_PATHS):
             await self.app(scope, receive, send)
             return
         carrier = {}
