@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel
 
 from nemo_gym.auth import auth_headers, client_token
+from nemo_gym.client import tracing as client_tracing
 from nemo_gym.client.fd_limits import client_socket_budget
 from nemo_gym.client.http_transport import (
     ConnectFailed,
@@ -38,6 +39,7 @@ from nemo_gym.client.http_transport import (
     TransportError,
 )
 from nemo_gym.client.replicas import ReplicaSet, replica_set_from_block
+from nemo_gym.client.tracing import end_client_span, start_client_span
 from nemo_gym.config.keys import (
     DEFAULT_HEAD_SERVER_HOST,
     DEFAULT_HEAD_SERVER_PORT,
@@ -342,61 +344,72 @@ class ServerClient:
         path = url_path + ("?" + urlencode(params) if params else "")
         limit_s = timeout_s or self.timeout_s
         transport = self._session()
+        # Traces off (the default): one attribute read is all they cost here (nemo_gym.client.tracing).
+        span = (
+            None if client_tracing.TRACER is None else start_client_span(method, server_name, path, headers)
+        )
         attempt = 0
-        while True:
-            try:
-                # The limit bounds each whole attempt: sending, and reading the complete response.
-                resp = await transport.request(method, host, port, path, data, headers, limit_s)
-                resp.server_name, resp.url_path = server_name, url_path
-                return resp
-            except _RETRYABLE_ERRORS as e:
-                attempt += 1
-                if attempt > self.max_retries:
-                    where = f" ({replicas.describe(replica)})" if replicas is not None else ""
+        try:
+            while True:
+                try:
+                    # The limit bounds each whole attempt: sending, and reading the complete response.
+                    resp = await transport.request(method, host, port, path, data, headers, limit_s)
+                    resp.server_name, resp.url_path = server_name, url_path
+                    if span is not None:
+                        end_client_span(span, resp.status, None, (host, port))
+                    return resp
+                except _RETRYABLE_ERRORS as e:
+                    attempt += 1
+                    if attempt > self.max_retries:
+                        where = f" ({replicas.describe(replica)})" if replicas is not None else ""
+                        raise UpstreamError(
+                            server_name,
+                            url_path,
+                            None,
+                            f"{type(e).__name__}: {e} (gave up after {attempt} attempts){where}",
+                            kind="connection_error",
+                        ) from e
+                    delay = min(self.backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S)
+                    _retry_warnings.warn(
+                        server_name,
+                        host,
+                        port,
+                        "Cannot reach %s at %s:%s%s (%s); retry %d/%d in %.2f s",
+                        server_name,
+                        host,
+                        port,
+                        url_path,
+                        type(e).__name__,
+                        attempt,
+                        self.max_retries,
+                        delay,
+                    )
+                    if replicas is not None and not sticky:
+                        # Nothing was processed: a new session may go to another replica at once.
+                        replicas.mark_down(replica)
+                        failed, replica = replica, replicas.next_index(avoid=replica)
+                        host, port = replicas.endpoints[replica]
+                        if replica != failed:
+                            delay = 0.0
+                    await asyncio.sleep(delay)
+                except ResponseTimeout as e:
+                    setting = timeout_setting or "the client's timeout_s"
                     raise UpstreamError(
                         server_name,
                         url_path,
                         None,
-                        f"{type(e).__name__}: {e} (gave up after {attempt} attempts){where}",
-                        kind="connection_error",
+                        f"no response within {limit_s:g} s (limit set by {setting})",
+                        kind="timeout",
                     ) from e
-                delay = min(self.backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S)
-                _retry_warnings.warn(
-                    server_name,
-                    host,
-                    port,
-                    "Cannot reach %s at %s:%s%s (%s); retry %d/%d in %.2f s",
-                    server_name,
-                    host,
-                    port,
-                    url_path,
-                    type(e).__name__,
-                    attempt,
-                    self.max_retries,
-                    delay,
-                )
-                if replicas is not None and not sticky:
-                    # Nothing was processed: a new session may go to another replica at once.
-                    replicas.mark_down(replica)
-                    failed, replica = replica, replicas.next_index(avoid=replica)
-                    host, port = replicas.endpoints[replica]
-                    if replica != failed:
-                        delay = 0.0
-                await asyncio.sleep(delay)
-            except ResponseTimeout as e:
-                setting = timeout_setting or "the client's timeout_s"
-                raise UpstreamError(
-                    server_name,
-                    url_path,
-                    None,
-                    f"no response within {limit_s:g} s (limit set by {setting})",
-                    kind="timeout",
-                ) from e
-            except TransportError as e:
-                # E.g. the connection broke while the response was being read: not safe to resend.
-                raise UpstreamError(
-                    server_name, url_path, None, f"{type(e).__name__}: {e}", kind="connection_error"
-                ) from e
+                except TransportError as e:
+                    # E.g. the connection broke while the response was being read: not safe to resend.
+                    raise UpstreamError(
+                        server_name, url_path, None, f"{type(e).__name__}: {e}", kind="connection_error"
+                    ) from e
+        except BaseException as e:
+            if span is not None:
+                end_client_span(span, None, e, (host, port))
+            raise
 
     async def post(self, server_name: str, url_path: str, json: Any = None, **kwargs: Any) -> RawResponse:
         return await self.request("POST", server_name, url_path, json=json, **kwargs)

@@ -18,6 +18,7 @@ Our own code imports from these modules:
 * :mod:`~nemo_gym.config.options`: the registry of each command's options and the typo check.
 * :mod:`~nemo_gym.config.missing`: values that are not set or cannot be resolved.
 * :mod:`~nemo_gym.config.network`: port range, client connection limits, a free port.
+* :mod:`~nemo_gym.config.tracing`: the ``+tracing=otlp`` switch and what it needs.
 * :mod:`~nemo_gym.config.validation`: the one check of a whole config before anything starts.
 * :mod:`~nemo_gym.config.parser`: upstream's ``GlobalConfigDictParser`` and its settings.
 """

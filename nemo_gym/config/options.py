@@ -73,6 +73,9 @@ LAUNCHER_KEYS = {
     "model_call_capture_max_bytes",
     # Prometheus metrics (nemo_gym.server.metrics): GET /metrics on every server, on unless false.
     "metrics_enabled",
+    # OpenTelemetry traces (nemo_gym.config.tracing): +tracing=otlp, and where spans go.
+    "tracing",
+    "tracing_endpoint",
 }
 # Top-level keys upstream NeMo Gym defines that have no effect here, accepted so that configs and
 # trainers written for it (NeMo RL sets uv_cache_dir, uv_venv_dir, ...) start unchanged.

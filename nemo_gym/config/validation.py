@@ -6,7 +6,7 @@ Contract
   file and line (or the command-line override) it came from: malformed or almost-instances, missing
   server folders and entrypoints, references to instances that do not exist (naming the config file
   that defines one), mistyped ng_run options (:mod:`nemo_gym.config.options`), a bad port range or
-  connection limit, and missing or unresolvable values (:mod:`nemo_gym.config.missing`). It returns
+  connection limit, ``+tracing`` set wrongly or without its packages (:mod:`nemo_gym.config.tracing`), and missing or unresolvable values (:mod:`nemo_gym.config.missing`). It returns
   the server instances when there is none.
 * Typos inside server blocks are found by each server's config class, before any server starts
   (:mod:`nemo_gym.run.supervision.verdicts`).
@@ -38,6 +38,7 @@ from nemo_gym.config.missing import _find_missing
 from nemo_gym.config.network import configured_port_range, connection_limits_from
 from nemo_gym.config.options import option_problems
 from nemo_gym.config.problems import ConfigError, _did_you_mean, _format_problems, _loc
+from nemo_gym.config.tracing import tracing_problems
 
 
 def validate_global_config(loaded: LoadedConfig) -> list[ServerInstance]:
@@ -113,6 +114,7 @@ def validate_global_config(loaded: LoadedConfig) -> list[ServerInstance]:
             )
         except ValueError as e:
             problems.append(f"'{key}'{_loc(prov, key)}: {e}")
+    problems += [f"'{key}'{_loc(prov, key)}: {message}" for key, message in tracing_problems(cfg)]
     count, missing = _find_missing(cfg, prov)
     if missing:
         problems.append(

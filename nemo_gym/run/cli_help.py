@@ -24,6 +24,7 @@ from nemo_gym.config.keys import (
     HEAD_SERVER_KEY_NAME,
 )
 from nemo_gym.config.options import COMMAND_OPTIONS, HEAD_SERVER_KEYS
+from nemo_gym.config.tracing import DEFAULT_TRACING_ENDPOINT
 
 
 def _mib(n: int) -> str:
@@ -123,6 +124,12 @@ def option_help() -> dict[str, tuple[str, str]]:
             "false",
             "no Prometheus GET /metrics on the servers (default on; docs/observability.md)",
         ),
+        "tracing": (
+            "otlp",
+            "an OpenTelemetry trace per rollout, spans sent over OTLP/HTTP (needs the tracing extra; "
+            "docs/observability.md)",
+        ),
+        "tracing_endpoint": ("URL", f"where +tracing=otlp sends spans (default {DEFAULT_TRACING_ENDPOINT})"),
         "model_call_capture_max_calls": (
             "N",
             f"most calls a model server keeps for capture (default {DEFAULT_MAX_CALLS})",

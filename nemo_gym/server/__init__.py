@@ -10,8 +10,9 @@ path prefix (:mod:`~nemo_gym.server.rollout_prefix`), the guard against slow or 
 (:mod:`~nemo_gym.server.accept_limit`), cancelling work whose client went away
 (:mod:`~nemo_gym.server.disconnect`), a server process's side of the launcher's promises
 (:mod:`~nemo_gym.server.startup`: die with the launcher, report the config verdict), tools over MCP
-(:mod:`~nemo_gym.server.mcp`, :mod:`~nemo_gym.server.mcp_exposure`) and model-call capture
-(:mod:`~nemo_gym.server.model_calls`).
+(:mod:`~nemo_gym.server.mcp`, :mod:`~nemo_gym.server.mcp_exposure`), model-call capture
+(:mod:`~nemo_gym.server.model_calls`), Prometheus metrics (:mod:`~nemo_gym.server.metrics`) and
+OpenTelemetry traces (:mod:`~nemo_gym.server.tracing`, with ``+tracing=otlp``).
 
 May import: everything below it (base modules, ``config``, ``openai_utils``, ``kit``, ``client``);
 never ``run``, ``collection`` or ``tools``, so a server process never loads the launcher.

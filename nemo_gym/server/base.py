@@ -82,6 +82,7 @@ from nemo_gym.server.startup import (
     die_with_parent,
     report_config_verdict,
 )
+from nemo_gym.server.tracing import install_tracing
 
 logger = logging.getLogger("nemo_gym")
 
@@ -284,6 +285,8 @@ class BaseServer(BaseModel):
         app.add_middleware(ServerLayer, guard=guard, server_name=name, sessions=sessions, errors=errors)
         # GET /metrics and the request counts, outside the guard so refused requests count too.
         self._metrics = install_metrics(app, name, self.metrics_kind, global_cfg, cookie_name_for(name))
+        # +tracing=otlp: a span per request, outermost (nemo_gym.server.tracing); off: nothing at all.
+        install_tracing(app, name, self.metrics_kind, global_cfg)
 
     # -- upstream NeMo Gym's set-up steps (each idempotent: our setup_webserver already did them) -------
     def setup_liveness(self, app: FastAPI) -> None:
