@@ -27,21 +27,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from nemo_gym.kit.rollout_stats import RunningStat
+from nemo_gym.server.metrics.registry import KNOWN_ERROR_KINDS
 
 # Failure kinds a label may take: the error envelope's kinds (nemo_gym.server.metrics.registry's
 # KNOWN_ERROR_KINDS), the client's (nemo_gym.client.server_client, nemo_gym.errors), the breaker's
 # and the collector's own; anything else is "other".
-FAILURE_KINDS = frozenset(
+FAILURE_KINDS = KNOWN_ERROR_KINDS | frozenset(
     {
-        "unauthorized",
-        "request_too_large",
-        "validation_error",
-        "internal_error",
-        "upstream_error",
-        "verify_timeout",
-        "verify_failed",
-        "client_disconnected",
-        "replica_session_lost",
         "connection_error",
         "timeout",
         "bad_response",

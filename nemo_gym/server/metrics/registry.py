@@ -101,17 +101,21 @@ TOOL_CALL_BUCKETS = (0, 1, 2, 3, 4, 5, 8, 10, 15, 20, 30, 50, 100)
 MAX_OPEN_SESSIONS = 100_000
 
 
-class HotCounter(Collector):
-    """A counter for the request path (see the module docstring): :meth:`cell` gives the one-element list
-    of a label set's value (``cell[0] += n`` counts); exposed as ``prometheus_client.Counter`` would be.
-    Without labels, its one cell exists (at 0) from the start, as with ``Counter``."""
+class _HotMetric(Collector):
+    """What the request-path metrics share: one list of floats per label set (``cell_size`` long), made at
+    first use with its ``_created`` time; without labels, its one cell exists from the start, as with
+    ``prometheus_client``'s own classes."""
+
+    kind = ""
 
     def __init__(
-        self, name: str, documentation: str, labelnames: Sequence[str] = (), registry: CollectorRegistry | None = None
+        self, name: str, documentation: str, labelnames: Sequence[str], cell_size: int,
+        registry: CollectorRegistry | None,
     ) -> None:  # fmt: skip
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
+        self.cell_size = cell_size
         self.cells: dict[tuple[str, ...], list[float]] = {}
         self.created: dict[tuple[str, ...], float] = {}
         if not self.labelnames:
@@ -123,15 +127,27 @@ class HotCounter(Collector):
         cell = self.cells.get(labelvalues)
         if cell is None:
             self.created[labelvalues] = time.time()
-            cell = self.cells[labelvalues] = [0.0]
+            cell = self.cells[labelvalues] = [0.0] * self.cell_size
         return cell
+
+    def describe(self) -> list[Metric]:
+        return [Metric(self.name, self.documentation, self.kind)]
+
+
+class HotCounter(_HotMetric):
+    """A counter for the request path (see the module docstring): :meth:`cell` gives the one-element list
+    of a label set's value (``cell[0] += n`` counts); exposed as ``prometheus_client.Counter`` would be."""
+
+    kind = "counter"
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str] = (), registry: CollectorRegistry | None = None
+    ) -> None:  # fmt: skip
+        super().__init__(name, documentation, labelnames, 1, registry)
 
     def inc(self, amount: float = 1) -> None:
         """Count on the label-less cell."""
         self.cells[()][0] += amount
-
-    def describe(self) -> list[Metric]:
-        return [Metric(self.name, self.documentation, "counter")]
 
     def collect(self) -> Iterator[Metric]:
         metric = Metric(self.name, self.documentation, "counter")
@@ -144,11 +160,12 @@ class HotCounter(Collector):
         yield metric
 
 
-class HotHistogram(Collector):
+class HotHistogram(_HotMetric):
     """A histogram for the request path (see the module docstring): :meth:`cell` gives a label set's list
     of per-bucket counts (not cumulative; the last bucket is ``+Inf``) followed by the sum, which
-    :func:`observe` updates; exposed as ``prometheus_client.Histogram`` would be. Without labels, its one
-    cell exists from the start, as with ``Histogram``."""
+    :func:`observe` updates; exposed as ``prometheus_client.Histogram`` would be."""
+
+    kind = "histogram"
 
     def __init__(
         self, name: str, documentation: str, labelnames: Sequence[str] = (), buckets: Sequence[float] = (),
@@ -159,30 +176,12 @@ class HotHistogram(Collector):
             bounds.append(math.inf)
         if bounds != sorted(bounds) or bounds[0] < 0:
             raise ValueError("buckets must be sorted and not negative")
-        self.name = name
-        self.documentation = documentation
-        self.labelnames = tuple(labelnames)
         self.bounds = tuple(bounds)
-        self.cells: dict[tuple[str, ...], list[float]] = {}
-        self.created: dict[tuple[str, ...], float] = {}
-        if not self.labelnames:
-            self.cell(())
-        if registry is not None:
-            registry.register(self)
-
-    def cell(self, labelvalues: tuple[str, ...]) -> list[float]:
-        cell = self.cells.get(labelvalues)
-        if cell is None:
-            self.created[labelvalues] = time.time()
-            cell = self.cells[labelvalues] = [0.0] * (len(self.bounds) + 1)
-        return cell
+        super().__init__(name, documentation, labelnames, len(self.bounds) + 1, registry)
 
     def observe(self, amount: float) -> None:
         """Observe on the label-less cell."""
         observe(self.bounds, self.cells[()], amount)
-
-    def describe(self) -> list[Metric]:
-        return [Metric(self.name, self.documentation, "histogram")]
 
     def collect(self) -> Iterator[Metric]:
         metric = Metric(self.name, self.documentation, "histogram")
