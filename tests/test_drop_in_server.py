@@ -192,7 +192,7 @@ def test_set_up_steps_are_idempotent_and_a_self_built_app_still_gets_the_guard(
     server.setup_session_middleware(app)
     server.setup_liveness(app)
     assert [r.path for r in app.router.routes].count("/") == 1
-    # nothing added twice (MetricsMiddleware: GET /metrics, nemo_gym.metrics; outermost, metrics on by default)
+    # nothing added twice (MetricsMiddleware: GET /metrics, nemo_gym.server.metrics; outermost, metrics on by default)
     assert [m.cls.__name__ for m in app.user_middleware] == ["MetricsMiddleware", "ServerLayer"]
     assert server.get_session_middleware_key() == "CounterServer___counter"
 
@@ -509,7 +509,7 @@ def test_unhandled_errors_are_scrubbed_json_500s_with_the_session_cookie_in_both
 
     own = OwnAppServer(config=CounterConfig(name="own"), server_client=MagicMock(spec=ServerClient))
     ours = OursServer(config=CounterConfig(name="ours"), server_client=MagicMock(spec=ServerClient))
-    for server, layers in ((own, 4), (ours, 2)):  # each with nemo_gym.metrics' layer
+    for server, layers in ((own, 4), (ours, 2)):  # each with nemo_gym.server.metrics' layer
         app = server.complete_app(server.setup_webserver())
         assert len(app.user_middleware) == layers  # nothing installed twice
         with serve(app) as url, httpx.Client(base_url=url, trust_env=False, headers=auth) as client:
