@@ -36,7 +36,7 @@ from typing import Any
 
 import orjson
 
-from nemo_gym.errors import error_envelope
+from nemo_gym.errors import UpstreamError, error_envelope
 
 REPLICA_ENV_VAR_NAME = "NEMO_GYM_REPLICA"
 REPLICA_COOKIE_PREFIX = "ng_replica_"
@@ -178,6 +178,14 @@ class ReplicaSet:
                 f"'{self.instance_name}' (it has {len(self.endpoints)})"
             )
         return index
+
+    def sticky_replica(self, cookies: Any, url_path: str) -> int | None:
+        """:meth:`sticky_index` for a request to ``url_path``: a replica cookie naming no replica of this
+        instance is the caller's error, raised as an ``UpstreamError`` of kind ``replica_unknown``."""
+        try:
+            return self.sticky_index(cookies)
+        except ValueError as e:
+            raise UpstreamError(self.instance_name, url_path, None, str(e), kind="replica_unknown") from None
 
     def next_index(self, avoid: int | None = None) -> int:
         """The next replica in round-robin order that is not marked down (and is not ``avoid``); when

@@ -324,7 +324,7 @@ class ServerClient:
             host, port = endpoint  # type: ignore[misc]
         else:  # several replicas: the session's own, else the next one (nemo_gym.client.replicas)
             replicas = endpoint  # type: ignore[assignment]
-            replica = _pick_replica(replicas, cookies, server_name, url_path)
+            replica = replicas.sticky_replica(cookies, url_path)
             sticky = replica is not None
             if replica is None:
                 replica = replicas.next_index()
@@ -467,13 +467,6 @@ async def live_replicas(
 
     answers = await asyncio.gather(*(alive(i) for i in range(len(replicas))))
     return [i for i, ok in enumerate(answers) if ok]
-
-
-def _pick_replica(replicas: ReplicaSet, cookies: Any, server_name: str, url_path: str) -> int | None:
-    try:
-        return replicas.sticky_index(cookies)
-    except ValueError as e:
-        raise UpstreamError(server_name, url_path, None, str(e), kind="replica_unknown") from None
 
 
 def _json_default(o: Any) -> Any:
