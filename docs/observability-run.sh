@@ -11,7 +11,7 @@ out=${1:-docs/observability-run.png}
 head_port=${HEAD_PORT:-11000} prom_port=${PROM_PORT:-19090} coll_port=${COLLECTOR_PORT:-19091}
 work=$(mktemp -d)
 pids=()
-trap 'kill "${pids[@]}" 2>/dev/null || true; wait || true' EXIT
+trap 'kill "${pids[@]}" 2>/dev/null || true; wait || true; rm -rf "$work"' EXIT  # the rows take ~180 MB
 
 python - "$work" <<'PY'
 import json, sys
