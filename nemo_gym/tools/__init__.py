@@ -7,6 +7,7 @@ The rollout viewer (:mod:`~nemo_gym.tools.viewer`, ``ng_viewer``), benchmarks (:
 environment (:mod:`~nemo_gym.tools.scaffold`), listing the servers found (:mod:`~nemo_gym.tools.server_list`,
 ``ng_list``), running an environment's own tests (:mod:`~nemo_gym.tools.server_tests`, ``ng_test``) and
 upstream's (:mod:`~nemo_gym.tools.upstream_check`), the quick start (:mod:`~nemo_gym.tools.quickstart`),
+plots of a run's series read back from Prometheus (:mod:`~nemo_gym.tools.metrics_plots`),
 the test harness for environment authors (:mod:`~nemo_gym.tools.testing`) and its pytest plugin
 (:mod:`~nemo_gym.tools.pytest_plugin`).
 
