@@ -11,9 +11,11 @@ module under that name before it imports the tests next to it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -27,6 +29,7 @@ from typing import IO, Any
 import httpx
 import psutil
 import pytest
+import uvicorn
 
 from nemo_gym.auth import auth_headers, read_token_file, token_file_for
 
@@ -254,6 +257,30 @@ def launch_module() -> Iterator[Launcher]:
         yield launcher
     finally:
         launcher.cleanup()
+
+
+@contextlib.contextmanager
+def serve_app(app: Any, *, lifespan: str = "off", bound_s: float = 15.0) -> Iterator[str]:
+    """Serve the ASGI ``app`` with uvicorn in a thread on a free port of 127.0.0.1; yields its base URL.
+
+    ``lifespan="on"`` runs the app's start-up and shut-down hooks (what an MCP session manager or the
+    metrics' loop-lag tick needs). Starting and stopping are each bounded by ``bound_s``."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan=lifespan))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + bound_s
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        assert server.started, "test server did not start"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(bound_s)
+        sock.close()
 
 
 def get_json(url: str, timeout: float = 10, token: str | None = None) -> Any:

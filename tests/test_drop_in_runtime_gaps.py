@@ -4,15 +4,10 @@ added later, and behaviour their tests rely on. Servers run under real uvicorn o
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from pydantic import BaseModel
 
@@ -27,6 +22,7 @@ from nemo_gym.base_resources_server import (
 from nemo_gym.judge import JudgeError, call_judge
 from nemo_gym.openai_utils import NeMoGymResponse
 from nemo_gym.server_utils import SESSION_ID_KEY, ServerClient
+from tests.conftest import serve_app
 
 BOUND_S = 30.0
 STUB = {"responses_create_params": {"input": "hi"}, "response": {"output": []}}
@@ -68,30 +64,6 @@ def _weather_server(name: str, expose: bool) -> WeatherServer:
     return WeatherServer(config=config, server_client=ServerClient(global_config_dict={}))
 
 
-@contextlib.contextmanager
-def serve_with_lifespan(app: FastAPI) -> Iterator[str]:
-    """Serve ``app`` under uvicorn (lifespan on: the MCP session manager runs in it); yields its URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    ready = threading.Event()
-    for _ in range(int(BOUND_S / 0.01)):
-        if server.started:
-            ready.set()
-            break
-        ready.wait(0.01)
-    try:
-        assert ready.is_set(), "test server did not start"
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(BOUND_S)
-        sock.close()
-
-
 async def _call_weather_over_mcp(url: str, headers: dict[str, str]) -> tuple[list[str], str]:
     pytest.importorskip("mcp", reason="the `mcp` extra is not installed")
     import httpx2
@@ -119,7 +91,7 @@ def test_maybe_auto_expose_serves_an_upstream_style_server_once_and_binds_the_se
     assert maybe_auto_expose(server, app) is True
     assert [getattr(r, "path", None) for r in app.router.routes].count(MCP_URL_PATH) == 1
 
-    with serve_with_lifespan(app) as base:
+    with serve_app(app, lifespan="on") as base:
         seeded = httpx.post(base + "/seed_session", json=STUB, timeout=BOUND_S, trust_env=False)
         assert seeded.status_code == 200, seeded.text
         meta = seeded.json()["mcp"]
@@ -142,7 +114,7 @@ def test_maybe_auto_expose_without_the_flag_serves_nothing() -> None:
     server = _weather_server("plain_env", expose=False)
     app = server.setup_webserver()
     assert maybe_auto_expose(server, app) is False
-    with serve_with_lifespan(app) as base:
+    with serve_app(app, lifespan="on") as base:
         resp = httpx.post(base + MCP_URL_PATH, json={}, timeout=BOUND_S, trust_env=False)
         assert resp.status_code == 404
 
@@ -215,14 +187,13 @@ class TruncationAwareServer(SimpleResourcesServer):
 
 
 def test_verify_reads_incomplete_details_and_error_as_attributes_and_status_stays_unset() -> None:
-    from tests.test_sessions import serve
 
     server = TruncationAwareServer(
         config=BaseResourcesServerConfig(name="truncation_env", host="127.0.0.1", port=0),
         server_client=ServerClient(global_config_dict={}),
     )
     base_response = {"id": "r", "created_at": 0, "model": "m", "object": "response", "output": []}
-    with serve(server.setup_webserver()) as base:
+    with serve_app(server.setup_webserver()) as base:
 
         def verify(**response: Any) -> dict[str, Any]:
             body = {"responses_create_params": {"input": "hi"}, "response": {**base_response, **response}}
@@ -552,7 +523,6 @@ def test_run_answers_with_a_failure_class_go_to_the_failures_file_and_no_persist
     from nemo_gym.collection.collector import collect_rollouts
     from nemo_gym.collection.output_files import sidecar_paths
     from nemo_gym.rollout_collection import RolloutCollectionConfig
-    from tests.test_sessions import serve
 
     modes = ["ok", "judge_down", "terminal", "killed"]
     rows = [{"responses_create_params": {"input": "hi"}, "mode": m} for m in modes]
@@ -579,7 +549,7 @@ def test_run_answers_with_a_failure_class_go_to_the_failures_file_and_no_persist
 
         return asyncio.run(asyncio.wait_for(go(), BOUND_S))
 
-    with serve(app) as base:
+    with serve_app(app) as base:
         port = int(base.rsplit(":", 1)[1])
         client = ServerClient(
             global_config_dict={

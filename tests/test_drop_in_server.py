@@ -45,7 +45,7 @@ from nemo_gym.server_utils import (
     raise_for_status,
     request,
 )
-from tests.test_sessions import serve
+from tests.conftest import serve_app
 
 REPO = Path(__file__).resolve().parents[1]
 ROW = {"responses_create_params": {"input": "hi"}}
@@ -129,7 +129,7 @@ def hosted_app(server: SimpleServer) -> FastAPI:
 
 
 def test_a_directly_built_server_serves_sessions_the_upstream_way() -> None:
-    with serve(hosted_app(hosted_server())) as url:
+    with serve_app(hosted_app(hosted_server())) as url:
         c = _NoJar(url)  # keeps no cookies: each call sends exactly the cookies it is given
         assert c.get("/").json()["status"] == "ok"
         seeded = c.post("/seed_session", json={**ROW, "initial_count": 5})
@@ -169,7 +169,7 @@ def test_a_stored_rollout_posted_back_to_verify_is_verified_again() -> None:
         "_ng_task_index": 4,
         "agent_ref": {"type": "responses_api_agents", "name": "a"},
     }
-    with serve(hosted_app(hosted_server())) as url:
+    with serve_app(hosted_app(hosted_server())) as url:
         c = _NoJar(url)
         cookies = dict(c.post("/seed_session", json=stored).cookies)
         c.post("/increment", cookies=cookies)
@@ -212,7 +212,7 @@ def test_set_up_steps_are_idempotent_and_a_self_built_app_still_gets_the_guard(
     monkeypatch.setenv(AUTH_TOKEN_ENV_VAR_NAME, "tok")
     own_server = OwnAppServer(config=CounterConfig(name="own"), server_client=MagicMock(spec=ServerClient))
     own_app = own_server.complete_app(own_server.setup_webserver())  # what run_webserver does
-    with serve(own_app) as url:
+    with serve_app(own_app) as url:
         assert httpx.post(url + "/sid", trust_env=False).status_code == 401
         ok = httpx.post(url + "/sid", headers={"Authorization": "Bearer tok"}, trust_env=False)
         assert ok.status_code == 200 and ok.json()["sid"]
@@ -245,7 +245,7 @@ def test_aggregate_metrics_and_reverify_mode_endpoints() -> None:
             "response": {"usage": {"output_tokens": 20}},
         },
     ]
-    with serve(hosted_app(hosted_server())) as url:
+    with serve_app(hosted_app(hosted_server())) as url:
         assert httpx.get(url + "/reverify_mode", trust_env=False).json() == "stateless"
         resp = httpx.post(url + "/aggregate_metrics", json={"verify_responses": rows}, trust_env=False)
     assert resp.status_code == 200, resp.text
@@ -264,7 +264,7 @@ def test_aggregate_metrics_and_reverify_mode_endpoints() -> None:
 
 
 async def test_server_client_answers_like_upstreams_aiohttp_response() -> None:
-    with serve(hosted_app(hosted_server())) as url:
+    with serve_app(hosted_app(hosted_server())) as url:
         host, port = url.removeprefix("http://").split(":")
         cfg = OmegaConf.create(
             {"counter": {"resources_servers": {"counter": {"host": host, "port": int(port)}}}}
@@ -450,7 +450,7 @@ def test_rollout_prefixed_paths_answer_as_plain_ones_and_expose_the_id() -> None
     async def whoami(request: Request) -> dict[str, Any]:
         return {"rollout_id": current_rollout_id(), "path": request.url.path}
 
-    with serve(app) as url:
+    with serve_app(app) as url:
         c = _NoJar(url)
         assert c.post("/ng-rollout/4-2/whoami").json() == {"rollout_id": "4-2", "path": "/whoami"}
         assert c.post("/whoami").json() == {"rollout_id": None, "path": "/whoami"}
@@ -512,7 +512,7 @@ def test_unhandled_errors_are_scrubbed_json_500s_with_the_session_cookie_in_both
     for server, layers in ((own, 4), (ours, 2)):  # each with nemo_gym.server.metrics' layer
         app = server.complete_app(server.setup_webserver())
         assert len(app.user_middleware) == layers  # nothing installed twice
-        with serve(app) as url, httpx.Client(base_url=url, trust_env=False, headers=auth) as client:
+        with serve_app(app) as url, httpx.Client(base_url=url, trust_env=False, headers=auth) as client:
             for _ in range(2):  # the same keep-alive connection serves the next request too
                 r = client.post("/boom")
                 assert r.status_code == 500, r.text

@@ -8,18 +8,15 @@ hits a judge failure answers 502 (a failure, recorded as such), never a reward.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
 import pytest
-import uvicorn
-from fastapi import FastAPI
 
 from nemo_gym.base_resources_server import (
     BaseResourcesServerConfig,
@@ -42,6 +39,7 @@ from nemo_gym.prompt import (
 )
 from nemo_gym.server_utils import ServerClient
 from nemo_gym.tools.testing import get, running_servers, server_url
+from tests.conftest import serve_app
 
 BOUND_S = 60.0
 JUDGE = "policy_model"  # the scripted model plays the judge
@@ -221,27 +219,6 @@ class JudgedServer(SimpleResourcesServer):
         return BaseVerifyResponse(**body.model_dump(), reward=1.0 if "[[A>B]]" in reply.output_text else 0.0)
 
 
-@contextlib.contextmanager
-def _serve(app: FastAPI) -> Iterator[int]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    stop = threading.Event()
-    for _ in range(1500):
-        if server.started:
-            break
-        stop.wait(0.01)
-    try:
-        assert server.started, "uvicorn did not start"
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(15)
-        sock.close()
-
-
 def test_a_judge_outage_in_verify_is_a_502_naming_the_judge(judge_run: Any) -> None:
     client = ServerClient.load_from_global_config(judge_run.head_server_config)
     server = JudgedServer(config=JudgedConfig(name="judged", port=0), server_client=client)
@@ -260,7 +237,8 @@ def test_a_judge_outage_in_verify_is_a_502_naming_the_judge(judge_run: Any) -> N
             },
         }
 
-    with _serve(server.setup_webserver()) as port:
+    with serve_app(server.setup_webserver()) as url:
+        port = urlsplit(url).port
         ok = httpx.post(
             f"http://127.0.0.1:{port}/verify", json=verify_body("JUDGE_ME"), timeout=BOUND_S, trust_env=False
         )

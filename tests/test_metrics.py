@@ -8,16 +8,12 @@ in this process.
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -33,12 +29,12 @@ from nemo_gym.server.resources import (
     SimpleResourcesServer,
 )
 from nemo_gym.tools.testing import example_rows, post_json, run_rollout, running_servers, server_url
+from tests.conftest import serve_app
 
 EXAMPLE_CONFIG = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
 AGENT = "example_single_tool_call_simple_agent"
 RESOURCES = "example_single_tool_call"
 MODEL = "policy_model"
-START_BOUND_S = 15.0
 
 
 def scrape(url: str, token: str | None = None) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -256,27 +252,6 @@ class BlockingVerifier(SimpleResourcesServer):
         return BaseVerifyResponse(**body.model_dump(), reward=1.0)
 
 
-@contextlib.contextmanager
-def serve(app: FastAPI) -> Iterator[str]:
-    """Serve ``app`` with uvicorn (lifespan on) in a thread on 127.0.0.1; yields its base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + START_BOUND_S
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    try:
-        assert server.started, "test server did not start"
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(START_BOUND_S)
-        sock.close()
-
-
 def _verify_body() -> dict[str, Any]:
     response = {
         "id": "resp_1", "created_at": 0, "model": "m", "object": "response", "output": [],
@@ -300,7 +275,10 @@ def _blocking_app(name: str) -> FastAPI:
 
 
 def test_loop_lag_histogram_catches_a_blocking_verifier() -> None:
-    with serve(_blocking_app("blocking_verifier")) as url, serve(_blocking_app("idle_neighbour")) as other:
+    with (
+        serve_app(_blocking_app("blocking_verifier"), lifespan="on") as url,
+        serve_app(_blocking_app("idle_neighbour"), lifespan="on") as other,
+    ):
         time.sleep(0.35)  # the tick runs from start-up, before any request
         before = scrape(url)
         assert value(before, "nemo_gym_event_loop_lag_seconds_count") >= 2

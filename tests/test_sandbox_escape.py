@@ -189,7 +189,7 @@ print("PROCS", sorted(int(p) for p in os.listdir("/proc") if p.isdigit()))
     # Its own pid namespace: bwrap's init (1) and the program (2) are all it can see.
     assert "PROCS [1, 2]" in out, out
     # What its init (bwrap) got from the server: a bare PATH; no secret, no repo path.
-    assert "READ /proc/1/environ" in out and "/work/wt" not in out.split("READ /proc/1/environ")[1]
+    assert "READ /proc/1/environ" in out and str(REPO_FILE.parent) not in out.split("READ /proc/1/environ")[1]
     _assert_contained(url, proc)
 
 

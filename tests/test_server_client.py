@@ -6,13 +6,12 @@ import asyncio
 import contextlib
 import logging
 import socket
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
-import uvicorn
 from aiohttp import web
 from fastapi import FastAPI
 
@@ -25,6 +24,7 @@ from nemo_gym.base_resources_server import (
 from nemo_gym.client.server_client import close_shared_session
 from nemo_gym.errors import UpstreamError, response_body
 from nemo_gym.server_utils import ServerClient
+from tests.conftest import serve_app
 
 BOUND_S = 20.0  # the outer bound on anything a test awaits
 
@@ -375,34 +375,13 @@ class RaisingServer(SimpleResourcesServer):
         return BaseVerifyResponse(**body.model_dump(), reward=0.0)
 
 
-@contextlib.contextmanager
-def uvicorn_in_thread(app: FastAPI) -> Iterator[int]:
-    """Serve ``app`` with uvicorn in a thread on 127.0.0.1; yields the port."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    waiter = threading.Event()
-    for _ in range(1500):  # at most ~15 s
-        if server.started:
-            break
-        waiter.wait(0.01)
-    try:
-        assert server.started, "uvicorn did not start"
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(15)
-        sock.close()
-
-
 async def test_a_raising_route_answers_json_500_and_the_connection_stays_usable() -> None:
     server = RaisingServer(
         config=BaseResourcesServerConfig(name="raiser", port=0),
         server_client=ServerClient(global_config_dict={}),
     )
-    with uvicorn_in_thread(server.setup_webserver()) as port:
+    with serve_app(server.setup_webserver()) as url:
+        port = urlsplit(url).port
         client = client_for(port, max_retries=0)  # a reset connection would surface, not be retried away
         for _ in range(5):
             boom = await asyncio.wait_for(client.post("tiny", "/boom", json={}), BOUND_S)

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import socket
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 
 from nemo_gym.base_resources_server import (
@@ -25,8 +20,7 @@ from nemo_gym.config.keys import NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME
 from nemo_gym.server.asgi.sessions import cookie_name_for
 from nemo_gym.server.base import get_session_id
 from nemo_gym.server_utils import ServerClient
-
-START_BOUND_S = 15.0
+from tests.conftest import serve_app
 
 
 class CounterServer(SimpleResourcesServer):
@@ -47,30 +41,6 @@ class CounterServer(SimpleResourcesServer):
 
     async def verify(self, body: BaseVerifyRequest) -> BaseVerifyResponse:
         return BaseVerifyResponse(**body.model_dump(), reward=0.0)
-
-
-@contextlib.contextmanager
-def serve(app: FastAPI) -> Iterator[str]:
-    """Serve ``app`` with uvicorn in a thread on 127.0.0.1; yields its base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    started = threading.Event()
-    for _ in range(int(START_BOUND_S / 0.01)):
-        if server.started:
-            started.set()
-            break
-        started.wait(0.01)
-    try:
-        assert started.is_set(), "test server did not start"
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(START_BOUND_S)
-        sock.close()
 
 
 def make_app(instance: str) -> FastAPI:
@@ -94,7 +64,7 @@ def no_env_secret(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_cookie_is_named_per_instance_and_keeps_the_session(no_env_secret: None) -> None:
     name = cookie_name_for("my-env.v2")
     assert name == "ng_session_my_env_v2"
-    with serve(make_app("my-env.v2")) as url:
+    with serve_app(make_app("my-env.v2")) as url:
         first = post(url)
         assert first.status_code == 200
         value = first.cookies[name]
@@ -113,7 +83,7 @@ def test_cookie_is_named_per_instance_and_keeps_the_session(no_env_secret: None)
 
 def test_tampered_or_forged_cookies_start_a_new_session(no_env_secret: None) -> None:
     name = cookie_name_for("sessions_a")
-    with serve(make_app("sessions_a")) as url:
+    with serve_app(make_app("sessions_a")) as url:
         first = post(url)
         value = first.cookies[name]
         sid, _, sig = value.partition(".")
@@ -137,7 +107,7 @@ def test_tampered_or_forged_cookies_start_a_new_session(no_env_secret: None) -> 
 
 
 def test_cookie_of_another_instance_is_not_this_instances_session(no_env_secret: None) -> None:
-    with serve(make_app("env_one")) as one, serve(make_app("env_two")) as two:
+    with serve_app(make_app("env_one")) as one, serve_app(make_app("env_two")) as two:
         one_cookie = post(one).cookies[cookie_name_for("env_one")]
         # Same process, same secret: even the right signature under another name is not a session here.
         resp = post(two, {cookie_name_for("env_one"): one_cookie})
@@ -151,7 +121,7 @@ def test_signing_secret_comes_from_the_environment(monkeypatch: pytest.MonkeyPat
     app_a, app_b = make_app("shared"), make_app("shared")
     monkeypatch.setenv(NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME, "run-secret-2")
     app_c = make_app("shared")
-    with serve(app_a) as a, serve(app_b) as b, serve(app_c) as c:
+    with serve_app(app_a) as a, serve_app(app_b) as b, serve_app(app_c) as c:
         first = post(a)
         cookie = first.cookies[name]
         sid = first.json()["session_id"]
