@@ -955,3 +955,23 @@ def test_a_prompt_config_on_any_dataset_is_accepted_a_prepare_script_only_on_a_b
         ValidationError, match="dataset 'example': prepare_script belongs to benchmark datasets only"
     ):
         DatasetConfig(**example, prepare_script="prepare.py")
+
+
+def test_every_switch_reads_on_and_off_the_same_way() -> None:
+    """metrics_enabled, observability_enabled and ray_start_local share one reading of on/off values:
+    a string "false" from a trainer's dict or an env.yaml interpolation turns a switch off."""
+    from nemo_gym.config.flags import config_flag, flag
+    from nemo_gym.run.ray import ray_settings
+    from nemo_gym.server.metrics.install import metrics_enabled
+    from nemo_gym.server.model_calls import observability_enabled
+
+    assert [flag(v, True) for v in (False, "off", "FALSE", " no ", "0", "", "none")] == [False] * 7
+    assert [flag(v, False) for v in (True, "on", "True", "yes", "1", 1)] == [True] * 6
+    assert flag(None, True) and not flag(None, False) and flag("maybe", True) and not flag("maybe", False)
+    assert config_flag(None, "k", True) and not config_flag(["not", "a", "mapping"], "k", False)
+    assert not metrics_enabled({"metrics_enabled": "off"}) and metrics_enabled({})
+    assert not observability_enabled({"observability_enabled": "false"})
+    assert observability_enabled({"observability_enabled": "true"}) and not observability_enabled(None)
+    settings = ray_settings({"ray_start_local": "yes"})
+    assert settings is not None and settings.start_local
+    assert ray_settings({"ray_start_local": "false"}) is None

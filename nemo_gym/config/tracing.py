@@ -18,12 +18,13 @@ import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
+from nemo_gym.config.flags import OFF_WORDS
+
 TRACING_KEY_NAME = "tracing"
 TRACING_ENDPOINT_KEY_NAME = "tracing_endpoint"
 DEFAULT_TRACING_ENDPOINT = "http://127.0.0.1:4318/v1/traces"
 OTLP = "otlp"
 TRACING_MODES = (OTLP,)
-_OFF = frozenset({"", "false", "0", "no", "off", "none"})
 # The modules ``+tracing=otlp`` imports (from the packages of the ``tracing`` extra).
 REQUIRED_MODULES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
 MISSING_PACKAGES_HINT = (
@@ -43,7 +44,7 @@ def tracing_mode(global_config: Mapping[str, Any] | Any | None) -> str | None:
     if value is None or value is False:
         return None
     text = str(value).strip().lower()
-    if text in _OFF:
+    if text in OFF_WORDS:
         return None
     if text in TRACING_MODES:
         return text

@@ -47,6 +47,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
+from nemo_gym.config.flags import config_flag
 from nemo_gym.server.rollout_prefix import current_rollout_id, maybe_rollout_id_from_run_body
 
 logger = logging.getLogger("nemo_gym")
@@ -73,9 +74,7 @@ def model_calls_path(output: str | os.PathLike[str]) -> Path:
 
 def observability_enabled(global_config: Mapping[str, Any] | None) -> bool:
     """Whether the run's config turns model-call capture on."""
-    if not isinstance(global_config, Mapping):
-        return False
-    return bool(global_config.get(OBSERVABILITY_ENABLED_KEY_NAME, False))
+    return config_flag(global_config, OBSERVABILITY_ENABLED_KEY_NAME, False)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from nemo_gym.config.flags import config_flag
 from nemo_gym.config.keys import RAY_HEAD_NODE_ADDRESS_KEY_NAME
 from nemo_gym.config.problems import ConfigError
 
@@ -46,12 +47,6 @@ class RaySettings:
     local_object_store_mb: int = DEFAULT_LOCAL_OBJECT_STORE_MB
 
 
-def _truthy(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
-
-
 def _positive_int(cfg: Any, key: str, default: int | None) -> int | None:
     value = cfg.get(key) if hasattr(cfg, "get") else None
     if value is None:
@@ -73,7 +68,7 @@ def ray_settings(cfg: Any) -> RaySettings | None:
     if cfg is None or not hasattr(cfg, "get"):
         return None
     address = cfg.get(RAY_HEAD_NODE_ADDRESS_KEY_NAME)
-    start_local = _truthy(cfg.get(RAY_START_LOCAL_KEY_NAME, False))
+    start_local = config_flag(cfg, RAY_START_LOCAL_KEY_NAME, False)
     if address in (None, "", False):
         address = None
     if address is not None:

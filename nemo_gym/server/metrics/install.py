@@ -2,8 +2,8 @@
 
 Contract
 --------
-* :func:`metrics_enabled` reads the run's top-level ``metrics_enabled`` (default true; ``false``, ``0``,
-  ``no`` or ``off`` turn it off).
+* :func:`metrics_enabled` reads the run's top-level ``metrics_enabled`` (default true; read as every
+  switch is, :mod:`nemo_gym.config.flags`).
 * :func:`install_metrics` gives an app its :class:`~nemo_gym.server.metrics.registry.ServerMetrics` (also at
   ``app.state.nemo_gym_metrics``), ``GET /metrics``, the request-path middleware (added last, so
   outermost: requests the run-token check refuses are counted too) and the event-loop lag tick, wrapped
@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import Response
 
+from nemo_gym.config.flags import config_flag
 from nemo_gym.server.metrics.loop_lag import LoopLagMonitor
 from nemo_gym.server.metrics.middleware import MetricsMiddleware
 from nemo_gym.server.metrics.registry import (
@@ -33,22 +34,10 @@ from nemo_gym.server.metrics.registry import (
     ServerMetrics,
 )
 
-_OFF = frozenset({"false", "0", "no", "off"})
-
 
 def metrics_enabled(global_config: Mapping[str, Any] | Any | None) -> bool:
     """Whether the run's config leaves metrics on (the default)."""
-    if global_config is None:
-        return True
-    try:
-        value = global_config.get(METRICS_ENABLED_KEY_NAME, True)
-    except Exception:  # not a mapping: nothing set
-        return True
-    if value is None:
-        return True
-    if isinstance(value, str):
-        return value.strip().lower() not in _OFF
-    return bool(value)
+    return config_flag(global_config, METRICS_ENABLED_KEY_NAME, True)
 
 
 def install_metrics(
