@@ -190,6 +190,8 @@ def test_viewer_trajectory_page_shows_the_model_calls(captured: dict[str, Any], 
     assert {(c["_ng_task_index"], c["_ng_rollout_index"]) for c in api["calls"]} == {(0, paris["rollout"])}
     if chromium_missing_reason() is not None:
         pytest.skip(str(chromium_missing_reason()))
+    from playwright.sync_api import expect
+
     from nemo_gym.tools.viewer.browser import browser_context
 
     with browser_context() as ctx:
@@ -206,7 +208,7 @@ def test_viewer_trajectory_page_shows_the_model_calls(captured: dict[str, Any], 
         request = cards.nth(0).locator("details.mc-request")
         assert "weather in Paris" not in request.inner_text()  # collapsed
         request.locator("summary").click()
-        assert "weather in Paris" in request.inner_text()
+        expect(request).to_contain_text("weather in Paris")  # waits (bounded) for the opened details
 
 
 @pytest.mark.slow
