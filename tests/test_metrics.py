@@ -14,14 +14,17 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
+from fastapi import Body, FastAPI, Request
+from fastapi.responses import Response
 from prometheus_client.parser import text_string_to_metric_families
 
 from nemo_gym.auth import auth_headers, client_token_for_url
+from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.run.cli import RunHelper
 from nemo_gym.server.base import ServerClient
 from nemo_gym.server.metrics.discovery import prometheus_targets
-from nemo_gym.server.metrics.middleware import error_kind, usage_tokens
+from nemo_gym.server.metrics.middleware import error_kind, usage_of, usage_tokens
+from nemo_gym.server.model import BaseResponsesAPIModelConfig, ModelAnswer, SimpleResponsesAPIModel
 from nemo_gym.server.resources import (
     BaseResourcesServerConfig,
     BaseVerifyRequest,
@@ -292,3 +295,64 @@ def test_loop_lag_histogram_catches_a_blocking_verifier() -> None:
         neighbour = scrape(other)
         assert value(neighbour, "nemo_gym_verify_reward_count") == 0
         assert value(neighbour, "nemo_gym_http_requests_total", route="/verify") == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Model servers count tokens from the handler's answer object, and by reading the body only for a route
+# a subclass added itself.
+
+
+class TokenModel(SimpleResponsesAPIModel):
+    """Answers whose ``usage`` object and body disagree, so the test can tell which one was counted."""
+
+    config: BaseResponsesAPIModelConfig
+
+    def setup_webserver(self) -> FastAPI:
+        app = super().setup_webserver()
+        app.post("/v1/messages")(self.messages)  # not wrapped by the base: its body is read
+        return app
+
+    async def responses(self, request: Request, body: NeMoGymResponseCreateParamsNonStreaming) -> Response:
+        answer = ModelAnswer({"id": "r", "usage": {"input_tokens": 1, "output_tokens": 1}})
+        answer.usage = {"input_tokens": 11, "output_tokens": 5}  # what the metrics must count
+        return answer
+
+    async def chat_completions(self, request: Request, body: dict[str, Any] = Body(...)) -> dict[str, Any]:
+        return {"id": "c", "usage": {"prompt_tokens": 20, "completion_tokens": 2}}  # a plain dict
+
+    async def messages(self, request: Request) -> Response:
+        return Response(b'{"usage":{"input_tokens":7,"output_tokens":3}}', media_type="application/json")
+
+
+def test_model_tokens_come_from_the_answer_object_or_else_the_body() -> None:
+    server = TokenModel(
+        config=BaseResponsesAPIModelConfig(name="token_model", port=0),
+        server_client=ServerClient(global_config_dict={}),
+    )
+    with serve_app(server.complete_app(server.setup_webserver())) as url:
+        assert post_json(url + "/v1/responses", {"input": "hi"}).json()["usage"]["input_tokens"] == 1
+        assert post_json(url + "/v1/chat/completions", {"messages": []}).status_code == 200
+        assert post_json(url + "/v1/messages", {}).status_code == 200
+        m = scrape(url)
+    assert value(m, "nemo_gym_model_prompt_tokens_total", endpoint="/v1/responses") == 11
+    assert value(m, "nemo_gym_model_completion_tokens_total", endpoint="/v1/responses") == 5
+    assert value(m, "nemo_gym_model_prompt_tokens_total", endpoint="/v1/chat/completions") == 20
+    assert value(m, "nemo_gym_model_completion_tokens_total", endpoint="/v1/chat/completions") == 2
+    assert value(m, "nemo_gym_model_prompt_tokens_total", endpoint="/v1/messages") == 7
+    assert value(m, "nemo_gym_model_completion_tokens_total", endpoint="/v1/messages") == 3
+    for endpoint in ("/v1/responses", "/v1/chat/completions", "/v1/messages"):
+        assert value(m, "nemo_gym_model_calls_total", endpoint=endpoint, outcome="ok") == 1
+
+
+def test_usage_of_reads_objects_dicts_and_ready_bodies() -> None:
+    class Usage:
+        input_tokens, output_tokens = 4, 2
+
+    class Answer:
+        usage = Usage()
+
+    assert usage_of(Answer()) == (4, 2)
+    assert usage_of({"usage": {"prompt_tokens": 3, "completion_tokens": 1}}) == (3, 1)
+    assert usage_of(Response(b'{"usage":{"input_tokens":9,"output_tokens":8}}')) == (9, 8)
+    assert usage_of(Response(b'{"usage":{"input_tokens":9,"output_tokens":8}}', status_code=500)) is None
+    assert usage_of({"id": "x"}) is None and usage_of(None) is None

@@ -14,9 +14,12 @@ Contract
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
+import orjson
 from fastapi import Body, FastAPI, Request
+from fastapi.responses import Response
 from pydantic import PrivateAttr
 from starlette.middleware import Middleware
 
@@ -24,6 +27,7 @@ from nemo_gym.config.process import current_global_config_dict
 from nemo_gym.config.types import BaseRunServerInstanceConfig
 from nemo_gym.openai_utils.responses import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.server.base import SimpleServer
+from nemo_gym.server.metrics.install import observed_model_call
 from nemo_gym.server.model_calls import (
     POP_PATH,
     ModelCallCaptureMiddleware,
@@ -38,6 +42,20 @@ class BaseResponsesAPIModelConfig(BaseRunServerInstanceConfig):
     pass
 
 
+class ModelAnswer(Response):
+    """A model server's JSON answer (``content`` serialised with orjson) that keeps the answer's ``usage``
+    beside the body, so the metrics count its tokens from the object rather than by reading the body back
+    (:func:`nemo_gym.server.metrics.install.observed_model_call`). Any other ``Response`` works too."""
+
+    media_type = "application/json"
+
+    def __init__(
+        self, content: Any, status_code: int = 200, headers: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(orjson.dumps(content), status_code=status_code, headers=headers)
+        self.usage = content.get("usage") if status_code < 400 and isinstance(content, dict) else None
+
+
 class SimpleResponsesAPIModel(SimpleServer):
     config: BaseResponsesAPIModelConfig
     _model_call_store: ModelCallStore | None = PrivateAttr(default=None)
@@ -45,8 +63,11 @@ class SimpleResponsesAPIModel(SimpleServer):
 
     def setup_webserver(self) -> FastAPI:
         app = super().setup_webserver()
-        app.post("/v1/responses")(self.responses)
-        app.post("/v1/chat/completions")(self.chat_completions)
+        # Each answer's tokens are counted from the object returned (nemo_gym.server.metrics).
+        app.post("/v1/responses")(observed_model_call(self._metrics, "/v1/responses", self.responses))
+        app.post("/v1/chat/completions")(
+            observed_model_call(self._metrics, "/v1/chat/completions", self.chat_completions)
+        )
         self.setup_model_call_capture(app)
         return app
 

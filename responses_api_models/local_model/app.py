@@ -48,6 +48,7 @@ from nemo_gym.kit.chat_conversion import (  # noqa: E402
     responses_tools_to_chat_tools,
 )
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id  # noqa: E402
+from nemo_gym.server.model import ModelAnswer  # noqa: E402
 from responses_api_models.local_model.engine import (  # noqa: E402
     FairQueue,
     GenerationRequest,
@@ -95,7 +96,7 @@ class LocalModelConfig(BaseResponsesAPIModelConfig):
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
+    return ModelAnswer(body, status, headers)
 
 
 class LocalModel(SimpleResponsesAPIModel):

@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from nemo_gym.base_responses_api_model import BaseResponsesAPIModelConfig, SimpleResponsesAPIModel
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id, text_of_message
+from nemo_gym.server.model import ModelAnswer
 
 
 class ScriptedToolCall(BaseModel):
@@ -334,7 +335,7 @@ class ScriptedModel(SimpleResponsesAPIModel):
             "incomplete_details": None,
             "error": None,
         }
-        return Response(orjson.dumps(response), media_type="application/json")
+        return ModelAnswer(response)
 
     async def chat_completions(self, request: Request, body: dict[str, Any] = Body(...)) -> Response:
         messages = body.get("messages") or []
@@ -427,7 +428,7 @@ class ScriptedModel(SimpleResponsesAPIModel):
                 "total_tokens": prompt_len + completion_len,
             },
         }
-        return Response(orjson.dumps(result), media_type="application/json")
+        return ModelAnswer(result)
 
 
 def _error(status: int) -> Response:

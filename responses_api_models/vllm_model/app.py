@@ -51,6 +51,7 @@ from nemo_gym.kit.chat_conversion import (
     responses_params_to_chat_request,
 )
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id, openai_error_message
+from nemo_gym.server.model import ModelAnswer
 
 logger = logging.getLogger("nemo_gym.vllm_model")
 
@@ -304,7 +305,7 @@ class VLLMModel(SimpleResponsesAPIModel):
                     status="incomplete",
                     incomplete_details={"reason": "max_output_tokens"},
                 )
-                return Response(orjson.dumps(response), media_type="application/json")
+                return ModelAnswer(response)
             return self._error_response(request, e)
         except BaseException:
             _discard(tokenize_task)
@@ -363,7 +364,7 @@ class VLLMModel(SimpleResponsesAPIModel):
             status="incomplete" if truncated else "completed",
             incomplete_details={"reason": "max_output_tokens"} if truncated else None,
         )
-        return Response(orjson.dumps(response), media_type="application/json")
+        return ModelAnswer(response)
 
     async def chat_completions(self, request: Request, body: dict[str, Any] = Body(...)) -> Response:
         if body.get("stream"):

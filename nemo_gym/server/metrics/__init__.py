@@ -24,6 +24,7 @@ increment and a histogram observation per request (:mod:`nemo_gym.server.metrics
 from nemo_gym.server.metrics.install import install_metrics as install_metrics
 from nemo_gym.server.metrics.install import metrics_enabled as metrics_enabled
 from nemo_gym.server.metrics.install import observe_agent_loop as observe_agent_loop
+from nemo_gym.server.metrics.install import observed_model_call as observed_model_call
 from nemo_gym.server.metrics.install import observed_verify as observed_verify
 from nemo_gym.server.metrics.registry import METRICS_ENABLED_KEY_NAME as METRICS_ENABLED_KEY_NAME
 from nemo_gym.server.metrics.registry import METRICS_PATH as METRICS_PATH

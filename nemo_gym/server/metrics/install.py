@@ -25,7 +25,7 @@ from fastapi.responses import Response
 
 from nemo_gym.config.flags import config_flag
 from nemo_gym.server.metrics.loop_lag import LoopLagMonitor
-from nemo_gym.server.metrics.middleware import MetricsMiddleware
+from nemo_gym.server.metrics.middleware import USAGE_OBSERVED_ATTR, MetricsMiddleware, usage_of
 from nemo_gym.server.metrics.registry import (
     CONTENT_TYPE,
     METRICS_ENABLED_KEY_NAME,
@@ -94,6 +94,26 @@ def observed_verify(
         return result
 
     return verify
+
+
+def observed_model_call(
+    metrics: ServerMetrics | None, path: str, endpoint: Callable[..., Awaitable[Any]]
+) -> Callable[..., Awaitable[Any]]:
+    """``endpoint`` (a model server's handler of ``path``) counting the tokens of the ``usage`` it answers;
+    unchanged when metrics are off. The middleware then counts the call and its time only."""
+    if metrics is None:
+        return endpoint
+
+    @functools.wraps(endpoint)
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        result = await endpoint(*args, **kwargs)
+        usage = usage_of(result)
+        if usage is not None:
+            metrics.observe_tokens(path, usage)
+        return result
+
+    setattr(call, USAGE_OBSERVED_ATTR, True)
+    return call
 
 
 def observe_agent_loop(metrics: ServerMetrics | None, turns: int, tool_calls: int) -> None:

@@ -16,8 +16,10 @@ Contract
 * Per server kind, on its own routes (other routes pay nothing more): resources servers count tool calls
   by registered tool (every ``POST`` route besides the base ones), time ``/verify`` and count open
   sessions (a session cookie from a successful ``/seed_session`` until its ``/verify``); model servers
-  count calls, their time and the prompt/completion tokens of the answer's ``usage`` (found from the end
-  of the body); agents count rollouts (``/run``) started, finished and failed.
+  count calls, their time and the prompt/completion tokens of the answer's ``usage``: read from what the
+  handler returned when the base class registered it (:func:`nemo_gym.server.metrics.install.observed_model_call`),
+  else found from the end of the answer's body (a route a subclass added itself); agents count rollouts
+  (``/run``) started, finished and failed.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from nemo_gym.server.metrics.registry import (
 from nemo_gym.server.rollout_prefix import split_rollout_prefix
 
 MAX_KEPT_BODY_BYTES = 1 << 20
+# Set (true) on a model route's endpoint that counts its answer's tokens itself.
+USAGE_OBSERVED_ATTR = "nemo_gym_observes_usage"
 MODEL_ENDPOINTS = frozenset({"/v1/responses", "/v1/chat/completions", "/v1/completions", "/v1/messages"})
 # Routes of the resources-server base (and of every server): not tools.
 NOT_TOOLS = frozenset(
@@ -118,6 +122,26 @@ def usage_tokens(body: bytes | None) -> tuple[int, int] | None:
     )
 
 
+def usage_of(result: Any) -> tuple[int, int] | None:
+    """(prompt, completion) tokens of what a model handler returned: an object or dict with a ``usage``
+    (Responses' ``input_tokens``/``output_tokens`` or Chat's ``prompt_tokens``/``completion_tokens``), or a
+    ready successful ``Response`` whose body holds one; None when there is none."""
+    usage = result.get("usage") if isinstance(result, dict) else getattr(result, "usage", None)
+    if usage is None:
+        body = getattr(result, "body", None)
+        if isinstance(body, bytes) and getattr(result, "status_code", 200) < 400:
+            return usage_tokens(body)
+        return None
+    if not isinstance(usage, dict):
+        usage = {
+            k: getattr(usage, k, None)
+            for k in ("input_tokens", "output_tokens", "prompt_tokens", "completion_tokens")
+        }
+    return _token_count(usage, "input_tokens", "prompt_tokens"), _token_count(
+        usage, "output_tokens", "completion_tokens"
+    )
+
+
 def _token_count(usage: dict, first: str, second: str) -> int:
     """The first of two keys of a usage object holding a count (a non-negative int), else 0."""
     for key in (first, second):
@@ -161,6 +185,7 @@ class MetricsMiddleware:
         static: dict[str, str] = {}
         patterns: list[tuple[Any, str]] = []
         tools: list[str] = []
+        observed: set[str] = set()  # model routes whose handler reports its own usage
         for r in routes:
             path = getattr(r, "path", None)
             regex = getattr(r, "path_regex", None)
@@ -175,14 +200,16 @@ class MetricsMiddleware:
                         static.setdefault(path, path)  # the mount's own path
                 continue
             static[path] = path
+            if getattr(getattr(r, "endpoint", None), USAGE_OBSERVED_ATTR, False):
+                observed.add(path)
             methods = getattr(r, "methods", None) or ()
             if "POST" in methods and path not in NOT_TOOLS and getattr(r, "include_in_schema", True):
                 tools.append(path)
         self._static, self._patterns = static, patterns
-        self._special = self._specials(set(static), tools)
+        self._special = self._specials(set(static), tools, observed)
         self._n_routes = len(routes)
 
-    def _specials(self, paths: set[str], tools: list[str]) -> dict[str, _Special]:
+    def _specials(self, paths: set[str], tools: list[str], observed: set[str]) -> dict[str, _Special]:
         kind = self.metrics.kind
         special: dict[str, _Special] = {}
         if kind == RESOURCES:
@@ -213,6 +240,13 @@ class MetricsMiddleware:
                 special["/verify"] = _Special(verified)
         elif kind == MODELS:
             for path in MODEL_ENDPOINTS & paths:
+                if path in observed:  # the tokens were counted from the handler's result
+                    special[path] = _Special(
+                        lambda m, status, _s, _b, elapsed, path=path: m.observe_model_call(
+                            path, status < 400, elapsed, None
+                        )
+                    )
+                    continue
                 special[path] = _Special(
                     lambda m, status, _s, body, elapsed, path=path: m.observe_model_call(
                         path, status < 400, elapsed, usage_tokens(body) if status < 400 else None

@@ -391,6 +391,11 @@ class ServerMetrics:
             prompt[0] += usage[0]
             completion[0] += usage[1]
 
+    def observe_tokens(self, endpoint: str, usage: tuple[int, int]) -> None:
+        """Count the prompt and completion tokens of one model answer (on the app's event loop)."""
+        self.prompt_tokens.cell((endpoint,))[0] += usage[0]
+        self.completion_tokens.cell((endpoint,))[0] += usage[1]
+
     def observe_agent_loop(self, turns: int, tool_calls: int) -> None:
         if self.kind != AGENTS:
             return
