@@ -90,6 +90,22 @@ def test_ng_bench_compare_auth_measures_both_stacks_in_alternating_rounds(tmp_pa
         == ours["cpu_ms_per_rollout_servers"] / open_["cpu_ms_per_rollout_servers"]
     )
     assert "ratio_to_no_auth" not in open_
+    # Round i of one stack paired with round i of the other: the median of the pairs' ratios.
+    pairs = [
+        a / b for a, b in zip(ours["rollouts_per_s_by_round"], open_["rollouts_per_s_by_round"], strict=True)
+    ]
+    assert ours["paired_ratios_to_no_auth"] == [round(x, 4) for x in pairs]
+    assert ours["paired_ratio_to_no_auth"] == sum(pairs) / 2
+    cpu = [
+        a / b
+        for a, b in zip(
+            ours["cpu_ms_per_rollout_servers_by_round"],
+            open_["cpu_ms_per_rollout_servers_by_round"],
+            strict=True,
+        )
+    ]
+    assert ours["paired_cpu_ratio_to_no_auth"] == sum(cpu) / 2
+    assert "adjacent rounds paired" in proc.stdout
     # The rounds alternate their order, so neither stack always runs first.
     assert proc.stdout.index("ours: 20 rollouts at concurrency 4 (round 1/2)") < proc.stdout.index(
         "no_auth: 20 rollouts at concurrency 4 (round 1/2)"

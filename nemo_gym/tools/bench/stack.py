@@ -15,6 +15,9 @@ and measures both in alternating rounds (``+rounds``, default 3; the order flips
 drift of the machine's speed hits both alike). Each stack's row then holds the medians over its
 rounds, and ``ours`` gets ``ratio_to_no_auth`` (rollouts/s) and ``cpu_ratio_to_no_auth`` (server
 CPU per rollout): what the token check costs, measured in one run. The body limit stays on in both.
+``paired_ratio_to_no_auth`` / ``paired_cpu_ratio_to_no_auth`` are the medians of the round-by-round
+ratios (round i of one stack ran right before or after round i of the other, so a drift of the
+machine's speed cancels within each pair): the steadier figure on a shared machine.
 ``+compare_metrics=true`` does the same with ``+metrics_enabled=false`` (no ``/metrics``, no metrics
 middleware, no event-loop tick: :mod:`nemo_gym.server.metrics`); ``ours`` gets ``ratio_to_no_metrics`` and
 ``cpu_ratio_to_no_metrics``. Both comparisons may run together (three stacks in alternating rounds).
@@ -286,6 +289,13 @@ def format_table(results: list[dict[str, Any]]) -> str:
                     f"{what} at concurrency {r['concurrency']}: rollouts/s x{r[f'ratio_to_{other}']:.3f}, "
                     f"server CPU per rollout x{r[f'cpu_ratio_to_{other}']:.3f} (medians of {r['rounds']} rounds each)"
                 )
+                if f"paired_cpu_ratio_to_{other}" in r:
+                    cpu_pairs = r[f"paired_cpu_ratios_to_{other}"]
+                    lines.append(
+                        f"  round by round (adjacent rounds paired): rollouts/s x{r[f'paired_ratio_to_{other}']:.3f}, "
+                        f"server CPU per rollout x{r[f'paired_cpu_ratio_to_{other}']:.3f} "
+                        f"(medians of {len(cpu_pairs)} pairs; CPU pairs {min(cpu_pairs):.3f}..{max(cpu_pairs):.3f})"
+                    )
     return "\n".join(lines)
 
 
@@ -366,6 +376,7 @@ def main(argv: list[str] | None = None) -> None:
                 ours[f"cpu_ratio_to_{other}"] = (
                     ours["cpu_ms_per_rollout_servers"] / open_["cpu_ms_per_rollout_servers"]
                 )
+                _paired_ratios(ours, open_, other)
     hops = 1 + len(plan)
     bare_results: dict[int, dict[str, Any]] = {}
     if not cfg.get("skip_bare", False):
@@ -449,7 +460,22 @@ def _median_of_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             out[key] = statistics.median(r[key] for r in rounds)
     out["rounds"] = len(rounds)
     out["rollouts_per_s_by_round"] = [r["rollouts_per_s"] for r in rounds]
+    out["cpu_ms_per_rollout_servers_by_round"] = [r["cpu_ms_per_rollout_servers"] for r in rounds]
     return out
+
+
+def _paired_ratios(ours: dict[str, Any], other: dict[str, Any], label: str) -> None:
+    """Round-by-round ratios of two stacks measured in alternating rounds: round i of one ran right
+    before or after round i of the other, so a drift of the machine's speed cancels in each pair. Sets
+    ``paired_ratio_to_<label>`` / ``paired_cpu_ratio_to_<label>`` (medians of the pairs) and their lists."""
+    for key, name in (("rollouts_per_s", "paired_ratio"), ("cpu_ms_per_rollout_servers", "paired_cpu_ratio")):
+        a, b = ours.get(f"{key}_by_round"), other.get(f"{key}_by_round")
+        if not a or not b or len(a) != len(b):
+            continue
+        pairs = [x / y for x, y in zip(a, b, strict=True) if y]
+        if pairs:
+            ours[f"{name}_to_{label}"] = statistics.median(pairs)
+            ours[f"{name}s_to_{label}"] = [round(r, 4) for r in pairs]
 
 
 async def _one_result(client: ServerClient, agent: str, row: dict[str, Any]) -> dict[str, Any]:
