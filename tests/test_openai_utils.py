@@ -5,6 +5,7 @@ from __future__ import annotations
 import typing
 from typing import Any
 
+import orjson
 import pytest
 from openai.types.chat import ChatCompletion
 from openai.types.responses import (
@@ -152,6 +153,29 @@ def test_string_input_and_absent_fields_stay_absent() -> None:
         "input": "x",
         "store": False,
     }
+
+
+def test_a_subclass_keeps_the_rule_for_its_own_optional_fields() -> None:
+    """The rule is attached to each class's fields as it is defined, an environment's subclass included."""
+
+    class WithKnob(NeMoGymResponseCreateParamsNonStreaming):
+        knob: int | None = None
+        label: str = "fixed"
+
+    assert WithKnob.model_validate({"input": "x", "knob": None}).model_dump(mode="json") == {
+        "input": "x",
+        "tools": [],
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "label": "fixed",
+    }
+    assert WithKnob.model_validate({"input": "x", "knob": 3}).model_dump(mode="json")["knob"] == 3
+    assert (
+        orjson.loads(WithKnob.model_validate({"input": "x", "knob": None}).model_dump_json()).get(
+            "knob", "absent"
+        )
+        == "absent"
+    )
 
 
 def test_stream_true_is_rejected() -> None:
