@@ -36,3 +36,19 @@ def test_a_stored_line_posted_again_gets_a_fresh_verdict() -> None:
     assert (out.reward, out.extracted, out.partial) == (1.0, "42", 0.0)  # partial: not the stale 0.5
     assert out.expected == "42" and out.model_extra == {"note": "a task field of the row"}
     assert out.response.output_text == "42"
+
+
+class LooseResponse(BaseVerifyResponse):
+    response: dict  # declared differently from the request's: it gets the dumped value
+
+
+def test_fields_of_the_same_type_are_handed_over_others_are_dumped_and_validated() -> None:
+    body = BaseVerifyRequest.model_validate(
+        {"responses_create_params": {"input": "q"}, "response": text_response("7")}
+    )
+    out = BaseVerifyResponse.from_request(body, reward=0.5)
+    # Not dumped and validated again (that was most of a small verifier's cost): the same objects.
+    assert out.response is body.response and out.responses_create_params is body.responses_create_params
+    assert out.model_dump() == {**body.model_dump(), "reward": 0.5}
+    loose = LooseResponse.from_request(body, reward=1.0)
+    assert isinstance(loose.response, dict) and loose.response == body.response.model_dump()
