@@ -16,7 +16,6 @@ import httpx
 import pytest
 from fastapi import Body, FastAPI, Request
 from fastapi.responses import Response
-from prometheus_client.parser import text_string_to_metric_families
 
 from nemo_gym.auth import auth_headers, client_token_for_url
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
@@ -31,35 +30,14 @@ from nemo_gym.server.resources import (
     BaseVerifyResponse,
     SimpleResourcesServer,
 )
-from nemo_gym.tools.testing import example_rows, post_json, run_rollout, running_servers, server_url
+from nemo_gym.tools.testing import example_rows, post_json, run_rollout, running_servers, scrape, server_url
+from nemo_gym.tools.testing import metric_value as value
 from tests.conftest import serve_app
 
 EXAMPLE_CONFIG = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
 AGENT = "example_single_tool_call_simple_agent"
 RESOURCES = "example_single_tool_call"
 MODEL = "policy_model"
-
-
-def scrape(url: str, token: str | None = None) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """``GET <url>/metrics`` -> sample name -> [(labels, value)]."""
-    resp = httpx.get(
-        url + "/metrics",
-        headers=auth_headers(token or client_token_for_url(url)),
-        timeout=10,
-        trust_env=False,
-    )
-    assert resp.status_code == 200, resp.text[:500]
-    assert resp.headers["content-type"].startswith("text/plain")
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(resp.text):
-        for s in family.samples:
-            out.setdefault(s.name, []).append((s.labels, s.value))
-    return out
-
-
-def value(samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> float:
-    """The sum of the samples of ``name`` whose labels include ``labels``."""
-    return sum(v for ls, v in samples.get(name, []) if all(ls.get(k) == x for k, x in labels.items()))
 
 
 @pytest.fixture(scope="module")

@@ -494,7 +494,7 @@ def test_replicas_run_on_their_nodes_require_the_token_and_serve_2000_rollouts(
 
         # Prometheus finds both replicas through the head server (each with its replica index and node),
         # and each replica's own /metrics counts the verifications it served: 2,000 between them.
-        from prometheus_client.parser import text_string_to_metric_families
+        from nemo_gym.tools.testing import metric_value, scrape
 
         auth = {"Authorization": f"Bearer {token}"}
         targets = httpx.get(head + "/prometheus_targets", headers=auth, timeout=30, trust_env=False).json()
@@ -503,20 +503,10 @@ def test_replicas_run_on_their_nodes_require_the_token_and_serve_2000_rollouts(
         assert [t["labels"]["node"] for t in replica_targets] == [r["node"] for r in rows]
         # Each at the address its node gives it (the same one the run's clients use).
         assert [t["targets"] for t in replica_targets] == [[r["url"].removeprefix("http://")] for r in rows]
-        verified = []
-        for t in replica_targets:
-            scraped = httpx.get(
-                f"http://{t['targets'][0]}/metrics", headers=auth, timeout=30, trust_env=False
-            )
-            assert scraped.status_code == 200, scraped.text[:300]
-            verified.append(
-                sum(
-                    s.value
-                    for family in text_string_to_metric_families(scraped.text)
-                    for s in family.samples
-                    if s.name == "nemo_gym_verify_duration_seconds_count"
-                )
-            )
+        verified = [
+            metric_value(scrape(f"http://{t['targets'][0]}", token), "nemo_gym_verify_duration_seconds_count")
+            for t in replica_targets
+        ]
         assert sum(verified) == 2000 and min(verified) > 0, verified
 
         # A replica's server that dies is restarted by its actor on the same address, as a new boot:

@@ -100,6 +100,33 @@ def run_rollout(
     return resp.json()
 
 
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def scrape(url: str, token: str | None = None) -> Samples:
+    """``GET <url>/metrics`` (with the run token) -> sample name -> [(labels, value)]."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    resp = httpx.get(
+        url + "/metrics",
+        headers=auth_headers(token or client_token_for_url(url)),
+        timeout=10,
+        trust_env=False,
+    )
+    assert resp.status_code == 200, resp.text[:500]
+    assert resp.headers["content-type"].startswith("text/plain")
+    out: Samples = {}
+    for family in text_string_to_metric_families(resp.text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def metric_value(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` whose labels include ``labels``."""
+    return sum(v for ls, v in samples.get(name, []) if all(ls.get(k) == x for k, x in labels.items()))
+
+
 def example_rows(env_folder: str) -> list[dict[str, Any]]:
     relative = Path("resources_servers") / env_folder / "data" / "example.jsonl"
     path = relative if relative.is_file() else PACKAGE_PARENT_DIR / relative

@@ -310,6 +310,8 @@ class AviaryAgent(SimpleResponsesAPIAgent):
             if cfg.max_total_sequence_length is not None and total >= cfg.max_total_sequence_length:
                 stop_reason = "max_total_sequence_length"
                 break
+        # Model turns and tool calls of this episode (nemo_gym.server.metrics).
+        self.observe_loop(len(steps), sum(1 for it in output if it.get("type") == "function_call"))
         return {
             **response,
             "output": output,

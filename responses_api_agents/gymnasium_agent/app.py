@@ -175,6 +175,8 @@ class GymnasiumAgent(SimpleResponsesAPIAgent):
             if step.get("observation"):
                 outputs.append({"role": "user", "content": step["observation"], "type": "message"})
         truncated_by_agent = not (terminated or truncated)
+        # Model turns and tool calls of this episode (nemo_gym.server.metrics).
+        self.observe_loop(steps, sum(1 for it in outputs if it.get("type") == "function_call"))
         return {
             "responses_create_params": params,
             "response": {**response, "output": outputs, "usage": usage},

@@ -20,7 +20,7 @@ import pytest
 from nemo_gym.cli import RunHelper
 from nemo_gym.tools.export_transitions import main as export_main
 from nemo_gym.tools.export_transitions import transitions
-from nemo_gym.tools.testing import post_json, run_rollout, running_servers, server_url
+from nemo_gym.tools.testing import metric_value, post_json, run_rollout, running_servers, scrape, server_url
 
 CONFIG = "resources_servers/aviary/configs/gsm8k_aviary.yaml"
 AGENT = "gsm8k_aviary_agent"
@@ -81,9 +81,18 @@ def _in_order(needles: list[str], haystack: str) -> bool:
 
 
 def test_max_steps_bounds_the_rollout_and_steps_carry_token_ids(helper: RunHelper) -> None:
+    before = scrape(server_url(helper, AGENT))
     result = run_rollout(helper, AGENT, {"task_idx": 1, "responses_create_params": {"input": []}})
     resp = result["response"]
     assert resp["stop_reason"] == "max_steps" and len(resp["steps"]) == 2
+    # The agent's metrics saw one episode of two model turns and its tool calls.
+    after = scrape(server_url(helper, AGENT))
+    calls = sum(1 for it in resp["output"] if it.get("type") == "function_call")
+    for name, grew in (("turns_count", 1), ("turns_sum", 2), ("tool_calls_sum", calls)):
+        assert (
+            metric_value(after, f"nemo_gym_agent_{name}") - metric_value(before, f"nemo_gym_agent_{name}")
+            == grew
+        )
     assert result["reward"] == 0.0 and result["step_rewards"] == [0.0, 0.0] and not result["env_done"]
     for step in resp["steps"]:
         assert step["prompt_token_ids"] and step["generation_token_ids"]

@@ -10,7 +10,15 @@ from typing import Any
 import httpx
 import pytest
 
-from nemo_gym.tools.testing import example_rows, get, post_json, running_servers, server_url
+from nemo_gym.tools.testing import (
+    example_rows,
+    get,
+    metric_value,
+    post_json,
+    running_servers,
+    scrape,
+    server_url,
+)
 
 CONFIG = "responses_api_agents/gymnasium_agent/configs/gymnasium_agent.yaml"
 ROWS = example_rows("gymnasium")
@@ -42,6 +50,12 @@ def test_episodes_close_after_success_and_after_failure() -> None:
         assert "policy_model" in failed.text and "reward" not in failed.json()
         stats = get(env + "/stats").json()
         assert stats["live_episodes"] == 0  # both episodes were closed
+        # The agent's metrics: one episode finished (one model turn, one tool call), one failed.
+        metrics = scrape(agent)
+        assert metric_value(metrics, "nemo_gym_agent_turns_count") == 1
+        assert metric_value(metrics, "nemo_gym_agent_turns_sum") == 1
+        assert metric_value(metrics, "nemo_gym_agent_tool_calls_sum") == 1
+        assert metric_value(metrics, "nemo_gym_rollouts_failed_total") == 1
         assert stats["idle_envs"]["blackjack"] >= 1 and stats["idle_envs"]["frozen_lake"] >= 1
 
 
