@@ -16,7 +16,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from nemo_gym.server.asgi.sessions import cookie_name_for
 from nemo_gym.server.mcp import MCP_URL_PATH as MCP_PATH
-from nemo_gym.tools.testing import post_json, running_servers, server_url
+from nemo_gym.tools.testing import metric_value, post_json, running_servers, scrape, server_url
 
 ENV = "example_session_state_mgmt"
 STUB = {"responses_create_params": {"input": "direct"}, "response": {"output": []}}
@@ -54,6 +54,11 @@ def test_harvested_routes_are_served_over_mcp_for_the_session() -> None:
         assert texts[2] == '{"count":15}'
         verify = post_json(base + "/verify", {**STUB, "expected_count": 15}, cookies=cookies)
         assert verify.json()["reward"] == 1.0
+        # Tool calls made over MCP count under their tool, as over HTTP (nemo_gym.server.metrics).
+        m = scrape(base)
+        assert metric_value(m, "nemo_gym_tool_calls_total", tool="increment_counter", outcome="ok") == 1
+        assert metric_value(m, "nemo_gym_tool_calls_total", tool="increment_counter", outcome="error") == 1
+        assert metric_value(m, "nemo_gym_tool_calls_total", tool="get_counter_value", outcome="ok") == 1
 
 
 def _mcp_instance(**extra: object) -> dict:
