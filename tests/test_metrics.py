@@ -18,8 +18,10 @@ from fastapi import Body, FastAPI, Request
 from fastapi.responses import Response
 
 from nemo_gym.auth import auth_headers, client_token_for_url
+from nemo_gym.kit.verify_pool import VerifyTimeoutError, run_in_verify_pool
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.run.cli import RunHelper
+from nemo_gym.sandbox import run_in_sandbox
 from nemo_gym.server.base import ServerClient
 from nemo_gym.server.metrics.discovery import prometheus_targets
 from nemo_gym.server.metrics.middleware import error_kind, usage_of, usage_tokens
@@ -30,7 +32,15 @@ from nemo_gym.server.resources import (
     BaseVerifyResponse,
     SimpleResourcesServer,
 )
-from nemo_gym.tools.testing import example_rows, post_json, run_rollout, running_servers, scrape, server_url
+from nemo_gym.tools.testing import (
+    example_rows,
+    metric_value,
+    post_json,
+    run_rollout,
+    running_servers,
+    scrape,
+    server_url,
+)
 from nemo_gym.tools.testing import metric_value as value
 from tests.conftest import serve_app
 
@@ -334,3 +344,51 @@ def test_usage_of_reads_objects_dicts_and_ready_bodies() -> None:
     assert usage_of(Response(b'{"usage":{"input_tokens":9,"output_tokens":8}}')) == (9, 8)
     assert usage_of(Response(b'{"usage":{"input_tokens":9,"output_tokens":8}}', status_code=500)) is None
     assert usage_of({"id": "x"}) is None and usage_of(None) is None
+
+
+# ------------------------------------------------------------------------------------------------
+# The verify pool and the sandbox's slots of a resources server's process.
+
+
+class PoolUser(SimpleResourcesServer):
+    """Verifies through the verify pool (a call past its timeout once) and runs a sandboxed program
+    (one past its wall-time limit once)."""
+
+    config: BaseResourcesServerConfig
+
+    async def verify(self, body: BaseVerifyRequest) -> BaseVerifyResponse:
+        slow = body.responses_create_params.input == "slow"
+        try:
+            # A cold worker takes a while to start: the bound that runs out is the slow call's only.
+            await run_in_verify_pool(time.sleep, 5 if slow else 0.01, timeout=0.5 if slow else 60)
+        except VerifyTimeoutError:
+            pass
+        program = f"import time; time.sleep({30 if slow else 0})"
+        await run_in_sandbox(["python3", "-c", program], resources={"wall_time_s": 0.5})
+        return BaseVerifyResponse.from_request(body, reward=1.0)
+
+
+def test_pool_metrics_count_calls_timeouts_and_the_sizes() -> None:
+    server = PoolUser(
+        config=BaseResourcesServerConfig(name="pool_user", port=0),
+        server_client=ServerClient(global_config_dict={}),
+    )
+    with serve_app(server.complete_app(server.setup_webserver())) as url:
+        before = scrape(url)  # every pool is listed before first use
+        assert metric_value(before, "nemo_gym_pool_calls_total", pool="verify") == 0
+        assert metric_value(before, "nemo_gym_pool_busy", pool="sandbox") == 0
+        fast, slow = _verify_body(), _verify_body()
+        slow["responses_create_params"]["input"] = "slow"
+        assert post_json(url + "/verify", fast).status_code == 200
+        assert post_json(url + "/verify", slow).status_code == 200
+        after = scrape(url)
+    for pool in ("verify", "sandbox"):
+        grew = {
+            key: metric_value(after, f"nemo_gym_pool_{key}", pool=pool)
+            - metric_value(before, f"nemo_gym_pool_{key}", pool=pool)
+            for key in ("calls_total", "timeouts_total", "failures_total")
+        }
+        assert grew == {"calls_total": 2, "timeouts_total": 1, "failures_total": 0}, (pool, grew)
+        assert metric_value(after, "nemo_gym_pool_size", pool=pool) >= 1
+        assert metric_value(after, "nemo_gym_pool_busy", pool=pool) == 0
+        assert metric_value(after, "nemo_gym_pool_queued", pool=pool) == 0

@@ -53,6 +53,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from nemo_gym.kit.pool_stats import SANDBOX_POOL
 from nemo_gym.kit.verify_pool.local import machine_cpu_count as machine_cpu_count
 from nemo_gym.sandbox.errors import SandboxBusyError as SandboxBusyError
 from nemo_gym.sandbox.errors import SandboxCreateError as SandboxCreateError
@@ -398,15 +399,23 @@ class AsyncSandbox:
                 run_on_node=_run_on_node,
             )
         sem = _SLOTS.semaphore()
+        stats = SANDBOX_POOL
+        stats.size = _SLOTS.limit
+        stats.queued += 1
         try:
             async with asyncio.timeout(self._config.queue_timeout_s):
                 await sem.acquire()
         except TimeoutError:
+            stats.refused += 1
             raise SandboxBusyError(
                 f"no sandbox slot became free within queue_timeout_s={self._config.queue_timeout_s:g} s "
                 f"({_SLOTS.limit} programs run at once)"
             ) from None
+        finally:
+            stats.queued -= 1
         self._running += 1
+        stats.busy += 1
+        ran = False
         try:
             start = time.monotonic()
             extra: dict[str, Any] = {}
@@ -430,9 +439,19 @@ class AsyncSandbox:
                 **extra,
             )
             result.wall_time_s = time.monotonic() - start
+            ran = True
+            if result.timed_out:
+                stats.timeouts += 1
             return result
+        except asyncio.CancelledError:
+            ran = True  # the caller went away: not the sandbox's failure
+            raise
         finally:
             self._running -= 1
+            stats.busy -= 1
+            stats.calls += 1
+            if not ran:
+                stats.failures += 1  # the backend could not run it: an infrastructure error
             sem.release()
 
     def _adopt(self, new_dir: Path) -> bool:

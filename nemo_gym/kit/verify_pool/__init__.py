@@ -90,7 +90,19 @@ async def run_in_verify_pool(fn: Callable[..., T], /, *args: Any, timeout: float
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     address = verify_ray_address()
     if address:
+        from nemo_gym.kit.pool_stats import VERIFY_POOL as stats
         from nemo_gym.kit.verify_pool.ray_tasks import run_as_ray_task
 
-        return await run_as_ray_task(address, fn, args, kwargs, timeout)
+        stats.busy += 1  # the cluster queues and runs it: no local queue to count
+        try:
+            return await run_as_ray_task(address, fn, args, kwargs, timeout)
+        except VerifyTimeoutError:
+            stats.timeouts += 1
+            raise
+        except VerifyPoolError:
+            stats.failures += 1
+            raise
+        finally:
+            stats.busy -= 1
+            stats.calls += 1
     return await get_verify_pool().run(fn, *args, timeout=timeout, **kwargs)

@@ -26,7 +26,8 @@ Contract
 * :meth:`VerifyPool.warm_up` (``pool.warm_up(fn, *args, timeout=...)``, from a server's ``on_startup``)
   runs ``fn`` once per worker in the background, so imports do not count against the first checks'
   timeouts; a failed warm-up is logged, never raised.
-* :func:`get_verify_pool` is the process-wide pool (sized to the machine, created on first use);
+* :func:`get_verify_pool` is the process-wide pool (sized to the machine, created on first use; what it
+  does is counted in :data:`nemo_gym.kit.pool_stats.VERIFY_POOL` for the metrics);
   :class:`VerifyPool` can also be used directly (its own size, ``await pool.aclose()``).
 * Never imports ray. :mod:`nemo_gym.kit.verify_pool` re-exports every name.
 """
@@ -46,6 +47,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from nemo_gym.kit.pool_stats import VERIFY_POOL, PoolStats
 from nemo_gym.kit.verify_pool.errors import VerifyPoolError, VerifyTimeoutError, VerifyWorkerCrashedError
 
 T = TypeVar("T")
@@ -138,10 +140,16 @@ def _log_warm_up_failure(task: asyncio.Task[Any]) -> None:
 class VerifyPool:
     """A bounded pool of worker processes; see the module docstring."""
 
-    def __init__(self, max_workers: int | None = None, *, mp_context: str = "spawn") -> None:
+    def __init__(
+        self, max_workers: int | None = None, *, mp_context: str = "spawn", stats: PoolStats | None = None
+    ) -> None:
         if max_workers is not None and max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {max_workers}")
         self._max_workers = max_workers or machine_cpu_count()
+        # Where this pool reports what it does (the process-wide pool: nemo_gym.kit.pool_stats.VERIFY_POOL).
+        self._stats = stats
+        if stats is not None:
+            stats.size = self._max_workers
         self._ctx = multiprocessing.get_context(mp_context)
         self._idle: deque[_Worker] = deque()
         self._busy: set[_Worker] = set()
@@ -180,19 +188,38 @@ class VerifyPool:
         loop = asyncio.get_running_loop()
         if self._slots is None or self._slots_loop is not loop:  # a semaphore belongs to one loop
             self._slots, self._slots_loop = asyncio.Semaphore(self._max_workers), loop
-        async with self._slots:
+        stats = self._stats
+        if stats is None:
+            stats = PoolStats()  # a pool of the caller's own: counted nowhere
+        stats.queued += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            stats.queued -= 1
+        stats.busy += 1
+        try:
             worker = self._take_worker()
             self._busy.add(worker)
             keep = False
             try:
                 result, keep = await self._call(worker, fn, args, kwargs, timeout)
                 return result
+            except VerifyTimeoutError:
+                stats.timeouts += 1
+                raise
+            except VerifyPoolError:
+                stats.failures += 1
+                raise
             finally:
                 self._busy.discard(worker)
                 if keep and not self._closed:
                     self._idle.append(worker)
                 else:
                     worker.kill()
+        finally:
+            stats.busy -= 1
+            stats.calls += 1
+            self._slots.release()
 
     def _take_worker(self) -> _Worker:
         while self._idle:
@@ -282,5 +309,5 @@ def get_verify_pool() -> VerifyPool:
     """The process-wide pool, sized to the machine, created on first use."""
     global _default_pool
     if _default_pool is None or _default_pool._closed:
-        _default_pool = VerifyPool()
+        _default_pool = VerifyPool(stats=VERIFY_POOL)
     return _default_pool

@@ -200,6 +200,40 @@ class HotHistogram(_HotMetric):
         yield metric
 
 
+class PoolCollector(Collector):
+    """The process's worker pools (:mod:`nemo_gym.kit.pool_stats`: the verify pool and the sandbox's slots),
+    read at scrape time; every pool is listed (zeros before first use)."""
+
+    GAUGES = (
+        ("size", "Calls the pool may run at once (0: not used yet, or decided by a Ray cluster)."),
+        ("busy", "Calls running in the pool."),
+        ("queued", "Calls waiting for a free worker or slot."),
+    )
+    COUNTERS = (
+        ("calls", "Calls the pool finished, however they ended."),
+        ("timeouts", "Calls past their time bound (the verify timeout; a sandboxed program's limit)."),
+        ("failures", "Infrastructure failures: a worker that died, a program the sandbox could not run."),
+        ("refused", "Calls given up while queued (the sandbox's queue_timeout_s)."),
+    )
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
+
+        from nemo_gym.kit.pool_stats import POOLS
+
+        snapshots = {name: stats.snapshot() for name, stats in POOLS.items()}
+        for key, doc in self.GAUGES:
+            gauge = GaugeMetricFamily(f"nemo_gym_pool_{key}", doc, labels=["pool"])
+            for pool, snap in snapshots.items():
+                gauge.add_metric([pool], snap[key])
+            yield gauge
+        for key, doc in self.COUNTERS:
+            counter = CounterMetricFamily(f"nemo_gym_pool_{key}", doc, labels=["pool"])
+            for pool, snap in snapshots.items():
+                counter.add_metric([pool], snap[key])
+            yield counter
+
+
 def _use_created() -> bool:
     """Whether ``prometheus_client`` exposes ``_created`` samples (``PROMETHEUS_DISABLE_CREATED_SERIES``,
     ``disable_created_metrics()``): the hot metrics follow it as its own classes do."""
@@ -282,6 +316,7 @@ class ServerMetrics:
                 registry=reg,
             )
             self._tool_calls: dict[tuple[str, bool], list[float]] = {}
+            reg.register(PoolCollector())  # the verify pool and the sandbox's slots of this process
         elif kind == MODELS:
             self._model_cells: dict[
                 tuple[str, bool], tuple[list[float], list[float], list[float], list[float]]
