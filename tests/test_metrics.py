@@ -8,6 +8,8 @@ in this process.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -306,7 +308,12 @@ class TokenModel(SimpleResponsesAPIModel):
         return answer
 
     async def chat_completions(self, request: Request, body: dict[str, Any] = Body(...)) -> dict[str, Any]:
+        if body.get("slow"):
+            await asyncio.sleep(1.0)  # long enough to be seen in flight
         return {"id": "c", "usage": {"prompt_tokens": 20, "completion_tokens": 2}}  # a plain dict
+
+    def model_queue_depth(self) -> int | None:
+        return 3  # as a server with a queue of its own would say
 
     async def messages(self, request: Request) -> Response:
         return Response(b'{"usage":{"input_tokens":7,"output_tokens":3}}', media_type="application/json")
@@ -319,9 +326,17 @@ def test_model_tokens_come_from_the_answer_object_or_else_the_body() -> None:
     )
     with serve_app(server.complete_app(server.setup_webserver())) as url:
         assert post_json(url + "/v1/responses", {"input": "hi"}).json()["usage"]["input_tokens"] == 1
-        assert post_json(url + "/v1/chat/completions", {"messages": []}).status_code == 200
         assert post_json(url + "/v1/messages", {}).status_code == 200
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            slow = pool.submit(post_json, url + "/v1/chat/completions", {"messages": [], "slow": True})
+            deadline = time.monotonic() + 10
+            while value(scrape(url), "nemo_gym_model_calls_in_flight") != 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert value(scrape(url), "nemo_gym_model_calls_in_flight") == 1
+            assert slow.result(timeout=30).status_code == 200
         m = scrape(url)
+    assert value(m, "nemo_gym_model_calls_in_flight") == 0
+    assert value(m, "nemo_gym_model_queue_depth") == 3
     assert value(m, "nemo_gym_model_prompt_tokens_total", endpoint="/v1/responses") == 11
     assert value(m, "nemo_gym_model_completion_tokens_total", endpoint="/v1/responses") == 5
     assert value(m, "nemo_gym_model_prompt_tokens_total", endpoint="/v1/chat/completions") == 20

@@ -69,7 +69,17 @@ class SimpleResponsesAPIModel(SimpleServer):
             observed_model_call(self._metrics, "/v1/chat/completions", self.chat_completions)
         )
         self.setup_model_call_capture(app)
+        if (
+            self._metrics is not None
+            and type(self).model_queue_depth is not SimpleResponsesAPIModel.model_queue_depth
+        ):
+            self._metrics.add_queue_depth(self.model_queue_depth)
         return app
+
+    def model_queue_depth(self) -> int | None:
+        """Calls waiting in this server's own queue (a model server that queues calls itself overrides this;
+        its metrics then have ``nemo_gym_model_queue_depth``). None: no queue of its own."""
+        return None
 
     def setup_model_call_capture(self, app: FastAPI) -> None:
         """``POST /ng_model_calls/pop``, and (capture on) the recording middleware, innermost so that it

@@ -319,6 +319,10 @@ class LocalModel(SimpleResponsesAPIModel):
         except TemplateError as e:
             return self._bad_request(request, f"the model's chat template rejected the conversation: {e}")
 
+    def model_queue_depth(self) -> int | None:
+        """Calls waiting behind the one generating (nemo_gym.server.metrics)."""
+        return self._queue.waiting if self._queue is not None else 0
+
     async def responses(self, request: Request, body: NeMoGymResponseCreateParamsNonStreaming) -> Response:
         params = dump(body)
         try:

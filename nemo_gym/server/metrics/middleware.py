@@ -239,12 +239,18 @@ class MetricsMiddleware:
 
                 special["/verify"] = _Special(verified)
         elif kind == MODELS:
+            metrics = self.metrics
+
+            def model_call_started() -> None:
+                metrics.model_in_flight += 1  # observe_model_call takes it back
+
             for path in MODEL_ENDPOINTS & paths:
                 if path in observed:  # the tokens were counted from the handler's result
                     special[path] = _Special(
                         lambda m, status, _s, _b, elapsed, path=path: m.observe_model_call(
                             path, status < 400, elapsed, None
-                        )
+                        ),
+                        on_start=model_call_started,
                     )
                     continue
                 special[path] = _Special(
@@ -252,6 +258,7 @@ class MetricsMiddleware:
                         path, status < 400, elapsed, usage_tokens(body) if status < 400 else None
                     ),
                     wants_body=True,
+                    on_start=model_call_started,
                 )
         elif kind == AGENTS and "/run" in paths:
             metrics = self.metrics

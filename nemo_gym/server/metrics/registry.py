@@ -24,7 +24,7 @@ import math
 import time
 from bisect import bisect_left
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import (
@@ -339,6 +339,12 @@ class ServerMetrics:
                 ("endpoint",),
                 registry=reg,
             )
+            self.model_in_flight = 0  # model calls being answered, kept by the middleware
+            Gauge(
+                "nemo_gym_model_calls_in_flight",
+                "Model calls being answered (arrived, answer not finished): the load waiting on the model.",
+                registry=reg,
+            ).set_function(lambda: self.model_in_flight)
             self.generation_latency = HotHistogram(
                 "nemo_gym_model_generation_duration_seconds",
                 "Time a model call took, to the end of its answer (streamed answers included).",
@@ -421,10 +427,20 @@ class ServerMetrics:
             )
         calls, latency, prompt, completion = cells
         calls[0] += 1
+        self.model_in_flight -= 1  # counted in when it arrived (the middleware's on_start)
         observe(self.generation_latency.bounds, latency, elapsed)
         if usage is not None:
             prompt[0] += usage[0]
             completion[0] += usage[1]
+
+    def add_queue_depth(self, depth: Callable[[], int | None]) -> None:
+        """Expose ``nemo_gym_model_queue_depth``: calls waiting in the model server's own queue, as
+        ``depth()`` tells at scrape time (a server with a queue of its own, such as local_model's)."""
+        Gauge(
+            "nemo_gym_model_queue_depth",
+            "Model calls waiting in this server's own queue (behind the ones generating).",
+            registry=self.registry,
+        ).set_function(lambda: depth() or 0)
 
     def observe_tokens(self, endpoint: str, usage: tuple[int, int]) -> None:
         """Count the prompt and completion tokens of one model answer (on the app's event loop)."""
