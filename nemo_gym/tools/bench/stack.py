@@ -18,6 +18,10 @@ CPU per rollout): what the token check costs, measured in one run. The body limi
 ``+compare_metrics=true`` does the same with ``+metrics_enabled=false`` (no ``/metrics``, no metrics
 middleware, no event-loop tick: :mod:`nemo_gym.server.metrics`); ``ours`` gets ``ratio_to_no_metrics`` and
 ``cpu_ratio_to_no_metrics``. Both comparisons may run together (three stacks in alternating rounds).
+
+``+suite=collector`` measures the collector instead (its peak RSS and own CPU per rollout at several
+row counts, against a minimal agent): :mod:`nemo_gym.tools.bench.collector`. The default suite's
+output is as described above.
 """
 
 from __future__ import annotations
@@ -301,7 +305,10 @@ def main(argv: list[str] | None = None) -> None:
             "usage: ng_bench [+env=example_single_tool_call] [+concurrencies=[64,1024,16384]] [+num_rollouts=4096]\n"
             "                [+output_json_fpath=bench_results.json] [+skip_bare=false]\n"
             "                [+compare_auth=false] [+compare_metrics=false] [+rounds=1 (3 with a compare)]\n"
-            "Each concurrency runs max(num_rollouts, concurrency) rollouts per round."
+            "Each concurrency runs max(num_rollouts, concurrency) rollouts per round.\n"
+            "ng_bench +suite=collector [+row_counts=[10000,100000,1000000]] [+num_samples_in_parallel=4096]\n"
+            "                [+num_repeats=1] [+resume=false] [+output_json_fpath=collector_bench.json]\n"
+            "The collector at scale against a minimal agent: its peak RSS and CPU per rollout per row count."
         )
         return
     raise_open_file_limit()
@@ -311,6 +318,14 @@ def main(argv: list[str] | None = None) -> None:
         cfg = OmegaConf.to_container(loaded.config, resolve=True)
     except ConfigError as e:
         sys.exit(str(e))
+    suite = str(cfg.get("suite", "stack"))
+    if suite == "collector":
+        from nemo_gym.tools.bench.collector import run_suite
+
+        run_suite(cfg)
+        return
+    if suite != "stack":
+        sys.exit(f"ng_bench: +suite must be stack (the default) or collector, got {suite!r}")
     env = str(cfg.get("env", DEFAULT_ENV))
     concurrencies = [int(c) for c in cfg.get("concurrencies", DEFAULT_CONCURRENCIES)]
     base_n = int(cfg.get("num_rollouts", 4096))
