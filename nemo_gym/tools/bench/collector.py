@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from nemo_gym.tools.bench.stack import PeakRss
+from nemo_gym.tools.bench.sampling import PeakRss
 
 DEFAULT_ROW_COUNTS = (10_000, 100_000, 1_000_000)
 DEFAULT_IN_FLIGHT = 4096
@@ -395,12 +395,33 @@ def run_suite(cfg: dict[str, Any]) -> None:
     print(f"\nJSON: {out_path}")
 
 
+def main(argv: list[str]) -> None:
+    """``python -m nemo_gym.tools.bench.collector [+option=value ...]``: ``ng_bench +suite=collector``."""
+    from omegaconf import OmegaConf
+
+    from nemo_gym.client.fd_limits import raise_open_file_limit
+    from nemo_gym.config.loading import load_global_config
+    from nemo_gym.config.options import check_options
+    from nemo_gym.config.problems import ConfigError
+
+    raise_open_file_limit()
+    try:
+        loaded = load_global_config(argv, load_env_yaml=False)
+        check_options(loaded, "ng_bench", strict_cli=True)
+        cfg = OmegaConf.to_container(loaded.config, resolve=True)
+    except ConfigError as e:
+        sys.exit(str(e))
+    if str(cfg.get("suite", "collector")) != "collector":
+        sys.exit(
+            "python -m nemo_gym.tools.bench.collector runs +suite=collector only (ng_bench runs the others)"
+        )
+    run_suite(cfg)
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["serve"]:
         serve_fast_agent()
     elif sys.argv[1:2] == ["child"]:
         run_child(Path(sys.argv[2]), sys.argv[3:])
     else:
-        from nemo_gym.tools.bench.stack import main
-
-        main(["+suite=collector", *sys.argv[1:]])
+        main(sys.argv[1:])

@@ -33,7 +33,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -50,41 +49,10 @@ from nemo_gym.config.options import check_options
 from nemo_gym.config.ports import reserve_listening_socket
 from nemo_gym.config.problems import ConfigError
 from nemo_gym.errors import response_body
+from nemo_gym.tools.bench.sampling import PeakRss
 
 DEFAULT_ENV = "example_single_tool_call"
 DEFAULT_CONCURRENCIES = (64, 1024, 16384)
-
-
-class PeakRss:
-    """Samples the RSS of some processes in a thread; keeps each one's peak."""
-
-    def __init__(self, pids: dict[str, int], interval_s: float = 0.2):
-        self.procs = {name: psutil.Process(pid) for name, pid in pids.items()}
-        self.peak = dict.fromkeys(pids, 0)
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _sample(self) -> None:
-        for name, proc in self.procs.items():
-            try:
-                self.peak[name] = max(self.peak[name], proc.memory_info().rss)
-            except psutil.Error:
-                pass
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._sample()
-
-    def __enter__(self) -> PeakRss:
-        self._sample()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        self._sample()
 
 
 def _cpu_s(pids: dict[str, int]) -> dict[str, float]:
