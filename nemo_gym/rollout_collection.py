@@ -13,7 +13,10 @@ Contract
 * Rows are expanded in place (``num_repeats``: abc -> aabbcc) with ``_ng_task_index`` and
   ``_ng_rollout_index``; the expanded rows are written to ``<stem>_materialized_inputs.jsonl``.
 * At most ``num_samples_in_parallel`` rollouts are in flight; rows are read lazily, so memory does
-  not grow with the input.
+  not grow with the input: it is O(in flight) + O(distinct agents, metric keys and failure kinds).
+  What would grow with the rows (a resume's pairs done and attempts, the rewards grouped by task
+  for pass@k) goes through temporary files (:mod:`nemo_gym.kit.spill`); docs/concepts.md, "Memory
+  at scale", has the measured numbers.
 * Each finished rollout is one whole line in the output, written and flushed as it completes. An
   infrastructure failure (connection refused, timeout, 5xx, a 4xx from the agent) goes to
   ``<stem>_failures.jsonl`` with its kind, server, error and attempt number — never to the output.

@@ -114,3 +114,36 @@ def test_ng_bench_compare_auth_measures_both_stacks_in_alternating_rounds(tmp_pa
         "ours: 20 rollouts at concurrency 4 (round 2/2)"
     )
     assert "run-token check at concurrency 4" in proc.stdout
+
+
+def test_ng_bench_collector_suite_reports_peak_rss_and_cpu_per_row_count(tmp_path: Path) -> None:
+    """``+suite=collector``: the real collector at two (small) row counts and a resume of half; every
+    field of the report is there. Memory and speed are measured, never asserted."""
+    out = tmp_path / "collector.json"
+    proc = subprocess.run(
+        [
+            NG_BENCH,
+            "+suite=collector",
+            "+row_counts=[300,600]",
+            "+num_samples_in_parallel=64",
+            "+num_repeats=2",
+            "+resume=true",
+            f"+output_json_fpath={out}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = orjson.loads(out.read_bytes())
+    assert report["suite"] == "collector" and [r["rows"] for r in report["results"]] == [300, 600]
+    for r in report["results"]:
+        assert r["rollouts"] == r["rollouts_ok"] == 2 * r["rows"] and r["exit"] == 0
+        assert r["num_samples_in_parallel"] == 64
+        assert r["peak_rss_mb"] >= r["rss_mb_after_start"] > 0 and r["cpu_ms_per_rollout"] > 0
+        assert set(r["steps"]) == {"check", "plan", "run", "report"}
+        resume = r["resume"]
+        assert resume["rollouts_done_before"] == resume["rollouts_sent"] == r["rows"]  # half of 2 x rows
+        assert resume["rollouts_ok"] == r["rollouts"] and resume["peak_rss_mb"] > 0
+    assert "peak RSS MB" in proc.stdout and str(out) in proc.stdout

@@ -10,6 +10,12 @@ Contract
   whole line in the output, written as it completes; each infrastructure failure (or a verify
   response without a numeric ``reward``) is a line in the failures file, never in the output. Both
   files are scrubbed of the secret values this process knows (a 200 answer may quote one too). With model-call capture on, each rollout's model calls go to ``<stem>_model_calls.jsonl``.
+* Memory is O(``num_samples_in_parallel``) + O(distinct agents, metric keys, failure kinds), whatever
+  the number of rows: rows are sent from the materialized inputs as slots free up
+  (:func:`~.dispatch.bounded_map`); on resume, the earlier runs' pairs (:class:`~.output_files.ResumeState`)
+  are walked beside them in key order from a spill to temporary files, and the attempt numbers of
+  the rows in flight alone are held; the report's aggregate metrics stream the output too
+  (:func:`~nemo_gym.kit.rollout_stats.aggregate_metrics`).
 * The circuit breaker stops dispatch to agents whose server is down (rows not sent are "not
   attempted", not failures); ``stop`` cancels the rollouts in flight (not failures either).
 * It runs in three steps, each row going through them top to bottom: plan (check the input, the
@@ -52,11 +58,10 @@ from nemo_gym.collection.options import (
 )
 from nemo_gym.collection.output_files import (
     LineWriter,
+    PairStatus,
+    ResumeState,
     _check_materialized_matches,
     _check_output_paths,
-    _scan_existing_output,
-    _scan_failures,
-    _scan_terminal_failures,
     sidecar_paths,
 )
 from nemo_gym.collection.row_schema import CheckedInput, check_input
@@ -106,12 +111,21 @@ class _Plan:
     calls_path: Path
     capture: bool
     fresh: bool
-    done: set[tuple[int, int]]
-    attempts: dict[tuple[int, int], int]
-    exhausted: set[tuple[int, int]]
+    # On resume: each pair's record in the output and failures files, in key order (spilled to disk).
+    resume: ResumeState | None
+    n_done: int
+    n_exhausted: int
     unreadable: int
     total: int
     todo: int
+
+    def statuses(self) -> Iterator[PairStatus]:
+        """The earlier runs' :class:`PairStatus` per pair, in key order (none on a fresh run)."""
+        return self.resume.statuses() if self.resume is not None else iter(())
+
+    def close(self) -> None:
+        if self.resume is not None:
+            self.resume.close()
 
 
 @dataclass
@@ -155,11 +169,14 @@ async def collect_rollouts(
     if cfg.metrics_port is not None:
         server = LiveMetricsServer(stats, cfg.metrics_port)
         print(f"Live collection stats: {server.url}", flush=True)
+    plan = None
     try:
         plan = await _plan(cfg, client, checked)
         run = await _run(cfg, client, plan, stop, stats)
         return _report(cfg, plan, run, stop)
     finally:
+        if plan is not None:
+            plan.close()
         if server is not None:
             server.close()
 
@@ -184,25 +201,26 @@ async def _plan(cfg: RolloutCollectionConfig, client: ServerClient, checked: Che
             "+overwrite=true to start over, or choose another +output_jsonl_fpath."
         )
     fresh = not cfg.resume_from_cache
-    done: set[tuple[int, int]] = set()
-    attempts: dict[tuple[int, int], int] = {}
-    terminal: set[tuple[int, int]] = set()
-    unreadable = 0
+    resume = None
     if not fresh:
         # Check before touching anything, so a refused resume leaves every file as it was.
         _check_materialized_matches(cfg, side["materialized"])
-        done, unreadable = _scan_existing_output(out_path)
-        attempts = _scan_failures(side["failures"])
-        terminal = _scan_terminal_failures(side["failures"])
-    if fresh or not side["materialized"].exists():
-        writer = LineWriter(side["materialized"], truncate=True)
-        try:
-            for row in materialize(cfg):
-                writer.write(row)
-        finally:
-            writer.close()
+        resume = ResumeState(out_path, side["failures"], cfg.max_attempts)
+    try:
+        if fresh or not side["materialized"].exists():
+            writer = LineWriter(side["materialized"], truncate=True)
+            try:
+                for row in materialize(cfg):
+                    writer.write(row)
+            finally:
+                writer.close()
+    except BaseException:
+        if resume is not None:
+            resume.close()
+        raise
 
-    exhausted = {k for k, a in attempts.items() if (a >= cfg.max_attempts or k in terminal) and k not in done}
+    n_done = resume.n_done if resume is not None else 0
+    n_exhausted = resume.n_exhausted if resume is not None else 0
     total = n_rows * cfg.num_repeats
     return _Plan(
         n_rows=n_rows,
@@ -212,12 +230,12 @@ async def _plan(cfg: RolloutCollectionConfig, client: ServerClient, checked: Che
         calls_path=calls_path,
         capture=capture,
         fresh=fresh,
-        done=done,
-        attempts=attempts,
-        exhausted=exhausted,
-        unreadable=unreadable,
+        resume=resume,
+        n_done=n_done,
+        n_exhausted=n_exhausted,
+        unreadable=resume.unreadable if resume is not None else 0,
         total=total,
-        todo=total - len(done) - len(exhausted),
+        todo=total - n_done - n_exhausted,
     )
 
 
@@ -231,17 +249,28 @@ async def _run(
     """Send the planned rows (the breaker holding back those of down servers); write each outcome."""
     breaker = CircuitBreaker(cfg.circuit_breaker_threshold, replicated_instances(client.global_config_dict))
     probe = functools.partial(live_replicas, client)
-    done, exhausted, attempts, fresh = plan.done, plan.exhausted, plan.attempts, plan.fresh
+    fresh = plan.fresh
+    # The attempts recorded by earlier runs of the rows in flight (for the failures file's `attempt`):
+    # filled as a row is handed out, emptied as its outcome arrives, so O(in flight).
+    prior_attempts: dict[tuple[int, int], int] = {}
 
-    def rows_to_send() -> Iterator[dict[str, Any]]:
+    def rows_to_send(dispatch: bool = True) -> Iterator[dict[str, Any]]:
         # From the materialized inputs the plan step wrote (or, on resume, checked against the input):
-        # the same rows, without reading the input file again.
+        # the same rows, without reading the input file again. Both it and the earlier runs' statuses
+        # are in (task, rollout) order, so they are walked side by side.
+        statuses = plan.statuses()
+        status = next(statuses, None)
         for r in _read_rows(plan.side["materialized"]):
             key = (r["_ng_task_index"], r["_ng_rollout_index"])
-            if key in done or key in exhausted:
+            while status is not None and status.key < key:
+                status = next(statuses, None)
+            mine = status if status is not None and status.key == key else None
+            if mine is not None and (mine.done or mine.exhausted):
                 continue
             if breaker.blocked and breaker.blocking(r["agent_ref"]["name"]) is not None:
                 continue  # its agent needs a server that is down: not attempted, left for a resume
+            if dispatch and mine is not None and mine.failed:
+                prior_attempts[key] = mine.attempts
             yield r
 
     def all_agents_blocked() -> bool:
@@ -266,7 +295,7 @@ async def _run(
     t0 = time.monotonic()
     try:
         if sink is not None:
-            await sink.discard(rows_to_send())  # calls an interrupted earlier run left for these rollouts
+            await sink.discard(rows_to_send(dispatch=False))  # calls an interrupted earlier run left
         async for row, result, exc in bounded_map(
             rows_to_send(),
             worker,
@@ -275,6 +304,7 @@ async def _run(
             halt=all_agents_blocked,
         ):
             key = (row["_ng_task_index"], row["_ng_rollout_index"])
+            attempts_before = prior_attempts.pop(key, 0)
             agent = row["agent_ref"]["name"]
             reward = result.get("reward") if isinstance(result, dict) else None
             if exc is None and isinstance(result, dict) and result.get(NG_NO_PERSIST_KEY):
@@ -321,7 +351,7 @@ async def _run(
                     "_ng_task_index": key[0],
                     "_ng_rollout_index": key[1],
                     "agent_ref": row["agent_ref"],
-                    "attempt": attempts.get(key, 0) + 1,
+                    "attempt": attempts_before + 1,
                     **failure,
                 }
             )
@@ -373,7 +403,7 @@ def _report(
             {**dict(zip(_KIND_FIELDS, k, strict=True)), "paths": sorted(run.kind_paths[k]), "count": n}
             for k, n in run.kinds.most_common()
         ],
-        skipped_after_max_attempts=len(plan.exhausted),
+        skipped_after_max_attempts=plan.n_exhausted,
         max_attempts=cfg.max_attempts,
         unreadable_output_lines=plan.unreadable,
         files=files,

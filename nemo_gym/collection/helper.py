@@ -2,10 +2,11 @@
 
 Contract
 --------
-* ``run_examples(rows, head_server_config=...)`` starts every row at once from a running event loop
-  and yields awaitables in completion order, each giving ``(row, result)``: the very dict passed in
-  and the agent's ``/run`` JSON as it returned it. At most ``num_samples_in_parallel`` (or the given
-  semaphore's) rollouts are in flight.
+* ``run_examples(rows, head_server_config=...)`` starts the rows from a running event loop and yields
+  awaitables in completion order, each giving ``(row, result)``: the very dict passed in and the
+  agent's ``/run`` JSON as it returned it. At most ``num_samples_in_parallel`` (or the given
+  semaphore's) rollouts are in flight; a row gets its task only when it may start (in order), so
+  memory is O(in flight) plus the results not yet awaited, never one task per row.
 * An infrastructure failure raises :class:`UpstreamError`; after ``circuit_breaker_threshold``
   consecutive failures of one down server (all its replicas dead), the rows of that call not yet sent
   to the affected agents raise :class:`ServerDownError` instead of being sent.
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Iterator, Sized
 from typing import Any
 
 from nemo_gym.client.fd_limits import raise_open_file_limit
@@ -55,6 +56,7 @@ class RolloutCollectionHelper:
         self.request_timeout_s = request_timeout_s
         self.circuit_breaker_threshold = circuit_breaker_threshold
         self._clients: dict[tuple[str, int], ServerClient] = {}
+        self._starters: set[asyncio.Future[None]] = set()
 
     def _client(self, head: BaseServerConfig | None) -> ServerClient:
         key = (head.host, head.port) if head else ("", 0)
@@ -68,7 +70,7 @@ class RolloutCollectionHelper:
         head_server_config: BaseServerConfig | None = None,
         semaphore: asyncio.Semaphore | None = None,
     ) -> Iterator[Awaitable[tuple[dict[str, Any], dict[str, Any]]]]:
-        """Start every example now (call from a running event loop); yield awaitables in completion order.
+        """Start the examples now (call from a running event loop); yield awaitables in completion order.
 
         Each awaitable gives ``(row, result)``: ``row`` is the very dict passed in (nothing added),
         ``result`` the agent's ``/run`` JSON as it returned it (upstream's semantics; the verify
@@ -76,6 +78,10 @@ class RolloutCollectionHelper:
         the rollouts in flight (default: ``num_samples_in_parallel``). An infrastructure failure
         raises :class:`UpstreamError` (``.status`` is the HTTP status, None when no answer came), and
         a row held back because a server is down raises :class:`ServerDownError`.
+
+        The rows start in order as the semaphore lets them: a task exists only for a rollout in
+        flight, never one per row up front, so memory is O(in flight) plus the finished results not
+        yet awaited. (With a semaphore shared by several calls, their rows take turns.)
         """
         client = self._client(head_server_config)
         if semaphore is None:
@@ -84,24 +90,58 @@ class RolloutCollectionHelper:
             self.circuit_breaker_threshold, replicated_instances(client.global_config_dict)
         )
         probe = functools.partial(live_replicas, client)
+        loop = asyncio.get_running_loop()
+        rows = examples if isinstance(examples, Sized) else list(examples)
+        finished: asyncio.Queue[asyncio.Future[tuple[dict[str, Any], dict[str, Any]]]] = asyncio.Queue()
 
-        async def one(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-            if not isinstance(row.get("agent_ref"), dict) or "name" not in row["agent_ref"]:
-                raise ValueError("each example needs agent_ref: {name: <agent instance>}")
-            agent = row["agent_ref"]["name"]
-            async with semaphore:
+        def failed(error: BaseException) -> None:
+            future: asyncio.Future[Any] = loop.create_future()
+            future.set_exception(error)
+            finished.put_nowait(future)
+
+        async def one(row: dict[str, Any], agent: str) -> tuple[dict[str, Any], dict[str, Any]]:
+            try:
+                result = await post_run(client, row, self.request_timeout_s)
+            except UpstreamError as e:
+                await breaker.record_failure(agent, classify_failure(e, agent), probe)
+                raise
+            breaker.success(agent)
+            return row, result
+
+        in_flight: set[asyncio.Future[Any]] = set()  # held while they run: the loop's references are weak
+
+        def ended(task: asyncio.Future[Any]) -> None:
+            in_flight.discard(task)
+            semaphore.release()
+            finished.put_nowait(task)
+
+        async def start_all() -> None:
+            for row in rows:
+                try:
+                    if not isinstance(row.get("agent_ref"), dict) or "name" not in row["agent_ref"]:
+                        raise ValueError("each example needs agent_ref: {name: <agent instance>}")
+                    agent = row["agent_ref"]["name"]
+                except Exception as e:  # a bad row fails its own awaitable, as a task of it would
+                    failed(e)
+                    continue
+                await semaphore.acquire()
                 opened = breaker.blocking(agent)
                 if opened is not None:
-                    raise ServerDownError(agent, opened)
-                try:
-                    result = await post_run(client, row, self.request_timeout_s)
-                except UpstreamError as e:
-                    await breaker.record_failure(agent, classify_failure(e, agent), probe)
-                    raise
-                breaker.success(agent)
-                return row, result
+                    semaphore.release()
+                    failed(ServerDownError(agent, opened))
+                    continue
+                task = asyncio.ensure_future(one(row, agent))
+                in_flight.add(task)
+                task.add_done_callback(ended)
 
-        return asyncio.as_completed([asyncio.ensure_future(one(r)) for r in examples])
+        starter = asyncio.ensure_future(start_all())
+        self._starters.add(starter)  # held until it ends, as the rollout tasks are
+        starter.add_done_callback(self._starters.discard)
+
+        async def next_finished() -> tuple[dict[str, Any], dict[str, Any]]:
+            return (await finished.get()).result()
+
+        return (next_finished() for _ in range(len(rows)))
 
     async def aclose(self) -> None:
         """Close this event loop's HTTP connections (optional; avoids "unclosed session" warnings)."""

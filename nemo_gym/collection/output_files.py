@@ -10,6 +10,8 @@ Contract
 * :func:`_scan_existing_output` returns the (task, rollout) pairs already done; a trailing line cut
   short by a hard kill is dropped (or completed when it is a whole rollout), and nothing else already
   written is deleted. :func:`_scan_failures` returns the highest attempt per failed pair.
+  :class:`ResumeState` is the same scans for the collector, with memory that does not grow with the
+  pairs: each pair's status in key order, through a spill to temporary files.
 * :func:`_check_materialized_matches` refuses a resume, touching nothing, when the rows this config
   would send differ from the materialized inputs; :func:`_check_output_paths` refuses an output path
   that is the input file.
@@ -17,7 +19,10 @@ Contract
 
 from __future__ import annotations
 
+import itertools
 import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +30,7 @@ import orjson
 
 from nemo_gym.collection.input_rows import materialize
 from nemo_gym.collection.options import NG_TERMINAL_KEY, InputError, RolloutCollectionConfig
+from nemo_gym.kit.spill import SortedSpill
 from nemo_gym.redaction import process_scrubber
 
 
@@ -56,17 +62,17 @@ def _rollout_key(line: bytes) -> tuple[int, int] | None:
         return None
 
 
-def _scan_existing_output(path: Path) -> tuple[set[tuple[int, int]], int]:
-    """(pairs already done, number of unreadable whole lines) of an existing output file.
+def _scan_output_keys(path: Path, on_done: Callable[[tuple[int, int]], object]) -> int:
+    """Call ``on_done`` with each (task, rollout) pair of an existing output file (in file order, a pair
+    as often as it appears); returns the number of unreadable whole lines.
 
     A trailing line without its newline (a write cut short by a hard kill or a full disk) is cut
     off, or completed with its newline when it is a whole rollout. Unreadable lines elsewhere are
     left in place (nothing already written is deleted); their pairs count as not done.
     """
-    done: set[tuple[int, int]] = set()
     bad = 0
     if not path.exists():
-        return done, bad
+        return bad
     size = path.stat().st_size
     offset = 0
     tail: bytes | None = None
@@ -82,24 +88,31 @@ def _scan_existing_output(path: Path) -> tuple[set[tuple[int, int]], int]:
             if key is None:
                 bad += 1
             else:
-                done.add(key)
+                on_done(key)
     if tail is not None:
         key = _rollout_key(tail)
         with open(path, "r+b") as f:
             if key is not None:
                 f.seek(size)
                 f.write(b"\n")
-                done.add(key)
+                on_done(key)
             else:
                 f.truncate(offset)
+    return bad
+
+
+def _scan_existing_output(path: Path) -> tuple[set[tuple[int, int]], int]:
+    """(pairs already done, number of unreadable whole lines) of an existing output file, in memory
+    (the collector itself uses :class:`ResumeState`); the tail is repaired as :func:`_scan_output_keys` says."""
+    done: set[tuple[int, int]] = set()
+    bad = _scan_output_keys(path, done.add)
     return done, bad
 
 
-def _scan_failures(path: Path) -> dict[tuple[int, int], int]:
-    """The highest attempt number recorded per failed (task, rollout) pair."""
-    attempts: dict[tuple[int, int], int] = {}
+def _scan_failure_records(path: Path, on_attempt: Callable[[tuple[int, int], int], object]) -> None:
+    """Call ``on_attempt`` with (pair, attempt number) for each failure record of the failures file."""
     if not path.exists():
-        return attempts
+        return
     with open(path, "rb") as f:
         for line in f:
             try:
@@ -107,15 +120,13 @@ def _scan_failures(path: Path) -> dict[tuple[int, int], int]:
                 key = (int(row["_ng_task_index"]), int(row["_ng_rollout_index"]))
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                 continue
-            attempts[key] = max(attempts.get(key, 0), int(row.get("attempt", 1)))
-    return attempts
+            on_attempt(key, int(row.get("attempt", 1)))
 
 
-def _scan_terminal_failures(path: Path) -> set[tuple[int, int]]:
-    """The (task, rollout) pairs whose recorded failure is terminal (``_ng_failure_terminal``)."""
-    terminal: set[tuple[int, int]] = set()
+def _scan_terminal_records(path: Path, on_terminal: Callable[[tuple[int, int]], object]) -> None:
+    """Call ``on_terminal`` with the pair of each terminal failure record (``_ng_failure_terminal``)."""
     if not path.exists():
-        return terminal
+        return
     with open(path, "rb") as f:
         for line in f:
             if NG_TERMINAL_KEY.encode() not in line:
@@ -123,10 +134,93 @@ def _scan_terminal_failures(path: Path) -> set[tuple[int, int]]:
             try:
                 row = orjson.loads(line)
                 if row.get(NG_TERMINAL_KEY):
-                    terminal.add((int(row["_ng_task_index"]), int(row["_ng_rollout_index"])))
+                    key = (int(row["_ng_task_index"]), int(row["_ng_rollout_index"]))
+                else:
+                    continue
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
                 continue
+            on_terminal(key)
+
+
+def _scan_failures(path: Path) -> dict[tuple[int, int], int]:
+    """The highest attempt number recorded per failed (task, rollout) pair (in memory)."""
+    attempts: dict[tuple[int, int], int] = {}
+
+    def add(key: tuple[int, int], attempt: int) -> None:
+        attempts[key] = max(attempts.get(key, 0), attempt)
+
+    _scan_failure_records(path, add)
+    return attempts
+
+
+def _scan_terminal_failures(path: Path) -> set[tuple[int, int]]:
+    """The (task, rollout) pairs whose recorded failure is terminal (``_ng_failure_terminal``; in memory)."""
+    terminal: set[tuple[int, int]] = set()
+    _scan_terminal_records(path, terminal.add)
     return terminal
+
+
+# Record kinds of ResumeState's spill, in the order a pair's records sort.
+_DONE, _ATTEMPT, _TERMINAL = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class PairStatus:
+    """What earlier runs left for one (task, rollout) pair that has a record in the output or failures."""
+
+    key: tuple[int, int]
+    done: bool  # a whole rollout of it is in the output
+    failed: bool  # the failures file has a record of it
+    attempts: int  # the highest attempt number recorded (at least 0)
+    terminal: bool  # a recorded failure is terminal (never retried)
+    exhausted: bool  # not done, and failed max_attempts times or terminally: skipped
+
+
+class ResumeState:
+    """The output and failures files of earlier runs, as :class:`PairStatus` per pair in key order.
+
+    The scans are those of :func:`_scan_existing_output` (which repairs the output's tail),
+    :func:`_scan_failures` and :func:`_scan_terminal_failures`, in that order; their pairs go through a
+    :class:`~nemo_gym.kit.spill.SortedSpill`, so memory does not grow with the pairs done. The
+    materialized inputs are in key order too, so the collector walks both side by side
+    (:meth:`statuses`). ``n_done`` and ``n_exhausted`` count distinct pairs, as the sets did.
+    """
+
+    def __init__(self, output: Path, failures: Path, max_attempts: int) -> None:
+        self.max_attempts = max_attempts
+        self._spill = SortedSpill()
+        try:
+            add = self._spill.add
+            self.unreadable = _scan_output_keys(output, lambda k: add((k[0], k[1], _DONE, 0)))
+            _scan_failure_records(failures, lambda k, attempt: add((k[0], k[1], _ATTEMPT, attempt)))
+            _scan_terminal_records(failures, lambda k: add((k[0], k[1], _TERMINAL, 0)))
+            self.n_done = self.n_exhausted = 0
+            for status in self.statuses():
+                self.n_done += status.done
+                self.n_exhausted += status.exhausted
+        except BaseException:
+            self.close()
+            raise
+
+    def statuses(self) -> Iterator[PairStatus]:
+        """One :class:`PairStatus` per pair with a record, in ascending (task, rollout) order."""
+        for key, records in itertools.groupby(self._spill, key=lambda r: (r[0], r[1])):
+            done = failed = terminal = False
+            attempts = 0
+            for _, _, kind, attempt in records:
+                if kind == _DONE:
+                    done = True
+                elif kind == _ATTEMPT:
+                    failed = True
+                    attempts = max(attempts, attempt)
+                else:
+                    terminal = True
+            exhausted = failed and (attempts >= self.max_attempts or terminal) and not done
+            yield PairStatus(key, done, failed, attempts, terminal, exhausted)
+
+    def close(self) -> None:
+        """Remove the spill's temporary files (idempotent)."""
+        self._spill.close()
 
 
 class LineWriter:

@@ -8,7 +8,8 @@ Contract
   ``tokens/output_tokens``; with e2e also ``<agent>/mean/reward``), the command's options as
   parameters (never the server configs: no secrets), a reward histogram, and a sample of
   ``tracker_num_trajectories`` (default 20) trajectories spread over the file (task, rollout, agent,
-  reward, prompt, final output).
+  reward, prompt, final output). The rewards are streamed from the rollouts file, never held
+  (:class:`RewardScan`).
 * Where the tracker writes, by default: beside the rollouts file, never the working directory (which
   may be a source tree): ``<output dir>/mlruns`` for MLflow, ``<output dir>/wandb`` for W&B (for
   ``results/rollouts.jsonl``: ``results/mlruns``, ``results/wandb``). An explicit setting wins: the
@@ -163,6 +164,82 @@ def read_rewards_and_sample(path: Path, n_sample: int) -> tuple[list[float], lis
     return rewards, sample
 
 
+class RewardScan:
+    """The rewards of a rollouts file without holding them: count, range, both histograms, a sample.
+
+    What :func:`read_rewards_and_sample` and :func:`reward_histogram` give from the list of rewards,
+    computed in passes over the file instead (memory O(``n_sample`` + ``bins``), not O(rollouts)):
+    :attr:`histogram` is ``reward_histogram(rewards, bins)`` and :meth:`numpy_histogram`
+    ``numpy.histogram(rewards, bins=bins)`` (what ``wandb.Histogram(rewards, num_bins=bins)`` builds),
+    to the last bit."""
+
+    def __init__(self, path: Path, n_sample: int, bins: int = HISTOGRAM_BINS) -> None:
+        self.path = path
+        self.bins = bins
+        self.n = 0
+        self.lo = math.inf
+        self.hi = -math.inf
+        for r in self._rewards():
+            self.n += 1
+            self.lo = min(self.lo, r)
+            self.hi = max(self.hi, r)
+        self.histogram = self._histogram_and_sample(n_sample)
+
+    def _rewards(self) -> Iterator[float]:
+        for row in _rollouts(self.path):
+            r = _reward(row)
+            if r is not None:
+                yield r
+
+    def _histogram_and_sample(self, n_sample: int) -> dict[str, Any]:
+        """``reward_histogram`` of the rewards, and ``self.sample`` as ``read_rewards_and_sample`` picks it."""
+        total, bins, lo, hi = self.n, self.bins, self.lo, self.hi
+        self.sample: list[dict[str, Any]] = []
+        picks = (
+            {(i * total) // min(n_sample, total) for i in range(min(n_sample, total))}
+            if total and n_sample > 0
+            else set()
+        )
+        width = (hi - lo) / bins if total and hi != lo else 0.0
+        counts = [0] * bins if width else []
+        if total and (picks or width):
+            i = 0
+            for row in _rollouts(self.path):
+                r = _reward(row)
+                if r is None:
+                    continue
+                if i in picks:
+                    self.sample.append(trajectory_row(row))
+                if width:
+                    counts[min(bins - 1, int((r - lo) / width))] += 1
+                i += 1
+        if not total:
+            return {"edges": [], "counts": [], "n": 0}
+        if hi == lo:
+            return {"edges": [lo, hi], "counts": [total], "n": total}
+        return {"edges": [lo + i * width for i in range(bins)] + [hi], "counts": counts, "n": total}
+
+    def numpy_histogram(self, chunk: int = 65_536) -> tuple[Any, Any]:
+        """``numpy.histogram(rewards, bins=self.bins)``: the same edges (as numpy makes them from the
+        range), the counts summed over chunks of the file (numpy counts each value by those edges)."""
+        import numpy as np
+
+        first, last = (self.lo, self.hi) if self.n else (0.0, 1.0)  # numpy's range for no values
+        if first == last:
+            first, last = first - 0.5, last + 0.5
+        edges = np.linspace(first, last, self.bins + 1, endpoint=True)
+        counts = np.zeros(self.bins, dtype=np.intp)
+        values: list[float] = []
+        for r in self._rewards():
+            values.append(r)
+            if len(values) >= chunk:
+                counts += np.histogram(np.asarray(values), bins=edges)[0]
+                values = []
+        if values:
+            counts += np.histogram(np.asarray(values), bins=edges)[0]
+        return counts, edges
+
+
 def _note(message: str) -> None:
     sys.stderr.write(f"nemo_gym tracker: {message}\n")
     sys.stderr.flush()
@@ -189,12 +266,12 @@ def track_run(
     values = e2e_flat_metrics(metrics) if e2e else flat_metrics(metrics)
     params = {k: _text(config[k]) for k in PARAM_KEYS if config.get(k) is not None}
     n = int(config.get("tracker_num_trajectories") or DEFAULT_NUM_TRAJECTORIES)
-    rewards, sample = read_rewards_and_sample(rollouts_path, n)
+    rewards = RewardScan(rollouts_path, n)  # streamed: the rewards are not held
     try:
         if tracker == "mlflow":
-            where = _to_mlflow(config, run_name, values, params, rewards, sample, rollouts_path)
+            where = _to_mlflow(config, run_name, values, params, rewards, rollouts_path)
         else:
-            where = _to_wandb(config, run_name, values, params, rewards, sample, rollouts_path)
+            where = _to_wandb(config, run_name, values, params, rewards, rollouts_path)
     except Exception as e:  # a tracker never takes the results down with it
         _note(
             f"{tracker} export failed ({type(e).__name__}: {e}); the rollouts and metrics files are complete"
@@ -218,8 +295,7 @@ def _to_mlflow(
     run_name: str,
     values: dict[str, float],
     params: dict[str, str],
-    rewards: list[float],
-    sample: list[dict[str, Any]],
+    rewards: RewardScan,
     rollouts_path: Path,
 ) -> str:
     uri = _mlflow_uri(config, rollouts_path)
@@ -243,9 +319,11 @@ def _to_mlflow(
             metrics=[Metric(k, v, now, 0) for k, v in sorted(values.items())],
             params=[Param(k, v[:6000]) for k, v in sorted(params.items())],
         )
-        client.log_dict(run_id, reward_histogram(rewards), "reward_histogram.json")
+        client.log_dict(run_id, rewards.histogram, "reward_histogram.json")
         client.log_text(
-            run_id, "".join(orjson.dumps(r).decode() + "\n" for r in sample), "trajectories_sample.jsonl"
+            run_id,
+            "".join(orjson.dumps(r).decode() + "\n" for r in rewards.sample),
+            "trajectories_sample.jsonl",
         )
         status = "FINISHED"
     finally:
@@ -266,8 +344,7 @@ def _to_wandb(
     run_name: str,
     values: dict[str, float],
     params: dict[str, str],
-    rewards: list[float],
-    sample: list[dict[str, Any]],
+    rewards: RewardScan,
     rollouts_path: Path,
 ) -> str:
     import wandb
@@ -283,10 +360,11 @@ def _to_wandb(
     try:
         run.summary.update(values)
         columns = ["task", "rollout", "agent", "reward", "prompt", "output"]
-        table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in sample])
+        table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rewards.sample])
         payload: dict[str, Any] = {"trajectories_sample": table, **values}
-        if rewards:
-            payload["reward_histogram"] = wandb.Histogram(rewards, num_bins=HISTOGRAM_BINS)
+        if rewards.n:
+            # numpy.histogram(rewards, bins=HISTOGRAM_BINS), as wandb.Histogram(rewards, ...) computes it
+            payload["reward_histogram"] = wandb.Histogram(np_histogram=rewards.numpy_histogram())
         run.log(payload)
         where = str(getattr(run, "dir", "") or run.id)
     finally:

@@ -177,6 +177,12 @@ COMMAND_OPTIONS: dict[str, frozenset[str]] = {
             "compare_auth",
             "compare_metrics",
             "rounds",
+            # +suite=collector (nemo_gym.tools.bench.collector)
+            "suite",
+            "row_counts",
+            "num_samples_in_parallel",
+            "num_repeats",
+            "resume",
         }
     ),
     "ng_viewer": frozenset(

@@ -9,6 +9,8 @@ skipped, never fatal. A rollout "passes" when its reward is at least ``pass_thre
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Iterator
@@ -16,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from nemo_gym.kit.spill import DiskTable, SortedSpill
 
 INDEX_FIELDS = {"_ng_task_index", "_ng_rollout_index"}
 MAX_PER_TASK_IN_METRICS = 10_000
@@ -152,6 +156,49 @@ def task_row_fields(path: Path) -> dict[int, frozenset[str]]:
     return fields
 
 
+class TaskFields:
+    """:func:`task_row_fields` looked up from disk: memory O(distinct row shapes), not O(tasks).
+
+    Each task's shape (its set of field names; one per distinct set) is numbered, and the number is
+    kept per task index in a :class:`~nemo_gym.kit.spill.DiskTable`. :meth:`close` removes the table."""
+
+    def __init__(self, path: Path) -> None:
+        self._shapes: list[frozenset[str]] = [frozenset()]  # number 0: no task row
+        numbers: dict[frozenset[str], int] = {}
+        self._table = DiskTable()
+        last = None
+        try:
+            for _, row in iter_jsonl(path):
+                if not isinstance(row, dict):
+                    continue
+                task = _task_index(row)
+                if task is None or task < 0 or task == last:  # a repeat in place: its task is recorded
+                    continue
+                last = task
+                names = frozenset(row)
+                number = numbers.get(names)
+                if number is None:
+                    number = numbers[names] = len(self._shapes)
+                    self._shapes.append(names)
+                self._table.set_first(task, number)
+        except BaseException:
+            self._table.close()
+            raise
+
+    def get(self, task: int) -> frozenset[str]:
+        """The field names of task ``task``'s row (empty when the file has none)."""
+        return self._shapes[self._table.get(task)] if task >= 0 else self._shapes[0]
+
+    def close(self) -> None:
+        self._table.close()
+
+
+def _task_groups(by_task: SortedSpill) -> Iterator[tuple[int, list[float]]]:
+    """(task, its rewards in file order) from ``(task, line order, reward)`` records, by task."""
+    for task, records in itertools.groupby(by_task, key=lambda r: r[0]):
+        yield task, [reward for _, _, reward in records]
+
+
 def aggregate_metrics(
     path: Path,
     pass_threshold: float = 1.0,
@@ -165,50 +212,81 @@ def aggregate_metrics(
     data, not a metric, and is not averaged. The task rows are read from ``task_rows_path`` (the
     collector's ``<stem>_materialized_inputs.jsonl``); without it every numeric top-level field counts.
     A line that is not a JSON object, or whose ``reward`` is not a number, counts as malformed.
+
+    Memory does not grow with the file: the means are running (Welford), the rewards are grouped by
+    task through a :class:`~nemo_gym.kit.spill.SortedSpill` (each task's own rewards are then held
+    at once, as pass@k and the task's std need them), the task rows' fields are looked up from disk
+    (:class:`TaskFields`), ``per_task`` is kept only while it may still be listed
+    (``MAX_PER_TASK_IN_METRICS``), and the per-task pass@k values are summed, in task order, from a
+    spill too. The results are those of holding everything in memory, to the last bit.
     """
     stats: dict[str, RunningStat] = defaultdict(RunningStat)
     tokens = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
-    tasks: dict[int, list[float]] = defaultdict(list)
     task_fields = (
-        task_row_fields(task_rows_path) if task_rows_path is not None and task_rows_path.is_file() else {}
+        TaskFields(task_rows_path) if task_rows_path is not None and task_rows_path.is_file() else None
     )
     no_fields: frozenset[str] = frozenset()
     rows = ScoredRows(path)
-    for task, reward, row in rows:
-        data_fields = task_fields.get(task, no_fields)
-        for key, value in row.items():
-            if key in INDEX_FIELDS or (key in data_fields and key != "reward"):
-                continue
-            x = _numeric(value)
-            if x is not None:
-                stats[key].add(x)
-        tasks[task].append(reward)
-        usage = _usage(row)
-        for key in tokens:
-            count = usage.get(key)
-            tokens[key] += count if isinstance(count, int) and not isinstance(count, bool) else 0
-    k_max = max_k or max((len(v) for v in tasks.values()), default=1)
-    per_task = {str(t): task_profile(r, k_max, pass_threshold) for t, r in sorted(tasks.items())}
-    metrics: dict[str, Any] = {
-        "num_rollouts": stats["reward"].n if "reward" in stats else 0,
-        "malformed_lines": rows.malformed,
-    }
-    for key, st in sorted(stats.items()):
-        metrics[f"mean/{key}"] = st.mean
-        metrics[f"std/{key}"] = st.std
-    metrics["tokens"] = tokens
-    metrics["num_tasks"] = len(per_task)
-    # The mean over tasks is reported only for the k every task reaches: a mean over the tasks that
-    # happen to have more rollouts (an interrupted run) would not be comparable with the others.
-    for k in k_values(k_max):
-        values = [p.get(f"pass@{k}") for p in per_task.values()]
-        if values and None not in values:
-            metrics[f"pass@{k}"] = sum(values) / len(values)
-    if len(per_task) <= MAX_PER_TASK_IN_METRICS:
+    with contextlib.ExitStack() as cleanup:
+        if task_fields is not None:
+            cleanup.callback(task_fields.close)
+        by_task = cleanup.enter_context(SortedSpill())
+        for seq, (task, reward, row) in enumerate(rows):
+            data_fields = task_fields.get(task) if task_fields is not None else no_fields
+            for key, value in row.items():
+                if key in INDEX_FIELDS or (key in data_fields and key != "reward"):
+                    continue
+                x = _numeric(value)
+                if x is not None:
+                    stats[key].add(x)
+            by_task.add((task, seq, reward))
+            usage = _usage(row)
+            for key in tokens:
+                count = usage.get(key)
+                tokens[key] += count if isinstance(count, int) and not isinstance(count, bool) else 0
+        k_max = max_k or max((len(r) for _, r in _task_groups(by_task)), default=1)
+        ks = k_values(k_max)
+        num_tasks = 0
+        per_task: dict[str, Any] | None = {}
+        incomplete: set[int] = set()  # the k some task has fewer rollouts than
+        pass_values = cleanup.enter_context(SortedSpill())  # (k's position, task's position, pass@k)
+        for task, rewards in _task_groups(by_task):
+            profile = task_profile(rewards, k_max, pass_threshold)
+            if per_task is not None:
+                per_task = None if len(per_task) >= MAX_PER_TASK_IN_METRICS else per_task
+            if per_task is not None:
+                per_task[str(task)] = profile
+            for position, k in enumerate(ks):
+                value = profile.get(f"pass@{k}")
+                if value is None:
+                    incomplete.add(k)
+                elif k not in incomplete:
+                    pass_values.add((position, num_tasks, value))
+            num_tasks += 1
+        metrics: dict[str, Any] = {
+            "num_rollouts": stats["reward"].n if "reward" in stats else 0,
+            "malformed_lines": rows.malformed,
+        }
+        for key, st in sorted(stats.items()):
+            metrics[f"mean/{key}"] = st.mean
+            metrics[f"std/{key}"] = st.std
+        metrics["tokens"] = tokens
+        metrics["num_tasks"] = num_tasks
+        # The mean over tasks is reported only for the k every task reaches: a mean over the tasks that
+        # happen to have more rollouts (an interrupted run) would not be comparable with the others.
+        sums = {
+            ks[position]: sum(value for _, _, value in records)  # in task order, as a list would be summed
+            for position, records in itertools.groupby(pass_values, key=lambda r: r[0])
+            if ks[position] not in incomplete
+        }
+        for k in ks:
+            if num_tasks and k not in incomplete:
+                metrics[f"pass@{k}"] = sums[k] / num_tasks
+    if per_task is not None:
         metrics["per_task"] = per_task
     else:
         metrics["per_task"] = (
-            f"{len(per_task)} tasks: too many to list here; run ng_reward_profile for the per-task file"
+            f"{num_tasks} tasks: too many to list here; run ng_reward_profile for the per-task file"
         )
     return metrics
 

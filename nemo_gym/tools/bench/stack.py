@@ -21,6 +21,10 @@ machine's speed cancels within each pair): the steadier figure on a shared machi
 ``+compare_metrics=true`` does the same with ``+metrics_enabled=false`` (no ``/metrics``, no metrics
 middleware, no event-loop tick: :mod:`nemo_gym.server.metrics`); ``ours`` gets ``ratio_to_no_metrics`` and
 ``cpu_ratio_to_no_metrics``. Both comparisons may run together (three stacks in alternating rounds).
+
+``+suite=collector`` measures the collector instead (its peak RSS and own CPU per rollout at several
+row counts, against a minimal agent): :mod:`nemo_gym.tools.bench.collector`. The default suite's
+output is as described above.
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -49,41 +52,10 @@ from nemo_gym.config.options import check_options
 from nemo_gym.config.ports import reserve_listening_socket
 from nemo_gym.config.problems import ConfigError
 from nemo_gym.errors import response_body
+from nemo_gym.tools.bench.sampling import PeakRss
 
 DEFAULT_ENV = "example_single_tool_call"
 DEFAULT_CONCURRENCIES = (64, 1024, 16384)
-
-
-class PeakRss:
-    """Samples the RSS of some processes in a thread; keeps each one's peak."""
-
-    def __init__(self, pids: dict[str, int], interval_s: float = 0.2):
-        self.procs = {name: psutil.Process(pid) for name, pid in pids.items()}
-        self.peak = dict.fromkeys(pids, 0)
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _sample(self) -> None:
-        for name, proc in self.procs.items():
-            try:
-                self.peak[name] = max(self.peak[name], proc.memory_info().rss)
-            except psutil.Error:
-                pass
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._sample()
-
-    def __enter__(self) -> PeakRss:
-        self._sample()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        self._sample()
 
 
 def _cpu_s(pids: dict[str, int]) -> dict[str, float]:
@@ -311,7 +283,10 @@ def main(argv: list[str] | None = None) -> None:
             "usage: ng_bench [+env=example_single_tool_call] [+concurrencies=[64,1024,16384]] [+num_rollouts=4096]\n"
             "                [+output_json_fpath=bench_results.json] [+skip_bare=false]\n"
             "                [+compare_auth=false] [+compare_metrics=false] [+rounds=1 (3 with a compare)]\n"
-            "Each concurrency runs max(num_rollouts, concurrency) rollouts per round."
+            "Each concurrency runs max(num_rollouts, concurrency) rollouts per round.\n"
+            "ng_bench +suite=collector [+row_counts=[10000,100000,1000000]] [+num_samples_in_parallel=4096]\n"
+            "                [+num_repeats=1] [+resume=false] [+output_json_fpath=collector_bench.json]\n"
+            "The collector at scale against a minimal agent: its peak RSS and CPU per rollout per row count."
         )
         return
     raise_open_file_limit()
@@ -321,6 +296,14 @@ def main(argv: list[str] | None = None) -> None:
         cfg = OmegaConf.to_container(loaded.config, resolve=True)
     except ConfigError as e:
         sys.exit(str(e))
+    suite = str(cfg.get("suite", "stack"))
+    if suite == "collector":
+        from nemo_gym.tools.bench.collector import run_suite
+
+        run_suite(cfg)
+        return
+    if suite != "stack":
+        sys.exit(f"ng_bench: +suite must be stack (the default) or collector, got {suite!r}")
     env = str(cfg.get("env", DEFAULT_ENV))
     concurrencies = [int(c) for c in cfg.get("concurrencies", DEFAULT_CONCURRENCIES)]
     base_n = int(cfg.get("num_rollouts", 4096))

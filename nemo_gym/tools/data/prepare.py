@@ -26,12 +26,13 @@ Contract (upstream NeMo Gym's option names, output names and fields; stricter wh
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -69,8 +70,9 @@ class Dataset:
     where: str | None  # file:line that declared it
     entry: dict[str, Any]
     path: Path | None = None
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)  # filled by read_rows(keep_rows=True)
     metrics: DatasetMetrics = field(default_factory=DatasetMetrics)
+    n_rows: int = 0  # valid rows, counted by read_rows
 
     @property
     def type(self) -> str:
@@ -151,8 +153,11 @@ def _error_text(e: ValidationError) -> list[str]:
     return out
 
 
-def read_rows(dataset: Dataset) -> list[str]:
-    """Validate and load the dataset's rows; returns the problems (``file:line: ...``)."""
+def read_rows(dataset: Dataset, keep_rows: bool = True) -> list[str]:
+    """Validate (and with ``keep_rows`` load) the dataset's rows; returns the problems (``file:line: ...``).
+
+    Without ``keep_rows`` only ``n_rows`` and the metrics are kept (memory does not grow with the
+    file); :func:`iter_valid_rows` reads the rows again when they are needed."""
     assert dataset.path is not None
     problems: list[str] = []
     hidden = 0
@@ -180,12 +185,39 @@ def read_rows(dataset: Dataset) -> list[str]:
                         hidden += 1
                 continue
             assert isinstance(row, dict)
-            dataset.rows.append(row)
+            dataset.n_rows += 1
+            if keep_rows:
+                dataset.rows.append(row)
             for _ in range(dataset.num_repeats):
                 dataset.metrics.observe(row)
     if hidden:
         problems.append(f"{dataset.path}: ... and {hidden} more problems")
     return problems
+
+
+def iter_valid_rows(dataset: Dataset) -> Iterator[dict[str, Any]]:
+    """The rows of a dataset :func:`read_rows` found valid (it raised nothing), read again lazily."""
+    assert dataset.path is not None
+    with dataset.path.open("rb") as f:
+        for line in f:
+            if line.strip():
+                yield orjson.loads(line)
+
+
+@contextlib.contextmanager
+def atomic_writer(path: Path) -> Iterator[BinaryIO]:
+    """:func:`write_atomic` for data written piece by piece: a temporary file beside ``path``, renamed
+    to it when the block ends without an error (removed otherwise)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb", buffering=1 << 20) as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -42,6 +42,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -71,7 +72,9 @@ from nemo_gym.tools.data.metrics import DatasetMetrics
 from nemo_gym.tools.data.prepare import (
     AGENT_SERVER_TYPE,
     Dataset,
+    atomic_writer,
     declared_datasets,
+    iter_valid_rows,
     json_file_bytes,
     locate,
     read_rows,
@@ -117,9 +120,15 @@ class AgentPlan:
     output_path: Path
 
     @property
-    def rows(self) -> list[dict[str, Any]]:
+    def n_rows(self) -> int:
+        return sum(d.n_rows for d in self.datasets)
+
+    def iter_rows(self) -> Iterator[dict[str, Any]]:
+        """Its datasets' rows with ``agent_ref``, read again from the (validated) files one at a time."""
         ref = {"type": AGENT_SERVER_TYPE, "name": self.agent}
-        return [{**row, "agent_ref": ref} for d in self.datasets for row in d.rows]
+        for d in self.datasets:
+            for row in iter_valid_rows(d):
+                yield {**row, "agent_ref": ref}
 
 
 def _stem(output: Path) -> Path:
@@ -197,7 +206,7 @@ def make_plan(loaded: LoadedConfig, opts: E2ECollectionConfig) -> list[AgentPlan
             )
     if missing:
         raise ConfigError(f"{COMMAND}: dataset files are missing:\n" + "\n".join(missing))
-    problems = [p for d in chosen for p in read_rows(d)]
+    problems = [p for d in chosen for p in read_rows(d, keep_rows=False)]  # rows are read again later
     if problems:
         raise ConfigError(
             f"{COMMAND}: rows that are not valid agent requests (nothing was started or written):\n"
@@ -248,18 +257,22 @@ def check_outputs(opts: E2ECollectionConfig, plans: list[AgentPlan]) -> None:
 
 
 def write_inputs(opts: E2ECollectionConfig, plans: list[AgentPlan]) -> Path:
-    """The collated split file (every row once, with agent_ref), its metrics, and each agent's rows."""
+    """The collated split file (every row once, with agent_ref), its metrics, and each agent's rows.
+
+    Streamed (a row at a time into both files, each renamed into place when whole): memory does not
+    grow with the datasets."""
     prepared = _stem(Path(opts.output_jsonl_fpath)) / "preprocessed_datasets"
     total = DatasetMetrics()
-    chunks = []
-    for plan in plans:
-        data = b"".join(orjson.dumps(r) + b"\n" for r in plan.rows)
-        write_atomic(plan.input_path, data)
-        chunks.append(data)
-        for d in plan.datasets:
-            total.merge(d.metrics)
     collated = prepared / f"{opts.split}.jsonl"
-    write_atomic(collated, b"".join(chunks))
+    with atomic_writer(collated) as every:
+        for plan in plans:
+            with atomic_writer(plan.input_path) as mine:
+                for row in plan.iter_rows():
+                    line = orjson.dumps(row) + b"\n"
+                    mine.write(line)
+                    every.write(line)
+            for d in plan.datasets:
+                total.merge(d.metrics)
     write_atomic(prepared / f"{opts.split}_metrics.json", json_file_bytes(total.to_json()))
     return collated
 
@@ -432,9 +445,7 @@ def run(
 
     instances = validate_global_config(loaded)
     collated = write_inputs(opts, plans)
-    print(
-        f"{COMMAND}: {sum(len(p.rows) for p in plans)} {opts.split} rows of {len(plans)} agent(s): {collated}"
-    )
+    print(f"{COMMAND}: {sum(p.n_rows for p in plans)} {opts.split} rows of {len(plans)} agent(s): {collated}")
     supervisor = ServerSupervisor(loaded, instances, stop_event=stop_thread)
     t0 = time.monotonic()
     try:
