@@ -28,6 +28,7 @@ from nemo_gym.run.supervision.children import StartupError
 from nemo_gym.run.supervision.core import ServerSupervisor
 from nemo_gym.run.supervision.instances import format_instances_table
 from nemo_gym.run.supervision.stop import StopFlag
+from nemo_gym.server.startup import startup_mark
 
 COMMANDS = {
     "ng_run": "Start the head server and every configured server; keep them alive until Ctrl+C.",
@@ -126,6 +127,7 @@ def run_main(argv: list[str] | None = None) -> None:
         return
     raise_open_file_limit()
     t0 = time.monotonic()
+    startup_mark("main")
     stop = StopFlag()  # not threading.Event: its set() takes a lock, unsafe in a signal handler
     received: list[int] = []
 
@@ -142,6 +144,7 @@ def run_main(argv: list[str] | None = None) -> None:
         instances = validate_global_config(loaded)
     except ConfigError as e:
         _fail(str(e))
+    startup_mark("config")
     _note_no_effect_keys(loaded)
     if not instances:
         _fail(

@@ -78,6 +78,7 @@ from nemo_gym.run.supervision.shutdown import ShutdownMixin
 from nemo_gym.run.supervision.spawning import SpawningMixin
 from nemo_gym.run.supervision.stop import StopFlag
 from nemo_gym.run.supervision.verdicts import VerdictsMixin
+from nemo_gym.server.startup import startup_mark
 
 
 class ServerSupervisor(
@@ -241,6 +242,7 @@ class ServerSupervisor(
             head_sock.close()
             raise
 
+        startup_mark("ports")
         # 2. Per-server environments (only in isolated mode; a no-op when nothing changed).
         if self.isolate:
             for child in self.children:
@@ -259,6 +261,7 @@ class ServerSupervisor(
             raise StartupError("Start-up interrupted.")
         self._publish_token()
         self._start_head_server(head_sock)
+        startup_mark("head")
         secret = secrets.token_hex(32)
         # Every secret value of the run: what other servers' blocks must not show to a child.
         run_scrubber = Scrubber(config_secret_values(self.cfg, self.loaded.env_yaml_data))
@@ -271,5 +274,7 @@ class ServerSupervisor(
         deadline = time.monotonic() + self.startup_timeout_s
         self._start_ray_replicas(run_scrubber, secret)  # they check their configs too, then wait for go
         self._wait_config_verdicts(deadline)
+        startup_mark("verdicts")
         self._wait_ready(deadline)
         self._wait_ray_replicas(deadline)
+        startup_mark("ready_all")

@@ -20,6 +20,7 @@ import httpx
 
 from nemo_gym.auth import auth_headers
 from nemo_gym.run.supervision.children import ChildServer, DeadRayInstance, StartupError
+from nemo_gym.server.startup import startup_mark
 
 RAY_DEAD_CHECK_S = 1.0  # how often dead_server() asks the Ray replicas' actors for their status
 
@@ -41,6 +42,7 @@ class ReadinessMixin:
                     try:
                         if client.get(child.url + "/").status_code == 200:
                             child.ready = True
+                            startup_mark("ready", child.label)
                     except httpx.HTTPError:
                         pass
                 if all(c.ready for c in self.children):

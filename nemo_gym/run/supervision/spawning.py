@@ -47,6 +47,7 @@ from nemo_gym.redaction import (
     redact_config,
 )
 from nemo_gym.run.supervision.children import ChildServer, StartupError
+from nemo_gym.server.startup import startup_mark
 
 
 class SpawningMixin:
@@ -156,6 +157,7 @@ class SpawningMixin:
         child.verdict_fd, child.go_fd = verdict_r, go_w
         env[NEMO_GYM_LISTEN_FD_ENV_VAR_NAME] = str(fd)
         env[NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME] = f"{verdict_w},{go_r}"
+        startup_mark("spawn", child.label)
         try:
             child.process = self._spawner.call(
                 lambda: subprocess.Popen(
