@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
@@ -19,7 +20,6 @@ from nemo_gym.config.command import command
 from nemo_gym.config.keys import DEFAULT_HEAD_SERVER_HOST, DEFAULT_HEAD_SERVER_PORT, HEAD_SERVER_KEY_NAME
 from nemo_gym.config.loading import LoadedConfig, file_override_notes, load_global_config
 from nemo_gym.config.options import check_options, no_effect_upstream_keys
-from nemo_gym.config.parser import GlobalConfigDictParserConfig
 from nemo_gym.config.problems import ConfigError
 from nemo_gym.config.types import BaseServerConfig
 from nemo_gym.config.validation import validate_global_config
@@ -29,6 +29,9 @@ from nemo_gym.run.supervision.core import ServerSupervisor
 from nemo_gym.run.supervision.instances import format_instances_table
 from nemo_gym.run.supervision.stop import StopFlag
 from nemo_gym.server.startup import startup_mark
+
+if TYPE_CHECKING:  # RunHelper's argument; ng_run itself never builds one
+    from nemo_gym.config.parser import GlobalConfigDictParserConfig
 
 COMMANDS = {
     "ng_run": "Start the head server and every configured server; keep them alive until Ctrl+C.",
@@ -206,6 +209,8 @@ class RunHelper:
         self._supervisor: ServerSupervisor | None = None
 
     def start(self, global_config_dict_parser_config: GlobalConfigDictParserConfig | None = None) -> None:
+        from nemo_gym.config.parser import GlobalConfigDictParserConfig
+
         raise_open_file_limit()
         parser_config = global_config_dict_parser_config or GlobalConfigDictParserConfig()
         if not isinstance(parser_config, GlobalConfigDictParserConfig):

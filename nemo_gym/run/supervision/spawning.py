@@ -49,6 +49,8 @@ from nemo_gym.redaction import (
 from nemo_gym.run.supervision.children import ChildServer, StartupError
 from nemo_gym.server.startup import startup_mark
 
+_YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's, when PyYAML has it
+
 
 class SpawningMixin:
     """Spawning children and the config each receives (mixed into :class:`ServerSupervisor`)."""
@@ -96,7 +98,7 @@ class SpawningMixin:
         inst = next(i for i in self.instances if i.name == name)
         own[inst.server_type][inst.impl].update({"host": host, "port": port})
         out[name] = own
-        return yaml.safe_dump(out, sort_keys=False)
+        return yaml.dump(out, Dumper=_YAML_DUMPER, sort_keys=False)
 
     def _own_secrets_json(self, name: str, run_scrubber: Scrubber) -> str:
         """``NEMO_GYM_SECRET_VALUES`` of server ``name``: the secret values its own block holds (found

@@ -54,7 +54,7 @@ DEFAULT_CONFIG_PATHS = (
     "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml",
     "responses_api_models/scripted_model/configs/scripted_model.yaml",
 )
-# (phase, the mark that ends it); a phase starts at the previous mark (the launch, for the first).
+# (phase, the mark that ends it); a phase starts at the mark written before it (the launch, for the first).
 LAUNCHER_PHASES = (
     ("python_and_imports", "main"),  # interpreter start and ng_run's module imports
     ("config", "config"),  # load, merge and validate the config
@@ -210,12 +210,13 @@ def _phases(marks: list[dict[str, Any]], launched_at: float) -> dict[str, dict[s
 
 
 def _intervals(events: dict[str, float], phases: Sequence[tuple[str, str]], start: float) -> dict[str, float]:
+    """Seconds of each phase whose closing mark was written, in the order the marks were written (a
+    phase starts at the mark before it, or at ``start``)."""
     out: dict[str, float] = {}
     previous = start
-    for phase, mark in phases:
-        if mark in events:
-            out[phase] = events[mark] - previous
-            previous = events[mark]
+    for phase, mark in sorted((p for p in phases if p[1] in events), key=lambda p: events[p[1]]):
+        out[phase] = events[mark] - previous
+        previous = events[mark]
     return out
 
 
