@@ -21,7 +21,6 @@ from nemo_gym.config.keys import DEFAULT_HEAD_SERVER_HOST, DEFAULT_HEAD_SERVER_P
 from nemo_gym.config.loading import LoadedConfig, file_override_notes, load_global_config
 from nemo_gym.config.options import check_options, no_effect_upstream_keys
 from nemo_gym.config.problems import ConfigError
-from nemo_gym.config.types import BaseServerConfig
 from nemo_gym.config.validation import validate_global_config
 from nemo_gym.redaction import add_secret_values, config_secret_values, env_yaml_secret_values, scrub
 from nemo_gym.run.supervision.children import StartupError
@@ -30,8 +29,9 @@ from nemo_gym.run.supervision.instances import format_instances_table
 from nemo_gym.run.supervision.stop import StopFlag
 from nemo_gym.server.startup import startup_mark
 
-if TYPE_CHECKING:  # RunHelper's argument; ng_run itself never builds one
+if TYPE_CHECKING:  # RunHelper's and ng_status' types: ng_run loads no pydantic model before spawning
     from nemo_gym.config.parser import GlobalConfigDictParserConfig
+    from nemo_gym.config.types import BaseServerConfig
 
 COMMANDS = {
     "ng_run": "Start the head server and every configured server; keep them alive until Ctrl+C.",
@@ -237,6 +237,8 @@ class RunHelper:
 
     @property
     def head_server_config(self) -> BaseServerConfig:
+        from nemo_gym.config.types import BaseServerConfig
+
         return BaseServerConfig(host=self.supervisor.head_host, port=self.supervisor.head_port)
 
     @property
@@ -265,6 +267,8 @@ class RunHelper:
 
 
 def _head_from_argv(argv: list[str]) -> BaseServerConfig:
+    from nemo_gym.config.types import BaseServerConfig
+
     loaded = load_global_config(argv)
     check_options(loaded, "ng_status")  # it may be given ng_run's arguments: only near-misses are errors
     head = OmegaConf.select(loaded.config, HEAD_SERVER_KEY_NAME, default=None) or {}

@@ -32,7 +32,6 @@ import typing
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ValidationError
 
 from nemo_gym.config.keys import (
     NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME,
@@ -40,6 +39,9 @@ from nemo_gym.config.keys import (
     NEMO_GYM_STARTUP_TRACE_ENV_VAR_NAME,
     NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME,
 )
+
+if typing.TYPE_CHECKING:  # the launcher imports this module for startup_mark: no pydantic for it
+    from pydantic import BaseModel, ValidationError
 
 
 class InstanceConfigError(SystemExit):
@@ -59,6 +61,8 @@ def loc_text(loc: tuple[Any, ...]) -> str:
 
 def model_in(annotation: Any) -> type[BaseModel] | None:
     """The pydantic model inside an annotation (``Model``, ``Model | None``, ``list[Model]``...)."""
+    from pydantic import BaseModel
+
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in typing.get_args(annotation):
