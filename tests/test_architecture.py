@@ -293,3 +293,164 @@ def test_upstream_faces_are_thin(face: str) -> None:
     imported = {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
     module = importlib.import_module(face)
     assert set(module.__all__) == imported - {"annotations"}
+
+
+# ------------------------------------------------------------------------------------------------
+# What a server process loads. Each of the three processes ng_run starts per example pays for every
+# module it imports, in start-up time and in memory; these are the ones none of them needs to start
+# (they are loaded, where used at all, by the code that uses them: the launcher, a tool, a server
+# that turns the feature on).
+
+HEAVY_PACKAGES = frozenset(
+    {
+        "hydra",  # the command-line override grammar: the launcher's
+        "httpx",  # servers call each other through nemo_gym.client
+        "aiohttp",  # only the model servers that proxy a remote API
+        "openai",  # the SDK's Chat Completions types, loaded by nemo_gym.openai_utils.chat on use
+        "mcp",  # tools over MCP, with expose_tools_over_mcp only
+        "ray",
+        "cryptography",
+        "numpy",
+        "pandas",
+        "torch",
+        "transformers",
+        "matplotlib",
+        "rich",
+        "pygments",
+        "requests",
+        "mlflow",
+        "wandb",
+    }
+)
+HEAVY_MODULE_PREFIXES = (
+    "opentelemetry.sdk",  # +tracing=otlp only (FastAPI itself imports opentelemetry's API)
+    "opentelemetry.exporter",
+    "nemo_gym.run",  # the launcher
+    "nemo_gym.collection",
+    "nemo_gym.tools",
+    "nemo_gym.config.loading",  # reading config files and a command line: the launcher's
+    "nemo_gym.config.parser",
+    "nemo_gym.config.validation",
+    "nemo_gym.config.overrides",
+    "nemo_gym.kit.verify_pool.local",  # the verify pool (multiprocessing): on first use
+)
+# A server kind's module never loads another kind's (their models, routes and helpers).
+SERVER_KIND_MODULES = {
+    "nemo_gym.server.resources": ("nemo_gym.server.agent", "nemo_gym.server.model"),
+    "nemo_gym.server.agent": ("nemo_gym.server.model", "nemo_gym.server.resources"),
+    "nemo_gym.server.model": ("nemo_gym.server.agent", "nemo_gym.server.resources"),
+}
+# What ng_run starts for the README's example, and each one's instance block.
+EXAMPLE_SERVERS = {
+    "resources_servers.example_single_tool_call.app": (
+        "example_single_tool_call",
+        {"resources_servers": {"example_single_tool_call": {"domain": "other"}}},
+    ),
+    "responses_api_agents.simple_agent.app": (
+        "example_agent",
+        {
+            "responses_api_agents": {
+                "simple_agent": {
+                    "resources_server": {"type": "resources_servers", "name": "example_single_tool_call"},
+                    "model_server": {"type": "responses_api_models", "name": "policy_model"},
+                }
+            }
+        },
+    ),
+    "responses_api_models.scripted_model.app": (
+        "policy_model",
+        {"responses_api_models": {"scripted_model": {"model_name": "scripted-model"}}},
+    ),
+}
+_LOADED = """
+import sys
+print("\\n".join(sorted(sys.modules)))
+"""
+# A server's start-up up to serving, as BaseServer.run_webserver does it (config read and checked, app
+# built, uvicorn's protocols loaded), without the launcher's pipes and without serving.
+_STARTED = """
+import importlib, sys
+from nemo_gym.client.fd_limits import raise_open_file_limit, split_server_budget
+from nemo_gym.client.server_client import ServerClient
+from nemo_gym.config.ports import reserve_listening_socket
+from nemo_gym.config.problems import ConfigError
+from nemo_gym.server.accept_limit import bounded_server
+from nemo_gym.server.base import BaseServer
+
+module = importlib.import_module(sys.argv[1])
+cls = next(
+    v for v in vars(module).values()
+    if isinstance(v, type) and issubclass(v, BaseServer) and v.__module__ == module.__name__
+)
+config = cls.load_instance_config()
+server = cls(config=config, server_client=ServerClient())
+app = server.complete_app(server.setup_webserver())
+bounded_server(app, 16, *server.connection_limits()).config.load()
+print("\\n".join(sorted(sys.modules)))
+"""
+
+
+def _modules_loaded(code: str, *args: str, env: dict[str, str] | None = None) -> set[str]:
+    import os
+    import subprocess
+    import sys
+
+    run_env = {k: v for k, v in os.environ.items() if not k.startswith("NEMO_GYM_")}
+    run_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(PACKAGE_PARENT_DIR), run_env.get("PYTHONPATH")) if p
+    )
+    run_env.update(env or {})
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=PACKAGE_PARENT_DIR,
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return set(done.stdout.split())
+
+
+def _heavy(modules: set[str]) -> list[str]:
+    return sorted(
+        m for m in modules if m.split(".")[0] in HEAVY_PACKAGES or m.startswith(HEAVY_MODULE_PREFIXES)
+    )
+
+
+@pytest.mark.parametrize("kind", sorted(SERVER_KIND_MODULES))
+def test_a_server_kind_loads_nothing_it_does_not_need(kind: str) -> None:
+    loaded = _modules_loaded(f"import {kind}\n" + _LOADED)
+    others = sorted(m for m in loaded if m.startswith(SERVER_KIND_MODULES[kind]))
+    assert not _heavy(loaded) and not others, (
+        f"importing {kind} loads modules no server of its kind needs to start (import them where they are "
+        f"used): {_heavy(loaded) + others}"
+    )
+
+
+@pytest.mark.parametrize("app", sorted(EXAMPLE_SERVERS))
+def test_the_example_servers_start_without_heavy_modules(app: str) -> None:
+    """The whole start-up of each server of the README's example (what ng_run runs), not only its imports:
+    reading its config, building its app and loading uvicorn's protocols."""
+    import yaml
+
+    name, block = EXAMPLE_SERVERS[app]
+    cfg = dict(EXAMPLE_SERVERS.values())
+    env = {"NEMO_GYM_CONFIG_DICT": yaml.safe_dump(cfg), "NEMO_GYM_CONFIG_PATH": name}
+    heavy = _heavy(_modules_loaded(_STARTED, app, env=env))
+    assert not heavy, (
+        f"{app} loads modules it does not need to start (import them where they are used): {heavy}"
+    )
+
+
+def test_ng_run_loads_the_head_servers_stack_only_once_the_servers_are_spawned() -> None:
+    """ng_run spawns the servers before it starts its head server, so they load their code while it
+    builds the head server: its web stack is not among what ``ng_run`` imports to read the config."""
+    loaded = _modules_loaded("import nemo_gym.run.cli\n" + _LOADED)
+    early = sorted(
+        m
+        for m in loaded
+        if m.split(".")[0] in {"fastapi", "starlette", "uvicorn", "httpx", "prometheus_client"}
+    )
+    assert not early, f"importing nemo_gym.run.cli loads {early}"

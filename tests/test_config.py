@@ -975,3 +975,108 @@ def test_every_switch_reads_on_and_off_the_same_way() -> None:
     settings = ray_settings({"ray_start_local": "yes"})
     assert settings is not None and settings.start_local
     assert ray_settings({"ray_start_local": "false"}) is None
+
+
+# -- overrides read without Hydra ------------------------------------------------------------------
+
+PLAIN_CASES = [
+    "+config_paths=[resources_servers/x/configs/x.yaml,responses_api_models/m/configs/m.yaml]",
+    "+head_server.port=0",
+    "+head_server.port=11001",
+    "+log_dir=logs",
+    "+env=example_single_tool_call",
+    "++policy_model_name=gpt-4o",
+    "num_repeats=3",
+    "+config_paths=[]",
+    "+a.b.c=/abs/path.yaml",
+]
+TRICKY_CASES = [
+    *(f"+a={v}" for v in ("1", "01", "00", "-1", "+1", "1.5", "1e3", "1E3", "1_000", ".5", "5.", "0x1F")),
+    *(
+        f"+a={v}"
+        for v in ("true", "True", "TRUE", "false", "null", "NULL", "inf", "-inf", "Inf", "nan", "NaN")
+    ),
+    *(f"+a={v}" for v in ("info", "inf.yaml", "nullable", "true_x", "e5", "1x", "3d_model", "_", "/", "-x")),
+    *(f"+a={v}" for v in ("./rel", "a-b", "a..b", "a//b", "x,y", "x y", "'x'", '"x"', "${b}", "a:b", "a=b")),
+    *(
+        f"+a={v}"
+        for v in ("[x,y]", "[1,2]", "[true,x]", "[x, y]", "[[x]]", "[x,]", "[,]", "[x", "x]", "{a:1}")
+    ),
+    *("+a=", "a", "~a", "~a=x", "+a.0=x", "+a-b=x", "+a/b=x", "+a@b=x", "+++a=x", "+a=http://h:1/v1"),
+]
+
+
+def _hydra_parsed(arg: str) -> tuple[str, object, bool] | None:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        (o,) = OverridesParser.create().parse_overrides([arg])
+    except OverrideParseException:
+        return None
+    if o.is_sweep_override():
+        return None
+    return o.key_or_group, None if o.is_delete() else o.value(), o.is_delete()
+
+
+def _typed(value: object) -> object:
+    """A value with the type of every element spelled out (1 and True, 1 and 1.0 differ)."""
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    return (type(value).__name__, value)
+
+
+def test_plain_overrides_are_read_without_hydra_and_as_hydra_reads_them() -> None:
+    """The overrides nearly every command line carries are read without importing Hydra (it costs each
+    command about 0.1 s before it starts anything), with exactly Hydra's result; every other form, and
+    any form where the two could differ (numbers, bools, quoting, interpolations...), goes to Hydra."""
+    import random
+
+    from nemo_gym.config.overrides import plain_override
+
+    pieces = [
+        "a",
+        "Z",
+        "_",
+        "/",
+        ".",
+        "-",
+        "0",
+        "1",
+        "9",
+        "e",
+        "E",
+        "x",
+        "inf",
+        "nan",
+        "true",
+        "null",
+        "$",
+        ":",
+    ]
+    rng = random.Random(25)
+    generated = [
+        rng.choice(["", "+", "++"])
+        + rng.choice(["a", "a.b", "a_1.c_d"])
+        + "="
+        + (
+            "["
+            + ",".join("".join(rng.choices(pieces, k=rng.randint(1, 4))) for _ in range(rng.randint(1, 3)))
+            + "]"
+            if rng.random() < 0.3
+            else "".join(rng.choices(pieces, k=rng.randint(1, 5)))
+        )
+        for _ in range(1500)
+    ]
+    read_plainly = 0
+    for arg in PLAIN_CASES + TRICKY_CASES + generated:
+        plain = plain_override(arg)
+        if plain is None:
+            continue
+        read_plainly += 1
+        assert plain.text == arg and not plain.delete
+        hydra = _hydra_parsed(arg)
+        assert hydra is not None, f"{arg!r} is read plainly but Hydra refuses it"
+        assert (plain.key, _typed(plain.value)) == (hydra[0], _typed(hydra[1])), arg
+    assert all(plain_override(arg) is not None for arg in PLAIN_CASES)
+    assert read_plainly > 300  # the generated forms exercise the plain reading, not only the fallback

@@ -27,6 +27,9 @@ NEMO_GYM_LISTEN_FD_ENV_VAR_NAME = "NEMO_GYM_LISTEN_FD"
 NEMO_GYM_PARENT_PID_ENV_VAR_NAME = "NEMO_GYM_PARENT_PID"
 # "<write fd>,<read fd>": the server reports whether its config is valid, then waits for "go".
 NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME = "NEMO_GYM_VALIDATION_FDS"
+# A file path: the launcher and every server append one JSON line per start-up phase they reach
+# (nemo_gym.server.startup.startup_mark; read by python -m nemo_gym.tools.bench.startup).
+NEMO_GYM_STARTUP_TRACE_ENV_VAR_NAME = "NEMO_GYM_STARTUP_TRACE"
 
 ENV_YAML_FNAME = "env.yaml"
 

@@ -16,6 +16,7 @@ Contract
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig
 
@@ -35,9 +36,11 @@ from nemo_gym.config.keys import (
     RESULTS_DIR_KEY_NAME,
     SERVER_TYPES,
 )
-from nemo_gym.config.loading import LoadedConfig
 from nemo_gym.config.missing import _INTERP_RE, _absolute_ref, _iter_leaves
 from nemo_gym.config.problems import ConfigError, _close, _did_you_mean, _format_problems, _loc
+
+if TYPE_CHECKING:  # a server process reads LAUNCHER_KEYS (nemo_gym.config.instances), never the loader
+    from nemo_gym.config.loading import LoadedConfig
 
 # Top-level keys the launcher itself understands (everything else is either a server instance or a
 # free value such as ``policy_base_url`` that other values interpolate).

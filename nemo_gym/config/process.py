@@ -30,7 +30,7 @@ Contract
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -39,12 +39,16 @@ from nemo_gym.config.keys import (
     HF_TOKEN_KEY_NAME,
     NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME,
 )
-from nemo_gym.config.loading import (
-    load_global_config,
-)
 from nemo_gym.config.network import connection_limits_from
-from nemo_gym.config.parser import GlobalConfigDictParser, GlobalConfigDictParserConfig
 from nemo_gym.redaction import redact_config
+
+if TYPE_CHECKING:
+    from nemo_gym.config.parser import GlobalConfigDictParser, GlobalConfigDictParserConfig
+
+# A server process under ng_run reads its config from NEMO_GYM_CONFIG_DICT and never parses a command
+# line: the loader (Hydra's override grammar, config discovery, validation) is imported only by the
+# processes that do, so each server's start-up does not pay for it.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, when PyYAML has it
 
 
 def redact(value: Any) -> Any:
@@ -64,23 +68,36 @@ _GLOBAL_CONFIG: DictConfig | None = None
 
 def get_global_config_dict(
     global_config_dict_parser_config: GlobalConfigDictParserConfig | None = None,
-    global_config_dict_parser_cls: type[GlobalConfigDictParser] = GlobalConfigDictParser,
+    global_config_dict_parser_cls: type[GlobalConfigDictParser] | None = None,
 ) -> DictConfig:
     """The config this process runs under: the one already held, else the launcher's
-    (``NEMO_GYM_CONFIG_DICT``), else parsed with ``global_config_dict_parser_config`` (default: the
-    command line, env.yaml and the files they name) and kept for later calls."""
+    (``NEMO_GYM_CONFIG_DICT``), else parsed with ``global_config_dict_parser_config`` by
+    ``global_config_dict_parser_cls`` (default :class:`~nemo_gym.config.parser.GlobalConfigDictParser`;
+    default config: the command line, env.yaml and the files they name) and kept for later calls."""
     global _GLOBAL_CONFIG
     if _GLOBAL_CONFIG is None:
         raw = os.environ.get(NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME)
         if raw is not None:
-            _GLOBAL_CONFIG = OmegaConf.create(yaml.safe_load(raw))
+            _GLOBAL_CONFIG = OmegaConf.create(yaml.load(raw, Loader=_YAML_LOADER))
         elif global_config_dict_parser_config is not None:
-            _GLOBAL_CONFIG = global_config_dict_parser_cls().parse(global_config_dict_parser_config)
+            _GLOBAL_CONFIG = _parser_cls(global_config_dict_parser_cls)().parse(
+                global_config_dict_parser_config
+            )
         else:
             import sys
 
+            from nemo_gym.config.loading import load_global_config
+
             _GLOBAL_CONFIG = load_global_config(sys.argv[1:]).config
     return _GLOBAL_CONFIG
+
+
+def _parser_cls(cls: type[GlobalConfigDictParser] | None) -> type[GlobalConfigDictParser]:
+    if cls is not None:
+        return cls
+    from nemo_gym.config.parser import GlobalConfigDictParser
+
+    return GlobalConfigDictParser
 
 
 def current_global_config_dict() -> DictConfig | None:
@@ -100,16 +117,22 @@ def maybe_get_global_config_dict() -> DictConfig | None:
 
 def set_global_config_dict(
     cfg: DictConfig | dict | GlobalConfigDictParserConfig | None = None,
-    global_config_dict_parser_cls: type[GlobalConfigDictParser] = GlobalConfigDictParser,
+    global_config_dict_parser_cls: type[GlobalConfigDictParser] | None = None,
 ) -> None:
     """Hold ``cfg`` as this process's config. A :class:`GlobalConfigDictParserConfig` is parsed first
-    (upstream's form); ``None`` forgets the held config (the next :func:`get_global_config_dict` loads
-    again)."""
+    (upstream's form, by ``global_config_dict_parser_cls``, default
+    :class:`~nemo_gym.config.parser.GlobalConfigDictParser`); ``None`` forgets the held config (the next
+    :func:`get_global_config_dict` loads again)."""
     global _GLOBAL_CONFIG
-    if isinstance(cfg, GlobalConfigDictParserConfig):
-        _GLOBAL_CONFIG = global_config_dict_parser_cls().parse(cfg)
-    else:
+    if cfg is None or isinstance(cfg, (DictConfig, dict)):
         _GLOBAL_CONFIG = None if cfg is None else OmegaConf.create(cfg)
+        return
+    from nemo_gym.config.parser import GlobalConfigDictParserConfig
+
+    if isinstance(cfg, GlobalConfigDictParserConfig):
+        _GLOBAL_CONFIG = _parser_cls(global_config_dict_parser_cls)().parse(cfg)
+    else:
+        _GLOBAL_CONFIG = OmegaConf.create(cfg)
 
 
 def get_hf_token() -> str | None:

@@ -27,8 +27,6 @@ from typing import Any
 import orjson
 
 from nemo_gym.config.command import command
-from nemo_gym.config.loading import load_global_config
-from nemo_gym.config.options import check_options
 from nemo_gym.config.problems import ConfigError
 from nemo_gym.config.types import AggregateMetrics, AggregateMetricsRequest
 from nemo_gym.kit.rollout_stats import reward_profile
@@ -358,6 +356,10 @@ def compute_aggregate_metrics(
 @command("ng_reward_profile")
 def main(argv: list[str] | None = None) -> None:
     """``ng_reward_profile +jsonl_fpath=<rollouts.jsonl>``; exit status 2 on a missing file or bad option."""
+    # The config loader only here: servers import this module for its metric helpers, not the command.
+    from nemo_gym.config.loading import load_global_config
+    from nemo_gym.config.options import check_options
+
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
         print("usage: ng_reward_profile +jsonl_fpath=<rollouts.jsonl> [+pass_threshold=1.0]")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
@@ -19,15 +20,18 @@ from nemo_gym.config.command import command
 from nemo_gym.config.keys import DEFAULT_HEAD_SERVER_HOST, DEFAULT_HEAD_SERVER_PORT, HEAD_SERVER_KEY_NAME
 from nemo_gym.config.loading import LoadedConfig, file_override_notes, load_global_config
 from nemo_gym.config.options import check_options, no_effect_upstream_keys
-from nemo_gym.config.parser import GlobalConfigDictParserConfig
 from nemo_gym.config.problems import ConfigError
-from nemo_gym.config.types import BaseServerConfig
 from nemo_gym.config.validation import validate_global_config
 from nemo_gym.redaction import add_secret_values, config_secret_values, env_yaml_secret_values, scrub
 from nemo_gym.run.supervision.children import StartupError
 from nemo_gym.run.supervision.core import ServerSupervisor
 from nemo_gym.run.supervision.instances import format_instances_table
 from nemo_gym.run.supervision.stop import StopFlag
+from nemo_gym.server.startup import startup_mark
+
+if TYPE_CHECKING:  # RunHelper's and ng_status' types: ng_run loads no pydantic model before spawning
+    from nemo_gym.config.parser import GlobalConfigDictParserConfig
+    from nemo_gym.config.types import BaseServerConfig
 
 COMMANDS = {
     "ng_run": "Start the head server and every configured server; keep them alive until Ctrl+C.",
@@ -126,6 +130,7 @@ def run_main(argv: list[str] | None = None) -> None:
         return
     raise_open_file_limit()
     t0 = time.monotonic()
+    startup_mark("main")
     stop = StopFlag()  # not threading.Event: its set() takes a lock, unsafe in a signal handler
     received: list[int] = []
 
@@ -142,6 +147,7 @@ def run_main(argv: list[str] | None = None) -> None:
         instances = validate_global_config(loaded)
     except ConfigError as e:
         _fail(str(e))
+    startup_mark("config")
     _note_no_effect_keys(loaded)
     if not instances:
         _fail(
@@ -203,6 +209,8 @@ class RunHelper:
         self._supervisor: ServerSupervisor | None = None
 
     def start(self, global_config_dict_parser_config: GlobalConfigDictParserConfig | None = None) -> None:
+        from nemo_gym.config.parser import GlobalConfigDictParserConfig
+
         raise_open_file_limit()
         parser_config = global_config_dict_parser_config or GlobalConfigDictParserConfig()
         if not isinstance(parser_config, GlobalConfigDictParserConfig):
@@ -229,6 +237,8 @@ class RunHelper:
 
     @property
     def head_server_config(self) -> BaseServerConfig:
+        from nemo_gym.config.types import BaseServerConfig
+
         return BaseServerConfig(host=self.supervisor.head_host, port=self.supervisor.head_port)
 
     @property
@@ -257,6 +267,8 @@ class RunHelper:
 
 
 def _head_from_argv(argv: list[str]) -> BaseServerConfig:
+    from nemo_gym.config.types import BaseServerConfig
+
     loaded = load_global_config(argv)
     check_options(loaded, "ng_status")  # it may be given ng_run's arguments: only near-misses are errors
     head = OmegaConf.select(loaded.config, HEAD_SERVER_KEY_NAME, default=None) or {}

@@ -37,17 +37,15 @@ from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-from packaging.version import Version
-
 from nemo_gym.config.problems import ConfigError
 
 READY_MARKER = ".nemo_gym_ready"
 DEFAULT_VENV_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "nemo_gym" / "venvs"
 DERIVED_REQUIREMENTS_DIR = DEFAULT_VENV_CACHE_DIR.parent / "pyproject_requirements"
 INSTALL_TIMEOUT_S = 1800
-MIN_PIP_FOR_PYTHON_FLAG = Version("22.3")
+MIN_PIP_FOR_PYTHON_FLAG = "22.3"
+# packaging (requirement and version parsing) is imported by the functions that read a requirement:
+# ng_run checks the servers' requirements at every start, and most server folders have none.
 
 
 def requirements_path(server_dir: Path) -> Path | None:
@@ -77,6 +75,8 @@ def pyproject_requirements(pyproject: Path) -> Path | None:
     deps = (data.get("project") or {}).get("dependencies") or []
     if not deps:
         return None
+    from packaging.requirements import InvalidRequirement, Requirement
+
     sources = ((data.get("tool") or {}).get("uv") or {}).get("sources") or {}
     lines = [f"# derived from {pyproject} ([project].dependencies)"]
     for dep in deps:
@@ -150,6 +150,8 @@ def names_nemo_gym(line: str) -> bool:
     The running nemo_gym provides it, so it counts as satisfied and is never installed into a server venv
     (a copy from a package index would shadow this implementation).
     """
+    from packaging.requirements import InvalidRequirement, Requirement
+
     for flag in ("-e ", "--editable ", "--editable="):
         if line.startswith(flag):
             line = line[len(flag) :].strip()
@@ -166,6 +168,10 @@ def unmet_requirements(req_file: Path) -> list[str]:
     Bare URLs, directories and pip options are skipped (pip decides what they provide); a requirement on
     nemo-gym itself is satisfied (:func:`names_nemo_gym`).
     """
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+    from packaging.version import Version
+
     unmet = []
     for _origin, line in requirement_lines(req_file):
         if line.startswith("-") or names_nemo_gym(line):
@@ -258,8 +264,10 @@ def _install_command(python: Path, req: Path) -> list[str]:
     uv = shutil.which("uv")
     if uv:
         return [uv, "pip", "install", "--python", str(python), "-r", str(req)]
+    from packaging.version import Version
+
     pip_version = _installed_version("pip")
-    if pip_version is None or Version(pip_version) < MIN_PIP_FOR_PYTHON_FLAG:
+    if pip_version is None or Version(pip_version) < Version(MIN_PIP_FOR_PYTHON_FLAG):
         found = f"pip {pip_version}" if pip_version else "no pip"
         raise ConfigError(
             f"Isolated server venvs need `uv` on PATH or pip >= {MIN_PIP_FOR_PYTHON_FLAG} in the launcher's "

@@ -81,6 +81,7 @@ from nemo_gym.server.startup import (
     config_problems,
     die_with_parent,
     report_config_verdict,
+    startup_mark,
 )
 from nemo_gym.server.tracing import install_tracing
 
@@ -193,6 +194,7 @@ class BaseServer(BaseModel):
     @contextlib.asynccontextmanager
     async def _lifespan(self, _app: FastAPI) -> AsyncIterator[None]:
         await self.on_startup()
+        startup_mark("serving")
         try:
             yield
         finally:
@@ -440,6 +442,7 @@ class BaseServer(BaseModel):
         from nemo_gym.config.ports import reserve_listening_socket
         from nemo_gym.config.problems import ConfigError
 
+        startup_mark("imports")  # the app module and what it imports are loaded
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
         raise_open_file_limit()
         die_with_parent()
@@ -449,9 +452,12 @@ class BaseServer(BaseModel):
             if report_config_verdict(e.problems):
                 raise SystemExit(2) from None  # the launcher reports every server's problems at once
             raise
+        startup_mark("config")
         report_config_verdict([])  # under ng_run: returns once every server's config is valid
+        startup_mark("go")
         server = cls(config=config, server_client=ServerClient())
         app = server.complete_app(server.setup_webserver())
+        startup_mark("app")
         fd = os.environ.get(NEMO_GYM_LISTEN_FD_ENV_VAR_NAME)
         if fd is not None:
             sock = socket.socket(fileno=int(fd))

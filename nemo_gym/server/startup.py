@@ -14,6 +14,10 @@ Contract
 * :func:`report_config_verdict` writes one JSON line ``{"ok", "problems"}`` on the pipe named by
   ``NEMO_GYM_VALIDATION_FDS`` and, if the config is valid, blocks until the launcher writes ``b"g"``
   (any other end of the pipe: the process exits).
+* :func:`startup_mark` appends one JSON line ``{"t", "pid", "server", "event"}`` to the file named by
+  ``NEMO_GYM_STARTUP_TRACE`` when it is set (``t`` is ``time.monotonic()``, one clock for every process
+  of the machine), and does nothing otherwise: the launcher and each server mark the phases of their
+  start-up so ``python -m nemo_gym.tools.bench.startup`` can tell where the time goes.
 """
 
 from __future__ import annotations
@@ -23,13 +27,21 @@ import os
 import signal
 import sys
 import threading
+import time
 import typing
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ValidationError
 
-from nemo_gym.config.keys import NEMO_GYM_PARENT_PID_ENV_VAR_NAME, NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME
+from nemo_gym.config.keys import (
+    NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME,
+    NEMO_GYM_PARENT_PID_ENV_VAR_NAME,
+    NEMO_GYM_STARTUP_TRACE_ENV_VAR_NAME,
+    NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME,
+)
+
+if typing.TYPE_CHECKING:  # the launcher imports this module for startup_mark: no pydantic for it
+    from pydantic import BaseModel, ValidationError
 
 
 class InstanceConfigError(SystemExit):
@@ -49,6 +61,8 @@ def loc_text(loc: tuple[Any, ...]) -> str:
 
 def model_in(annotation: Any) -> type[BaseModel] | None:
     """The pydantic model inside an annotation (``Model``, ``Model | None``, ``list[Model]``...)."""
+    from pydantic import BaseModel
+
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in typing.get_args(annotation):
@@ -155,8 +169,6 @@ def die_with_parent() -> None:
         os._exit(1)
 
     def watch() -> None:
-        import time
-
         while True:
             time.sleep(0.5)
             if os.getppid() != parent_pid:
@@ -165,3 +177,24 @@ def die_with_parent() -> None:
                 os._exit(1)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def startup_mark(event: str, server: str | None = None) -> None:
+    """Record that this process reached start-up phase ``event`` (see the module docstring); ``server``
+    defaults to this server's instance name (``NEMO_GYM_CONFIG_PATH``), ``"launcher"`` outside one.
+
+    One ``O_APPEND`` write per mark, so the lines of concurrent processes never interleave; a mark costs
+    nothing when no trace is asked for, and a trace file that cannot be written is ignored."""
+    path = os.environ.get(NEMO_GYM_STARTUP_TRACE_ENV_VAR_NAME)
+    if not path:
+        return
+    name = server or os.environ.get(NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME) or "launcher"
+    line = orjson.dumps({"t": time.monotonic(), "pid": os.getpid(), "server": name, "event": event}) + b"\n"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass

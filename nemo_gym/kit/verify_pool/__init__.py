@@ -31,7 +31,7 @@ Contract
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from nemo_gym.kit.verify_pool.errors import VERIFY_ERROR_KINDS as VERIFY_ERROR_KINDS
 from nemo_gym.kit.verify_pool.errors import VERIFY_FAILED_KIND as VERIFY_FAILED_KIND
@@ -39,11 +39,27 @@ from nemo_gym.kit.verify_pool.errors import VERIFY_TIMEOUT_KIND as VERIFY_TIMEOU
 from nemo_gym.kit.verify_pool.errors import VerifyPoolError as VerifyPoolError
 from nemo_gym.kit.verify_pool.errors import VerifyTimeoutError as VerifyTimeoutError
 from nemo_gym.kit.verify_pool.errors import VerifyWorkerCrashedError as VerifyWorkerCrashedError
-from nemo_gym.kit.verify_pool.local import VerifyPool as VerifyPool
-from nemo_gym.kit.verify_pool.local import get_verify_pool as get_verify_pool
-from nemo_gym.kit.verify_pool.local import machine_cpu_count as machine_cpu_count
+
+if TYPE_CHECKING:
+    from nemo_gym.kit.verify_pool.local import VerifyPool as VerifyPool
+    from nemo_gym.kit.verify_pool.local import get_verify_pool as get_verify_pool
+    from nemo_gym.kit.verify_pool.local import machine_cpu_count as machine_cpu_count
 
 T = TypeVar("T")
+# The local pool's names load with it, on first use (multiprocessing, ctypes): every server process
+# imports this package for its errors (nemo_gym.server.base), few of them run a pool.
+_LOCAL_NAMES = frozenset({"VerifyPool", "get_verify_pool", "machine_cpu_count"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LOCAL_NAMES:
+        from nemo_gym.kit.verify_pool import local
+
+        value = getattr(local, name)
+        globals()[name] = value  # later lookups are plain attribute reads
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "VERIFY_ERROR_KINDS",
@@ -105,4 +121,5 @@ async def run_in_verify_pool(fn: Callable[..., T], /, *args: Any, timeout: float
         finally:
             stats.busy -= 1
             stats.calls += 1
-    return await get_verify_pool().run(fn, *args, timeout=timeout, **kwargs)
+    get_pool = globals().get("get_verify_pool") or __getattr__("get_verify_pool")
+    return await get_pool().run(fn, *args, timeout=timeout, **kwargs)

@@ -2,9 +2,9 @@
 
 Contract
 --------
-* ``start()`` reserves every port first (see :mod:`nemo_gym.config.ports`), starts the head server in this
-  process, spawns one child per server instance (each in its own process group, its output
-  prefixed with the instance name), and health-polls them all within ``startup_timeout_s``.
+* ``start()`` reserves every port first (see :mod:`nemo_gym.config.ports`), spawns one child per server
+  instance (each in its own process group, its output prefixed with the instance name), starts the
+  head server in this process while they load, and health-polls them all within ``startup_timeout_s``.
   If a child exits or the bound passes, it stops everything and raises :class:`StartupError`
   naming the server with its last log lines.
 * Every child loads its code and checks its config block against its config class, reports the
@@ -78,6 +78,7 @@ from nemo_gym.run.supervision.shutdown import ShutdownMixin
 from nemo_gym.run.supervision.spawning import SpawningMixin
 from nemo_gym.run.supervision.stop import StopFlag
 from nemo_gym.run.supervision.verdicts import VerdictsMixin
+from nemo_gym.server.startup import startup_mark
 
 
 class ServerSupervisor(
@@ -241,6 +242,7 @@ class ServerSupervisor(
             head_sock.close()
             raise
 
+        startup_mark("ports")
         # 2. Per-server environments (only in isolated mode; a no-op when nothing changed).
         if self.isolate:
             for child in self.children:
@@ -254,11 +256,10 @@ class ServerSupervisor(
                     )
                 )
 
-        # 3. Head server (in this process) and the children.
+        # 3. The children, and the head server (in this process).
         if self.stop_event.is_set():
             raise StartupError("Start-up interrupted.")
         self._publish_token()
-        self._start_head_server(head_sock)
         secret = secrets.token_hex(32)
         # Every secret value of the run: what other servers' blocks must not show to a child.
         run_scrubber = Scrubber(config_secret_values(self.cfg, self.loaded.env_yaml_data))
@@ -266,10 +267,16 @@ class ServerSupervisor(
             self.log_dir.mkdir(parents=True, exist_ok=True)
         for child in self.children:
             self._spawn(child, self._child_config_yaml(child, run_scrubber), secret, run_scrubber)
+        # The head server starts while the children load their code (its socket listens already, so a
+        # child that asks it something early waits in its backlog), not before they are spawned.
+        self._start_head_server(head_sock)
+        startup_mark("head")
 
         # 4. Every child checks its config, then all go on together; health-poll with a bound.
         deadline = time.monotonic() + self.startup_timeout_s
         self._start_ray_replicas(run_scrubber, secret)  # they check their configs too, then wait for go
         self._wait_config_verdicts(deadline)
+        startup_mark("verdicts")
         self._wait_ready(deadline)
         self._wait_ray_replicas(deadline)
+        startup_mark("ready_all")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 from omegaconf import OmegaConf
 
 from nemo_gym.client.replicas import NUM_REPLICAS_KEY_NAME, REPLICAS_KEY_NAME
@@ -66,6 +65,8 @@ class PlacementMixin:
 
     def _head_port_busy_hint(self) -> str:
         """What to do when the head server's port is taken (the default one is not a free pick)."""
+        import httpx  # only on this error path: the launcher's start-up does not load an HTTP client
+
         explicit = OmegaConf.select(self.cfg, f"{HEAD_SERVER_KEY_NAME}.port", default=None) is not None
         who = ""
         try:  # another run's head server names itself, in its answer or in its 401 (it wants a token)

@@ -47,6 +47,9 @@ from nemo_gym.redaction import (
     redact_config,
 )
 from nemo_gym.run.supervision.children import ChildServer, StartupError
+from nemo_gym.server.startup import startup_mark
+
+_YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's, when PyYAML has it
 
 
 class SpawningMixin:
@@ -95,7 +98,7 @@ class SpawningMixin:
         inst = next(i for i in self.instances if i.name == name)
         own[inst.server_type][inst.impl].update({"host": host, "port": port})
         out[name] = own
-        return yaml.safe_dump(out, sort_keys=False)
+        return yaml.dump(out, Dumper=_YAML_DUMPER, sort_keys=False)
 
     def _own_secrets_json(self, name: str, run_scrubber: Scrubber) -> str:
         """``NEMO_GYM_SECRET_VALUES`` of server ``name``: the secret values its own block holds (found
@@ -156,6 +159,7 @@ class SpawningMixin:
         child.verdict_fd, child.go_fd = verdict_r, go_w
         env[NEMO_GYM_LISTEN_FD_ENV_VAR_NAME] = str(fd)
         env[NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME] = f"{verdict_w},{go_r}"
+        startup_mark("spawn", child.label)
         try:
             child.process = self._spawner.call(
                 lambda: subprocess.Popen(
