@@ -147,3 +147,41 @@ def test_ng_bench_collector_suite_reports_peak_rss_and_cpu_per_row_count(tmp_pat
         assert resume["rollouts_done_before"] == resume["rollouts_sent"] == r["rows"]  # half of 2 x rows
         assert resume["rollouts_ok"] == r["rollouts"] and resume["peak_rss_mb"] > 0
     assert "peak RSS MB" in proc.stdout and str(out) in proc.stdout
+
+
+def test_suite_rows_say_whether_each_aim_is_met() -> None:
+    from nemo_gym.tools.bench.suite import figure_row, format_table
+
+    assert figure_row("framework ratio to bare at 64", 0.85)["met"] is True
+    assert figure_row("framework ratio to bare at 1024", 0.7)["met"] is False
+    assert figure_row("start-up: ng_run to servers ready (s)", 1.2)["met"] is False
+    assert figure_row("start-up: USS of head + 3 servers (MiB)", 110.0)["met"] is True
+    no_aim = figure_row("collector CPU ms per rollout at 64", 0.3)
+    assert no_aim["aim"] is None and no_aim["met"] is None
+    failed = figure_row("environment ratio to bare at 64: mcqa", None, "exited 1")
+    assert failed["met"] is None and failed["note"] == "exited 1"
+    table = format_table([figure_row("framework ratio to bare at 64", 0.5), failed])
+    assert " NO " in table and ">= 0.5" in table and "exited 1" in table
+
+
+def test_ng_bench_suite_all_runs_the_chosen_parts_into_one_report(tmp_path: Path) -> None:
+    out = tmp_path / "suite.json"
+    proc = subprocess.run(
+        [NG_BENCH, "+suite=all", "+quick=true", "+parts=[collector]", f"+output_json_fpath={out}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = orjson.loads(out.read_bytes())
+    assert report["suite"] == "all" and report["quick"] is True and list(report["parts"]) == ["collector"]
+    rows = {r["figure"]: r for r in report["figures"]}
+    flat = rows["collector peak RSS, most rows / fewest rows"]
+    assert flat["aim"] == "<= 1.1" and flat["value"] > 0 and flat["met"] in (True, False)
+    assert [r["rows"] for r in report["parts"]["collector"]["results"]] == [10000, 20000]
+    assert "collector peak RSS" in proc.stdout and str(out) in proc.stdout
+    bad = subprocess.run(
+        [NG_BENCH, "+suite=all", "+parts=[speed]"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert bad.returncode != 0 and "unknown +parts ['speed']" in bad.stderr

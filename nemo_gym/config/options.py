@@ -186,6 +186,10 @@ COMMAND_OPTIONS: dict[str, frozenset[str]] = {
             "num_samples_in_parallel",
             "num_repeats",
             "resume",
+            # +suite=all (nemo_gym.tools.bench.suite)
+            "parts",
+            "quick",
+            "envs",
         }
     ),
     "ng_viewer": frozenset(

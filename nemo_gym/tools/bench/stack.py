@@ -286,7 +286,10 @@ def main(argv: list[str] | None = None) -> None:
             "Each concurrency runs max(num_rollouts, concurrency) rollouts per round.\n"
             "ng_bench +suite=collector [+row_counts=[10000,100000,1000000]] [+num_samples_in_parallel=4096]\n"
             "                [+num_repeats=1] [+resume=false] [+output_json_fpath=collector_bench.json]\n"
-            "The collector at scale against a minimal agent: its peak RSS and CPU per rollout per row count."
+            "The collector at scale against a minimal agent: its peak RSS and CPU per rollout per row count.\n"
+            "ng_bench +suite=all [+parts=[framework,startup,environments,collector]] [+quick=false] [+envs=[...]]\n"
+            "                [+output_json_fpath=bench_suite.json]\n"
+            "Every benchmark, each figure beside its aim (docs/performance.md)."
         )
         return
     raise_open_file_limit()
@@ -302,8 +305,13 @@ def main(argv: list[str] | None = None) -> None:
 
         run_suite(cfg)
         return
+    if suite == "all":
+        from nemo_gym.tools.bench.suite import run_suite as run_all
+
+        run_all(cfg)
+        return
     if suite != "stack":
-        sys.exit(f"ng_bench: +suite must be stack (the default) or collector, got {suite!r}")
+        sys.exit(f"ng_bench: +suite must be stack (the default), collector or all, got {suite!r}")
     env = str(cfg.get("env", DEFAULT_ENV))
     concurrencies = [int(c) for c in cfg.get("concurrencies", DEFAULT_CONCURRENCIES)]
     base_n = int(cfg.get("num_rollouts", 4096))
@@ -469,3 +477,7 @@ async def _one_result(client: ServerClient, agent: str, row: dict[str, Any]) -> 
         return orjson.loads(response_body(resp))
     finally:
         await close_shared_session()
+
+
+if __name__ == "__main__":
+    main()
