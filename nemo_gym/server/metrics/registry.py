@@ -13,8 +13,8 @@ Contract
   ``_sum``/``_created``) at scrape time. ``prometheus_client``'s own classes validate and take a lock on
   every ``inc``/``observe`` and walk the buckets one by one: per request that cost several microseconds.
   The request path looks each labelled cell up once (one dict lookup per request for all of them).
-  Metrics observed by handlers (rewards, agent loops; possibly on worker threads) keep
-  ``prometheus_client``'s locked classes.
+  The reward, observed by the async verify wrapper on the event loop, is one too. Agent loops (observed by
+  agents' code, possibly on worker threads) keep ``prometheus_client``'s locked classes.
 * :meth:`ServerMetrics.exposition` is the body of ``GET /metrics`` (``generate_latest``).
 """
 
@@ -306,7 +306,9 @@ class ServerMetrics:
                 buckets=LATENCY_BUCKETS,
                 registry=reg,
             )
-            self.reward = Histogram(
+            # Observed by the verify wrapper (nemo_gym.server.metrics.install.observed_verify), a coroutine on
+            # the app's event loop: a hot histogram, like the request path's.
+            self.reward = HotHistogram(
                 "nemo_gym_verify_reward", "Rewards /verify answered.", buckets=REWARD_BUCKETS, registry=reg
             )
             self.tool_calls = HotCounter(
