@@ -177,6 +177,9 @@ COMMAND_OPTIONS: dict[str, frozenset[str]] = {
             "compare_auth",
             "compare_metrics",
             "rounds",
+            "env_config_fpath",
+            "agent_name",
+            "rows_jsonl_fpath",
         }
     ),
     "ng_viewer": frozenset(
