@@ -136,3 +136,40 @@ def test_a_reset_past_its_timeout_fails_and_its_env_is_closed_when_it_ends() -> 
     # The loop was free while the reset blocked its thread: the timeout fired at its time.
     assert waited < 0.45, waited
     assert dataset.logs[0]["reset_done"] and "closed_on" in dataset.logs[0]
+
+
+def test_offline_calculator_env_resets_like_aviarys_calculator_env() -> None:
+    """The reused tools are the tools Aviary builds: same descriptions and schemas, each bound to its
+    own env, and the episodes play the same."""
+    from aviary.core import ToolCall, ToolRequestMessage
+    from aviary.envs.gsm8k import CalculatorEnv
+
+    from resources_servers.aviary.offline import OfflineCalculatorEnv, tool_of
+
+    async def play(env: CalculatorEnv, answer: str) -> tuple[Any, ...]:
+        obs, tools = await env.reset()
+        action = ToolRequestMessage(tool_calls=[ToolCall.from_name("submit_answer", answer=answer)])
+        step_obs, reward, done, truncated = await env.step(action)
+        return (
+            [m.model_dump() for m in obs],
+            [t.model_dump(by_alias=True) for t in tools],
+            sorted(vars(env)),
+            [m.content for m in step_obs],
+            reward,
+            done,
+            truncated,
+        )
+
+    async def run() -> None:
+        for answer in ("42", "41", "forty-two"):
+            ours = [OfflineCalculatorEnv(problem_id="p", problem="6 * 7?", answer=42) for _ in range(2)]
+            theirs = CalculatorEnv(problem_id="p", problem="6 * 7?", answer=42)
+            assert await play(ours[0], answer) == await play(theirs, answer), answer
+            await ours[1].reset()
+            # Each env's tools call its own methods; the schemas are copies, not shared objects.
+            for a, b in zip(ours[0].tools, ours[1].tools, strict=True):
+                assert a._tool_fn.__self__ is ours[0] and b._tool_fn.__self__ is ours[1]
+                assert a.info == b.info and a.info is not b.info
+        assert tool_of(ours[0].calculator).info == (await theirs.reset())[1][0].info
+
+    asyncio.run(run())
