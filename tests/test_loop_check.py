@@ -110,13 +110,15 @@ def test_summary_counts_only_the_ticks_between_two_readings() -> None:
         s.describe()
         == "env: 1 of 30 event-loop ticks more than 100 ms late; worst tick 100-250 ms, p99 <= 250 ms"
     )
-    # One late tick can be the OS not scheduling the process: it takes two, and more than 1%.
-    assert not s.too_late() and s.too_late(min_late_ticks=1)
+    # One late tick can be a garbage collection or the OS: it takes two, and more than 10% of the ticks.
+    assert not s.too_late() and s.too_late(max_late_fraction=0.01, min_late_ticks=1)
+    four = summarize("env", before, lag_buckets(_metrics_text({0.001: 70, 0.025: 6, 0.25: 4, 2.5: 1})))
+    assert four.late_ticks == 4 and four.too_late() and not four.too_late(max_late_fraction=0.2)
     two = summarize("env", before, lag_buckets(_metrics_text({0.001: 70, 0.025: 8, 0.25: 2, 2.5: 1})))
-    assert two.too_late() and not two.too_late(max_late_fraction=0.1)
-    # The same two late ticks among 500 are within 1%.
-    many = summarize("env", before, lag_buckets(_metrics_text({0.001: 520, 0.025: 8, 0.25: 2, 2.5: 1})))
-    assert (many.ticks, many.late_ticks, many.p99_s) == (480, 2, 0.025) and not many.too_late()
+    assert not two.too_late() and two.too_late(max_late_fraction=0.05)
+    # The same four late ticks among 500 are within 10%.
+    many = summarize("env", before, lag_buckets(_metrics_text({0.001: 520, 0.025: 6, 0.25: 4, 2.5: 1})))
+    assert (many.ticks, many.late_ticks, many.p99_s) == (480, 4, 0.025) and not many.too_late()
     idle = summarize("env", after, after)
     assert (idle.ticks, idle.late_ticks, idle.worst_s, idle.too_late()) == (0, 0, (0.0, 0.0), False)
     assert idle.describe().endswith("worst tick none, p99 none")

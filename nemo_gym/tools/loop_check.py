@@ -9,13 +9,16 @@ Contract
   ``docs/observability.md``) over the load only: the histogram is read before and after and the
   difference is judged, so start-up and the warm-up rollouts (``warmup_rollouts``, which pay first-use
   imports and caches) do not count.
-* A server fails when more than ``max_late_fraction`` (default 1%) of its ticks, and at least
+* A server fails when more than ``max_late_fraction`` (default 10%) of its ticks, and at least
   ``min_late_ticks`` (default 2), were later than ``bound_s`` (default 100 ms; it must be one of the
-  histogram's bucket bounds, so "later" is exact). A handler that blocks does so on every rollout that
-  reaches it, so it makes many late ticks; one late tick can be the OS not scheduling the process on a
-  busy machine. Failing raises :class:`LoopLagError` (an ``AssertionError``) naming each server over the
-  bound with its worst bucket, its p99 and how many ticks were late, and what to do; a failed rollout
-  raises it too (an environment that fails under load has not shown anything).
+  histogram's bucket bounds, so "later" is exact): its 90th-percentile tick is over the bound. A handler
+  that blocks does so on every rollout that reaches it (or every n-th), so it makes most ticks late (the
+  tests' planted ``time.sleep(0.2)`` verifier: nearly all); a few late ticks come with any busy Python
+  server on a shared machine: a full garbage collection (50-240 ms measured in these servers on 2 busy
+  cores) or the OS not scheduling the process. Failing raises :class:`LoopLagError` (an
+  ``AssertionError``) naming each server over the bound with its worst bucket, its p99 and how many
+  ticks were late, and what to do; so does a server whose loop hardly ticked at all (blocked for most
+  of the load), and a failed rollout (an environment that fails under load has not shown anything).
 * The load is a closed loop of ``concurrency`` rollouts (default 8). Kept low on purpose: the busiest
   server of a closed loop holds most of the rollouts in flight, and a tick waits behind every request
   that is ready at once, so at 64 in flight on 2 busy cores a loop that is only *busy* (handlers of
@@ -46,7 +49,7 @@ from nemo_gym.tools.testing import get, running_servers
 
 LAG_METRIC = "nemo_gym_event_loop_lag_seconds"
 DEFAULT_BOUND_S = 0.1
-DEFAULT_MAX_LATE_FRACTION = 0.01
+DEFAULT_MAX_LATE_FRACTION = 0.1
 DEFAULT_MIN_LATE_TICKS = 2
 
 # bucket upper bound ("le", +inf last) -> cumulative tick count
@@ -257,9 +260,11 @@ def check_loop_lag(
     min_ticks = int(elapsed / TICK_INTERVAL_S / 4)
     over = {
         name: s.describe()
-        if s.ticks >= min_ticks
-        else f"{name}: {s.ticks} event-loop ticks in {elapsed:.1f} s "
-        f"(one every {TICK_INTERVAL_S * 1000:g} ms when the loop is free)"
+        + (
+            f"; only {s.ticks} ticks in {elapsed:.1f} s (one is due every {TICK_INTERVAL_S * 1000:g} ms)"
+            if s.ticks < min_ticks
+            else ""
+        )
         for name, s in summaries.items()
         if s.too_late(max_late_fraction, min_late_ticks) or s.ticks < min_ticks
     }
