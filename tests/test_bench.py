@@ -53,6 +53,12 @@ def test_ng_bench_smoke(tmp_path: Path) -> None:
     ours, bare = by_stack["ours"], by_stack["bare"]
     assert ours["ratio_to_bare"] == ours["rollouts_per_s"] / bare["rollouts_per_s"]
     assert "ratio_to_bare" not in bare
+    # Each server's event-loop ticks during the measurement (the lag histogram read before and after).
+    lag = ours["event_loop_lag_by_server"]
+    assert set(lag) == SERVERS and "event_loop_lag_by_server" not in bare
+    for per_server in lag.values():
+        assert set(per_server) == {"ticks", "late_100ms", "p99_ms"} and per_server["ticks"] >= 0
+        assert 0 <= per_server["late_100ms"] <= per_server["ticks"]
 
     assert "ours" in stdout and "bare" in stdout and "roll/s" in stdout and str(out) in stdout
 
@@ -185,3 +191,20 @@ def test_ng_bench_suite_all_runs_the_chosen_parts_into_one_report(tmp_path: Path
         [NG_BENCH, "+suite=all", "+parts=[speed]"], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
     assert bad.returncode != 0 and "unknown +parts ['speed']" in bad.stderr
+
+
+def test_ng_bench_derives_the_inner_calls_of_each_agent_from_a_result() -> None:
+    """The bare stack makes the calls the real agent made: simple_agent's from its output items,
+    aviary_agent's from ``response.steps``, gymnasium_agent's from ``episode_steps``."""
+    from nemo_gym.tools.bench.stack import _inner_calls
+
+    call = {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"}
+    out = {"type": "function_call_output", "call_id": "c1", "output": "{}"}
+    message = {"type": "message", "role": "assistant", "content": []}
+    # seed, model, tool, model, verify
+    assert _inner_calls({"response": {"output": [call, out, message]}}) == ["a", "b", "a", "b", "a"]
+    # seed, (model, step), model that did not step the env, close, verify
+    aviary = {"response": {"output": [], "steps": [{"stepped_env": True}, {"stepped_env": False}]}}
+    assert _inner_calls(aviary) == ["a", "b", "a", "b", "a", "a"]
+    # reset, (model, step) x 3, close
+    assert _inner_calls({"response": {"output": []}, "episode_steps": 3}) == ["a", *(["b", "a"] * 3), "a"]

@@ -190,6 +190,9 @@ COMMAND_OPTIONS: dict[str, frozenset[str]] = {
             "parts",
             "quick",
             "envs",
+            "env_config_fpath",
+            "agent_name",
+            "rows_jsonl_fpath",
         }
     ),
     "ng_viewer": frozenset(

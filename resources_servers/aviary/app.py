@@ -24,6 +24,12 @@ Contract
   an error output. ``/verify`` for an env this server never saw (or forgot) is a 404, never reward 0.
 * Upstream's server kept a total-reward entry per env forever; here finished envs are kept in a
   bounded record (``max_finished_records``).
+* A subclass whose env construction and ``reset()`` do only CPU work sets ``RESET_OFF_LOOP = True``
+  (GSM8K, HotPotQA): both then run on one worker thread (with its own event loop for the ``reset()``
+  coroutine), not on the server's event loop, where they would stall every other request. Aviary's
+  ``CalculatorEnv`` and ``HotPotQAEnv`` build their tools with ``Tool.from_function`` (pydantic models
+  and JSON schemas) for every episode: ~7 ms on GSM8K. An env whose ``reset()`` binds loop resources
+  (the notebook's Jupyter kernel client) keeps the default, ``False``.
 """
 
 from __future__ import annotations
@@ -38,13 +44,15 @@ import contextlib  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 import uuid  # noqa: E402
 from abc import ABC  # noqa: E402
 from collections import OrderedDict  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Generic, TypeVar  # noqa: E402
+from typing import Any, ClassVar, Generic, TypeVar  # noqa: E402
 
 from fastapi import FastAPI, HTTPException, Request  # noqa: E402
 from pydantic import ConfigDict, PrivateAttr  # noqa: E402
@@ -164,6 +172,27 @@ def _error_outputs(calls: list[Any], message: str) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------------------------
+# Env construction and reset off the event loop.
+
+_reset_thread_state = threading.local()
+
+
+def _run_coroutine_here(coro: Any) -> Any:
+    """Run ``coro`` to completion on this (worker) thread's own event loop, made once per thread."""
+    runner = getattr(_reset_thread_state, "runner", None)
+    if runner is None:
+        runner = _reset_thread_state.runner = asyncio.Runner()
+    return runner.run(coro)
+
+
+def _close_thread_runner() -> None:
+    runner = getattr(_reset_thread_state, "runner", None)
+    if runner is not None:
+        runner.close()
+        _reset_thread_state.runner = None
+
+
+# ------------------------------------------------------------------------------------------------
 # Live envs.
 
 
@@ -196,10 +225,18 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
     config: AviaryResourcesServerConfig
     dataset: DatasetT
 
+    # Construct and reset envs on a worker thread (see the module docstring); only for envs whose
+    # construction and reset() need nothing of the server's event loop.
+    RESET_OFF_LOOP: ClassVar[bool] = False
+
     _live: dict[str, _LiveEnv] = PrivateAttr(default_factory=dict)
     _finished: OrderedDict[str, _Finished] = PrivateAttr(default_factory=OrderedDict)
     _slots: asyncio.Semaphore | None = PrivateAttr(default=None)
     _reaper: asyncio.Task | None = PrivateAttr(default=None)
+    # One thread: resets are CPU work that holds the GIL, so more threads would only take turns with
+    # the event loop's thread more often (each may hold the GIL for a switch interval, 5 ms).
+    _reset_pool: ThreadPoolExecutor | None = PrivateAttr(default=None)
+    _abandoned_closes: set[asyncio.Task] = PrivateAttr(default_factory=set)
     _stats: dict[str, int] = PrivateAttr(
         default_factory=lambda: {
             "seeded": 0,
@@ -238,6 +275,10 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
             *(self._close_env(env_id, "server shutdown") for env_id in list(self._live)),
             return_exceptions=True,
         )
+        if self._reset_pool is not None:
+            pool, self._reset_pool = self._reset_pool, None
+            pool.submit(_close_thread_runner)
+            await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=False)
         await super().on_shutdown()
 
     # -- endpoints -----------------------------------------------------------------------------------
@@ -264,15 +305,10 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
                 "or raise max_live_envs",
                 headers={"Retry-After": str(max(1, math.ceil(waited)))},
             ) from None
-        env: Environment | None = None
         try:
-            env = self.dataset.get_new_env_by_idx(body.task_idx)
-            async with asyncio.timeout(self.config.reset_timeout_s):
-                obs, tools = await env.reset()
+            env, obs, tools = await self._new_env(body.task_idx)
         except BaseException:
             slots.release()
-            if env is not None:
-                await self._safe_close(env, "reset failed")
             raise
         env_id = str(uuid.uuid4())
         self._live[env_id] = _LiveEnv(
@@ -467,6 +503,50 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
                 item["output"] = why
             texts.append(why)
         return "\n".join(texts) or None
+
+    async def _new_env(self, task_idx: int) -> tuple[Environment, list[Message], list[Tool]]:
+        """Construct and reset the env of ``task_idx`` (on the worker thread with ``RESET_OFF_LOOP``),
+        bounded by ``reset_timeout_s``; an env whose reset fails is closed before the error is raised."""
+        if not self.RESET_OFF_LOOP:
+            env = self.dataset.get_new_env_by_idx(task_idx)
+            try:
+                async with asyncio.timeout(self.config.reset_timeout_s):
+                    obs, tools = await env.reset()
+            except BaseException:
+                await self._safe_close(env, "reset failed")
+                raise
+            return env, obs, tools
+        if self._reset_pool is None:
+            self._reset_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aviary-reset")
+        made = asyncio.get_running_loop().run_in_executor(self._reset_pool, self._make_and_reset, task_idx)
+        try:
+            async with asyncio.timeout(self.config.reset_timeout_s):
+                env, outcome = await asyncio.shield(made)
+        except BaseException:
+            # Timed out or cancelled (or construction raised): the thread may still finish; close its env.
+            made.add_done_callback(self._close_abandoned)
+            raise
+        if isinstance(outcome, BaseException):
+            await self._safe_close(env, "reset failed")
+            raise outcome
+        obs, tools = outcome
+        return env, obs, tools
+
+    def _make_and_reset(self, task_idx: int) -> tuple[Environment, Any]:
+        """On the worker thread: the new env and ``reset()``'s answer, or the exception it raised."""
+        env = self.dataset.get_new_env_by_idx(task_idx)
+        try:
+            return env, _run_coroutine_here(env.reset())
+        except Exception as e:  # noqa: BLE001 - raised on the event loop, after the env is closed
+            return env, e
+
+    def _close_abandoned(self, made: asyncio.Future) -> None:
+        if made.cancelled() or made.exception() is not None:
+            return
+        env, _ = made.result()
+        task = asyncio.get_running_loop().create_task(self._safe_close(env, "reset abandoned"))
+        self._abandoned_closes.add(task)
+        task.add_done_callback(self._abandoned_closes.discard)
 
     async def _safe_close(self, env: Environment, why: str) -> str | None:
         try:

@@ -1,5 +1,7 @@
 """GSM8K with a calculator (Aviary's ``CalculatorEnv``) over a local GSM8K-format JSONL file."""
 
+from typing import ClassVar
+
 from pydantic import Field
 
 from resources_servers.aviary.app import AviaryResourcesServer
@@ -10,6 +12,9 @@ class GSM8kResourcesServer(AviaryResourcesServer[CalculatorEnv, GSM8kFileDataset
     dataset: GSM8kFileDataset = Field(
         default_factory=lambda data: GSM8kFileDataset.from_config(data["config"])
     )
+
+    # Construction and reset() are CPU work only (Tool.from_function for every tool): off the loop.
+    RESET_OFF_LOOP: ClassVar[bool] = True
 
 
 if __name__ == "__main__":

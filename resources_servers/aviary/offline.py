@@ -5,8 +5,10 @@ Contract
 * :class:`GSM8kFileDataset`: a JSONL file of ``{"question": str, "answer": str}`` in GSM8K's own
   format (the final number after ``####``; commas allowed), so a copy of the real GSM8K
   ``train.jsonl``/``test.jsonl`` works as is. Optional ``id`` per line becomes the problem id. Each
-  task is Aviary's own ``CalculatorEnv`` (tools ``calculator`` and ``submit_answer``; its rewards:
-  correct 1, wrong 0, unparsable answer or unknown tool -1).
+  task is :class:`OfflineCalculatorEnv`: Aviary's own ``CalculatorEnv`` (tools ``calculator`` and
+  ``submit_answer``; its rewards: correct 1, wrong 0, unparsable answer or unknown tool -1) whose
+  ``reset()`` reuses its tools' descriptions and schemas (:func:`tool_of`) instead of building them
+  again for every episode.
 * :class:`HotPotQAFileDataset`: HotPotQA items in the distractor-setting format (``_id``/``id``,
   ``question``, ``answer``, ``context: [[title, [sentence, ...]], ...]``) as a JSON array (the
   official ``hotpot_*_distractor_v1.json``) or JSONL. Every item's paragraphs together form the
@@ -21,11 +23,11 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Self
 
-from aviary.core import TaskDataset
+from aviary.core import Message, TaskDataset, Tool
 from aviary.envs.gsm8k import CalculatorEnv, CalculatorEnvConfig
 from aviary.envs.hotpotqa import HotPotQAEnv, HotPotQAEnvConfig
 from aviary.envs.hotpotqa.env import normalize_answer
@@ -54,6 +56,41 @@ def parse_gsm8k_answer(answer: str) -> float:
         return float(text)
     except ValueError:
         raise ValueError(f"the final answer {m.group(1)!r} is not a number") from None
+
+
+# (env class, method name) -> the Tool Aviary builds from that method; see tool_of.
+_TOOL_TEMPLATES: dict[tuple[type, str], Tool] = {}
+
+
+def tool_of(method: Callable[..., Any]) -> Tool:
+    """``Tool.from_function(method)`` for a bound method of an env, its description and JSON schema made
+    once per env class and method.
+
+    ``Tool.from_function`` parses the docstring, builds a pydantic model of the signature and its JSON
+    schema: ~3-5 ms per tool, ~7 ms of the ~7.9 ms a whole GSM8K episode cost in-process. What it builds
+    depends only on the method's class (signature, docstring), so the first build is kept and every env
+    gets a copy bound to its own method.
+    """
+    key = (type(method.__self__), method.__name__)
+    template = _TOOL_TEMPLATES.get(key)
+    if template is None:
+        template = _TOOL_TEMPLATES[key] = Tool.from_function(method)
+    return Tool(
+        tool_fn=method,
+        info=template.info.model_copy(deep=True),
+        concurrency_safe=template.concurrency_safe,
+    )
+
+
+class OfflineCalculatorEnv(CalculatorEnv):
+    """Aviary's ``CalculatorEnv`` whose ``reset()`` makes its tools with :func:`tool_of` (the same tools,
+    ~0.1 ms instead of ~7 ms). Everything else is Aviary's; tests compare both resets."""
+
+    async def reset(self) -> tuple[list[Message], list[Tool]]:
+        # CalculatorEnv.reset, with tool_of for Tool.from_function.
+        self.state = None
+        self.tools = [tool_of(self.calculator), tool_of(self.submit_answer)]
+        return [Message(content=self.problem)], self.tools
 
 
 class GSM8kFileDataset(TaskDataset[CalculatorEnv]):
@@ -91,9 +128,9 @@ class GSM8kFileDataset(TaskDataset[CalculatorEnv]):
     def __len__(self) -> int:
         return len(self.problems)
 
-    def get_new_env_by_idx(self, idx: int) -> CalculatorEnv:
+    def get_new_env_by_idx(self, idx: int) -> OfflineCalculatorEnv:
         pid, question, answer = self.problems[idx]
-        return CalculatorEnv(problem_id=pid, problem=question, answer=answer, config=self.config)
+        return OfflineCalculatorEnv(problem_id=pid, problem=question, answer=answer, config=self.config)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -229,7 +266,9 @@ __all__ = [
     "GSM8kFileDataset",
     "HotPotQACorpus",
     "HotPotQAFileDataset",
+    "OfflineCalculatorEnv",
     "OfflineHotPotQAEnv",
     "normalize_answer",
     "parse_gsm8k_answer",
+    "tool_of",
 ]

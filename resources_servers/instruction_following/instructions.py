@@ -50,11 +50,18 @@ class _OrthoFlags(dict[str, int]):
         return 0
 
 
+# Held while importing NLTK. The server's start-up warm-up imports it on a thread while checks may
+# already run on others; two threads importing NLTK at once can see it partially initialised
+# ("partially initialized module 'nltk' has no attribute 'data'"), and that check failed.
+_NLTK_IMPORT_LOCK = threading.Lock()
+
+
 @functools.cache
 def _sentence_splitter() -> PunktSentenceTokenizer:
     """NLTK's Punkt sentence splitter with NLTK's English model (``punkt_tab/english``)."""
-    from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
-    from punkt.data import english
+    with _NLTK_IMPORT_LOCK:
+        from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
+        from punkt.data import english
 
     params = PunktParameters()
     params.abbrev_types = set(english.ABBREV_TYPES)
@@ -72,7 +79,8 @@ def warm_up() -> None:
 
 @functools.cache
 def _word_tokenizer() -> NLTKWordTokenizer:
-    from nltk.tokenize import NLTKWordTokenizer
+    with _NLTK_IMPORT_LOCK:
+        from nltk.tokenize import NLTKWordTokenizer
 
     return NLTKWordTokenizer()
 

@@ -22,7 +22,9 @@ Contract
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, PositiveFloat
@@ -93,12 +95,24 @@ def first_boxed(text: str) -> str | None:
     return None
 
 
-def score_answer(task: str, answer: str, entry: dict[str, Any]) -> float:
-    """The task's own score of ``answer`` (runs in a verify-pool worker)."""
+@functools.cache
+def _score_fn(task: str) -> Callable[..., Any]:
+    """``reasoning_gym.get_score_answer_fn(task)``, made once per task and worker process.
+
+    It builds the task's dataset object (``LetterCountingDataset`` reads and splits a word list, ...):
+    ~40% of a pool worker's time when it ran for every score (py-spy, the example rows at 64 in flight).
+    None of reasoning_gym's 75 ``score_answer`` definitions assigns to its dataset object or reads a
+    ``self.rng`` (checked with ``ast`` on the installed package), so one object serves every score.
+    An unknown task raises each time (not cached).
+    """
     import reasoning_gym
 
-    score_fn = reasoning_gym.get_score_answer_fn(task)
-    return float(score_fn(answer=answer, entry=entry))
+    return reasoning_gym.get_score_answer_fn(task)
+
+
+def score_answer(task: str, answer: str, entry: dict[str, Any]) -> float:
+    """The task's own score of ``answer`` (runs in a verify-pool worker)."""
+    return float(_score_fn(task)(answer=answer, entry=entry))
 
 
 def import_reasoning_gym() -> int:

@@ -16,7 +16,9 @@ Contract
   ``multiple_tool_calls``, ``wrong_tool_name``, ``tool_arguments_parse_error``,
   ``missing_tool_payload_key``) and ``error_message``.
 * Parsing and validation of large answers or schemas (over ``pool_threshold_chars``) run in
-  :mod:`nemo_gym.kit.verify_pool`, off the event loop.
+  :mod:`nemo_gym.kit.verify_pool`, off the event loop. Each process checks a distinct schema against the
+  metaschema and builds its validator once (the last 1,024 are kept): that check took ~40% of the
+  server's CPU when it ran on every ``/verify``.
 * A malformed ``schema_str`` is bad data, not a wrong answer: ``ng_collect_rollouts`` refuses a row
   whose ``schema_str`` is not JSON (file, line, field) before any rollout, and ``/verify`` answers 422
   for one that is JSON but not a valid schema. (Upstream scores both 0.0 with ``schema_error``.)
@@ -25,6 +27,7 @@ Contract
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import tomllib
@@ -119,6 +122,10 @@ class StructuredOutputsVerifyResponse(StructuredOutputsVerifyRequest, BaseVerify
     error_message: str | None = None
 
 
+# Distinct schemas whose checked form and validator are kept (see _checked_schema).
+SCHEMA_CACHE_SIZE = 1024
+
+
 class InvalidSchema(ValueError):
     """``schema_str`` is not a usable JSON Schema (bad data, not a wrong answer)."""
 
@@ -150,6 +157,19 @@ def load_schema(schema_str: str) -> dict[str, Any]:
         raise InvalidSchema(f"schema_str is not a valid JSON Schema: {e.message}") from None
     strictify_schema(schema)
     return schema
+
+
+@functools.lru_cache(maxsize=SCHEMA_CACHE_SIZE)
+def _checked_schema(schema_str: str) -> tuple[dict[str, Any], Draft202012Validator]:
+    """:func:`load_schema` and its validator, made once per distinct ``schema_str`` (per process).
+
+    Checking a schema against the 2020-12 metaschema costs milliseconds (jsonschema resolves the
+    metaschema's ``$dynamicRef``s on every check), far more than validating a short answer; the rollouts
+    of a task share its schema. The schema returned is shared: callers only read it. A bad schema is not
+    cached (it raises each time).
+    """
+    schema = load_schema(schema_str)
+    return schema, Draft202012Validator(schema)
 
 
 def _coerce_scalar(value: Any, kind: Any) -> Any:
@@ -233,7 +253,7 @@ def check_document(
 
     Raises :class:`InvalidSchema` for a bad ``schema_str``. Pure and picklable: runs in the verify pool.
     """
-    schema = load_schema(schema_str)
+    schema, validator = _checked_schema(schema_str)
     if text is not None:
         if not text.strip():
             return 0.0, "empty_response", "No assistant response text"
@@ -245,7 +265,7 @@ def check_document(
             obj = coerce_xml(obj, schema)
         elif schema_type == SchemaType.CSV:
             obj = coerce_csv(obj, schema)
-    problem = _first_error(Draft202012Validator(schema), obj)
+    problem = _first_error(validator, obj)
     return (0.0, "validation_error", problem) if problem else (1.0, None, None)
 
 

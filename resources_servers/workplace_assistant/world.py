@@ -22,6 +22,7 @@ Contract
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -875,11 +876,22 @@ def _norm(record: dict[str, str]) -> tuple[tuple[str, str], ...]:
     )
 
 
+@functools.cache
+def _base_ids() -> dict[str, set[str]]:
+    """Per keyed table, the ids of the records the company starts with."""
+    return {t: {r[k] for r in _BASE.get(t, [])} for t, k in TABLES.items() if k}
+
+
 def state_differences(actual: World, expected: World) -> list[str]:
     """Human-readable differences between two worlds (empty: equivalent). See the module docstring."""
-    base_ids = {t: {r[k] for r in _BASE.get(t, [])} for t, k in TABLES.items() if k}
+    base_ids = _base_ids()
     diffs: list[str] = []
     for table, key in TABLES.items():
+        if actual[table] == expected[table]:
+            # The same records in the same order differ in no normalised way either. Most tables of a
+            # task are untouched: this equality (in C) skips normalising every record of them, which
+            # cost ~6 ms per /verify on the event loop.
+            continue
         if key is None:
             a, e = Counter(map(_norm, actual[table])), Counter(map(_norm, expected[table]))
             if a != e:

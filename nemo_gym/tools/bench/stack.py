@@ -22,6 +22,16 @@ machine's speed cancels within each pair): the steadier figure on a shared machi
 middleware, no event-loop tick: :mod:`nemo_gym.server.metrics`); ``ours`` gets ``ratio_to_no_metrics`` and
 ``cpu_ratio_to_no_metrics``. Both comparisons may run together (three stacks in alternating rounds).
 
+Environments whose files are not named after their folder, or whose agent is not ``<env>_simple_agent``:
+``+env_config_fpath`` (default ``resources_servers/<env>/configs/<env>.yaml``) and ``+agent_name``;
+``+config_paths=[...]`` adds config files whose server blocks are laid over the env's (e.g. one that
+gives the scripted model a script), and ``+rows_jsonl_fpath`` replaces the env's ``data/example.jsonl``.
+
+Each ``ours`` result also carries ``event_loop_lag_by_server``: per server, the ticks of its event-loop
+lag histogram (``nemo_gym_event_loop_lag_seconds``) during that measurement, how many were more than
+100 ms late, and the upper bound of the bucket of the 99th-percentile tick (``p99_ms``, ``null`` above the
+last bucket), medians over rounds like the other numbers. A server that blocks its loop shows there.
+
 ``+suite=collector`` measures the collector instead (its peak RSS and own CPU per rollout at several
 row counts, against a minimal agent): :mod:`nemo_gym.tools.bench.collector`. The default suite's
 output is as described above.
@@ -47,6 +57,7 @@ from nemo_gym.client.fd_limits import raise_open_file_limit
 from nemo_gym.client.server_client import ServerClient, close_shared_session
 from nemo_gym.collection.dispatch import bounded_map
 from nemo_gym.config.command import command
+from nemo_gym.config.keys import SERVER_TYPES
 from nemo_gym.config.loading import load_global_config
 from nemo_gym.config.options import check_options
 from nemo_gym.config.ports import reserve_listening_socket
@@ -226,7 +237,17 @@ class BareStack:
 
 
 def _inner_calls(result: dict[str, Any]) -> list[str]:
-    """The agent's inner calls for one rollout, derived from a real result: seed, model/tool turns, verify."""
+    """The agent's inner calls for one rollout, derived from a real result: seed, model/tool turns, verify
+    (simple_agent); aviary_agent's and gymnasium_agent's results are recognised by their own fields."""
+    steps = result["response"].get("steps")
+    if isinstance(steps, list):  # aviary_agent: /seed_session, per turn model (+ /step), /close, /verify
+        calls = ["a"]
+        for step in steps:
+            calls += ["b", "a"] if step.get("stepped_env", True) else ["b"]
+        return [*calls, "a", "a"]
+    episode_steps = result.get("episode_steps")
+    if isinstance(episode_steps, int):  # gymnasium_agent: /reset, per turn model + /step, /close
+        return ["a", *(["b", "a"] * episode_steps), "a"]
     calls = ["a"]  # /seed_session -> resources
     output = result["response"]["output"]
     calls.append("b")  # first model call
@@ -283,6 +304,9 @@ def main(argv: list[str] | None = None) -> None:
             "usage: ng_bench [+env=example_single_tool_call] [+concurrencies=[64,1024,16384]] [+num_rollouts=4096]\n"
             "                [+output_json_fpath=bench_results.json] [+skip_bare=false]\n"
             "                [+compare_auth=false] [+compare_metrics=false] [+rounds=1 (3 with a compare)]\n"
+            "                [+env_config_fpath=resources_servers/<env>/configs/<env>.yaml]\n"
+            "                [+agent_name=<env>_simple_agent] [+config_paths=[more configs]]\n"
+            "                [+rows_jsonl_fpath=resources_servers/<env>/data/example.jsonl]\n"
             "Each concurrency runs max(num_rollouts, concurrency) rollouts per round.\n"
             "ng_bench +suite=collector [+row_counts=[10000,100000,1000000]] [+num_samples_in_parallel=4096]\n"
             "                [+num_repeats=1] [+resume=false] [+output_json_fpath=collector_bench.json]\n"
@@ -316,9 +340,16 @@ def main(argv: list[str] | None = None) -> None:
     concurrencies = [int(c) for c in cfg.get("concurrencies", DEFAULT_CONCURRENCIES)]
     base_n = int(cfg.get("num_rollouts", 4096))
     out_path = Path(str(cfg.get("output_json_fpath", "bench_results.json")))
-    env_config = f"resources_servers/{env}/configs/{env}.yaml"
-    agent = f"{env}_simple_agent"
-    rows = example_rows(env)
+    env_config = str(cfg.get("env_config_fpath") or f"resources_servers/{env}/configs/{env}.yaml")
+    # Server blocks from +config_paths files (merged into the loaded config): laid over the env's.
+    more_servers = {k: v for k, v in cfg.items() if isinstance(v, dict) and any(t in v for t in SERVER_TYPES)}
+    agent = str(cfg.get("agent_name") or f"{env}_simple_agent")
+    rows_path = cfg.get("rows_jsonl_fpath")
+    rows = (
+        [orjson.loads(line) for line in Path(str(rows_path)).read_bytes().splitlines() if line.strip()]
+        if rows_path
+        else example_rows(env)
+    )
     results: list[dict[str, Any]] = []
 
     compare_auth = bool(cfg.get("compare_auth", False))
@@ -338,8 +369,10 @@ def main(argv: list[str] | None = None) -> None:
     with contextlib.ExitStack() as started:
         # label -> (client, server pids); "no_auth" is the same servers with the token check off.
         stacks: dict[str, tuple[ServerClient, dict[str, int]]] = {}
+        helpers: dict[str, Any] = {}
         for label, extra in variants:
-            helper = started.enter_context(running_servers([env_config], extra))
+            helper = started.enter_context(running_servers([env_config], {**more_servers, **(extra or {})}))
+            helpers[label] = helper
             client = ServerClient.load_from_global_config(helper.head_server_config)
             stacks[label] = (client, {r["name"]: r["pid"] for r in helper.server_instances()})
             if compare_auth:
@@ -356,7 +389,13 @@ def main(argv: list[str] | None = None) -> None:
                         f"  {label}: {n} rollouts at concurrency {c} (round {i + 1}/{rounds}) ...", flush=True
                     )
                     client, servers = stacks[label]
-                    measured[label].append(_measure(client, agent, "/run", rows, n, c, servers))
+                    lag_before = _loop_lag(helpers[label]) if label == "ours" else None
+                    r = _measure(client, agent, "/run", rows, n, c, servers)
+                    if lag_before is not None:
+                        r["event_loop_lag_by_server"] = _loop_lag_summary(
+                            lag_before, _loop_lag(helpers[label])
+                        )
+                    measured[label].append(r)
             combined = {label: _median_of_rounds(rs) for label, rs in measured.items()}
             for label, r in combined.items():
                 r["stack"] = label
@@ -402,6 +441,32 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nJSON: {out_path}")
 
 
+def _loop_lag(helper: Any) -> dict[str, dict[float, float]] | None:
+    """Each server's event-loop lag histogram now; None when the run has metrics off."""
+    from nemo_gym.tools.loop_check import LoopLagError, read_lag
+
+    try:
+        return read_lag(helper)
+    except LoopLagError:
+        return None
+
+
+def _loop_lag_summary(
+    before: dict[str, dict[float, float]] | None, after: dict[str, dict[float, float]] | None
+) -> dict[str, dict[str, float | None]]:
+    """Per server: ticks, ticks more than 100 ms late, and the p99 tick's bucket bound (ms) between two readings."""
+    from nemo_gym.tools.loop_check import summarize
+
+    if before is None or after is None:
+        return {}
+    out: dict[str, dict[str, float | None]] = {}
+    for name in before:
+        s = summarize(name, before[name], after[name], bound_s=0.1)
+        p99 = None if s.p99_s == float("inf") else round(s.p99_s * 1000, 1)
+        out[name] = {"ticks": s.ticks, "late_100ms": s.late_ticks, "p99_ms": p99}
+    return out
+
+
 def _check_token_check(helper: Any, on: bool) -> None:
     """Make sure a comparison compares what it says: a request without the token is refused (401) by
     every server of the stack with the check on, and served by every server of the one without."""
@@ -441,7 +506,12 @@ def _median_of_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         return rounds[0]
     out: dict[str, Any] = dict(rounds[0])
     for key, value in rounds[0].items():
-        if isinstance(value, dict):
+        if key == "event_loop_lag_by_server":
+            out[key] = {
+                server: {k: _median_or_none(r[key].get(server, {}).get(k) for r in rounds) for k in fields}
+                for server, fields in value.items()
+            }
+        elif isinstance(value, dict):
             out[key] = {k: statistics.median(r[key][k] for r in rounds) for k in value}
         elif key == "concurrency":
             continue
@@ -467,6 +537,12 @@ def _paired_ratios(ours: dict[str, Any], other: dict[str, Any], label: str) -> N
         if pairs:
             ours[f"{name}_to_{label}"] = statistics.median(pairs)
             ours[f"{name}s_to_{label}"] = [round(r, 4) for r in pairs]
+
+
+def _median_or_none(values: Any) -> float | None:
+    """The median of the numbers among ``values`` (None: above the histogram's last bucket, or missing)."""
+    numbers = [v for v in values if v is not None]
+    return statistics.median(numbers) if numbers else None
 
 
 async def _one_result(client: ServerClient, agent: str, row: dict[str, Any]) -> dict[str, Any]:

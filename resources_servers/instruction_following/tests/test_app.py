@@ -257,3 +257,46 @@ def test_checks_from_many_threads_at_once_agree() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == str([False] * 8)
+
+
+# The warm-up thread starts importing NLTK; checks start on other threads every 20 ms while it does.
+# Before the import lock: one of them took the module lock of nltk.tokenize.punkt while the warm-up,
+# inside nltk/__init__, wanted it too: _DeadlockError, then "partially initialized module 'nltk'".
+RACE = """
+import threading
+import time
+
+from resources_servers.instruction_following import instructions
+
+errors = []
+
+
+def run(fn, delay):
+    time.sleep(delay)
+    try:
+        fn()
+    except Exception as e:
+        errors.append(f"{type(e).__name__}: {e}")
+
+
+threads = [threading.Thread(target=run, args=(instructions.warm_up, 0))]
+threads += [
+    threading.Thread(target=run, args=(lambda: instructions.sentences("One. Two."), 0.02 * i))
+    for i in range(1, 40)
+]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(errors)
+"""
+
+
+def test_checks_during_the_start_up_warm_up_see_nltk_whole() -> None:
+    """The server imports NLTK on a thread at start-up while the first checks may run on others: no
+    check may see it half imported (it did: "partially initialized module 'nltk' has no attribute
+    'data'", answered as a bad row). A fresh interpreter, so NLTK is imported for the first time."""
+    repo = Path(__file__).resolve().parents[3]
+    proc = subprocess.run([sys.executable, "-c", RACE], cwd=repo, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]", proc.stdout

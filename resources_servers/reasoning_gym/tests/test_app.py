@@ -113,3 +113,25 @@ def test_a_boxed_fraction_is_read_whole_over_http() -> None:
     assert resp.status_code == 200, resp.text[:1000]
     body = resp.json()
     assert body["extracted_answer"] == "\\dfrac{242}{311}" and body["reward"] == 1.0, body["extracted_answer"]
+
+
+def test_each_tasks_scorer_is_made_once_and_scores_as_a_fresh_one() -> None:
+    """A pool worker builds a task's scorer (its dataset object) once; the scores equal those of a
+    scorer made for the call, right and wrong answers alike, however often it is used."""
+    import reasoning_gym
+
+    from resources_servers.reasoning_gym.app import _score_fn, score_answer
+
+    _score_fn.cache_clear()
+    rows = example_rows("reasoning_gym")
+    for _ in range(2):
+        for row in rows:
+            task = row["metadata"]["source_dataset"]
+            entry = {"question": row["question"], "answer": row["answer"], "metadata": row["metadata"]}
+            for answer in (row["answer"], "certainly not " + row["answer"]):
+                fresh = reasoning_gym.get_score_answer_fn(task)(answer=answer, entry=entry)
+                assert score_answer(task, answer, entry) == float(fresh), (task, answer)
+    tasks = {row["metadata"]["source_dataset"] for row in rows}
+    assert _score_fn.cache_info().misses == len(tasks) and _score_fn.cache_info().currsize == len(tasks)
+    with pytest.raises(ValueError, match="not registered"):
+        score_answer("no_such_task", "x", {})

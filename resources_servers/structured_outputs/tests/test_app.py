@@ -119,3 +119,21 @@ SCHEMA = json.dumps(
 def test_check_document(schema_type: str, text: str, want: tuple) -> None:
     reward, error_type, _ = check_document(SCHEMA, schema_type, text)
     assert (reward, error_type) == want
+
+
+def test_a_schema_is_checked_once_per_process_and_a_bad_one_every_time() -> None:
+    """The metaschema check and the validator are made once per distinct schema (they cost milliseconds
+    on the event loop); verdicts are the same from the cache, and a bad schema is never cached."""
+    from resources_servers.structured_outputs.app import InvalidSchema, _checked_schema
+
+    schema = json.dumps({"type": "object", "properties": {"only_in_this_test": {"type": "integer"}}})
+    before = _checked_schema.cache_info()
+    verdicts = [check_document(schema, "json", text)[:2] for text in ('{"only_in_this_test": 1}', "{}", "[")]
+    verdicts += [check_document(schema, "json", '{"only_in_this_test": 2}')[:2]]
+    assert verdicts == [(1.0, None), (0.0, "validation_error"), (0.0, "parse_error"), (1.0, None)]
+    after = _checked_schema.cache_info()
+    assert (after.misses - before.misses, after.hits - before.hits) == (1, 3)
+    for _ in range(2):
+        with pytest.raises(InvalidSchema, match="not a valid JSON Schema"):
+            check_document(json.dumps({"type": 12}), "json", "{}")
+    assert _checked_schema.cache_info().currsize == after.currsize

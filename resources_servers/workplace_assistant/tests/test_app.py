@@ -199,6 +199,21 @@ def test_worlds_share_nothing() -> None:
     assert len(b["emails"]) == len(new_world()["emails"]) == 40
 
 
+def test_only_what_differs_after_normalising_is_a_difference() -> None:
+    """Tables equal as stored are skipped without normalising; the others are still compared as
+    before: another record order, or another case of a case-insensitive field, is no difference."""
+    expected = new_world()
+    actual = new_world()
+    actual["emails"].reverse()  # keyed table: compared by id
+    actual["analytics"].reverse()  # keyless table: compared as a multiset
+    actual["customers"][0]["customer_name"] = actual["customers"][0]["customer_name"].upper()
+    assert actual != expected and state_differences(actual, expected) == []
+    actual["emails"][0]["subject"] += " (changed)"
+    assert state_differences(actual, expected) == [
+        f"emails: email_id {actual['emails'][0]['email_id']} differs in subject"
+    ]
+
+
 def test_bad_ground_truth_call_raises() -> None:
     with pytest.raises(ToolError, match="call 0"):
         apply_calls(
