@@ -32,21 +32,44 @@ import orjson
 from nemo_gym.config.keys import PACKAGE_PARENT_DIR
 
 PARTS = ("framework", "startup", "environments", "collector")
-# Environments that run on the scripted model with their example rows and no outside service.
-ENVIRONMENTS = (
-    "example_single_tool_call",
-    "example_multi_step",
-    "example_session_state_mgmt",
-    "instruction_following",
-    "math_with_judge",
-    "mcqa",
-    "structured_outputs",
-    "workplace_assistant",
-    "xlam_fc",
-    "calendar",
-    "reasoning_gym",
-    "aviary",
-)
+
+
+# Environments that run on the scripted model with their example rows and no outside service, and the
+# ng_bench options that start each (the same set as tests/test_env_event_loop.py, but for the LLM judge's,
+# which needs the scripted model to play the judge too).
+def _aviary(task: str) -> list[str]:
+    return [
+        "+env=aviary",
+        f"+env_config_fpath=resources_servers/aviary/configs/{task}_aviary.yaml",
+        f"+agent_name={task}_aviary_agent",
+        f"+rows_jsonl_fpath=resources_servers/aviary/data/{task}_example.jsonl",
+    ]
+
+
+ENVIRONMENTS: dict[str, list[str]] = {
+    **{
+        name: [f"+env={name}"]
+        for name in (
+            "example_single_tool_call",
+            "example_multi_step",
+            "example_session_state_mgmt",
+            "calendar",
+            "instruction_following",
+            "math_with_judge",
+            "mcqa",
+            "reasoning_gym",
+            "single_step_tool_use_with_argument_comparison",
+            "structured_outputs",
+            "workplace_assistant",
+            "xlam_fc",
+            "code_gen",
+            "math_with_code",
+        )
+    },
+    "aviary_gsm8k": _aviary("gsm8k"),
+    "aviary_hotpotqa": _aviary("hotpotqa"),
+    "gymnasium": ["+env=gymnasium", "+agent_name=gymnasium_agent"],
+}
 # figure -> (comparison, bound); ">=": at least, "<=": at most.
 AIMS: dict[str, tuple[str, float]] = {
     "framework ratio to bare": (">=", 0.8),
@@ -150,8 +173,9 @@ def _environments(tmp: Path, quick: bool, envs: list[str]) -> tuple[dict[str, An
     rows = []
     n = 100 if quick else 1000
     for env in envs:
+        args = ENVIRONMENTS.get(env, [f"+env={env}"])
         report = _ng_bench(
-            [f"+env={env}", "+concurrencies=[64]", f"+num_rollouts={n}"], tmp / f"env_{env}.json", 1800
+            [*args, "+concurrencies=[64]", f"+num_rollouts={n}"], tmp / f"env_{env}.json", 1800
         )
         reports[env] = report
         if "error" in report:
@@ -209,7 +233,9 @@ def run_suite(cfg: dict[str, Any]) -> dict[str, Any]:
         sys.exit(f"ng_bench +suite=all: unknown +parts {unknown}; choose from {list(PARTS)}")
     quick = bool(cfg.get("quick", False))
     concurrencies = [int(c) for c in cfg.get("concurrencies", (64, 1024, 16384) if not quick else (64,))]
-    envs = [str(e) for e in cfg.get("envs", ENVIRONMENTS if not quick else ENVIRONMENTS[:1])]
+    envs = [
+        str(e) for e in cfg.get("envs", list(ENVIRONMENTS) if not quick else ["example_single_tool_call"])
+    ]
     out_path = Path(str(cfg.get("output_json_fpath", "bench_suite.json")))
     started = time.time()
     tmp = Path(tempfile.mkdtemp(prefix="ng_bench_suite_"))
