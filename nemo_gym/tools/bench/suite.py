@@ -192,8 +192,8 @@ def _environments(tmp: Path, quick: bool, envs: list[str]) -> tuple[dict[str, An
     return reports, rows
 
 
-def _collector(tmp: Path, quick: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    counts = [10000, 20000] if quick else [10000, 100000, 1000000]
+def _collector(tmp: Path, quick: bool, counts: list[int] | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    counts = counts or ([10000, 20000] if quick else [10000, 100000, 1000000])
     out = tmp / "collector.json"
     report = _ng_bench(["+suite=collector", f"+row_counts=[{','.join(map(str, counts))}]"], out, 7200)
     if "error" in report:
@@ -243,7 +243,7 @@ def run_suite(cfg: dict[str, Any]) -> dict[str, Any]:
         "framework": lambda: _framework(tmp, quick, concurrencies),
         "startup": lambda: _startup(quick),
         "environments": lambda: _environments(tmp, quick, envs),
-        "collector": lambda: _collector(tmp, quick),
+        "collector": lambda: _collector(tmp, quick, [int(n) for n in cfg.get("row_counts", ())]),
     }
     reports: dict[str, Any] = {}
     rows: list[dict[str, Any]] = []
