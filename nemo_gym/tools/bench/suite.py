@@ -192,7 +192,9 @@ def _environments(tmp: Path, quick: bool, envs: list[str]) -> tuple[dict[str, An
     return reports, rows
 
 
-def _collector(tmp: Path, quick: bool, counts: list[int] | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _collector(
+    tmp: Path, quick: bool, counts: list[int] | None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     counts = counts or ([10000, 20000] if quick else [10000, 100000, 1000000])
     out = tmp / "collector.json"
     report = _ng_bench(["+suite=collector", f"+row_counts=[{','.join(map(str, counts))}]"], out, 7200)
