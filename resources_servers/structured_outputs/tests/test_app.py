@@ -2,6 +2,7 @@
 
 import copy
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -127,13 +128,16 @@ def test_a_schema_is_checked_once_per_process_and_a_bad_one_every_time() -> None
     from resources_servers.structured_outputs.app import InvalidSchema, _checked_schema
 
     schema = json.dumps({"type": "object", "properties": {"only_in_this_test": {"type": "integer"}}})
-    before = _checked_schema.cache_info()
+    before = (_checked_schema.misses, _checked_schema.hits)
     verdicts = [check_document(schema, "json", text)[:2] for text in ('{"only_in_this_test": 1}', "{}", "[")]
     verdicts += [check_document(schema, "json", '{"only_in_this_test": 2}')[:2]]
     assert verdicts == [(1.0, None), (0.0, "validation_error"), (0.0, "parse_error"), (1.0, None)]
-    after = _checked_schema.cache_info()
-    assert (after.misses - before.misses, after.hits - before.hits) == (1, 3)
+    assert (_checked_schema.misses - before[0], _checked_schema.hits - before[1]) == (1, 3)
+    size = len(_checked_schema)
     for _ in range(2):
         with pytest.raises(InvalidSchema, match="not a valid JSON Schema"):
             check_document(json.dumps({"type": 12}), "json", "{}")
-    assert _checked_schema.cache_info().currsize == after.currsize
+    assert len(_checked_schema) == size
+    # Sent to another process (a Ray task pickles check_document by value), the cache travels empty.
+    copy = pickle.loads(pickle.dumps(_checked_schema))
+    assert len(copy) == 0 and copy(schema)[0]["type"] == "object"
