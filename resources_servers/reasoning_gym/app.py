@@ -22,7 +22,6 @@ Contract
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -36,6 +35,7 @@ from nemo_gym.base_resources_server import (
     ReverifyMode,
     SimpleResourcesServer,
 )
+from nemo_gym.kit.process_cache import ProcessCache
 from nemo_gym.kit.verify_pool import get_verify_pool, run_in_verify_pool
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -95,8 +95,7 @@ def first_boxed(text: str) -> str | None:
     return None
 
 
-@functools.cache
-def _score_fn(task: str) -> Callable[..., Any]:
+def _make_score_fn(task: str) -> Callable[..., Any]:
     """``reasoning_gym.get_score_answer_fn(task)``, made once per task and worker process.
 
     It builds the task's dataset object (``LetterCountingDataset`` reads and splits a word list, ...):
@@ -108,6 +107,10 @@ def _score_fn(task: str) -> Callable[..., Any]:
     import reasoning_gym
 
     return reasoning_gym.get_score_answer_fn(task)
+
+
+# Per worker process; a Ray task takes an empty one along (nemo_gym.kit.process_cache).
+_score_fn = ProcessCache(_make_score_fn, maxsize=256)
 
 
 def score_answer(task: str, answer: str, entry: dict[str, Any]) -> float:

@@ -3,6 +3,7 @@ scorer in the verify pool), failures as failures, and offline row generation."""
 
 import copy
 import json
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -132,6 +133,9 @@ def test_each_tasks_scorer_is_made_once_and_scores_as_a_fresh_one() -> None:
                 fresh = reasoning_gym.get_score_answer_fn(task)(answer=answer, entry=entry)
                 assert score_answer(task, answer, entry) == float(fresh), (task, answer)
     tasks = {row["metadata"]["source_dataset"] for row in rows}
-    assert _score_fn.cache_info().misses == len(tasks) and _score_fn.cache_info().currsize == len(tasks)
+    assert _score_fn.misses == len(tasks) and len(_score_fn) == len(tasks)
+    # Sent to another process (a Ray task pickles score_answer by value), the cache travels empty.
+    clone = pickle.loads(pickle.dumps(_score_fn))
+    assert len(clone) == 0 and clone.fn is _score_fn.fn
     with pytest.raises(ValueError, match="not registered"):
         score_answer("no_such_task", "x", {})
