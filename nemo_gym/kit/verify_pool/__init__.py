@@ -106,20 +106,11 @@ async def run_in_verify_pool(fn: Callable[..., T], /, *args: Any, timeout: float
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     address = verify_ray_address()
     if address:
-        from nemo_gym.kit.pool_stats import VERIFY_POOL as stats
+        from nemo_gym.kit.pool_stats import VERIFY_POOL
+        from nemo_gym.kit.verify_pool.local import counted_call
         from nemo_gym.kit.verify_pool.ray_tasks import run_as_ray_task
 
-        stats.busy += 1  # the cluster queues and runs it: no local queue to count
-        try:
+        with counted_call(VERIFY_POOL):  # the cluster queues and runs it: no local queue to count
             return await run_as_ray_task(address, fn, args, kwargs, timeout)
-        except VerifyTimeoutError:
-            stats.timeouts += 1
-            raise
-        except VerifyPoolError:
-            stats.failures += 1
-            raise
-        finally:
-            stats.busy -= 1
-            stats.calls += 1
     get_pool = globals().get("get_verify_pool") or __getattr__("get_verify_pool")
     return await get_pool().run(fn, *args, timeout=timeout, **kwargs)

@@ -44,7 +44,7 @@ import os
 import signal
 import traceback
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from nemo_gym.kit.pool_stats import VERIFY_POOL, PoolStats
@@ -119,6 +119,24 @@ class _Worker:
             self.process.join(timeout=5)
         with contextlib.suppress(Exception):
             self.conn.close()
+
+
+@contextlib.contextmanager
+def counted_call(stats: PoolStats) -> Iterator[None]:
+    """One verify call in ``stats`` (:mod:`nemo_gym.kit.pool_stats`): busy while it runs, then a call, and a
+    timeout or an infrastructure failure by the pool error it raises (local workers and Ray tasks alike)."""
+    stats.busy += 1
+    try:
+        yield
+    except VerifyTimeoutError:
+        stats.timeouts += 1
+        raise
+    except VerifyPoolError:
+        stats.failures += 1
+        raise
+    finally:
+        stats.busy -= 1
+        stats.calls += 1
 
 
 def _exit_description(code: int | None) -> str:
@@ -196,29 +214,21 @@ class VerifyPool:
             await self._slots.acquire()
         finally:
             stats.queued -= 1
-        stats.busy += 1
         try:
-            worker = self._take_worker()
-            self._busy.add(worker)
-            keep = False
-            try:
-                result, keep = await self._call(worker, fn, args, kwargs, timeout)
-                return result
-            except VerifyTimeoutError:
-                stats.timeouts += 1
-                raise
-            except VerifyPoolError:
-                stats.failures += 1
-                raise
-            finally:
-                self._busy.discard(worker)
-                if keep and not self._closed:
-                    self._idle.append(worker)
-                else:
-                    worker.kill()
+            with counted_call(stats):
+                worker = self._take_worker()
+                self._busy.add(worker)
+                keep = False
+                try:
+                    result, keep = await self._call(worker, fn, args, kwargs, timeout)
+                    return result
+                finally:
+                    self._busy.discard(worker)
+                    if keep and not self._closed:
+                        self._idle.append(worker)
+                    else:
+                        worker.kill()
         finally:
-            stats.busy -= 1
-            stats.calls += 1
             self._slots.release()
 
     def _take_worker(self) -> _Worker:
