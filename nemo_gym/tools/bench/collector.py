@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from nemo_gym.tools.bench.sampling import PeakRss
+from nemo_gym.tools.bench.sampling import PeakRss, spawn_module_on_socket
 
 DEFAULT_ROW_COUNTS = (10_000, 100_000, 1_000_000)
 DEFAULT_IN_FLIGHT = 4096
@@ -117,16 +117,8 @@ class FastAgent:
 
         sock = reserve_listening_socket("127.0.0.1", None, "ng_bench collector agent")
         self.port: int = sock.getsockname()[1]
-        env = {**os.environ, "NG_BENCH_AGENT_FD": str(sock.fileno()), "NG_BENCH_IN_FLIGHT": str(in_flight)}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nemo_gym.tools.bench.collector", "serve"],
-            env=env,
-            pass_fds=(sock.fileno(),),
-            start_new_session=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        sock.close()
+        env = {"NG_BENCH_AGENT_FD": str(sock.fileno()), "NG_BENCH_IN_FLIGHT": str(in_flight)}
+        self.proc = spawn_module_on_socket(["nemo_gym.tools.bench.collector", "serve"], sock, env)
         self._wait_ready()
 
     def _wait_ready(self) -> None:

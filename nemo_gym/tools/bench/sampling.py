@@ -8,6 +8,10 @@ Contract
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 import threading
 
 import psutil
@@ -43,3 +47,20 @@ class PeakRss:
         self._stop.set()
         self._thread.join(timeout=2)
         self._sample()
+
+
+def spawn_module_on_socket(
+    module_args: list[str], sock: socket.socket, env: dict[str, str]
+) -> subprocess.Popen:
+    """``python -m <module_args>`` in a session of its own, handed the listening ``sock`` (closed here
+    afterwards), with ``os.environ`` plus ``env``; its stderr kept for the error when it dies early."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", *module_args],
+        env={**os.environ, **env},
+        pass_fds=(sock.fileno(),),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    sock.close()
+    return proc

@@ -63,7 +63,7 @@ from nemo_gym.config.options import check_options
 from nemo_gym.config.ports import reserve_listening_socket
 from nemo_gym.config.problems import ConfigError
 from nemo_gym.errors import response_body
-from nemo_gym.tools.bench.sampling import PeakRss
+from nemo_gym.tools.bench.sampling import PeakRss, spawn_module_on_socket
 
 DEFAULT_ENV = "example_single_tool_call"
 DEFAULT_CONCURRENCIES = (64, 1024, 16384)
@@ -156,17 +156,8 @@ async def _run_and_close(
 
 
 def _spawn_bare(role: str, sock: socket.socket, env_extra: dict[str, str]) -> subprocess.Popen:
-    env = {**os.environ, **env_extra, "NG_BARE_FD": str(sock.fileno()), "NG_BARE_ROLE": role}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "nemo_gym.tools.bench.bare"],
-        env=env,
-        pass_fds=(sock.fileno(),),
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    sock.close()
-    return proc
+    env = {**env_extra, "NG_BARE_FD": str(sock.fileno()), "NG_BARE_ROLE": role}
+    return spawn_module_on_socket(["nemo_gym.tools.bench.bare"], sock, env)
 
 
 class BareStack:
