@@ -36,7 +36,6 @@ from nemo_gym.server.resources import (
 )
 from nemo_gym.tools.testing import (
     example_rows,
-    metric_value,
     post_json,
     run_rollout,
     running_servers,
@@ -390,8 +389,8 @@ def test_pool_metrics_count_calls_timeouts_and_the_sizes() -> None:
     )
     with serve_app(server.complete_app(server.setup_webserver())) as url:
         before = scrape(url)  # every pool is listed before first use
-        assert metric_value(before, "nemo_gym_pool_calls_total", pool="verify") == 0
-        assert metric_value(before, "nemo_gym_pool_busy", pool="sandbox") == 0
+        assert value(before, "nemo_gym_pool_calls_total", pool="verify") == 0
+        assert value(before, "nemo_gym_pool_busy", pool="sandbox") == 0
         fast, slow = _verify_body(), _verify_body()
         slow["responses_create_params"]["input"] = "slow"
         assert post_json(url + "/verify", fast).status_code == 200
@@ -399,11 +398,11 @@ def test_pool_metrics_count_calls_timeouts_and_the_sizes() -> None:
         after = scrape(url)
     for pool in ("verify", "sandbox"):
         grew = {
-            key: metric_value(after, f"nemo_gym_pool_{key}", pool=pool)
-            - metric_value(before, f"nemo_gym_pool_{key}", pool=pool)
+            key: value(after, f"nemo_gym_pool_{key}", pool=pool)
+            - value(before, f"nemo_gym_pool_{key}", pool=pool)
             for key in ("calls_total", "timeouts_total", "failures_total")
         }
         assert grew == {"calls_total": 2, "timeouts_total": 1, "failures_total": 0}, (pool, grew)
-        assert metric_value(after, "nemo_gym_pool_size", pool=pool) >= 1
-        assert metric_value(after, "nemo_gym_pool_busy", pool=pool) == 0
-        assert metric_value(after, "nemo_gym_pool_queued", pool=pool) == 0
+        assert value(after, "nemo_gym_pool_size", pool=pool) >= 1
+        assert value(after, "nemo_gym_pool_busy", pool=pool) == 0
+        assert value(after, "nemo_gym_pool_queued", pool=pool) == 0
