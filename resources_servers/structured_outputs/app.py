@@ -30,7 +30,7 @@ import csv
 import io
 import json
 import tomllib
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from enum import StrEnum
 from statistics import mean
 from typing import Any, ClassVar
@@ -49,6 +49,7 @@ from nemo_gym.base_resources_server import (
     ReverifyMode,
     SimpleResourcesServer,
 )
+from nemo_gym.kit.process_cache import ProcessCache
 from nemo_gym.kit.verify_pool import run_in_verify_pool
 
 
@@ -158,45 +159,21 @@ def load_schema(schema_str: str) -> dict[str, Any]:
     return schema
 
 
-class _SchemaCache:
-    """:func:`load_schema` and its validator, made once per distinct ``schema_str`` (per process; the last
-    :data:`SCHEMA_CACHE_SIZE` are kept).
+def _make_checked_schema(schema_str: str) -> tuple[dict[str, Any], Draft202012Validator]:
+    """:func:`load_schema` and its validator, kept per distinct ``schema_str`` by :data:`_checked_schema`.
 
     Checking a schema against the 2020-12 metaschema costs milliseconds (jsonschema resolves the
     metaschema's ``$dynamicRef``s on every check), far more than validating a short answer; the rollouts
     of a task share its schema. The schema returned is shared: callers only read it. A bad schema is not
-    cached (it raises each time). A pickled cache is an empty one: :func:`check_document` sent by value to
-    a Ray worker (a server run as a script has no importable module) takes a fresh cache along, where an
-    ``lru_cache`` wrapper would be pickled as a name the worker cannot import.
+    cached (it raises each time).
     """
-
-    def __init__(self) -> None:
-        self._items: OrderedDict[str, tuple[dict[str, Any], Draft202012Validator]] = OrderedDict()
-        self.hits = 0
-        self.misses = 0
-
-    def __reduce__(self) -> tuple[type[_SchemaCache], tuple[()]]:
-        return (_SchemaCache, ())
-
-    def __call__(self, schema_str: str) -> tuple[dict[str, Any], Draft202012Validator]:
-        item = self._items.get(schema_str)
-        if item is not None:
-            self._items.move_to_end(schema_str)
-            self.hits += 1
-            return item
-        self.misses += 1
-        schema = load_schema(schema_str)
-        item = (schema, Draft202012Validator(schema))
-        self._items[schema_str] = item
-        if len(self._items) > SCHEMA_CACHE_SIZE:
-            self._items.popitem(last=False)
-        return item
-
-    def __len__(self) -> int:
-        return len(self._items)
+    schema = load_schema(schema_str)
+    return schema, Draft202012Validator(schema)
 
 
-_checked_schema = _SchemaCache()
+# Per process, the last SCHEMA_CACHE_SIZE schemas; check_document sent to a Ray worker takes an empty one
+# along (nemo_gym.kit.process_cache).
+_checked_schema = ProcessCache(_make_checked_schema, maxsize=SCHEMA_CACHE_SIZE)
 
 
 def _coerce_scalar(value: Any, kind: Any) -> Any:
