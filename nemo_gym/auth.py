@@ -216,8 +216,12 @@ def is_local_client(host: str | None) -> bool:
         return True
 
 
-def _json_error(status: int, kind: str, server: str, path: str, message: str) -> tuple[dict, bytes]:
-    body = orjson.dumps(error_envelope(kind, server=server, path=path, message=message))
+# The error envelope's ``kind`` of each refusal :meth:`RequestGuard.admit` answers, by its status.
+REFUSAL_KINDS = {401: "unauthorized", 413: "request_too_large"}
+
+
+def _json_error(status: int, server: str, path: str, message: str) -> tuple[dict, bytes]:
+    body = orjson.dumps(error_envelope(REFUSAL_KINDS[status], server=server, path=path, message=message))
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
@@ -287,7 +291,7 @@ class RequestGuard:
             await self.not_http(scope, receive, send)
             return
         receive = await self.admit(scope, receive, send)
-        if receive is not None:
+        if not isinstance(receive, int):
             await self.app(scope, receive, send)
 
     async def not_http(self, scope: dict, receive: Any, send: Any, app: Any = None) -> None:
@@ -302,16 +306,17 @@ class RequestGuard:
                 return
         await app(scope, receive, send)
 
-    async def admit(self, scope: dict, receive: Any, send: Any) -> Any | None:
+    async def admit(self, scope: dict, receive: Any, send: Any) -> Any:
         """The ``receive`` to serve an HTTP request with (counting a body of unknown length as it
-        streams in), or ``None`` when the request was refused here (401 or 413 already sent)."""
+        streams in), or, when the request was refused here, the status of the refusal already sent (an
+        ``int``: 401 or 413)."""
         headers = scope["headers"]
         refusal = self._authorized(scope, headers)
         if refusal is not None:
-            start, body = _json_error(401, "unauthorized", self.server_name, scope.get("path", ""), refusal)
+            start, body = _json_error(401, self.server_name, scope.get("path", ""), refusal)
             await send(start)
             await send({"type": "http.response.body", "body": body})
-            return None
+            return 401
         limit = self.max_body
         if limit is None:
             return receive
@@ -323,7 +328,7 @@ class RequestGuard:
                     break  # not a length the server will frame the body by: count what arrives
                 if declared > limit:
                     await self._too_large(scope, send, declared)
-                    return None
+                    return 413
                 # The server reads exactly the declared length: nothing more can arrive to count.
                 return receive
         return self._limited_receive(scope, receive, send, limit)
@@ -350,9 +355,7 @@ class RequestGuard:
         )
 
     async def _too_large(self, scope: dict, send: Any, size: int) -> None:
-        start, body = _json_error(
-            413, "request_too_large", self.server_name, scope.get("path", ""), self._too_large_message(size)
-        )
+        start, body = _json_error(413, self.server_name, scope.get("path", ""), self._too_large_message(size))
         await send(start)
         await send({"type": "http.response.body", "body": body})
 

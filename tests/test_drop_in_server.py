@@ -45,6 +45,8 @@ from nemo_gym.server_utils import (
     raise_for_status,
     request,
 )
+from nemo_gym.tools.testing import metric_value as value
+from nemo_gym.tools.testing import scrape
 from tests.conftest import serve_app
 
 REPO = Path(__file__).resolve().parents[1]
@@ -193,7 +195,7 @@ def test_set_up_steps_are_idempotent_and_a_self_built_app_still_gets_the_guard(
     server.setup_liveness(app)
     assert [r.path for r in app.router.routes].count("/") == 1
     # nothing added twice (MetricsMiddleware: GET /metrics, nemo_gym.server.metrics; outermost, metrics on by default)
-    assert [m.cls.__name__ for m in app.user_middleware] == ["MetricsMiddleware", "ServerLayer"]
+    assert [m.cls.__name__ for m in app.user_middleware] == ["ServerLayer"]
     assert server.get_session_middleware_key() == "CounterServer___counter"
 
     class OwnAppServer(SimpleServer):
@@ -509,7 +511,7 @@ def test_unhandled_errors_are_scrubbed_json_500s_with_the_session_cookie_in_both
 
     own = OwnAppServer(config=CounterConfig(name="own"), server_client=MagicMock(spec=ServerClient))
     ours = OursServer(config=CounterConfig(name="ours"), server_client=MagicMock(spec=ServerClient))
-    for server, layers in ((own, 4), (ours, 2)):  # each with nemo_gym.server.metrics' layer
+    for server, layers in ((own, 3), (ours, 1)):  # the metrics are counted in ServerLayer
         app = server.complete_app(server.setup_webserver())
         assert len(app.user_middleware) == layers  # nothing installed twice
         with serve_app(app) as url, httpx.Client(base_url=url, trust_env=False, headers=auth) as client:
@@ -525,3 +527,9 @@ def test_unhandled_errors_are_scrubbed_json_500s_with_the_session_cookie_in_both
             assert refused.status_code == 400 and "bad key" in refused.text and secret not in refused.text
             assert int(refused.headers["content-length"]) == len(refused.content)
             assert client.post("/boom", headers={"Authorization": "Bearer wrong"}).status_code == 401
+            # The layer counted each answer by the status and kind that went out, in both set-ups.
+            m = scrape(url, "tok")
+            assert value(m, "nemo_gym_http_requests_total", route="/boom", status="500") == 2
+            assert value(m, "nemo_gym_http_errors_total", route="/boom", kind="internal_error") == 2
+            assert value(m, "nemo_gym_http_errors_total", route="/refuse") == 1  # its own body: no envelope
+            assert value(m, "nemo_gym_http_errors_total", route="/boom", kind="unauthorized") == 1

@@ -157,6 +157,24 @@ def test_metrics_need_the_run_token(stack: RunHelper) -> None:
         assert httpx.get(url + "/metrics", trust_env=False, timeout=10).status_code == 401
 
 
+def test_a_server_layer_answers_metrics_without_a_route_in_the_router() -> None:
+    """/metrics is answered by the server's ASGI layer, so the app's router (matched route by route for
+    every request) has no route for it; the answer is counted like any other."""
+    app = _blocking_app("layer_metrics")
+    assert "/metrics" not in [getattr(r, "path", None) for r in app.router.routes]
+    with serve_app(app) as url:
+        headers = auth_headers(client_token_for_url(url))
+        got = httpx.get(url + "/metrics", headers=headers, trust_env=False)
+        assert got.status_code == 200 and got.headers["content-type"].startswith("text/plain")
+        head = httpx.head(url + "/metrics", headers=headers, trust_env=False)
+        assert head.status_code == 200 and head.content == b""
+        post = httpx.post(url + "/metrics", headers=headers, trust_env=False)
+        assert post.status_code == 405 and post.headers["allow"] == "GET"
+        m = scrape(url)
+    assert value(m, "nemo_gym_http_requests_total", route="/metrics", status="200") == 2
+    assert value(m, "nemo_gym_http_requests_total", route="/metrics", status="405") == 1
+
+
 def test_head_serves_prometheus_http_sd_targets(stack: RunHelper) -> None:
     url = _head_url(stack)
     resp = httpx.get(

@@ -283,10 +283,13 @@ class BaseServer(BaseModel):
             max_body_bytes=self._max_request_body_bytes(),
         )
         app.state.nemo_gym_request_guard = guard  # its ``trusts`` gives token bearers reserved connections
+        # GET /metrics; the request counts are taken by the layer (refused requests too).
+        self._metrics = install_metrics(app, name, self.metrics_kind, global_cfg, middleware=False)
+        meter = None if self._metrics is None else self._metrics.meter
         # Added last, so outermost: nothing runs for a request without the run token or too large a body.
-        app.add_middleware(ServerLayer, guard=guard, server_name=name, sessions=sessions, errors=errors)
-        # GET /metrics and the request counts, outside the guard so refused requests count too.
-        self._metrics = install_metrics(app, name, self.metrics_kind, global_cfg, cookie_name_for(name))
+        app.add_middleware(
+            ServerLayer, guard=guard, server_name=name, sessions=sessions, errors=errors, meter=meter
+        )
         # +tracing=otlp: a span per request, outermost (nemo_gym.server.tracing); off: nothing at all.
         install_tracing(app, name, self.metrics_kind, global_cfg)
 

@@ -21,6 +21,7 @@ import orjson
 
 from nemo_gym.errors import error_envelope
 from nemo_gym.redaction import process_scrubber
+from nemo_gym.server.asgi.exchange import Exchange
 
 logger = logging.getLogger("nemo_gym")
 
@@ -49,13 +50,21 @@ def scrubbed_error_answer(start: dict, chunks: list[bytes]) -> tuple[dict, dict]
 
 
 async def serve_with_error_answers(
-    app: Any, scope: dict, receive: Any, send: Any, server_name: str, cookie: bytes | None = None
+    app: Any,
+    scope: dict,
+    receive: Any,
+    send: Any,
+    server_name: str,
+    cookie: bytes | None = None,
+    exchange: Exchange | None = None,
 ) -> None:
     """Serve one HTTP request through ``app`` applying this module's contract; ``cookie``: a
-    ``Set-Cookie`` value every answer carries (the session layer's), or None."""
+    ``Set-Cookie`` value every answer carries (the session layer's), or None; ``exchange``: the
+    :class:`~nemo_gym.server.asgi.exchange.Exchange` to fill in for the metrics, or None."""
     started = False
     held: dict | None = None  # the start of an error answer, sent once its body is scrubbed
     chunks: list[bytes] = []
+    keep = exchange is not None and exchange.keep_body
 
     async def send_one(message: dict) -> None:
         nonlocal started, held
@@ -64,6 +73,8 @@ async def serve_with_error_answers(
             started = True
             if cookie is not None:
                 message["headers"] = [*message.get("headers", ()), (b"set-cookie", cookie)]
+            if exchange is not None:
+                exchange.started(message["status"])
             if message["status"] >= 400:
                 held = message
                 return
@@ -73,9 +84,13 @@ async def serve_with_error_answers(
                 return
             start, body = scrubbed_error_answer(held, chunks)
             held = None
+            if exchange is not None:
+                exchange.body = body["body"]
             await send(start)
             await send(body)
             return
+        elif keep and kind == "http.response.body":
+            exchange.body_part(message)
         await send(message)
 
     try:
@@ -86,8 +101,29 @@ async def serve_with_error_answers(
         headers, body = internal_error_answer(server_name, scope.get("path", ""), exc)
         if cookie is not None:
             headers.append((b"set-cookie", cookie))
+        if exchange is not None:
+            exchange.started(500)
+            exchange.body = body
         await send({"type": "http.response.start", "status": 500, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+async def serve_seen(
+    app: Any, scope: dict, receive: Any, send: Any, cookie: bytes | None, exchange: Exchange
+) -> None:
+    """Serve one HTTP request through ``app`` as it answers (no error answers of this module's), filling in
+    ``exchange`` as :func:`serve_with_error_answers` does; ``cookie`` as there."""
+
+    async def send_one(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            if cookie is not None:
+                message["headers"] = [*message.get("headers", ()), (b"set-cookie", cookie)]
+            exchange.started(message["status"])
+        elif message["type"] == "http.response.body":
+            exchange.body_part(message)
+        await send(message)
+
+    await app(scope, receive, send_one)
 
 
 class InternalErrorMiddleware:

@@ -5,9 +5,13 @@ Contract
 * :func:`metrics_enabled` reads the run's top-level ``metrics_enabled`` (default true; read as every
   switch is, :mod:`nemo_gym.config.flags`).
 * :func:`install_metrics` gives an app its :class:`~nemo_gym.server.metrics.registry.ServerMetrics` (also at
-  ``app.state.nemo_gym_metrics``), ``GET /metrics``, the request-path middleware (added last, so
-  outermost: requests the run-token check refuses are counted too) and the event-loop lag tick, wrapped
-  around the app's lifespan. Metrics off: nothing at all is installed, and it returns None.
+  ``app.state.nemo_gym_metrics``), ``GET /metrics``, its request meter (``metrics.meter``) and the
+  event-loop lag tick, wrapped around the app's lifespan. The meter must see every request, refused ones
+  too: a server of ours hands it to its :class:`nemo_gym.server.asgi.ServerLayer` (``middleware=False``),
+  which then answers ``GET /metrics`` itself (no route in the app's router, so no other request pays for
+  matching it); any other app gets the route and the meter as
+  :class:`~nemo_gym.server.metrics.middleware.MetricsMiddleware`, added last so outermost. Metrics off:
+  nothing at all is installed, and it returns None.
 * :func:`observed_verify` wraps a resources server's ``verify`` handler so the reward it answers is
   observed (the handler's signature is kept for FastAPI); :func:`observe_agent_loop` records one agent
   loop's model turns and tool calls. Both are no-ops without metrics.
@@ -25,7 +29,12 @@ from fastapi.responses import Response
 
 from nemo_gym.config.flags import config_flag
 from nemo_gym.server.metrics.loop_lag import LoopLagMonitor
-from nemo_gym.server.metrics.middleware import USAGE_OBSERVED_ATTR, MetricsMiddleware, usage_of
+from nemo_gym.server.metrics.middleware import (
+    USAGE_OBSERVED_ATTR,
+    MetricsMiddleware,
+    RequestMeter,
+    usage_of,
+)
 from nemo_gym.server.metrics.registry import (
     CONTENT_TYPE,
     METRICS_ENABLED_KEY_NAME,
@@ -45,20 +54,15 @@ def install_metrics(
     server_name: str,
     kind: str,
     global_config: Mapping[str, Any] | Any | None = None,
-    session_cookie: str | None = None,
+    middleware: bool = True,
 ) -> ServerMetrics | None:
-    """Install the metrics on ``app`` (see the module docstring); ``session_cookie``: the name of the
-    server's session cookie (resources servers count open sessions by it)."""
+    """Install the metrics on ``app`` (see the module docstring); ``middleware``: whether to wrap the app
+    in :class:`MetricsMiddleware` (else the caller hands ``metrics.meter`` to the app's ``ServerLayer``)."""
     if not metrics_enabled(global_config):
         return None
     metrics = ServerMetrics(server_name, kind)
     app.state.nemo_gym_metrics = metrics
     lag = LoopLagMonitor(metrics.loop_lag.observe)
-
-    async def metrics_endpoint() -> Response:
-        return Response(metrics.exposition(), media_type=CONTENT_TYPE)
-
-    app.add_api_route(METRICS_PATH, metrics_endpoint, methods=["GET"], include_in_schema=False)
 
     inner = app.router.lifespan_context
 
@@ -72,9 +76,14 @@ def install_metrics(
             await lag.stop()
 
     app.router.lifespan_context = lifespan_with_lag
-    app.add_middleware(
-        MetricsMiddleware, metrics=metrics, router=app.router, lag=lag, session_cookie=session_cookie
-    )
+    metrics.meter = RequestMeter(metrics, app.router, lag, answers_metrics=not middleware)
+    if middleware:
+
+        async def metrics_endpoint() -> Response:
+            return Response(metrics.exposition(), media_type=CONTENT_TYPE)
+
+        app.add_api_route(METRICS_PATH, metrics_endpoint, methods=["GET"], include_in_schema=False)
+        app.add_middleware(MetricsMiddleware, meter=metrics.meter)
     return metrics
 
 

@@ -26,20 +26,20 @@ class LoopLagMonitor:
     def __init__(self, observe: Callable[[float], None], interval_s: float = DEFAULT_INTERVAL_S) -> None:
         self.observe = observe
         self.interval_s = interval_s
-        self._task: asyncio.Task[None] | None = None
+        self.task: asyncio.Task[None] | None = None  # the tick, while it runs
 
     @property
     def started(self) -> bool:
-        return self._task is not None
+        return self.task is not None
 
     def start(self) -> None:
         """Start ticking on the running event loop (a no-op when already started)."""
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="nemo_gym-loop-lag")
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._run(), name="nemo_gym-loop-lag")
 
     async def stop(self) -> None:
         """Cancel the tick and wait for it to end."""
-        task, self._task = self._task, None
+        task, self.task = self.task, None
         if task is None or task.done():
             return
         task.cancel()

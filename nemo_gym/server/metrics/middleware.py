@@ -1,7 +1,11 @@
-"""The request-path half of the metrics: one pure-ASGI layer, outermost, counting every answer.
+"""The request-path half of the metrics: the meter that counts every answer of a server.
 
 Contract
 --------
+* :class:`RequestMeter` is told of each HTTP request twice: when it arrives (:meth:`RequestMeter.begin`) and
+  when its answer ended (:meth:`RequestMeter.end`). The servers of ours call it from their one ASGI layer
+  (:class:`nemo_gym.server.asgi.ServerLayer`, which already sees every answer's status and holds its
+  error body); an app without that layer (the head server) wraps itself in :class:`MetricsMiddleware`.
 * Every HTTP request is counted once by method, route template and status, its time observed from
   arrival to the end of its answer, and the requests in flight kept; refused ones (401, 413) too.
 * The route label is the path template of the route that serves the path (``/verify``,
@@ -11,11 +15,12 @@ Contract
   number of routes changed.
 * An error answer (status >= 400) also counts under its error envelope's ``kind`` (only the kinds this
   project sends; any other is ``other``, an answer without an envelope ``no_envelope``), read from the body
-  as it passes through (kept up to 1 MiB). An exception escaping the app counts as 500
+  as it passes through (kept up to :data:`nemo_gym.server.asgi.exchange.MAX_KEPT_BODY_BYTES`). An exception escaping the app counts as 500
   ``internal_error`` (499 ``cancelled`` when the request was cancelled before any answer) and propagates.
 * Per server kind, on its own routes (other routes pay nothing more): resources servers count tool calls
   by registered tool (every ``POST`` route besides the base ones), time ``/verify`` and count open
-  sessions (a session cookie from a successful ``/seed_session`` until its ``/verify``); model servers
+  sessions (a session id from a successful ``/seed_session`` until its ``/verify``: the id the layer read
+  from the request's cookie or made for it); model servers
   count calls, their time and the prompt/completion tokens of the answer's ``usage``: read from what the
   handler returned when the base class registered it (:func:`nemo_gym.server.metrics.install.observed_model_call`),
   else found from the end of the answer's body (a route a subclass added itself); agents count rollouts
@@ -31,11 +36,14 @@ from typing import Any
 
 import orjson
 
+from nemo_gym.server.asgi.exchange import Exchange
 from nemo_gym.server.metrics.loop_lag import LoopLagMonitor
 from nemo_gym.server.metrics.registry import (
     AGENTS,
+    CONTENT_TYPE,
     KNOWN_ERROR_KINDS,
     KNOWN_METHODS,
+    METRICS_PATH,
     MODELS,
     RESOURCES,
     UNMATCHED_ROUTE,
@@ -43,7 +51,6 @@ from nemo_gym.server.metrics.registry import (
 )
 from nemo_gym.server.rollout_prefix import split_rollout_prefix
 
-MAX_KEPT_BODY_BYTES = 1 << 20
 # Set (true) on a model route's endpoint that counts its answer's tokens itself.
 USAGE_OBSERVED_ATTR = "nemo_gym_observes_usage"
 MODEL_ENDPOINTS = frozenset({"/v1/responses", "/v1/chat/completions", "/v1/completions", "/v1/messages"})
@@ -52,8 +59,8 @@ NOT_TOOLS = frozenset(
     {"/seed_session", "/verify", "/aggregate_metrics", "/ng_model_calls/pop", "/metrics", "/"}
 )
 
-# What the special routes of a kind do once answered: (metrics, status, start message, body, elapsed).
-Finish = Callable[[ServerMetrics, int, dict | None, bytes | None, float], None]
+# What the special routes of a kind do once answered: (metrics, status, session id, body, elapsed).
+Finish = Callable[[ServerMetrics, int, str | None, bytes | None, float], None]
 
 
 class _Special:
@@ -151,29 +158,24 @@ def _token_count(usage: dict, first: str, second: str) -> int:
     return 0
 
 
-def _set_cookie(start: dict | None, prefix: bytes) -> bytes | None:
-    """The value of the ``Set-Cookie`` whose name and ``=`` are ``prefix`` in an answer's start."""
-    if start is None:
-        return None
-    for k, v in start.get("headers", ()):
-        if k.lower() == b"set-cookie" and v.startswith(prefix):
-            return v[len(prefix) :].split(b";", 1)[0]
-    return None
-
-
-class MetricsMiddleware:
-    """Pure ASGI middleware (see the module docstring). ``router``: the app's router (its routes are read
-    at the first request); ``lag``: started at the first request if the lifespan did not start it."""
+class RequestMeter:
+    """Counts a server's requests into its :class:`ServerMetrics` (see the module docstring). ``router``: the
+    app's router (its routes are read at the first request, and again when their number changed); ``lag``:
+    started at the first request if the app's lifespan did not start it."""
 
     def __init__(
-        self, app: Any, metrics: ServerMetrics, router: Any, lag: LoopLagMonitor | None = None,
-        session_cookie: str | None = None,
-    ) -> None:  # fmt: skip
-        self.app = app
+        self,
+        metrics: ServerMetrics,
+        router: Any,
+        lag: LoopLagMonitor | None = None,
+        answers_metrics: bool = False,
+    ) -> None:
         self.metrics = metrics
         self.router = router
         self.lag = lag
-        self.cookie_prefix = session_cookie.encode() + b"=" if session_cookie else None
+        self.answers_metrics = answers_metrics
+        # The route the caller answers with answer_metrics (never a route of the app's router), or None.
+        self.own_route = METRICS_PATH if answers_metrics else None
         self._n_routes = -1
         self._static: dict[str, str] = {}
         self._patterns: list[tuple[Any, str]] = []
@@ -205,6 +207,8 @@ class MetricsMiddleware:
             methods = getattr(r, "methods", None) or ()
             if "POST" in methods and path not in NOT_TOOLS and getattr(r, "include_in_schema", True):
                 tools.append(path)
+        if self.answers_metrics:
+            static[METRICS_PATH] = METRICS_PATH
         self._static, self._patterns = static, patterns
         self._special = self._specials(set(static), tools, observed)
         self._n_routes = len(routes)
@@ -218,24 +222,19 @@ class MetricsMiddleware:
                 special[path] = _Special(
                     lambda m, status, _s, _b, _e, name=name: m.observe_tool_call(name, status < 400)
                 )
-            prefix = self.cookie_prefix
             if "/seed_session" in paths:
 
-                def seeded(m: ServerMetrics, status: int, start: dict | None, _b: Any, _e: float) -> None:
-                    cookie = _set_cookie(start, prefix) if prefix is not None and status < 400 else None
-                    if cookie is not None:
-                        m.session_opened(cookie)
+                def seeded(m: ServerMetrics, status: int, session: str | None, _b: Any, _e: float) -> None:
+                    if session is not None and status < 400:
+                        m.session_opened(session)
 
                 special["/seed_session"] = _Special(seeded)
             if "/verify" in paths:
 
-                def verified(
-                    m: ServerMetrics, _status: int, start: dict | None, _b: Any, elapsed: float
-                ) -> None:
+                def verified(m: ServerMetrics, _s: int, session: str | None, _b: Any, elapsed: float) -> None:
                     m.verify_latency.observe(elapsed)
-                    cookie = _set_cookie(start, prefix) if prefix is not None else None
-                    if cookie is not None:
-                        m.session_closed(cookie)
+                    if session is not None:
+                        m.session_closed(session)
 
                 special["/verify"] = _Special(verified)
         elif kind == MODELS:
@@ -287,62 +286,88 @@ class MetricsMiddleware:
         return UNMATCHED_ROUTE
 
     # -- the request path ---------------------------------------------------------------------------
+    def begin(self, path: str) -> tuple[str, _Special | None, Exchange]:
+        """A request for ``path`` arrived: its route template, what its route measures besides, and the
+        :class:`Exchange` to fill in while serving it (hand all three to :meth:`end`)."""
+        lag = self.lag
+        if lag is not None and lag.task is None:
+            lag.start()
+        if len(self.router.routes) != self._n_routes:
+            self._build()
+        route = self._static.get(path) or self.route_of(path)
+        special = self._special.get(route)
+        if special is None:
+            exchange = Exchange(False)
+        else:
+            exchange = Exchange(special.wants_body)
+            if special.on_start is not None:
+                special.on_start()
+        self.metrics.in_flight += 1
+        return route, special, exchange
+
+    def end(
+        self, method: str, route: str, special: _Special | None, exchange: Exchange, elapsed: float
+    ) -> None:
+        """The answer to a request :meth:`begin` counted ended (or the app raised: ``exchange.kind``)."""
+        metrics = self.metrics
+        metrics.in_flight -= 1
+        status = exchange.status
+        if status == 0:  # no answer started: the app raised or was cancelled
+            status = 499 if exchange.kind == "cancelled" else 500
+        if method not in KNOWN_METHODS:
+            method = "other"
+        metrics.observe_request(method, route, status, elapsed)
+        if status >= 400:
+            metrics.observe_error(route, exchange.kind or error_kind(exchange.body))
+        if special is not None:
+            special.finish(metrics, status, exchange.session, exchange.body, elapsed)
+
+    async def answer_metrics(self, scope: dict, send: Any, exchange: Exchange) -> None:
+        """Answer a request for ``/metrics`` (for a caller with ``answers_metrics``): the Prometheus text
+        format to ``GET`` (and ``HEAD``), 405 to any other method."""
+        if scope["method"] in ("GET", "HEAD"):
+            status, body = 200, self.metrics.exposition()
+            headers = [(b"content-type", CONTENT_TYPE.encode())]
+        else:
+            status, body = 405, orjson.dumps({"detail": "Method Not Allowed"})
+            headers = [(b"content-type", b"application/json"), (b"allow", b"GET")]
+        headers.append((b"content-length", str(len(body)).encode()))
+        exchange.started(status)
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
+        exchange.body_part({"body": body})
+
+
+class MetricsMiddleware:
+    """Pure ASGI middleware metering an app that is not served through :class:`nemo_gym.server.asgi.ServerLayer`
+    (the head server): the same counts, with a ``send`` wrapper of its own to see the answers."""
+
+    def __init__(self, app: Any, meter: RequestMeter) -> None:
+        self.app = app
+        self.meter = meter
+
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        lag = self.lag
-        if lag is not None and not lag.started:
-            lag.start()
-        if len(self.router.routes) != self._n_routes:
-            self._build()
-        route = self._static.get(scope["path"]) or self.route_of(scope["path"])
-        method = scope["method"]
-        if method not in KNOWN_METHODS:
-            method = "other"
-        metrics = self.metrics
-        special = self._special.get(route)
-        wants_body = special is not None and special.wants_body
-        if special is not None and special.on_start is not None:
-            special.on_start()
-        status = 0
-        start_message: dict | None = None
-        chunks: list[bytes] | None = None
-        kept = 0
+        meter = self.meter
+        route, special, exchange = meter.begin(scope["path"])
 
-        async def send_counted(message: dict) -> None:
-            nonlocal status, start_message, chunks, kept
+        async def send_seen(message: dict) -> None:
             if message["type"] == "http.response.start":
-                status = message["status"]
-                start_message = message
-                if status >= 400 or wants_body:
-                    chunks = []
-            elif chunks is not None:
-                body = message.get("body")
-                if body and kept < MAX_KEPT_BODY_BYTES:
-                    chunks.append(body)
-                    kept += len(body)
+                exchange.started(message["status"])
+            elif message["type"] == "http.response.body":
+                exchange.body_part(message)
             await send(message)
 
-        metrics.in_flight += 1
         began = perf_counter()
-        raised: str | None = None
         try:
-            await self.app(scope, receive, send_counted)
+            await self.app(scope, receive, send_seen)
         except asyncio.CancelledError:
-            raised = "cancelled"
+            exchange.kind = "cancelled"
             raise
         except BaseException:
-            raised = "internal_error"
+            exchange.kind = "internal_error"
             raise
         finally:
-            elapsed = perf_counter() - began
-            metrics.in_flight -= 1
-            if status == 0:  # no answer started: the app raised or was cancelled
-                status = 499 if raised == "cancelled" else 500
-            metrics.observe_request(method, route, status, elapsed)
-            body = b"".join(chunks) if chunks else None
-            if status >= 400:
-                metrics.observe_error(route, raised or error_kind(body))
-            if special is not None:
-                special.finish(metrics, status, start_message, body, elapsed)
+            meter.end(scope["method"], route, special, exchange, perf_counter() - began)

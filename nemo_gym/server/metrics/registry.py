@@ -253,6 +253,9 @@ class ServerMetrics:
     def __init__(self, server_name: str, kind: str) -> None:
         self.server_name = server_name
         self.kind = kind
+        self.meter: Any = (
+            None  # its request meter (nemo_gym.server.metrics.middleware), set by install_metrics
+        )
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
         ProcessCollector(registry=reg)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
