@@ -428,7 +428,7 @@ def test_pool_metrics_count_calls_timeouts_and_the_sizes() -> None:
 
 def test_servers_collect_the_young_generation_rarely_under_load(stack: RunHelper) -> None:
     """Each server tunes its garbage collector once its app is built (nemo_gym.server.startup.
-    tune_gc_for_serving): with CPython's default threshold the agent, holding parsed model answers across
+    tune_gc_for_throughput): with CPython's default threshold the agent, holding parsed model answers across
     awaits, runs a young collection every few rollouts; tuned, 64 rollouts in flight x 4 rounds run at most
     a couple. Counted by prometheus_client's own python_gc_collections_total."""
 
