@@ -28,7 +28,7 @@ anything wrong raises :class:`MessagesRequestError` (a ``ValueError``) whose mes
   ``top_k`` and ``stop_sequences`` have no Responses field: they are validated and kept on the
   :class:`MessagesCall` (``top_k`` for a server that can apply it; ``stop_sequences`` are applied to the
   answer, see below).
-* ``cache_control`` (on blocks, system blocks and tools) and ``citations`` are prompt-caching and
+* ``cache_control`` (top level, on blocks, system blocks and tools) and ``citations`` are prompt-caching and
   citation hints; they are accepted and ignored. ``stream: false`` is accepted; ``stream: true`` is
   refused here (streaming is answered elsewhere). Any other top-level field (``thinking``,
   ``service_tier``, ``mcp_servers``, ...) is refused by name.
@@ -92,10 +92,11 @@ MESSAGES_FIELDS = frozenset(
         "tools",
         "tool_choice",
         "stream",
+        "cache_control",
     }
 )
 # ``POST /v1/messages/count_tokens`` takes the prompt part only (Anthropic's own list).
-COUNT_TOKENS_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice"})
+COUNT_TOKENS_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice", "cache_control"})
 RAW_ARGUMENTS_KEY = "_raw_arguments"
 _IGNORED_BLOCK_KEYS = frozenset({"cache_control", "citations"})
 _STATUS_ERROR_TYPES = {
