@@ -61,7 +61,7 @@ from typing import Any
 
 import orjson
 
-from nemo_gym.openai_utils.responses import new_id
+from nemo_gym.openai_utils.responses import TOKEN_ID_FIELDS, new_id
 
 __all__ = [
     "COUNT_TOKENS_FIELDS",
@@ -471,7 +471,7 @@ def responses_to_messages_answer(response: dict[str, Any], call: MessagesCall) -
         stop_reason = "end_turn"
     usage = response.get("usage") or {}
     cached = (usage.get("input_tokens_details") or {}).get("cached_tokens") or 0
-    return {
+    answer = {
         "id": new_id("msg"),
         "type": "message",
         "role": "assistant",
@@ -486,6 +486,15 @@ def responses_to_messages_answer(response: dict[str, Any], call: MessagesCall) -
             "cache_read_input_tokens": int(cached),
         },
     }
+    # Training fields, as a model server returns them on the Responses item that carries them (an
+    # Anthropic client ignores extra fields; a harness trained here is recorded with them).
+    for item in reversed(response.get("output") or []):
+        if isinstance(item, dict) and item.get("generation_token_ids") is not None:
+            for key in TOKEN_ID_FIELDS:
+                if item.get(key) is not None:
+                    answer[key] = item[key]
+            break
+    return answer
 
 
 def estimate_input_tokens(params: dict[str, Any]) -> int:

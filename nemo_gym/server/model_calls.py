@@ -5,9 +5,9 @@ Contract
 * Off (the default) nothing is installed: a model server answers exactly as before, with no per-request
   cost, and ``POST /ng_model_calls/pop`` answers ``{"enabled": false, "calls": {}, ...}``.
 * On, every model server of ours (:class:`nemo_gym.server.model.SimpleResponsesAPIModel`)
-  records each ``POST /v1/responses`` and ``POST /v1/chat/completions`` that arrives under a rollout
-  prefix (``/ng-rollout/<id>/...``, see :mod:`nemo_gym.server.rollout_prefix`; agents add it when the run
-  sets ``observability_enabled``): the request and response bodies, started/completed timestamps,
+  records each ``POST`` to ``/v1/responses``, ``/v1/chat/completions``, ``/v1/messages`` or
+  ``/v1/completions`` that arrives under a rollout prefix (``/ng-rollout/<id>/...``, see
+  :mod:`nemo_gym.server.rollout_prefix`; agents add it when the run sets ``observability_enabled``): the request and response bodies, started/completed timestamps,
   latency, the usage (token counts) the answer reports, the HTTP status, and for a failed call an
   ``error_category`` and ``error`` text (a call that raised is recorded as a 500 before the error
   middleware answers it). A call without a rollout prefix is answered and not recorded.
@@ -58,7 +58,12 @@ MAX_BYTES_KEY_NAME = "model_call_capture_max_bytes"
 DEFAULT_MAX_CALLS = 10_000
 DEFAULT_MAX_BYTES = 128 * 1024 * 1024
 POP_PATH = "/ng_model_calls/pop"
-CAPTURED_PATHS = {"/v1/responses": "responses", "/v1/chat/completions": "chat_completions"}
+CAPTURED_PATHS = {
+    "/v1/responses": "responses",
+    "/v1/chat/completions": "chat_completions",
+    "/v1/messages": "messages",
+    "/v1/completions": "completions",
+}
 MODEL_SERVER_TYPE = "responses_api_models"
 _ENTRY_OVERHEAD_BYTES = 512  # metadata of one stored call, counted against the byte bound
 _MAX_ERROR_CHARS = 2000

@@ -1,0 +1,194 @@
+"""harness_agent end to end: real servers (mcqa, the scripted model with token ids, harness agents) on
+127.0.0.1, real harness processes on the official openai and anthropic SDKs (examples/harnesses/), their
+calls recorded by the model server and turned into training samples; and every way a harness fails
+ending as a 502 ``harness_failed`` naming the command, never a reward."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nemo_gym.kit.harness_trajectory import merge_samples
+from nemo_gym.run.cli import RunHelper
+from nemo_gym.tools.testing import example_rows, post_json, running_servers, server_url
+
+MCQA = "resources_servers/mcqa/configs/mcqa.yaml"
+HARNESS = "responses_api_agents/harness_agent/configs/mcqa_harness.yaml"
+RIGHT, WRONG = "shortest year", "chemical symbol for sodium"  # rows 0 (B) and 1 (C) of mcqa's examples
+PID_FILE = f"/tmp/ng_harness_test_{os.getpid()}.pid"
+
+
+def _agent(command: list[str], **more: Any) -> dict[str, Any]:
+    return {
+        "responses_api_agents": {
+            "harness_agent": {
+                "entrypoint": "app.py",
+                "resources_server": {"type": "resources_servers", "name": "mcqa"},
+                "model_server": {"type": "responses_api_models", "name": "policy_model"},
+                "command": command,
+                **more,
+            }
+        }
+    }
+
+
+SCRIPTS = [
+    {  # a tool call the harness runs itself, then the right letter
+        "contains": RIGHT,
+        "turns": [
+            {"tool_calls": [{"name": "calculator", "arguments": {"expression": "6 * 7"}}]},
+            {"text": "\\boxed{B}"},
+        ],
+    },
+    {"contains": WRONG, "turns": [{"text": "\\boxed{A}"}]},
+]
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[RunHelper]:
+    extra = {
+        "policy_model": {
+            "responses_api_models": {
+                "scripted_model": {"return_token_id_information": True, "scripts_by_input": SCRIPTS}
+            }
+        },
+        "no_such_command": _agent(["/nonexistent/harness-binary"]),
+        "exits_nonzero": _agent(["python", "-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"]),
+        "never_calls": _agent(["python", "-c", "print('\\\\boxed{B}')"]),
+        "runs_too_long": _agent(
+            [
+                "python",
+                "-c",
+                "import subprocess, time, os; p = subprocess.Popen(['sleep', '300']); "
+                f"open({PID_FILE!r}, 'w').write(str(p.pid)); time.sleep(300)",
+            ],
+            timeout_s=2,
+        ),
+        "answers_in_a_file": _agent(
+            ["python", "-c", "import sys, openai, os; "
+             "openai.OpenAI().chat.completions.create(model=os.environ['NG_MODEL'], messages=[{'role': 'user', 'content': sys.stdin.read()}]); "
+             "open('out/answer.txt', 'w').write(open('notes.txt').read())"],
+            final_answer="file",
+            answer_file="out/answer.txt",
+        ),
+    }  # fmt: skip
+    with running_servers([MCQA, HARNESS], extra) as helper:
+        yield helper
+
+
+def _row(contains: str) -> dict[str, Any]:
+    return next(r for r in example_rows("mcqa") if contains in str(r["responses_create_params"]))
+
+
+def _run(stack: RunHelper, agent: str, row: dict[str, Any]) -> Any:
+    return post_json(server_url(stack, agent) + "/run", row, timeout=120)
+
+
+def _check_contiguous(result: dict[str, Any], calls: int) -> dict[str, Any]:
+    training = result["training"]
+    assert training["calls_without_token_ids"] == []
+    [sample] = training["samples"]  # every call extended the one before: one merged sample
+    assert sample["call_indices"] == list(range(calls)) and sample["rewrote_history"] is False
+    n = len(sample["token_ids"])
+    assert n == len(sample["loss_mask"]) == len(sample["log_probs"]) > sample["prompt_length"] > 0
+    assert sample["loss_mask"][: sample["prompt_length"]] == [0] * sample["prompt_length"]
+    assert sum(sample["loss_mask"]) > 0
+    # The scripted model's log-probabilities are a function of the token (its fake_log_probs): each
+    # generated token's value is where the mask says, so the ids and the log-probs line up.
+    for tid, mask, lp in zip(sample["token_ids"], sample["loss_mask"], sample["log_probs"], strict=True):
+        assert lp == (-round(0.01 * (tid % 97 + 1), 2) if mask else 0.0)
+    return sample
+
+
+def test_an_openai_sdk_harness_with_its_own_tool_is_rewarded_with_its_exact_tokens(stack: RunHelper) -> None:
+    resp = _run(stack, "mcqa_openai_harness", _row(RIGHT))
+    assert resp.status_code == 200, resp.text
+    result = resp.json()
+    assert result["reward"] == 1.0
+    assert result["harness"]["exit_code"] == 0 and result["harness"]["model_calls"] == 2
+    sample = _check_contiguous(result, calls=2)
+    # The second call's prompt carried the tool's result (6 * 7 = 42) the harness computed itself.
+    assert b"42" in bytes(
+        t for t, m in zip(sample["token_ids"], sample["loss_mask"], strict=True) if m == 0 and t < 256
+    )
+
+
+def test_a_wrong_answer_scores_zero(stack: RunHelper) -> None:
+    resp = _run(stack, "mcqa_openai_harness", _row(WRONG))
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["reward"] == 0.0 and resp.json()["harness"]["model_calls"] == 1
+
+
+def test_an_anthropic_sdk_harness_through_the_messages_api(stack: RunHelper) -> None:
+    resp = _run(stack, "mcqa_anthropic_harness", _row(RIGHT))
+    assert resp.status_code == 200, resp.text
+    result = resp.json()
+    assert result["reward"] == 1.0 and result["harness"]["model_calls"] == 2
+    _check_contiguous(result, calls=2)
+
+
+def test_the_answer_from_a_file_and_the_rows_files_in_the_working_directory(stack: RunHelper) -> None:
+    row = {**_row(RIGHT), "harness_files": {"notes.txt": "\\boxed{B}", "out/.keep": ""}}
+    resp = _run(stack, "answers_in_a_file", row)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["reward"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("agent", "said"),
+    [
+        ("no_such_command", "could not start"),
+        ("exits_nonzero", "exited with status 3; its stderr ends: boom"),
+        ("never_calls", "never called the model"),
+        ("runs_too_long", "ran past timeout_s=2.0"),
+    ],
+)
+def test_a_failing_harness_is_a_502_naming_it_never_a_reward(stack: RunHelper, agent: str, said: str) -> None:
+    resp = _run(stack, agent, _row(RIGHT))
+    assert resp.status_code == 502, resp.text
+    error = resp.json()["error"]
+    assert error["kind"] == "harness_failed" and said in error["message"], error
+    assert "reward" not in resp.text
+    if agent == "runs_too_long":  # the harness's whole process group was killed, its child too
+        pid = int(Path(PID_FILE).read_text())
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pid)
+        Path(PID_FILE).unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_merge_samples_marks_a_call_that_rewrote_history() -> None:
+    def call(i: int, prompt: list[int], gen: list[int]) -> dict[str, Any]:
+        message = {
+            "prompt_token_ids": prompt,
+            "generation_token_ids": gen,
+            "generation_log_probs": [-0.5] * len(gen),
+        }
+        return {"call_index": i, "status_code": 200, "response": {"choices": [{"message": message}]}}
+
+    calls = [
+        call(0, [1, 2], [3]),
+        call(1, [1, 2, 3, 4], [5, 6]),  # extends: only [4] (prompt) and [5, 6] (generated) are added
+        call(2, [1, 9], [7]),  # the harness summarised its history: a new sample
+        {"call_index": 3, "status_code": 500, "response": {"error": "x"}},
+    ]
+    out = merge_samples(calls)
+    first, second = out["samples"]
+    assert first["token_ids"] == [1, 2, 3, 4, 5, 6] and first["loss_mask"] == [0, 0, 1, 0, 1, 1]
+    assert first["log_probs"] == [0.0, 0.0, -0.5, 0.0, -0.5, -0.5] and first["call_indices"] == [0, 1]
+    assert second["token_ids"] == [1, 9, 7] and second["rewrote_history"] is True
+    assert out["calls_without_token_ids"] == [3]
