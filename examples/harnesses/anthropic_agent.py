@@ -32,7 +32,9 @@ def main() -> None:
     messages: list[dict] = [{"role": "user", "content": sys.stdin.read()}]
     answer = ""
     for _ in range(MAX_TURNS):
-        reply = client.messages.create(model=model, max_tokens=512, messages=messages, tools=TOOLS)
+        reply = client.messages.create(
+            model=model, max_tokens=int(os.environ.get("MAX_TOKENS", "512")), messages=messages, tools=TOOLS
+        )
         answer = "".join(block.text for block in reply.content if block.type == "text")
         messages.append(
             {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]}

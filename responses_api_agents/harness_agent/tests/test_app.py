@@ -16,9 +16,11 @@ import pytest
 from nemo_gym.kit.harness_trajectory import merge_samples
 from nemo_gym.run.cli import RunHelper
 from nemo_gym.tools.testing import example_rows, post_json, running_servers, server_url
+from responses_api_models.local_model import weights
 
 MCQA = "resources_servers/mcqa/configs/mcqa.yaml"
 HARNESS = "responses_api_agents/harness_agent/configs/mcqa_harness.yaml"
+LOCAL_MODEL = "responses_api_models/local_model/configs/local_model.yaml"
 RIGHT, WRONG = "shortest year", "chemical symbol for sodium"  # rows 0 (B) and 1 (C) of mcqa's examples
 PID_FILE = f"/tmp/ng_harness_test_{os.getpid()}.pid"
 
@@ -192,3 +194,30 @@ def test_merge_samples_marks_a_call_that_rewrote_history() -> None:
     assert first["log_probs"] == [0.0, 0.0, -0.5, 0.0, -0.5, -0.5] and first["call_indices"] == [0, 1]
     assert second["token_ids"] == [1, 9, 7] and second["rewrote_history"] is True
     assert out["calls_without_token_ids"] == [3]
+
+
+@pytest.mark.skipif(
+    weights.default_model_unavailable() is not None,
+    reason=f"needs the default local model: {weights.default_model_unavailable()}",
+)
+def test_the_openai_harness_on_the_local_model_gets_the_models_own_token_ids() -> None:
+    """A real model (the embedded GGUF on CPU): whatever it answers (no assertion on its words; greedy
+    output differs between CPUs), the rollout is scored and every recorded call's ids are the model's."""
+    extra = {
+        "policy_model": {"responses_api_models": {"local_model": {"return_token_id_information": True}}},
+        "mcqa_openai_harness": {"responses_api_agents": {"harness_agent": {"env": {"MAX_TOKENS": "48"}}}},
+    }
+    with running_servers([MCQA, HARNESS, LOCAL_MODEL], extra, with_scripted_model=False) as helper:
+        resp = _run(helper, "mcqa_openai_harness", _row(RIGHT))
+    assert resp.status_code == 200, resp.text
+    result = resp.json()
+    assert result["reward"] in (0.0, 1.0) and result["harness"]["exit_code"] == 0
+    training = result["training"]
+    assert training["calls_without_token_ids"] == [] and training["samples"]
+    calls = sorted(i for s in training["samples"] for i in s["call_indices"])
+    assert calls == list(range(result["harness"]["model_calls"]))
+    for sample in training["samples"]:
+        n = len(sample["token_ids"])
+        assert n == len(sample["loss_mask"]) == len(sample["log_probs"]) > sample["prompt_length"] > 0
+        assert 0 < sum(sample["loss_mask"]) <= 48 * len(sample["call_indices"])
+        assert all(lp <= 0.0 for lp in sample["log_probs"])
