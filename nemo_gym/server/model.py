@@ -6,6 +6,8 @@ Contract
   a 422 naming them) and returns a ``NeMoGymResponse``.
 * ``POST /v1/chat/completions`` takes and returns the Chat Completions shapes (as plain JSON).
 * Output items may carry ``prompt_token_ids``/``generation_token_ids``/``generation_log_probs``.
+* ``POST``/``GET /policy_version``: the trainer's current policy version, stamped on every model answer
+  and recorded call once set (:mod:`nemo_gym.server.policy_version`).
 * With ``observability_enabled`` set for the run, model calls made under a rollout prefix are recorded
   in a bounded store and handed out by ``POST /ng_model_calls/pop`` (:mod:`nemo_gym.server.model_calls`);
   off, nothing is installed on the request path.
@@ -36,6 +38,7 @@ from nemo_gym.server.model_calls import (
     pop_answer,
     store_from_config,
 )
+from nemo_gym.server.policy_version import PolicyVersion
 
 
 class BaseResponsesAPIModelConfig(BaseRunServerInstanceConfig):
@@ -59,6 +62,8 @@ class ModelAnswer(Response):
 class SimpleResponsesAPIModel(SimpleServer):
     config: BaseResponsesAPIModelConfig
     _model_call_store: ModelCallStore | None = PrivateAttr(default=None)
+    # The trainer's current policy version (POST /policy_version; nemo_gym.server.policy_version).
+    _policy_version: PolicyVersion = PrivateAttr(default_factory=PolicyVersion)
     metrics_kind: ClassVar[str] = "responses_api_models"
 
     def setup_webserver(self) -> FastAPI:
@@ -69,6 +74,8 @@ class SimpleResponsesAPIModel(SimpleServer):
             observed_model_call(self._metrics, "/v1/chat/completions", self.chat_completions)
         )
         self.setup_model_call_capture(app)
+        # After the capture middleware, so innermost: recorded answers carry the version stamp too.
+        self._policy_version.install(app, self.config.name)
         if (
             self._metrics is not None
             and type(self).model_queue_depth is not SimpleResponsesAPIModel.model_queue_depth
@@ -89,7 +96,12 @@ class SimpleResponsesAPIModel(SimpleServer):
         if self._model_call_store is not None:
             model_ref = {"type": "responses_api_models", "name": self.config.name}
             app.user_middleware.append(
-                Middleware(ModelCallCaptureMiddleware, store=self._model_call_store, model_ref=model_ref)
+                Middleware(
+                    ModelCallCaptureMiddleware,
+                    store=self._model_call_store,
+                    model_ref=model_ref,
+                    policy_version=self._policy_version.get,
+                )
             )
 
     async def pop_model_calls(self, body: PopModelCallsRequest) -> dict[str, Any]:

@@ -58,7 +58,11 @@ MAX_BYTES_KEY_NAME = "model_call_capture_max_bytes"
 DEFAULT_MAX_CALLS = 10_000
 DEFAULT_MAX_BYTES = 128 * 1024 * 1024
 POP_PATH = "/ng_model_calls/pop"
-CAPTURED_PATHS = {"/v1/responses": "responses", "/v1/chat/completions": "chat_completions"}
+CAPTURED_PATHS = {
+    "/v1/responses": "responses",
+    "/v1/chat/completions": "chat_completions",
+    "/v1/completions": "completions",
+}
 MODEL_SERVER_TYPE = "responses_api_models"
 _ENTRY_OVERHEAD_BYTES = 512  # metadata of one stored call, counted against the byte bound
 _MAX_ERROR_CHARS = 2000
@@ -201,10 +205,18 @@ def _error_text(parsed: Any, raw: bytes) -> str:
 class ModelCallCaptureMiddleware:
     """Pure ASGI middleware (innermost on a model server): records prefixed model calls in a store."""
 
-    def __init__(self, app: Any, store: ModelCallStore, model_ref: dict[str, str]) -> None:
+    def __init__(
+        self,
+        app: Any,
+        store: ModelCallStore,
+        model_ref: dict[str, str],
+        policy_version: Callable[[], Any] | None = None,
+    ) -> None:
         self.app = app
         self.store = store
         self.model_ref = model_ref
+        # The server's current policy version (nemo_gym.server.policy_version), read as the call starts.
+        self.policy_version = policy_version
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         rollout_id = current_rollout_id()
@@ -230,6 +242,7 @@ class ModelCallCaptureMiddleware:
             await send(message)
 
         started_at = time.time()
+        version = self.policy_version() if self.policy_version is not None else None
         t0 = time.perf_counter()
         raised: BaseException | None = None
         try:
@@ -244,7 +257,7 @@ class ModelCallCaptureMiddleware:
             try:
                 self._record(
                     rollout_id, dialect, scope, started_at, latency_ms, request_chunks, response_chunks,
-                    status, raised,
+                    status, raised, version,
                 )  # fmt: skip
             except Exception:  # capture must never break a model call
                 logger.exception("model-call capture failed for rollout %s", rollout_id)
@@ -260,6 +273,7 @@ class ModelCallCaptureMiddleware:
         response_chunks: list[bytes],
         status: list[int],
         raised: BaseException | None,
+        policy_version: Any = None,
     ) -> None:
         request = b"".join(request_chunks)
         response = b"".join(response_chunks) if status else None
@@ -280,6 +294,7 @@ class ModelCallCaptureMiddleware:
             "tokens_out": None,
             "tokens_total": None,
             "usage": None,
+            "policy_version": policy_version,
         }
         parsed = _parse(response) if response else None
         if raised is not None:
