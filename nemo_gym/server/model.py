@@ -5,6 +5,8 @@ Contract
 * ``POST /v1/responses`` takes ``NeMoGymResponseCreateParamsNonStreaming`` (strict: unknown keys are
   a 422 naming them) and returns a ``NeMoGymResponse``.
 * ``POST /v1/chat/completions`` takes and returns the Chat Completions shapes (as plain JSON).
+* ``POST /v1/completions`` (legacy Completions, raw prompts): served by the servers that override
+  :meth:`SimpleResponsesAPIModel.completions` (local_model, vllm_model); the others answer a 404 saying so.
 * Output items may carry ``prompt_token_ids``/``generation_token_ids``/``generation_log_probs``.
 * ``POST``/``GET /policy_version``: the trainer's current policy version, stamped on every model answer
   and recorded call once set (:mod:`nemo_gym.server.policy_version`).
@@ -73,6 +75,7 @@ class SimpleResponsesAPIModel(SimpleServer):
         app.post("/v1/chat/completions")(
             observed_model_call(self._metrics, "/v1/chat/completions", self.chat_completions)
         )
+        app.post("/v1/completions")(observed_model_call(self._metrics, "/v1/completions", self.completions))
         self.setup_model_call_capture(app)
         # After the capture middleware, so innermost: recorded answers carry the version stamp too.
         self._policy_version.install(app, self.config.name)
@@ -112,6 +115,24 @@ class SimpleResponsesAPIModel(SimpleServer):
     async def responses(
         self, request: Request, body: NeMoGymResponseCreateParamsNonStreaming
     ) -> NeMoGymResponse: ...
+
+    async def completions(self, request: Request, body: dict[str, Any] = Body(...)) -> Response:
+        """``POST /v1/completions`` (the legacy Completions API, raw prompts). Servers that can run a raw
+        prompt (local_model, vllm_model) override this; the others answer 404 saying so."""
+        message = (
+            f"POST /v1/completions (the legacy Completions API) is not served by {type(self).__name__} "
+            f"'{self.config.name}': it needs a model that takes raw prompts (local_model, vllm_model). "
+            "Use /v1/chat/completions or /v1/responses here."
+        )
+        body = {
+            "error": {
+                "kind": "not_served",
+                "server": self.config.name,
+                "path": request.url.path,
+                "message": message,
+            }
+        }
+        return ModelAnswer(body, 404)
 
     @abstractmethod
     async def chat_completions(

@@ -49,7 +49,6 @@ from nemo_gym.kit.chat_conversion import (  # noqa: E402
     responses_tools_to_chat_tools,
 )
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id  # noqa: E402
-from nemo_gym.server.metrics.install import observed_model_call  # noqa: E402
 from nemo_gym.server.model import ModelAnswer  # noqa: E402
 from responses_api_models.local_model import completions as text_completions  # noqa: E402
 from responses_api_models.local_model.engine import (  # noqa: E402
@@ -150,7 +149,6 @@ class LocalModel(SimpleResponsesAPIModel):
         app = super().setup_webserver()
         self.load_model()  # before the server accepts requests (no event loop is running yet)
         app.get("/stats")(self.stats)
-        app.post("/v1/completions")(observed_model_call(self._metrics, "/v1/completions", self.completions))
         return app
 
     async def completions(self, request: Request, body: dict[str, Any] = Body(...)) -> Response:
