@@ -470,6 +470,15 @@ def format_summary(summary: CollectionSummary) -> str:
             f"  {summary.skipped_after_max_attempts} rollout(s) skipped: they failed "
             f"{summary.max_attempts} time(s) already (+max_attempts); see {files['failures']}"
         )
+    lag = summary.policy_lag
+    if lag is not None and lag["stale"]:
+        done = (
+            "dropped (written nowhere; a resume runs them again)" if lag["dropped"] else "marked stale_policy"
+        )
+        lines.append(
+            f"  {lag['stale']} rollout(s) older than max_policy_lag={lag['max_policy_lag']} versions behind "
+            f"{lag['policy_version_model']}: {done}"
+        )
     if summary.rollouts_missing and not summary.interrupted and not down:
         lines.append("  Rerun with +resume_from_cache=true to retry the missing rollouts.")
     if metrics.get("malformed_lines") or summary.unreadable_output_lines:
