@@ -21,7 +21,7 @@ import codecs
 import time
 from typing import Any
 
-from nemo_gym.openai_utils import new_id
+from nemo_gym.openai_utils.responses import new_id
 
 MAX_STOP_SEQUENCES = 4
 DEFAULT_MAX_TOKENS = 16  # the API's default when max_tokens is left out

@@ -29,6 +29,7 @@ from starlette.middleware import Middleware
 
 from nemo_gym.config.process import current_global_config_dict
 from nemo_gym.config.types import BaseRunServerInstanceConfig
+from nemo_gym.errors import error_envelope
 from nemo_gym.openai_utils.responses import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.server.base import SimpleServer
 from nemo_gym.server.metrics.install import observed_model_call
@@ -124,15 +125,8 @@ class SimpleResponsesAPIModel(SimpleServer):
             f"'{self.config.name}': it needs a model that takes raw prompts (local_model, vllm_model). "
             "Use /v1/chat/completions or /v1/responses here."
         )
-        body = {
-            "error": {
-                "kind": "not_served",
-                "server": self.config.name,
-                "path": request.url.path,
-                "message": message,
-            }
-        }
-        return ModelAnswer(body, 404)
+        answer = error_envelope("not_served", server=self.config.name, path=request.url.path, message=message)
+        return ModelAnswer(answer, 404)
 
     @abstractmethod
     async def chat_completions(

@@ -33,6 +33,8 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from nemo_gym.errors import error_envelope
+
 POLICY_VERSION_PATH = "/policy_version"
 POLICY_VERSION_KEY = "policy_version"
 POLICY_VERSIONS_KEY = "policy_versions"  # on a rollout line: the versions its model calls used
@@ -109,15 +111,9 @@ class PolicyVersion:
 
 
 def _bad_request(server_name: str, message: str) -> Response:
-    body = {
-        "error": {
-            "kind": "bad_request",
-            "server": server_name,
-            "path": POLICY_VERSION_PATH,
-            "field": POLICY_VERSION_KEY,
-            "message": message,
-        }
-    }
+    body = error_envelope(
+        "bad_request", server=server_name, path=POLICY_VERSION_PATH, message=message, field=POLICY_VERSION_KEY
+    )
     return Response(orjson.dumps(body), status_code=400, media_type="application/json")
 
 

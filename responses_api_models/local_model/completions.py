@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request
 from fastapi.responses import Response
 
+from nemo_gym.errors import error_envelope
 from nemo_gym.kit.completions import (
     DEFAULT_MAX_TOKENS,
     CompletionsRequestError,
@@ -83,16 +84,10 @@ def _refusals(body: dict[str, Any]) -> None:
 
 
 def _bad_request(model: LocalModel, request: Request, error: CompletionsRequestError | str) -> Response:
-    body = {
-        "error": {
-            "kind": "bad_request",
-            "server": model.config.name,
-            "path": request.url.path,
-            "message": str(error),
-        }
-    }
-    if isinstance(error, CompletionsRequestError):
-        body["error"]["param"] = error.field
+    param = {"param": error.field} if isinstance(error, CompletionsRequestError) else {}
+    body = error_envelope(
+        "bad_request", server=model.config.name, path=request.url.path, message=str(error), **param
+    )
     return ModelAnswer(body, 400)
 
 
