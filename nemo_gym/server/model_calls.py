@@ -5,12 +5,14 @@ Contract
 * Off (the default) nothing is installed: a model server answers exactly as before, with no per-request
   cost, and ``POST /ng_model_calls/pop`` answers ``{"enabled": false, "calls": {}, ...}``.
 * On, every model server of ours (:class:`nemo_gym.server.model.SimpleResponsesAPIModel`)
-  records each ``POST /v1/responses`` and ``POST /v1/chat/completions`` that arrives under a rollout
+  records each ``POST /v1/responses``, ``/v1/chat/completions`` and ``/v1/completions`` under a rollout
   prefix (``/ng-rollout/<id>/...``, see :mod:`nemo_gym.server.rollout_prefix`; agents add it when the run
   sets ``observability_enabled``): the request and response bodies, started/completed timestamps,
   latency, the usage (token counts) the answer reports, the HTTP status, and for a failed call an
   ``error_category`` and ``error`` text (a call that raised is recorded as a 500 before the error
-  middleware answers it). A call without a rollout prefix is answered and not recorded.
+  middleware answers it), and the server's ``policy_version`` when the call started
+  (:mod:`nemo_gym.server.policy_version`; None until a trainer sets one). A call without a rollout
+  prefix is answered and not recorded.
 * The store is bounded (:class:`ModelCallStore`): at most ``model_call_capture_max_calls`` calls and
   ``model_call_capture_max_bytes`` bytes of bodies per model server (top-level config keys); past
   either bound the oldest calls are dropped and counted per rollout. A single call larger than the
