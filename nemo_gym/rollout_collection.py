@@ -63,6 +63,7 @@ from nemo_gym.collection.options import (
     NG_TERMINAL_KEY,
     RolloutCollectionConfig,
 )
+from nemo_gym.collection.policy_lag import StalePolicyError
 
 __all__ = [
     "NG_FAILURE_CLASS_KEY",
@@ -70,5 +71,6 @@ __all__ = [
     "NG_TERMINAL_KEY",
     "RolloutCollectionConfig",
     "RolloutCollectionHelper",
+    "StalePolicyError",
     "collect_main",
 ]

@@ -90,6 +90,17 @@ SKIP: dict[tuple[str, str], str] = {
         'ng_run "+config_paths=[resources_servers/',  # the vLLM one (the other starts with the model)
     ): ("needs a vLLM server at policy_base_url"),
     (
+        "docs/model_servers.md",
+        'ng_run "+config_paths=[responses_api_models/local_model/configs/local_model.yaml]"',
+    ): _LOCAL_MODEL,
+    ("docs/model_servers.md", "TOKEN=$(python -c"): (
+        "asks local_model (started by the skipped block above) for text completions; "
+        "tests/test_completions_api.py makes the same calls through the openai SDK"
+    ),
+    ("docs/model_servers.md", "# Text completions through the openai SDK"): (
+        "asks local_model for text completions; tests/test_completions_api.py makes the same calls"
+    ),
+    (
         "docs/writing_an_environment.md",
         "ng_init_resources_server +entrypoint=resources_servers/my_env +package=true",
     ): (

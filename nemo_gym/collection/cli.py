@@ -64,6 +64,8 @@ def collect_main(argv: list[str] | None = None) -> None:
             "  [+observability_enabled=true|false (model calls to <stem>_model_calls.jsonl; docs/trainers.md)]\n"
             "  [+metrics_port=PORT (live stats on GET http://127.0.0.1:PORT/metrics while it runs; 0: a free\n"
             "    port, printed at start; default off; docs/observability.md)]\n"
+            "  [+max_policy_lag=N +stale_policy=drop|mark +policy_version_model=policy_model (asynchronous RL:\n"
+            "    rollouts whose oldest policy version is more than N behind the current one; docs/trainers.md)]\n"
             "exit status: 0 all done, 1 some rollouts missing (see the failures file), 2 bad input or options,\n"
             "  3 stopped early because a server is down (restart it, then +resume_from_cache=true), 130 interrupted"
         )

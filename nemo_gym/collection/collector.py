@@ -64,6 +64,7 @@ from nemo_gym.collection.output_files import (
     _check_output_paths,
     sidecar_paths,
 )
+from nemo_gym.collection.policy_lag import PolicyLagFilter, check_model_server
 from nemo_gym.collection.row_schema import CheckedInput, check_input
 from nemo_gym.collection.summary import CollectionSummary, RunCounts
 from nemo_gym.errors import UpstreamError
@@ -141,6 +142,7 @@ class _RunResult:
     wall: float = 0.0
     kinds: Counter[tuple[Any, ...]] = field(default_factory=Counter)
     kind_paths: dict[tuple[Any, ...], set[str]] = field(default_factory=dict)
+    lag_filter: PolicyLagFilter | None = None
 
 
 def _read_rows(path: Path) -> Iterator[dict[str, Any]]:
@@ -192,6 +194,8 @@ async def _plan(cfg: RolloutCollectionConfig, client: ServerClient, checked: Che
     _check_output_paths(cfg, out_path, {**side, "model_calls": calls_path})
     try:
         capture = capture_wanted(client, cfg.observability_enabled)
+        if cfg.max_policy_lag is not None:
+            check_model_server(client.global_config_dict, cfg.policy_version_model)
     except ValueError as e:
         raise InputError(str(e)) from None
 
@@ -280,6 +284,9 @@ async def _run(
     out = LineWriter(plan.out_path, truncate=fresh, scrubbed=True)
     failures = LineWriter(plan.side["failures"], truncate=fresh, scrubbed=True)
     worker = lambda r: run_one(client, r, cfg.request_timeout_s)  # noqa: E731
+    # Each rollout's policy versions, and the max_policy_lag judgement (nemo_gym.collection.policy_lag).
+    lag_filter = PolicyLagFilter(client, cfg.max_policy_lag, cfg.stale_policy, cfg.policy_version_model)
+    worker = lag_filter.wrap(worker)
     sink = (
         ModelCallSink.for_client(client, LineWriter(plan.calls_path, truncate=fresh))
         if plan.capture
@@ -287,7 +294,7 @@ async def _run(
     )
     if sink is not None:  # each rollout's model calls, pulled as it ends (nemo_gym.server.model_calls)
         worker = sink.wrap(worker)
-    tally = _RunResult(breaker=breaker, sink=sink, live=stats)
+    tally = _RunResult(breaker=breaker, sink=sink, live=stats, lag_filter=lag_filter)
     kinds, kind_paths = tally.kinds, tally.kind_paths
     stats.start()
     stats.plan(plan.todo)
@@ -410,6 +417,9 @@ def _report(
         metrics=metrics,
         model_calls=run.sink.summary(str(plan.calls_path)) if run.sink is not None else None,
         live=run.live.to_dict(),
+        policy_lag=run.lag_filter.summary()
+        if run.lag_filter is not None and run.lag_filter.max_policy_lag is not None
+        else None,
     )
     plan.side["metrics"].write_bytes(orjson.dumps(summary.to_dict(), option=orjson.OPT_INDENT_2))
     return summary
@@ -459,6 +469,15 @@ def format_summary(summary: CollectionSummary) -> str:
         lines.append(
             f"  {summary.skipped_after_max_attempts} rollout(s) skipped: they failed "
             f"{summary.max_attempts} time(s) already (+max_attempts); see {files['failures']}"
+        )
+    lag = summary.policy_lag
+    if lag is not None and lag["stale"]:
+        done = (
+            "dropped (written nowhere; a resume runs them again)" if lag["dropped"] else "marked stale_policy"
+        )
+        lines.append(
+            f"  {lag['stale']} rollout(s) older than max_policy_lag={lag['max_policy_lag']} versions behind "
+            f"{lag['policy_version_model']}: {done}"
         )
     if summary.rollouts_missing and not summary.interrupted and not down:
         lines.append("  Rerun with +resume_from_cache=true to retry the missing rollouts.")

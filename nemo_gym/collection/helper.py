@@ -10,6 +10,11 @@ Contract
 * An infrastructure failure raises :class:`UpstreamError`; after ``circuit_breaker_threshold``
   consecutive failures of one down server (all its replicas dead), the rows of that call not yet sent
   to the affected agents raise :class:`ServerDownError` instead of being sent.
+* Each result gets ``policy_versions`` (the policy versions its model calls used, once a trainer has
+  set one on the model server). With ``max_policy_lag``, a result is judged when its awaitable is
+  awaited, against the current version of ``policy_version_model``: a stale one is marked
+  (``stale_policy="mark"``: ``stale_policy: true``, ``policy_lag``) or its awaitable raises
+  :class:`~nemo_gym.collection.policy_lag.StalePolicyError` (``"drop"``; not an infrastructure failure).
 * One :class:`ServerClient` per head server is kept; :meth:`RolloutCollectionHelper.aclose` closes
   this event loop's HTTP connections.
 """
@@ -26,6 +31,12 @@ from nemo_gym.client.replicas import replicated_instances
 from nemo_gym.client.server_client import ServerClient, close_shared_session, live_replicas
 from nemo_gym.collection.circuit_breaker import CircuitBreaker, ServerDownError, classify_failure
 from nemo_gym.collection.dispatch import post_run
+from nemo_gym.collection.policy_lag import (
+    DEFAULT_POLICY_VERSION_MODEL,
+    PolicyLagFilter,
+    StalePolicy,
+    StalePolicyError,
+)
 from nemo_gym.config.types import BaseServerConfig
 from nemo_gym.errors import UpstreamError
 
@@ -48,13 +59,23 @@ class RolloutCollectionHelper:
         num_samples_in_parallel: int = 256,
         request_timeout_s: float = 3600.0,
         circuit_breaker_threshold: int = 3,
+        max_policy_lag: int | None = None,
+        stale_policy: StalePolicy = "drop",
+        policy_version_model: str = DEFAULT_POLICY_VERSION_MODEL,
     ) -> None:
+        if max_policy_lag is not None and max_policy_lag < 0:
+            raise ValueError(f"max_policy_lag must be >= 0, got {max_policy_lag!r}")
+        if stale_policy not in ("drop", "mark"):
+            raise ValueError(f"stale_policy must be 'drop' or 'mark', got {stale_policy!r}")
         if circuit_breaker_threshold < 1:
             raise ValueError(f"circuit_breaker_threshold must be >= 1, got {circuit_breaker_threshold!r}")
         raise_open_file_limit()
         self.num_samples_in_parallel = num_samples_in_parallel
         self.request_timeout_s = request_timeout_s
         self.circuit_breaker_threshold = circuit_breaker_threshold
+        self.max_policy_lag = max_policy_lag
+        self.stale_policy: StalePolicy = stale_policy
+        self.policy_version_model = policy_version_model
         self._clients: dict[tuple[str, int], ServerClient] = {}
         self._starters: set[asyncio.Future[None]] = set()
 
@@ -84,6 +105,9 @@ class RolloutCollectionHelper:
         yet awaited. (With a semaphore shared by several calls, their rows take turns.)
         """
         client = self._client(head_server_config)
+        lag_filter = PolicyLagFilter(
+            client, self.max_policy_lag, self.stale_policy, self.policy_version_model
+        )
         if semaphore is None:
             semaphore = asyncio.Semaphore(self.num_samples_in_parallel)
         breaker = CircuitBreaker(
@@ -139,7 +163,12 @@ class RolloutCollectionHelper:
         starter.add_done_callback(self._starters.discard)
 
         async def next_finished() -> tuple[dict[str, Any], dict[str, Any]]:
-            return (await finished.get()).result()
+            row, result = (await finished.get()).result()
+            # Judged as the caller takes it: the lag is against the version current now.
+            stale = await lag_filter.judge(result)
+            if stale is not None and self.stale_policy == "drop":
+                raise StalePolicyError(row, result, *stale)
+            return row, result
 
         return (next_finished() for _ in range(len(rows)))
 

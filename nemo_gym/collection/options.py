@@ -66,6 +66,11 @@ class CollectionOptions(BaseModel):
     # Live stats on GET http://127.0.0.1:<port>/metrics while the collection runs (0: a free port;
     # None: off). nemo_gym.collection.live_stats.
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    # Asynchronous RL (nemo_gym.collection.policy_lag): rollouts whose oldest policy version is more than
+    # max_policy_lag behind the current version of policy_version_model are dropped or marked.
+    max_policy_lag: int | None = Field(default=None, ge=0)
+    stale_policy: Literal["drop", "mark"] = "drop"
+    policy_version_model: str = "policy_model"
 
 
 class RolloutCollectionConfig(CollectionOptions):

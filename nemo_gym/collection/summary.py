@@ -61,6 +61,8 @@ class CollectionSummary:
     # This run's live numbers (nemo_gym.collection.live_stats.LiveStats.to_dict): rates, failures by
     # kind, reward mean/std, tokens. Written last, so every key before it is as it was.
     live: dict[str, Any] | None = None
+    # The max_policy_lag filter's counts (nemo_gym.collection.policy_lag), when the option was set.
+    policy_lag: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (metrics file, trackers): keys in the order the dict summary always had."""
@@ -91,6 +93,8 @@ class CollectionSummary:
         }
         if self.model_calls is not None:
             out["model_calls"] = self.model_calls
+        if self.policy_lag is not None:
+            out["policy_lag"] = self.policy_lag
         if self.live is not None:
             out["live"] = self.live
         return out

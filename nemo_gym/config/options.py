@@ -106,7 +106,7 @@ _COLLECT_OPTIONS = (
     "input_jsonl_fpath", "output_jsonl_fpath", "agent_name", "limit", "num_repeats", "num_samples_in_parallel",
     "responses_create_params", "num_repeats_add_seed", "resume_from_cache", "overwrite", "max_attempts",
     "pass_threshold", "request_timeout_s", "progress", "circuit_breaker_threshold", "tracker",
-    "observability_enabled", "metrics_port",
+    "observability_enabled", "metrics_port", "max_policy_lag", "stale_policy", "policy_version_model",
 )  # fmt: skip
 # Experiment tracking (nemo_gym.collection.tracking.OPTION_KEYS besides ``tracker``; upstream's key names).
 TRACKER_OPTIONS = (

@@ -8,7 +8,11 @@ Contract
 * ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (Anthropic's Messages API) run through
   ``responses`` (:mod:`nemo_gym.server.model_messages`); a server with a tokenizer overrides
   ``count_input_tokens``.
+* ``POST /v1/completions`` (legacy Completions, raw prompts): served by the servers that override
+  :meth:`SimpleResponsesAPIModel.completions` (local_model, vllm_model); the others answer a 404 saying so.
 * Output items may carry ``prompt_token_ids``/``generation_token_ids``/``generation_log_probs``.
+* ``POST``/``GET /policy_version``: the trainer's current policy version, stamped on every model answer
+  and recorded call once set (:mod:`nemo_gym.server.policy_version`).
 * With ``observability_enabled`` set for the run, model calls made under a rollout prefix are recorded
   in a bounded store and handed out by ``POST /ng_model_calls/pop`` (:mod:`nemo_gym.server.model_calls`);
   off, nothing is installed on the request path.
@@ -28,6 +32,7 @@ from starlette.middleware import Middleware
 
 from nemo_gym.config.process import current_global_config_dict
 from nemo_gym.config.types import BaseRunServerInstanceConfig
+from nemo_gym.errors import error_envelope
 from nemo_gym.openai_utils.messages import MessagesCall
 from nemo_gym.openai_utils.responses import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.server.base import SimpleServer
@@ -46,6 +51,7 @@ from nemo_gym.server.model_messages import (
     count_tokens_answer,
     messages_endpoint_answer,
 )
+from nemo_gym.server.policy_version import PolicyVersion
 
 
 class BaseResponsesAPIModelConfig(BaseRunServerInstanceConfig):
@@ -69,6 +75,8 @@ class ModelAnswer(Response):
 class SimpleResponsesAPIModel(SimpleServer):
     config: BaseResponsesAPIModelConfig
     _model_call_store: ModelCallStore | None = PrivateAttr(default=None)
+    # The trainer's current policy version (POST /policy_version; nemo_gym.server.policy_version).
+    _policy_version: PolicyVersion = PrivateAttr(default_factory=PolicyVersion)
     metrics_kind: ClassVar[str] = "responses_api_models"
 
     def setup_webserver(self) -> FastAPI:
@@ -83,7 +91,10 @@ class SimpleResponsesAPIModel(SimpleServer):
         app.post(MESSAGES_COUNT_TOKENS_PATH)(
             observed_model_call(self._metrics, MESSAGES_COUNT_TOKENS_PATH, self.messages_count_tokens)
         )
+        app.post("/v1/completions")(observed_model_call(self._metrics, "/v1/completions", self.completions))
         self.setup_model_call_capture(app)
+        # After the capture middleware, so innermost: recorded answers carry the version stamp too.
+        self._policy_version.install(app, self.config.name)
         if (
             self._metrics is not None
             and type(self).model_queue_depth is not SimpleResponsesAPIModel.model_queue_depth
@@ -104,7 +115,12 @@ class SimpleResponsesAPIModel(SimpleServer):
         if self._model_call_store is not None:
             model_ref = {"type": "responses_api_models", "name": self.config.name}
             app.user_middleware.append(
-                Middleware(ModelCallCaptureMiddleware, store=self._model_call_store, model_ref=model_ref)
+                Middleware(
+                    ModelCallCaptureMiddleware,
+                    store=self._model_call_store,
+                    model_ref=model_ref,
+                    policy_version=self._policy_version.get,
+                )
             )
 
     async def pop_model_calls(self, body: PopModelCallsRequest) -> dict[str, Any]:
@@ -132,6 +148,17 @@ class SimpleResponsesAPIModel(SimpleServer):
     async def responses(
         self, request: Request, body: NeMoGymResponseCreateParamsNonStreaming
     ) -> NeMoGymResponse: ...
+
+    async def completions(self, request: Request, body: dict[str, Any] = Body(...)) -> Response:
+        """``POST /v1/completions`` (the legacy Completions API, raw prompts). Servers that can run a raw
+        prompt (local_model, vllm_model) override this; the others answer 404 saying so."""
+        message = (
+            f"POST /v1/completions (the legacy Completions API) is not served by {type(self).__name__} "
+            f"'{self.config.name}': it needs a model that takes raw prompts (local_model, vllm_model). "
+            "Use /v1/chat/completions or /v1/responses here."
+        )
+        answer = error_envelope("not_served", server=self.config.name, path=request.url.path, message=message)
+        return ModelAnswer(answer, 404)
 
     @abstractmethod
     async def chat_completions(

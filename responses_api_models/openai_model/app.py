@@ -211,7 +211,7 @@ class OpenAIModel(SimpleResponsesAPIModel):
         raw = params.get("input")
         if isinstance(raw, list):
             params["input"] = [
-                {k: v for k, v in item.items() if k not in TOKEN_ID_FIELDS}
+                {k: v for k, v in item.items() if k not in TOKEN_ID_FIELDS and k != "policy_version"}
                 if isinstance(item, dict)
                 else item
                 for item in raw

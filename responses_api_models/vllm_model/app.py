@@ -6,6 +6,8 @@ Contract
   ``<base_url>/chat/completions`` of one backend, and the answer converted back into ``reasoning`` /
   ``message`` / ``function_call`` items (reasoning from ``reasoning_content`` or ``<think>`` tags).
   ``finish_reason == "length"`` gives ``status: "incomplete"`` (reason ``max_output_tokens``).
+* ``POST /v1/completions`` (the legacy Completions API, raw prompts): forwarded to the backend's
+  ``/v1/completions``; the token-id fields as below, on every choice (see ``completions``).
 * ``POST /v1/chat/completions``: forwarded to the same backend (``model`` set to ``model``), the
   backend's answer returned as is.
 * ``base_url`` is one URL or a list (or a comma-separated string). The backend is picked from a
@@ -52,6 +54,7 @@ from nemo_gym.kit.chat_conversion import (
     chat_message_to_output_items,
     responses_params_to_chat_request,
 )
+from nemo_gym.kit.completions import CompletionsRequestError, parse_prompts
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id, openai_error_message
 from nemo_gym.openai_utils.messages import MessagesCall, MessagesRequestError
 from nemo_gym.server.model import ModelAnswer
@@ -66,6 +69,7 @@ _CONTEXT_OVERFLOW_RE = re.compile(
     re.IGNORECASE,
 )
 _TOKEN_ID_PREFIX = "token_id:"
+_OUT_OF_VOCABULARY_RE = re.compile(r"out of vocabulary|out of range|invalid token", re.IGNORECASE)
 
 
 class VLLMModelConfig(BaseResponsesAPIModelConfig):
@@ -403,6 +407,72 @@ class VLLMModel(SimpleResponsesAPIModel):
                 parsed = payload.decode(errors="replace")[:2000]
             return self._error_response(request, _BackendError(base + "/chat/completions", status, parsed))
         return Response(payload, media_type="application/json")
+
+    async def completions(self, request: Request, body: dict[str, Any] = Body(...)) -> Response:
+        """``POST /v1/completions``: forwarded to the backend's ``/v1/completions`` (``model`` set to ``model``).
+
+        ``prompt`` is checked first (a string, strings, token ids or lists of token ids; a 400 naming
+        ``prompt[i]`` otherwise); an id the backend finds out of its vocabulary is the backend's 400,
+        its message prefixed with the field. With ``return_token_id_information`` (or the request's
+        ``return_token_ids: true``) every choice gets ``prompt_token_ids``, ``generation_token_ids``
+        and ``generation_log_probs``, from vLLM's ``return_token_ids`` and ``logprobs`` (asked for
+        with 0 alternatives, and left out of the answer, when the client did not ask for logprobs).
+        """
+        if not isinstance(body, dict):
+            return self._bad_request(request, "the body must be a JSON object")
+        if body.get("stream"):
+            return self._bad_request(
+                request, "`stream`: vllm_model answers /v1/completions without streaming; send stream: false."
+            )
+        try:
+            if "prompt" not in body:
+                raise CompletionsRequestError("prompt", "is required")
+            parse_prompts(body["prompt"])
+        except CompletionsRequestError as e:
+            return self._bad_request(request, str(e))
+        want_ids = self.config.return_token_id_information or body.get("return_token_ids") is True
+        upstream = {**body, "model": self.config.model}
+        if want_ids:
+            upstream["return_token_ids"] = True
+            if body.get("logprobs") is None:
+                upstream["logprobs"] = 0
+        base = pick_backend(self.config.base_url, getattr(request.state, "session_id", None))
+        url = base + "/completions"
+        try:
+            answer = await self._post_json(url, upstream)
+        except _BackendError as e:
+            hint = ""
+            if e.status == 400 and _OUT_OF_VOCABULARY_RE.search(openai_error_message(e.body)):
+                hint = " (in the request's `prompt`: every token id must be in the model's vocabulary)"
+            return self._error_response(request, e, hint=hint)
+        if want_ids:
+            for choice in answer.get("choices") or []:
+                prompt_ids, gen_ids = choice.get("prompt_token_ids"), choice.get("token_ids")
+                if prompt_ids is None or gen_ids is None:
+                    raise UpstreamError(
+                        f"vLLM backend {base}",
+                        "/completions",
+                        200,
+                        "the answer has no prompt_token_ids/token_ids: return_token_ids needs vLLM >= 0.10.2",
+                        kind="bad_response",
+                    )
+                log_probs = ((choice.get("logprobs") or {}).get("token_logprobs")) or []
+                log_probs = log_probs[len(log_probs) - len(gen_ids) :] if gen_ids else []
+                if len(log_probs) != len(gen_ids) or any(lp is None for lp in log_probs):
+                    raise UpstreamError(
+                        f"vLLM backend {base}",
+                        "/completions",
+                        200,
+                        f"{len(gen_ids)} generated ids but {len(log_probs)} log probs",
+                        kind="bad_response",
+                    )
+                choice["generation_token_ids"] = list(gen_ids)
+                choice["generation_log_probs"] = [float(lp) for lp in log_probs]
+                if body.get("logprobs") is None:
+                    choice["logprobs"] = None
+                if body.get("return_token_ids") is not True:
+                    choice.pop("token_ids", None)
+        return ModelAnswer(answer)
 
 
 if __name__ == "__main__":

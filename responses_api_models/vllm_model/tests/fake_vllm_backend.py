@@ -12,6 +12,13 @@ It speaks vLLM's real wire formats, so ``vllm_model`` (and ``openai_model``) can
   "type": "BadRequestError", "param": null, "code": 400}``); an unknown model is vLLM's 404.
 * ``POST /tokenize`` (at the root, as in vLLM) - ``{"messages", "tools", "add_generation_prompt"}``
   or ``{"prompt"}`` -> ``{"count", "max_model_len", "tokens", "token_strs"}``.
+* ``POST /v1/completions`` - vLLM's Completions answer: ``prompt`` as text(s) or token ids (an id
+  outside the vocabulary is vLLM's 400 "Token id N is out of vocabulary"), ``n``, ``stop`` (text cut
+  before it, ``stop_reason``), ``logprobs`` (``tokens``/``token_logprobs``/``top_logprobs``/
+  ``text_offset``; with ``echo`` the prompt's tokens lead, the first unscored), ``return_token_ids``
+  (``prompt_token_ids`` and ``token_ids`` per choice) and ``return_tokens_as_token_ids``. The text is
+  the first scripted turn's ``content`` whose tag the prompt contains, else a fixed greeting, then
+  ``<|im_end|>``.
 * ``POST /v1/responses`` - a minimal OpenAI Responses endpoint (for ``openai_model``'s tests).
 * ``GET /v1/models``.
 
@@ -67,6 +74,7 @@ SPECIAL_TOKENS = {
 SPECIAL_BY_ID = {v: k for k, v in SPECIAL_TOKENS.items()}
 SKIPPED_WHEN_DECODING = {1, 2}  # like vLLM's skip_special_tokens: chat markers go, think/tool tags stay
 BYTE_OFFSET = 16
+VOCAB_SIZE = 256 + BYTE_OFFSET  # ids 0..15 special (some unused), then one per byte
 _SPECIAL_RE = re.compile("(" + "|".join(re.escape(t) for t in SPECIAL_TOKENS) + ")")
 
 
@@ -403,6 +411,126 @@ def build_app(state: _State) -> FastAPI:
                 "prompt_tokens_details": None,
             },
             "prompt_logprobs": None,
+        }
+        return JSONResponse(result, headers={"x-fake-backend": state.name})
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> JSONResponse:
+        body, error = await admit(request)
+        if error is not None:
+            return error
+        if body.get("model") != state.model:
+            return vllm_error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        raw = body.get("prompt")
+        if isinstance(raw, str):
+            prompts = [tokenize(raw)]
+        elif isinstance(raw, list) and raw and all(isinstance(p, str) for p in raw):
+            prompts = [tokenize(p) for p in raw]
+        elif isinstance(raw, list) and raw and all(isinstance(p, int) for p in raw):
+            prompts = [list(raw)]
+        elif isinstance(raw, list) and raw and all(isinstance(p, list) for p in raw):
+            prompts = [list(p) for p in raw]
+        else:
+            return vllm_error(
+                400, "prompt must be a string, array of strings or array of tokens", "BadRequestError"
+            )
+        for ids in prompts:
+            bad = [t for t in ids if not 0 <= t < VOCAB_SIZE]
+            if bad:  # vLLM's wording (its input processor)
+                return vllm_error(400, f"Token id {max(bad)} is out of vocabulary", "BadRequestError")
+        max_tokens = body.get("max_tokens") or 16
+        n = int(body.get("n") or 1)
+        k = body.get("logprobs")
+        echo = bool(body.get("echo"))
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
+        stops = body.get("stop") or []
+        stops = [stops] if isinstance(stops, str) else list(stops)
+
+        def shown(t: int) -> str:
+            return f"token_id:{t}" if as_ids else token_bytes(t).decode("utf-8", errors="replace")
+
+        choices, prompt_total, completion_total = [], 0, 0
+        for p_index, ids in enumerate(prompts):
+            prompt_total += len(ids)
+            if len(ids) + max_tokens > state.max_model_len:
+                return vllm_error(
+                    400,
+                    f"This model's maximum context length is {state.max_model_len} tokens. However, you requested "
+                    f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} in the completion).",
+                    "BadRequestError",
+                )
+            prompt_text = decode(ids)
+            script = next((turns for tag, turns in state.scripts.items() if tag in prompt_text), None)
+            reply = (script[0].get("content") if script else None) or "Hello! I am a fake vLLM model."
+            gen = tokenize(reply) + [SPECIAL_TOKENS["<|im_end|>"]]
+            finish, stop_reason, text = "stop", None, reply
+            text_len = len(reply)
+            for stop in stops:
+                at = reply.find(stop) if stop else -1
+                if at >= 0 and (stop_reason is None or at < text_len):
+                    text_len, stop_reason = at, stop
+            if stop_reason is not None:
+                text = reply[:text_len]
+                # up to the token that completed the stop string (vLLM keeps it in token_ids)
+                gen = tokenize(reply[: text_len + len(stop_reason)])
+            if len(gen) > max_tokens:
+                gen, finish, stop_reason = gen[:max_tokens], "length", None
+                text = decode(gen)
+            completion_total += len(gen) * n
+            for j in range(n):
+                logprobs = None
+                if k is not None:
+                    shown_ids = (ids if echo else []) + gen
+                    token_logprobs: list[float | None] = []
+                    top: list[dict[str, float] | None] = []
+                    for i, t in enumerate(shown_ids):
+                        prompt_part = echo and i < len(ids)
+                        if prompt_part and i == 0:
+                            token_logprobs.append(None)
+                            top.append(None)
+                            continue
+                        pos = i if prompt_part else i - (len(ids) if echo else 0)
+                        lp = logprob_of(t, pos)
+                        token_logprobs.append(lp)
+                        alts = {shown(t): lp}
+                        for a in range(1, int(k) + 1):
+                            alts.setdefault(shown((t + a) % VOCAB_SIZE), round(lp - a, 2))
+                        top.append(alts)
+                    offsets, at = [], 0
+                    for t in shown_ids:
+                        offsets.append(at)
+                        at += len(decode([t]))
+                    logprobs = {
+                        "text_offset": offsets,
+                        "token_logprobs": token_logprobs,
+                        "tokens": [shown(t) for t in shown_ids],
+                        "top_logprobs": top,
+                    }
+                choice: dict[str, Any] = {
+                    "index": p_index * n + j,
+                    "text": (prompt_text if echo else "") + text,
+                    "logprobs": logprobs,
+                    "finish_reason": finish,
+                    "stop_reason": stop_reason,
+                    "prompt_logprobs": None,
+                }
+                if body.get("return_token_ids"):
+                    choice["prompt_token_ids"] = list(ids)
+                    choice["token_ids"] = list(gen)
+                choices.append(choice)
+        digest = hashlib.sha1(json.dumps(prompts).encode()).hexdigest()
+        result = {
+            "id": f"cmpl-{digest[:24]}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": state.model,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": prompt_total,
+                "total_tokens": prompt_total + completion_total,
+                "completion_tokens": completion_total,
+                "prompt_tokens_details": None,
+            },
         }
         return JSONResponse(result, headers={"x-fake-backend": state.name})
 

@@ -1,0 +1,238 @@
+"""Policy versions for asynchronous RL: which weights produced the tokens of each model call.
+
+Contract
+--------
+* Every model server (:class:`nemo_gym.server.model.SimpleResponsesAPIModel`) serves
+  ``POST /policy_version`` with ``{"policy_version": <int or non-empty string>}`` (a trainer calls it
+  after each weight update) and ``GET /policy_version`` (``{"policy_version": ..., "updated_at": ...}``,
+  ``null`` until set). Both sit behind the run token like every route. A bad body is a 400 whose
+  message names ``policy_version``.
+* While no version is set nothing is changed on the request path. Once one is set, each JSON answer of
+  a model endpoint (``/v1/responses``, ``/v1/chat/completions``, ``/v1/completions``, ``/v1/messages``)
+  carries the version that was current **when the call started** (a weight update during the call
+  gives the older version, so a lag check errs on the stale side):
+
+  - ``/v1/responses``: on every output item (items pass every hop unchanged, so the version reaches
+    the agent's final response and the rollout line);
+  - the other endpoints: ``policy_version`` at the top level, and on a chat completion's assistant
+    message when it carries ``generation_token_ids``.
+
+  Streamed (non-JSON) answers are passed through untouched.
+* A recorded model call (``/ng_model_calls/pop``) carries the same ``policy_version``
+  (:class:`nemo_gym.server.model_calls.ModelCallCaptureMiddleware` reads it from :class:`PolicyVersion`).
+* :func:`policy_versions_of` lists the distinct versions found in a rollout result, in the order they
+  appear; :func:`policy_lag` says how far its oldest one is behind the current version.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from nemo_gym.errors import error_envelope
+
+POLICY_VERSION_PATH = "/policy_version"
+POLICY_VERSION_KEY = "policy_version"
+POLICY_VERSIONS_KEY = "policy_versions"  # on a rollout line: the versions its model calls used
+STAMPED_PATHS = frozenset({"/v1/responses", "/v1/chat/completions", "/v1/completions", "/v1/messages"})
+MAX_STRING_VERSION_CHARS = 256
+
+PolicyVersionValue = int | str
+
+
+def parse_policy_version(body: Any) -> PolicyVersionValue:
+    """The version in a ``POST /policy_version`` body; ``ValueError`` naming the field otherwise."""
+    if not isinstance(body, dict):
+        raise ValueError(
+            f'the body must be a JSON object {{"policy_version": <int or string>}}, got {type(body).__name__}'
+        )
+    unknown = sorted(set(body) - {POLICY_VERSION_KEY})
+    if unknown:
+        raise ValueError(f'unknown field(s) {unknown}; the body is {{"policy_version": <int or string>}}')
+    if POLICY_VERSION_KEY not in body:
+        raise ValueError("`policy_version` is required (an integer or a non-empty string)")
+    value = body[POLICY_VERSION_KEY]
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(
+            f"`policy_version` must be an integer or a non-empty string, got {type(value).__name__} {value!r}"
+        )
+    if isinstance(value, str) and not (0 < len(value) <= MAX_STRING_VERSION_CHARS):
+        raise ValueError(
+            f"`policy_version` as a string must have 1 to {MAX_STRING_VERSION_CHARS} characters, got {len(value)}"
+        )
+    return value
+
+
+class PolicyVersion:
+    """The current policy version of one model server (None until a trainer sets one)."""
+
+    def __init__(self) -> None:
+        self.value: PolicyVersionValue | None = None
+        self.updated_at: float | None = None
+
+    def get(self) -> PolicyVersionValue | None:
+        return self.value
+
+    def set(self, value: PolicyVersionValue) -> None:
+        self.value = value
+        self.updated_at = time.time()
+
+    def answer(self) -> dict[str, Any]:
+        return {POLICY_VERSION_KEY: self.value, "updated_at": self.updated_at}
+
+    def install(self, app: FastAPI, server_name: str) -> None:
+        """``GET`` / ``POST /policy_version`` on ``app``, and the middleware that stamps answers."""
+
+        async def read_policy_version() -> dict[str, Any]:
+            return self.answer()
+
+        async def set_policy_version(request: Request) -> Response:
+            raw = await request.body()
+            try:
+                value = parse_policy_version(orjson.loads(raw) if raw else None)
+            except orjson.JSONDecodeError as e:
+                return _bad_request(
+                    server_name, f'the body is not JSON ({e}); send {{"policy_version": <int>}}'
+                )
+            except ValueError as e:
+                return _bad_request(server_name, str(e))
+            self.set(value)
+            return Response(orjson.dumps(self.answer()), media_type="application/json")
+
+        app.get(POLICY_VERSION_PATH)(read_policy_version)
+        app.post(POLICY_VERSION_PATH)(set_policy_version)
+        from starlette.middleware import Middleware
+
+        app.user_middleware.append(Middleware(PolicyVersionStampMiddleware, version=self))
+
+
+def _bad_request(server_name: str, message: str) -> Response:
+    body = error_envelope(
+        "bad_request", server=server_name, path=POLICY_VERSION_PATH, message=message, field=POLICY_VERSION_KEY
+    )
+    return Response(orjson.dumps(body), status_code=400, media_type="application/json")
+
+
+def stamp(path: str, answer: Any, version: PolicyVersionValue) -> bool:
+    """Put ``version`` on a model answer (in place, as the module docstring says); False: not an answer."""
+    if not isinstance(answer, dict):
+        return False
+    if path == "/v1/responses":
+        for item in answer.get("output") or []:
+            if isinstance(item, dict):
+                item[POLICY_VERSION_KEY] = version
+        return True
+    answer[POLICY_VERSION_KEY] = version
+    for choice in answer.get("choices") or []:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if isinstance(message, dict) and message.get("generation_token_ids") is not None:
+            message[POLICY_VERSION_KEY] = version
+    return True
+
+
+class PolicyVersionStampMiddleware:
+    """Pure ASGI middleware: stamps JSON answers of model endpoints with the version current at the call's
+    start. With no version set it costs one dict lookup per request."""
+
+    def __init__(self, app: Any, version: PolicyVersion) -> None:
+        self.app = app
+        self.version = version
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        version = self.version.get()
+        path = scope.get("path", "")
+        if (
+            version is None
+            or scope["type"] != "http"
+            or scope.get("method") != "POST"
+            or path not in STAMPED_PATHS
+        ):
+            await self.app(scope, receive, send)
+            return
+        start: dict[str, Any] | None = None
+        chunks: list[bytes] = []
+        passthrough = False
+
+        async def send_stamped(message: dict[str, Any]) -> None:
+            nonlocal start, passthrough
+            if message["type"] == "http.response.start":
+                headers = dict(message.get("headers") or [])
+                is_json = headers.get(b"content-type", b"").startswith(b"application/json")
+                if message["status"] >= 400 or not is_json:
+                    passthrough = True
+                    await send(message)
+                else:
+                    start = message
+                return
+            if message["type"] != "http.response.body" or passthrough or start is None:
+                await send(message)
+                return
+            chunks.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            body = b"".join(chunks)
+            try:
+                answer = orjson.loads(body)
+                if stamp(path, answer, version):
+                    body = orjson.dumps(answer)
+            except orjson.JSONDecodeError:
+                pass
+            headers = [(k, v) for k, v in start.get("headers") or [] if k.lower() != b"content-length"]
+            headers.append((b"content-length", str(len(body)).encode()))
+            await send({**start, "headers": headers})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+
+        await self.app(scope, receive, send_stamped)
+
+
+# ------------------------------------------------------------------------------------------------
+# Rollout side: the versions a rollout used, and its lag.
+
+
+def policy_versions_of(result: Any) -> list[PolicyVersionValue]:
+    """The distinct ``policy_version`` values on the output items of a rollout result (``/run`` JSON:
+    ``response.output``), in the order they appear."""
+    response = result.get("response") if isinstance(result, dict) else None
+    output = response.get("output") if isinstance(response, dict) else None
+    seen: list[PolicyVersionValue] = []
+    for item in output or []:
+        value = item.get(POLICY_VERSION_KEY) if isinstance(item, dict) else None
+        if value is not None and value not in seen:
+            seen.append(value)
+    return seen
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def policy_lag(versions: list[PolicyVersionValue], current: PolicyVersionValue | None) -> int | None:
+    """How many versions the oldest of ``versions`` is behind ``current`` (None: nothing to compare).
+
+    Integer versions (or strings holding integers) are compared numerically. Other strings carry no
+    order: a rollout that used any version other than the current one counts as behind by an
+    unknown amount, reported as a lag larger than any bound (``sys.maxsize``)."""
+    if current is None or not versions:
+        return None
+    now = _as_int(current)
+    numbers = [_as_int(v) for v in versions]
+    if now is not None and all(n is not None for n in numbers):
+        return max(0, now - min(n for n in numbers if n is not None))
+    if all(str(v) == str(current) for v in versions):
+        return 0
+    import sys
+
+    return sys.maxsize
