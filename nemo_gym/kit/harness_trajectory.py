@@ -18,7 +18,9 @@ Contract
   the new prompt tokens (loss mask 0) and its generation (loss mask 1) to that sample. A call whose
   prompt does not (the harness truncated, summarised or rewrote its history) starts a new sample marked
   ``rewrote_history``; a call without ids starts none and is listed under ``calls_without_token_ids``.
-  Log-probabilities line up with ``token_ids`` (0.0 where the mask is 0).
+  Log-probabilities line up with ``token_ids`` (0.0 where the mask is 0). Each sample lists the
+  ``policy_versions`` its calls were answered with (:mod:`nemo_gym.server.policy_version`; empty until a
+  trainer sets one), and :func:`policy_versions_of_calls` gives the rollout's.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ def merge_samples(calls: list[dict[str, Any]]) -> dict[str, Any]:
             current["loss_mask"] += [0] * len(tail) + [1] * len(tokens.generation_ids)
             current["log_probs"] += [0.0] * len(tail) + generation_lp
             current["call_indices"].append(tokens.call_index)
+            _add_version(current["policy_versions"], call)
             continue
         current = {
             "token_ids": tokens.prompt_ids + tokens.generation_ids,
@@ -108,6 +111,22 @@ def merge_samples(calls: list[dict[str, Any]]) -> dict[str, Any]:
             "call_indices": [tokens.call_index],
             "prompt_length": len(tokens.prompt_ids),
             "rewrote_history": bool(samples),
+            "policy_versions": [],
         }
+        _add_version(current["policy_versions"], call)
         samples.append(current)
     return {"samples": samples, "calls_without_token_ids": without}
+
+
+def _add_version(versions: list[Any], call: dict[str, Any]) -> None:
+    value = call.get("policy_version")
+    if value is not None and value not in versions:
+        versions.append(value)
+
+
+def policy_versions_of_calls(calls: list[dict[str, Any]]) -> list[Any]:
+    """The distinct policy versions a rollout's recorded calls were answered with, in call order."""
+    versions: list[Any] = []
+    for call in sorted(calls, key=lambda c: int(c.get("call_index", 0))):
+        _add_version(versions, call)
+    return versions

@@ -194,11 +194,16 @@ class PolicyVersionStampMiddleware:
 
 
 def policy_versions_of(result: Any) -> list[PolicyVersionValue]:
-    """The distinct ``policy_version`` values on the output items of a rollout result (``/run`` JSON:
-    ``response.output``), in the order they appear."""
+    """The distinct ``policy_version`` values of a rollout result (``/run`` JSON), in the order they
+    appear: those an agent stated itself as ``policy_versions`` (an agent whose model calls are not its
+    output items, such as harness_agent), then those on the output items (``response.output``)."""
     response = result.get("response") if isinstance(result, dict) else None
     output = response.get("output") if isinstance(response, dict) else None
+    stated = result.get(POLICY_VERSIONS_KEY) if isinstance(result, dict) else None
     seen: list[PolicyVersionValue] = []
+    for value in stated if isinstance(stated, list) else []:
+        if value is not None and value not in seen:
+            seen.append(value)
     for item in output or []:
         value = item.get(POLICY_VERSION_KEY) if isinstance(item, dict) else None
         if value is not None and value not in seen:

@@ -46,10 +46,11 @@ from nemo_gym.base_resources_server import BaseRunRequest
 from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
 from nemo_gym.errors import error_envelope
-from nemo_gym.kit.harness_trajectory import merge_samples
+from nemo_gym.kit.harness_trajectory import merge_samples, policy_versions_of_calls
 from nemo_gym.openai_utils import new_id
 from nemo_gym.server.base import validated_body
 from nemo_gym.server.model_calls import POP_PATH
+from nemo_gym.server.policy_version import POLICY_VERSIONS_KEY
 
 HARNESS_FAILED = "harness_failed"
 
@@ -226,7 +227,11 @@ class HarnessAgent(SimpleResponsesAPIAgent):
             "model_calls": len(calls),
             "rollout_id": rollout_id,
         }
-        return {**row, **verify, "harness": harness, "training": merge_samples(calls)}
+        out = {**row, **verify, "harness": harness, "training": merge_samples(calls)}
+        versions = policy_versions_of_calls(calls)
+        if versions:  # the collector's max_policy_lag judges the rollout by them
+            out[POLICY_VERSIONS_KEY] = versions
+        return out
 
     def _model_name(self, row: dict[str, Any]) -> str:
         return (

@@ -141,6 +141,19 @@ def test_the_answer_from_a_file_and_the_rows_files_in_the_working_directory(stac
     assert resp.json()["reward"] == 1.0
 
 
+def test_the_policy_version_of_each_call_is_on_its_sample_and_the_rollout(stack: RunHelper) -> None:
+    model = server_url(stack, "policy_model")
+    assert post_json(model + "/policy_version", {"policy_version": 7}).status_code == 200
+    try:
+        resp = _run(stack, "mcqa_openai_harness", _row(RIGHT))
+    finally:
+        post_json(model + "/policy_version", {"policy_version": 0})
+    assert resp.status_code == 200, resp.text
+    result = resp.json()
+    assert result["policy_versions"] == [7]  # what max_policy_lag judges the rollout by
+    assert [s["policy_versions"] for s in result["training"]["samples"]] == [[7]]
+
+
 @pytest.mark.parametrize(
     ("agent", "said"),
     [
