@@ -14,17 +14,18 @@ Contract
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, ClassVar
 
 import orjson
 from fastapi import Body, FastAPI, Request
 from fastapi.responses import Response
-from pydantic import PrivateAttr
+from pydantic import PrivateAttr, ValidationError
 from starlette.middleware import Middleware
 
 from nemo_gym.config.process import current_global_config_dict
 from nemo_gym.config.types import BaseRunServerInstanceConfig
+from nemo_gym.openai_utils import dump
 from nemo_gym.openai_utils.responses import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.server.base import SimpleServer
 from nemo_gym.server.metrics.install import observed_model_call
@@ -35,6 +36,22 @@ from nemo_gym.server.model_calls import (
     PopModelCallsRequest,
     pop_answer,
     store_from_config,
+)
+from nemo_gym.server.streaming import (
+    CHAT_PATH,
+    RESPONSES_PATH,
+    ChatChunkEncoder,
+    Delta,
+    ResponsesEventEncoder,
+    StreamEnd,
+    StreamingDispatch,
+    bad_stream_request,
+    deltas_of_chat_completion,
+    deltas_of_response,
+    iterate,
+    sse_response,
+    usage_pair,
+    validation_message,
 )
 
 
@@ -68,6 +85,8 @@ class SimpleResponsesAPIModel(SimpleServer):
         app.post("/v1/chat/completions")(
             observed_model_call(self._metrics, "/v1/chat/completions", self.chat_completions)
         )
+        # stream: true on both paths is answered before the routes (nemo_gym.server.streaming).
+        app.user_middleware.append(Middleware(StreamingDispatch, server=self))
         self.setup_model_call_capture(app)
         if (
             self._metrics is not None
@@ -105,3 +124,77 @@ class SimpleResponsesAPIModel(SimpleServer):
     async def chat_completions(
         self, request: Request, body: dict[str, Any] = Body(...)
     ) -> dict[str, Any]: ...
+
+    # -- streaming (stream: true; nemo_gym.server.streaming) -------------------------------------------
+    def streamed_model_name(self, body: dict[str, Any]) -> str:
+        """The ``model`` a streamed answer names: the request's, else the server's configured name."""
+        for value in (
+            body.get("model"),
+            getattr(self.config, "model_name", None),
+            getattr(self.config, "model", None),
+        ):
+            if isinstance(value, str) and value:
+                return value
+        return self.config.name
+
+    def _count_streamed_tokens(self, path: str) -> Callable[[StreamEnd], None] | None:
+        metrics = self._metrics
+        if metrics is None:
+            return None
+        return lambda end: metrics.observe_tokens(path, usage_pair(end.usage))
+
+    async def stream_responses(self, request: Request, body: dict[str, Any]) -> Response:
+        """``POST /v1/responses`` with ``stream: true``: the Responses events of :meth:`responses_deltas`."""
+        params = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        try:
+            validated = NeMoGymResponseCreateParamsNonStreaming.model_validate(params)
+        except ValidationError as e:
+            return bad_stream_request(request.url.path, validation_message(e))
+        source = await self.responses_deltas(request, validated)
+        if isinstance(source, Response):
+            return source
+        encoder = ResponsesEventEncoder(dump(validated), self.streamed_model_name(body))
+        return sse_response(encoder, source, on_end=self._count_streamed_tokens(RESPONSES_PATH))
+
+    async def stream_chat_completions(self, request: Request, body: dict[str, Any]) -> Response:
+        """``POST /v1/chat/completions`` with ``stream: true``: chunks of :meth:`chat_completions_deltas`."""
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        plain = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        source = await self.chat_completions_deltas(request, plain)
+        if isinstance(source, Response):
+            return source
+        encoder = ChatChunkEncoder(self.streamed_model_name(body), include_usage=include_usage)
+        return sse_response(encoder, source, on_end=self._count_streamed_tokens(CHAT_PATH))
+
+    async def responses_deltas(
+        self, request: Request, body: NeMoGymResponseCreateParamsNonStreaming
+    ) -> AsyncIterator[Delta] | Response:
+        """The deltas of a streamed ``/v1/responses`` answer, or an error answer (sent instead of a stream).
+
+        By default the whole answer of :meth:`responses`, sent in pieces (what a server whose model
+        cannot stream can do); a server that generates incrementally overrides this."""
+        answer = _as_dict(await self.responses(request, body))
+        if isinstance(answer, Response):
+            return answer
+        return iterate(deltas_of_response(answer))
+
+    async def chat_completions_deltas(
+        self, request: Request, body: dict[str, Any]
+    ) -> AsyncIterator[Delta] | Response:
+        """The deltas of a streamed ``/v1/chat/completions`` answer (``body`` without ``stream``), or an
+        error answer; by default the whole answer of :meth:`chat_completions`, sent in pieces."""
+        answer = _as_dict(await self.chat_completions(request, body))
+        if isinstance(answer, Response):
+            return answer
+        return iterate(deltas_of_chat_completion(answer))
+
+
+def _as_dict(answer: Any) -> dict[str, Any] | Response:
+    """A handler's answer as a dict, or the (error / non-JSON) ``Response`` itself."""
+    if isinstance(answer, Response):
+        if answer.status_code >= 400 or not isinstance(answer.body, bytes):
+            return answer
+        return orjson.loads(answer.body)
+    if isinstance(answer, dict):
+        return answer
+    return dump(answer)
