@@ -10,13 +10,10 @@ streaming helpers, against real servers on 127.0.0.1 (nemo_gym.server.streaming)
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import httpx
@@ -285,3 +282,149 @@ def test_non_streamed_requests_are_unchanged(scripted_url: str) -> None:
         {"messages": [{"role": "user", "content": "hi"}], "stream": False},
     )
     assert r.status_code == 200 and r.json()["object"] == "chat.completion"
+
+
+# -- local_model (the real tiny GGUF on the CPU) --------------------------------------------------------
+
+LOCAL_CONFIG = "responses_api_models/local_model/configs/local_model.yaml"
+
+
+def _local_model_missing() -> str | None:
+    from responses_api_models.local_model import weights
+
+    return weights.default_model_unavailable()
+
+
+@pytest.fixture(scope="module")
+def local_url() -> Iterator[str]:
+    missing = _local_model_missing()
+    if missing is not None:
+        pytest.skip(f"needs the default local model: {missing}")
+    extra = {"policy_model": {"responses_api_models": {"local_model": {"return_token_id_information": True}}}}
+    with running_servers([LOCAL_CONFIG], extra, with_scripted_model=False) as helper:
+        yield server_url(helper, "policy_model")
+
+
+LONG_PROMPT = [{"role": "user", "content": "Count from 1 to 200, separated by commas."}]
+
+
+def test_local_chat_stream_sends_tokens_as_generated(local_url: str) -> None:
+    with _client(local_url) as client:
+        t0 = time.monotonic()
+        first_content: float | None = None
+        chunks = []
+        stream = client.chat.completions.create(
+            model="local",
+            messages=LONG_PROMPT,
+            max_tokens=48,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        for chunk in stream:
+            if first_content is None and chunk.choices and chunk.choices[0].delta.content:
+                first_content = time.monotonic() - t0
+            chunks.append(chunk)
+        total = time.monotonic() - t0
+    assert first_content is not None and first_content < total / 2, (first_content, total)
+    content_chunks = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(content_chunks) > 5  # token by token, not one piece at the end
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 48
+    finishing = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert [f.finish_reason for f in finishing] == ["length"]
+    # The token ids ride on the final chunk, as on the plain answer's message.
+    extra = finishing[0].delta.model_extra or {}
+    assert len(extra["generation_token_ids"]) == 48 and len(extra["generation_log_probs"]) == 48
+
+
+def test_local_responses_stream_structure(local_url: str) -> None:
+    with _client(local_url) as client:
+        t0 = time.monotonic()
+        first_delta: float | None = None
+        events = []
+        stream = client.responses.create(model="local", input=LONG_PROMPT, max_output_tokens=40, stream=True)
+        for event in stream:
+            if first_delta is None and event.type == "response.output_text.delta":
+                first_delta = time.monotonic() - t0
+            events.append(event)
+        total = time.monotonic() - t0
+        # Cut off by the budget, the answer ends with ``response.incomplete`` (as OpenAI's does; the SDK's
+        # ``responses.stream`` helper only knows ``response.completed``, see the completed case below).
+        final = events[-1].response
+    assert first_delta is not None and first_delta < total / 2, (first_delta, total)
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-1] == "response.incomplete" and final.status == "incomplete"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text and final.output_text.startswith(text.rstrip())
+    assert final.usage is not None and final.usage.output_tokens == 40
+    assert len(final.output[-1].model_extra["generation_token_ids"]) == 40
+
+
+def test_local_responses_stream_helper_completed(local_url: str) -> None:
+    with _client(local_url) as client:
+        with client.responses.stream(
+            model="local", input=[{"role": "user", "content": "Say hi."}], max_output_tokens=200
+        ) as stream:
+            events = list(stream)
+            if events[-1].type == "response.completed":  # the model ended within the budget (nearly always)
+                final = stream.get_final_response()
+                text = [item for item in final.output if item.type == "message"]
+                assert len(text) == 1 and final.output_text == text[0].content[0].text
+            else:
+                assert events[-1].type == "response.incomplete"
+
+
+def test_local_forced_tool_call_streams_as_a_call(local_url: str) -> None:
+    """A forced call (grammar-constrained, so whatever the model prefers) arrives as tool-call deltas."""
+    with _client(local_url) as client:
+        chunks = list(
+            client.chat.completions.create(
+                model="local",
+                messages=[{"role": "user", "content": "Weather in Paris?"}],
+                tools=[WEATHER_CHAT_TOOL],
+                tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                stream=True,
+            )
+        )
+    calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    assert calls and calls[0].function.name == "get_weather" and calls[0].id
+    args = json.loads("".join(tc.function.arguments or "" for tc in calls))
+    assert isinstance(args, dict) and set(args) == {"city"}
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+        "tool_calls"
+    ]
+
+
+def test_local_client_going_away_stops_the_generation(local_url: str) -> None:
+    stats_url = local_url + "/stats"
+    headers = {"Authorization": f"Bearer {client_token_for_url(local_url)}"}
+    before = httpx.get(stats_url, headers=headers, timeout=WAIT_S, trust_env=False).json()
+    body = {"model": "local", "messages": LONG_PROMPT, "max_tokens": 400, "temperature": 0, "stream": True}
+    with httpx.Client(timeout=WAIT_S, trust_env=False, headers=headers) as http:
+        with http.stream("POST", local_url + "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            seen = 0
+            for line in r.iter_lines():
+                if line.startswith("data: ") and '"content"' in line:
+                    seen += 1
+                if seen >= 4:
+                    break  # leaving the block closes the connection mid-stream
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        stats = httpx.get(stats_url, headers=headers, timeout=WAIT_S, trust_env=False).json()
+        if stats["stopped_generations"] > before["stopped_generations"] and stats["running"] == 0:
+            break
+        assert time.monotonic() < deadline, f"the generation did not stop: {stats}"
+        time.sleep(0.05)
+    assert stats["last_stopped_after_tokens"] < 400
+    # The model is free again: a plain request is answered.
+    with _client(local_url) as client:
+        answer = client.chat.completions.create(model="local", messages=LONG_PROMPT, max_tokens=4)
+    assert answer.choices[0].finish_reason == "length"

@@ -163,6 +163,10 @@ class GenerationRequest:
     top_logprobs: int = 0
     should_stop: Callable[[], bool] | None = None  # checked between tokens (e.g. client went away)
     grammar: str | None = None  # GBNF source constraining the output (forced tool calls)
+    # Streaming: called on the worker thread with each content token's id and bytes as it is generated,
+    # and with the result when the generation ends (also when it was stopped by ``should_stop``).
+    on_token: Callable[[int, bytes], None] | None = None
+    on_finish: Callable[[GenerationResult], None] | None = None
 
 
 @dataclass
@@ -367,6 +371,8 @@ class LocalLLM:
                     finish = "stop"
                     break
                 content_ids.append(int(token))
+                if req.on_token is not None:
+                    req.on_token(int(token), self.llm.detokenize([int(token)], special=False))
                 if len(result.generation_token_ids) >= budget:
                     break
                 if req.should_stop is not None and req.should_stop():
@@ -379,6 +385,8 @@ class LocalLLM:
         result.generation_s = t1 - (t_first or t1)
         result.text = self.detokenize(content_ids)
         result.finish_reason = finish
+        if req.on_finish is not None:
+            req.on_finish(result)
         return result
 
 
