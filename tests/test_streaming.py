@@ -10,10 +10,13 @@ streaming helpers, against real servers on 127.0.0.1 (nemo_gym.server.streaming)
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import httpx
@@ -81,9 +84,16 @@ def _has_invalid_arguments(output: list[Any]) -> bool:
 
 
 def _chat_message(completion: Any) -> dict[str, Any]:
+    """The message without ids, and without what the SDK's accumulator adds (index, parsed arguments); an
+    empty content or call list is none (a stream's role chunk carries ``content: ""``)."""
     message = completion.choices[0].message.model_dump(exclude_none=True)
+    for key in ("content", "tool_calls"):  # vLLM's plain answer has ``tool_calls: []``
+        if message.get(key) in ("", []):
+            del message[key]
     for call in message.get("tool_calls") or []:
         call.pop("id")
+        call.pop("index", None)
+        call["function"].pop("parsed_arguments", None)
     return message
 
 
@@ -428,3 +438,131 @@ def test_local_client_going_away_stops_the_generation(local_url: str) -> None:
     with _client(local_url) as client:
         answer = client.chat.completions.create(model="local", messages=LONG_PROMPT, max_tokens=4)
     assert answer.choices[0].finish_reason == "length"
+
+
+# -- vllm_model and openai_model, against the repo's fake vLLM / OpenAI backend ------------------------
+
+VLLM_CONFIG = "responses_api_models/vllm_model/configs/vllm_model.yaml"
+OPENAI_CONFIG = "responses_api_models/openai_model/configs/openai_model.yaml"
+FAKE_MODEL = "fake-model"
+
+
+def _load_fake() -> ModuleType:
+    path = ROOT / "responses_api_models/vllm_model/tests/fake_vllm_backend.py"
+    spec = importlib.util.spec_from_file_location("streaming_test_fake_vllm_backend", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def relay_urls() -> Iterator[dict[str, Any]]:
+    fake = _load_fake()
+    with fake.FakeBackend("stream", model=FAKE_MODEL) as backend:
+        backend.control(
+            scripts={
+                "[script:stream]": [
+                    {
+                        "tool_calls": [
+                            {"name": "get_weather", "arguments": {"city": "Paris, the capital of France"}}
+                        ]
+                    },
+                    {"content": "It is sunny in Paris today, and it will stay sunny all week long."},
+                ]
+            }
+        )
+        extra = {
+            "policy_base_url": backend.url + "/v1",
+            "policy_api_key": "EMPTY",
+            "policy_model_name": FAKE_MODEL,
+            "upstream_model": {
+                "responses_api_models": {
+                    "openai_model": {
+                        "entrypoint": "app.py",
+                        "openai_base_url": backend.url + "/v1",
+                        "openai_api_key": "EMPTY",
+                        "openai_model": FAKE_MODEL,
+                    }
+                }
+            },
+        }
+        with running_servers([VLLM_CONFIG], extra, with_scripted_model=False) as helper:
+            yield {
+                "vllm": server_url(helper, "policy_model"),
+                "openai": server_url(helper, "upstream_model"),
+                "backend": backend,
+            }
+
+
+STREAM_TURNS = [
+    [{"role": "user", "content": "[script:stream] weather?"}],
+    [
+        {"role": "user", "content": "[script:stream] weather?"},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+    ],
+]
+
+
+@pytest.mark.parametrize("server", ["vllm", "openai"])
+@pytest.mark.parametrize("turn", [0, 1])
+def test_relayed_responses_stream_reassembles_the_plain_answer(
+    relay_urls: dict[str, Any], server: str, turn: int
+) -> None:
+    params = {"input": STREAM_TURNS[turn], "tools": [WEATHER_TOOL]}
+    with _client(relay_urls[server]) as client:
+        plain = client.responses.create(model=FAKE_MODEL, **params)
+        with client.responses.stream(model=FAKE_MODEL, **params) as stream:
+            events = list(stream)
+            final = stream.get_final_response()
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert _comparable_output(final.output) == _comparable_output(plain.output)
+    if plain.output_text:
+        deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+        assert len(deltas) > 3 and "".join(deltas) == plain.output_text  # relayed in pieces
+    else:
+        deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+        assert len(deltas) > 3 and "".join(deltas) == plain.output[0].arguments
+
+
+@pytest.mark.parametrize("server", ["vllm", "openai"])
+@pytest.mark.parametrize("turn", [0, 1])
+def test_relayed_chat_stream_reassembles_the_plain_answer(
+    relay_urls: dict[str, Any], server: str, turn: int
+) -> None:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "[script:stream] weather?"}]
+    if turn:
+        call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        ]
+    body = {"messages": messages, "tools": [WEATHER_CHAT_TOOL]}
+    with _client(relay_urls[server]) as client:
+        plain = client.chat.completions.create(model=FAKE_MODEL, **body)
+        chunks = list(
+            client.chat.completions.create(
+                model=FAKE_MODEL, stream=True, stream_options={"include_usage": True}, **body
+            )
+        )
+        with client.chat.completions.stream(model=FAKE_MODEL, **body) as stream:
+            for _ in stream:
+                pass
+            assert _chat_message(stream.get_final_completion()) == _chat_message(plain)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices == [] and chunks[-1].usage == plain.usage
+    assert len(chunks) > 5
+
+
+def test_relayed_backend_error_before_the_stream_keeps_its_status(relay_urls: dict[str, Any]) -> None:
+    for server in ("vllm", "openai"):
+        r = _post(
+            relay_urls[server],
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 10**6},
+        )
+        assert r.status_code == 400 and "maximum context length" in r.text, (server, r.text)

@@ -145,11 +145,9 @@ class SimpleResponsesAPIModel(SimpleServer):
 
     async def stream_responses(self, request: Request, body: dict[str, Any]) -> Response:
         """``POST /v1/responses`` with ``stream: true``: the Responses events of :meth:`responses_deltas`."""
-        params = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-        try:
-            validated = NeMoGymResponseCreateParamsNonStreaming.model_validate(params)
-        except ValidationError as e:
-            return bad_stream_request(request.url.path, validation_message(e))
+        validated = validated_stream_body(request, body)
+        if isinstance(validated, Response):
+            return validated
         source = await self.responses_deltas(request, validated)
         if isinstance(source, Response):
             return source
@@ -187,6 +185,18 @@ class SimpleResponsesAPIModel(SimpleServer):
         if isinstance(answer, Response):
             return answer
         return iterate(deltas_of_chat_completion(answer))
+
+
+def validated_stream_body(
+    request: Request, body: dict[str, Any]
+) -> NeMoGymResponseCreateParamsNonStreaming | Response:
+    """A streamed ``/v1/responses`` body checked as the route checks a plain one (``stream`` and
+    ``stream_options`` aside), or the 400 naming the fields that are wrong."""
+    params = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+    try:
+        return NeMoGymResponseCreateParamsNonStreaming.model_validate(params)
+    except ValidationError as e:
+        return bad_stream_request(request.url.path, validation_message(e))
 
 
 def _as_dict(answer: Any) -> dict[str, Any] | Response:

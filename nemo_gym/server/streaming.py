@@ -37,6 +37,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+import aiohttp
 import orjson
 from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
@@ -615,3 +616,72 @@ class StreamingDispatch:
         else:
             response = await self.server.stream_chat_completions(request, body)
         await response(scope, receive, send)
+
+
+# ------------------------------------------------------------------------------------------------
+# Backends that stream themselves (vLLM, an OpenAI-compatible upstream), through aiohttp.
+
+
+async def sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """The ``data:`` payloads of a server-sent event stream, up to ``[DONE]``; closing this iterator (the
+    client went away) closes the connection, which makes a vLLM server abort the generation."""
+    try:
+        async for line in resp.content:
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                return
+            yield data
+    finally:
+        resp.close()
+
+
+async def deltas_of_chat_chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[Delta]:
+    """The deltas of a backend's ``chat.completion.chunk`` stream (first choice)."""
+    finish: Any = "stop"
+    usage: dict[str, Any] | None = None
+    async for data in sse_data(resp):
+        chunk = orjson.loads(data)
+        if "error" in chunk and "choices" not in chunk:
+            raise RuntimeError(f"the backend's stream failed: {str(chunk['error'])[:500]}")
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if delta.get("reasoning_content"):
+                yield ReasoningDelta(delta["reasoning_content"])
+            if delta.get("content"):
+                yield TextDelta(delta["content"])
+            for call in delta.get("tool_calls") or []:
+                function = call.get("function") or {}
+                yield ToolCallDelta(
+                    int(call.get("index") or 0),
+                    function.get("arguments") or "",
+                    call.get("id"),
+                    function.get("name"),
+                )
+            if choice.get("finish_reason"):
+                finish = choice["finish_reason"]
+    yield StreamEnd(finish if finish in ("stop", "length", "tool_calls") else "stop", usage)
+
+
+def relay_sse(resp: aiohttp.ClientResponse) -> StreamingResponse:
+    """The backend's event stream passed on as it arrives (the connection is closed when the client goes
+    away or the stream ends)."""
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in resp.content.iter_any():
+                yield chunk
+        finally:
+            resp.close()
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(body(), media_type=SSE_MEDIA_TYPE, headers=headers)
+
+
+def streaming_timeout(total_s: float) -> aiohttp.ClientTimeout:
+    """A stream may last long; what is bounded is connecting and each silence between two reads."""
+    return aiohttp.ClientTimeout(total=None, sock_connect=min(30.0, total_s), sock_read=total_s)
