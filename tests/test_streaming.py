@@ -566,3 +566,18 @@ def test_relayed_backend_error_before_the_stream_keeps_its_status(relay_urls: di
             {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 10**6},
         )
         assert r.status_code == 400 and "maximum context length" in r.text, (server, r.text)
+
+
+def test_streaming_bench_runs_and_reports(tmp_path: Path) -> None:
+    """``ng_bench +suite=streaming`` end to end on a tiny load (its figures are reported, never asserted)."""
+    from nemo_gym.tools.bench.streaming import run_suite
+
+    out = tmp_path / "streaming_bench.json"
+    result = run_suite(
+        {"requests": 20, "concurrency": 2, "rounds": 1, "local": False, "output_json_fpath": str(out)}
+    )
+    assert json.loads(out.read_text()) == result
+    for api in ("responses", "chat"):
+        row = result["scripted"][api]
+        assert row["plain_requests_per_s"] > 0 and row["streamed_requests_per_s"] > 0
+        assert isinstance(row["stream_cost_pct"], float)
