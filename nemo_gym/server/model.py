@@ -6,6 +6,11 @@ Contract
   a 422 naming them) and returns a ``NeMoGymResponse``.
 * ``POST /v1/chat/completions`` takes and returns the Chat Completions shapes (as plain JSON).
 * Output items may carry ``prompt_token_ids``/``generation_token_ids``/``generation_log_probs``.
+* ``stream: true`` on either path is answered as that API's server-sent events by
+  :class:`~nemo_gym.server.streaming.StreamingDispatch` (before the routes): from
+  :meth:`SimpleResponsesAPIModel.responses_deltas` / :meth:`~SimpleResponsesAPIModel.chat_completions_deltas`
+  (by default the plain answer cut into pieces; a server that generates incrementally overrides them),
+  or a server's own :meth:`~SimpleResponsesAPIModel.stream_responses` (a relay of a backend's stream).
 * With ``observability_enabled`` set for the run, model calls made under a rollout prefix are recorded
   in a bounded store and handed out by ``POST /ng_model_calls/pop`` (:mod:`nemo_gym.server.model_calls`);
   off, nothing is installed on the request path.
