@@ -53,7 +53,6 @@ from nemo_gym.server.streaming import (
     bad_stream_request,
     deltas_of_chat_completion,
     deltas_of_response,
-    iterate,
     sse_response,
     usage_pair,
     validation_message,
@@ -171,7 +170,7 @@ class SimpleResponsesAPIModel(SimpleServer):
 
     async def responses_deltas(
         self, request: Request, body: NeMoGymResponseCreateParamsNonStreaming
-    ) -> AsyncIterator[Delta] | Response:
+    ) -> AsyncIterator[Delta] | list[Delta] | Response:
         """The deltas of a streamed ``/v1/responses`` answer, or an error answer (sent instead of a stream).
 
         By default the whole answer of :meth:`responses`, sent in pieces (what a server whose model
@@ -179,17 +178,17 @@ class SimpleResponsesAPIModel(SimpleServer):
         answer = _as_dict(await self.responses(request, body))
         if isinstance(answer, Response):
             return answer
-        return iterate(deltas_of_response(answer))
+        return deltas_of_response(answer)
 
     async def chat_completions_deltas(
         self, request: Request, body: dict[str, Any]
-    ) -> AsyncIterator[Delta] | Response:
+    ) -> AsyncIterator[Delta] | list[Delta] | Response:
         """The deltas of a streamed ``/v1/chat/completions`` answer (``body`` without ``stream``), or an
         error answer; by default the whole answer of :meth:`chat_completions`, sent in pieces."""
         answer = _as_dict(await self.chat_completions(request, body))
         if isinstance(answer, Response):
             return answer
-        return iterate(deltas_of_chat_completion(answer))
+        return deltas_of_chat_completion(answer)
 
 
 def validated_stream_body(

@@ -487,9 +487,18 @@ def deltas_of_chat_completion(completion: dict[str, Any]) -> list[Delta]:
     return deltas
 
 
-async def iterate(deltas: list[Delta]) -> AsyncIterator[Delta]:
+def encoded_events(
+    encoder: EventEncoder, deltas: list[Delta], on_end: Callable[[StreamEnd], None] | None = None
+) -> list[bytes]:
+    """Every event of a complete list of deltas (which ends with a :class:`StreamEnd`)."""
+    events = encoder.start()
     for delta in deltas:
-        yield delta
+        if isinstance(delta, StreamEnd):
+            if on_end is not None:
+                on_end(delta)
+            return events + encoder.end(delta)
+        events += encoder.feed(delta)
+    return events + encoder.error("the answer ended without a final event")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -498,11 +507,16 @@ async def iterate(deltas: list[Delta]) -> AsyncIterator[Delta]:
 
 def sse_response(
     encoder: EventEncoder,
-    deltas: AsyncIterator[Delta],
+    deltas: AsyncIterator[Delta] | list[Delta],
     on_end: Callable[[StreamEnd], None] | None = None,
-) -> StreamingResponse:
+) -> Response:
     """The event stream of ``deltas`` through ``encoder``. An exception mid-stream becomes the API's error
-    event (the status line is already sent); a client that went away closes ``deltas``."""
+    event (the status line is already sent); a client that went away closes ``deltas``.
+
+    Deltas given as a list (an answer known in full) are encoded into one body, written at once: the
+    same events, without a write and a task switch per delta for data that is all there already."""
+    if isinstance(deltas, list):
+        return Response(b"".join(encoded_events(encoder, deltas, on_end)), media_type=SSE_MEDIA_TYPE)
 
     async def body() -> AsyncIterator[bytes]:
         yield b"".join(encoder.start())
