@@ -272,11 +272,15 @@ class RequestGuard:
             if k == b"authorization":
                 if hmac.compare_digest(v, self.bearer):
                     return None
-            elif k == b"x-nemo-gym-token" and hmac.compare_digest(v, self.raw_token or b""):
+            elif (k == b"x-nemo-gym-token" or k == b"x-api-key") and hmac.compare_digest(
+                v, self.raw_token or b""
+            ):
+                # x-api-key: how Anthropic's clients send their key (ANTHROPIC_API_KEY), e.g. a harness
+                # trained through /v1/messages with the run token as its key.
                 return None
         return (
             f"missing or wrong run token for server '{self.server_name}'. Send 'Authorization: Bearer <token>' "
-            f"(or '{TOKEN_HEADER_NAME}: <token>'); ng_collect_rollouts, RunHelper and RolloutCollectionHelper find "
+            f"(or '{TOKEN_HEADER_NAME}: <token>', or 'x-api-key: <token>'); ng_collect_rollouts, RunHelper and RolloutCollectionHelper find "
             f"it themselves on this machine; elsewhere set {AUTH_TOKEN_ENV_VAR_NAME} to the token in the file "
             f"ng_run printed."
         )

@@ -131,7 +131,7 @@ def test_every_server_and_the_head_server_refuse_requests_without_the_run_token(
     assert httpx.get(head + "/server_instances", timeout=10, trust_env=False).status_code == 401
 
 
-def test_the_run_token_is_accepted_in_either_header(run: Any) -> None:
+def test_the_run_token_is_accepted_in_any_of_its_headers(run: Any) -> None:
     token = run.supervisor.auth_token
     assert token
     url = server_url(run, RESOURCES)
@@ -139,6 +139,9 @@ def test_the_run_token_is_accepted_in_either_header(run: Any) -> None:
         httpx.get(url + "/", headers={"Authorization": f"Bearer {token}"}, trust_env=False).status_code == 200
     )
     assert httpx.get(url + "/", headers={TOKEN_HEADER_NAME: token}, trust_env=False).status_code == 200
+    # Anthropic's clients send their key as x-api-key (a harness with the run token as ANTHROPIC_API_KEY).
+    assert httpx.get(url + "/", headers={"x-api-key": token}, trust_env=False).status_code == 200
+    assert httpx.get(url + "/", headers={"x-api-key": token + "x"}, trust_env=False).status_code == 401
 
 
 def test_a_fabricated_trajectory_cannot_be_verified_without_the_token(run: Any) -> None:

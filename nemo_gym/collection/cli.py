@@ -34,6 +34,7 @@ from nemo_gym.config.command import command
 from nemo_gym.config.problems import ConfigError
 from nemo_gym.config.types import BaseServerConfig
 from nemo_gym.redaction import add_secret_values, config_secret_values
+from nemo_gym.server.startup import tune_gc_for_throughput
 
 # Exit status when dispatch stopped because a server is down (restart it, then resume).
 EXIT_SERVER_DOWN = 3
@@ -68,6 +69,7 @@ def collect_main(argv: list[str] | None = None) -> None:
         )
         return
     raise_open_file_limit()
+    tune_gc_for_throughput()  # after the imports: their objects are frozen out of every collection
     try:
         cli_keys = {o.key.split(".")[0] for o in parse_cli_overrides(argv) if not o.delete}
         loaded = load_global_config(argv)

@@ -82,6 +82,7 @@ from nemo_gym.server.startup import (
     die_with_parent,
     report_config_verdict,
     startup_mark,
+    tune_gc_for_throughput,
 )
 from nemo_gym.server.tracing import install_tracing
 
@@ -460,6 +461,7 @@ class BaseServer(BaseModel):
         startup_mark("go")
         server = cls(config=config, server_client=ServerClient())
         app = server.complete_app(server.setup_webserver())
+        tune_gc_for_throughput()
         startup_mark("app")
         fd = os.environ.get(NEMO_GYM_LISTEN_FD_ENV_VAR_NAME)
         if fd is not None:

@@ -2,12 +2,12 @@
 
 Contract
 --------
-* ``await run_until_disconnected(request, work)`` runs the coroutine ``work`` as a task while a
-  watcher waits on the request's ASGI receive channel. When the client disconnects first, the task is
+* ``await run_until_disconnected(request, work)`` awaits the coroutine ``work`` while a watcher task
+  waits on the request's ASGI receive channel. When the client disconnects first, the work is
   cancelled with the message :data:`CLIENT_DISCONNECTED` (its ``finally`` blocks run: an agent closes
-  the env it holds there, seeing why in the ``CancelledError``), the task is awaited (as long as its
-  clean-up takes; agents bound their close calls), and :class:`ClientDisconnected` is raised. Otherwise
-  the result (or exception) of ``work`` comes back unchanged.
+  the env it holds there, seeing why in the ``CancelledError``), its clean-up runs to the end (as long as
+  it takes; agents bound their close calls), and :class:`ClientDisconnected` is raised. Otherwise the
+  result (or exception) of ``work`` comes back unchanged.
 * The disconnect is noticed while the agent is waiting on anything (the model, a tool, an env step), not
   only between turns: uvicorn answers the receive channel with ``http.disconnect`` as soon as the
   connection drops. Read the request body before calling this (the watcher consumes the channel).
@@ -18,7 +18,6 @@ Contract
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -54,23 +53,35 @@ async def wait_for_disconnect(request: Request) -> None:
 
 
 async def run_until_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
-    """``await work``, cancelling it and raising :class:`ClientDisconnected` if the caller goes away."""
-    task = asyncio.ensure_future(work)
+    """``await work``, cancelling it and raising :class:`ClientDisconnected` if the caller goes away.
+
+    ``work`` runs in the handler's own task (no task of its own, no ``asyncio.wait``: one watcher task per
+    request is the whole cost); when the watcher sees the disconnect, it cancels the handler's task with
+    :data:`CLIENT_DISCONNECTED`, which ``work``'s ``finally`` blocks see as it unwinds."""
+    current = asyncio.current_task()
+    assert current is not None, "run_until_disconnected runs inside a task"
+    state = {"done": False, "disconnected": False}
+
+    def on_watcher_done(watcher: asyncio.Future) -> None:
+        if state["done"] or watcher.cancelled() or watcher.exception() is not None:
+            return
+        state["disconnected"] = True
+        current.cancel(CLIENT_DISCONNECTED)
+
     watcher = asyncio.ensure_future(wait_for_disconnect(request))
+    watcher.add_done_callback(on_watcher_done)
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        task.cancel(CLIENT_DISCONNECTED)
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
-        raise ClientDisconnected(f"the client of {request.url.path} disconnected; the rollout was cancelled")
+        return await work
+    except asyncio.CancelledError:
+        if not state["disconnected"]:
+            raise  # this handler itself was cancelled (the server is stopping): so is the work
+        current.uncancel()
+        raise ClientDisconnected(
+            f"the client of {request.url.path} disconnected; the rollout was cancelled"
+        ) from None
     finally:
+        state["done"] = True
         watcher.cancel()
-        if not task.done():  # this handler itself was cancelled: stop the work too (its finally runs)
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
 
 
 def disconnected_response(server_name: str, error: ClientDisconnected) -> Response:

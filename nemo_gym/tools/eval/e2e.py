@@ -68,6 +68,7 @@ from nemo_gym.config.types import BaseServerConfig
 from nemo_gym.config.validation import validate_global_config
 from nemo_gym.redaction import add_secret_values, config_secret_values, scrub
 from nemo_gym.run.supervision.stop import StopFlag
+from nemo_gym.server.startup import tune_gc_for_throughput
 from nemo_gym.tools.data.metrics import DatasetMetrics
 from nemo_gym.tools.data.prepare import (
     AGENT_SERVER_TYPE,
@@ -524,6 +525,7 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE)
         return
     raise_open_file_limit()
+    tune_gc_for_throughput()  # as ng_collect_rollouts does (nemo_gym.server.startup)
     stop = StopFlag()  # not threading.Event: its set() takes a lock, unsafe in a signal handler
     _install_signal_handlers(stop)
     try:
