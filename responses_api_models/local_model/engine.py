@@ -167,6 +167,10 @@ class GenerationRequest:
     # generation ends where its text first contains one of ``stop`` (the text is cut before it).
     prompt_token_ids: list[int] | None = None
     stop: list[str] | None = None
+    # Streaming: called on the worker thread with each content token's id and bytes as it is generated,
+    # and with the result when the generation ends (also when it was stopped by ``should_stop``).
+    on_token: Callable[[int, bytes], None] | None = None
+    on_finish: Callable[[GenerationResult], None] | None = None
 
 
 @dataclass
@@ -388,6 +392,8 @@ class LocalLLM:
                         result.stop_sequence = hit
                         finish = "stop"
                         break
+                if req.on_token is not None:
+                    req.on_token(int(token), self.llm.detokenize([int(token)], special=False))
                 if len(result.generation_token_ids) >= budget:
                     break
                 if req.should_stop is not None and req.should_stop():
@@ -403,6 +409,8 @@ class LocalLLM:
         if cut >= 0:  # the text ends before the stop string (OpenAI's rule)
             result.text = result.text[:cut]
         result.finish_reason = finish
+        if req.on_finish is not None:
+            req.on_finish(result)
         return result
 
 

@@ -19,6 +19,8 @@ Contract
   scrubbed out of any text taken from the endpoint's answers, as is every other secret this process
   knows (``extra_headers`` values, a password in ``openai_base_url``, env.yaml values:
   :mod:`nemo_gym.redaction`).
+* ``stream: true``: sent upstream with ``stream: true`` and the endpoint's event stream relayed as it
+  arrives (not retried once sent; an error answer before the stream is passed on like a plain one's).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from nemo_gym.openai_utils import (
     openai_error_message,
 )
 from nemo_gym.redaction import process_scrubber
+from nemo_gym.server.model import validated_stream_body
+from nemo_gym.server.streaming import relay_sse, streaming_timeout
 
 logger = logging.getLogger("nemo_gym.openai_model")
 
@@ -228,6 +232,62 @@ class OpenAIModel(SimpleResponsesAPIModel):
                 "stream: true is not supported; send the request without streaming.",
             )
         return await self._forward(request, "/chat/completions", {**body, "model": self.config.openai_model})
+
+    # -- streaming (stream: true): the upstream's own event stream, relayed as it arrives ----------------
+    async def stream_responses(self, request: Request, body: dict[str, Any]) -> Response:
+        validated = validated_stream_body(request, body)
+        if isinstance(validated, Response):
+            return validated
+        params = dump(validated)
+        raw = params.get("input")
+        if isinstance(raw, list):
+            params["input"] = [
+                {k: v for k, v in item.items() if k not in TOKEN_ID_FIELDS}
+                if isinstance(item, dict)
+                else item
+                for item in raw
+            ]
+        params.update(model=self.config.openai_model, stream=True)
+        if body.get("stream_options") is not None:
+            params["stream_options"] = body["stream_options"]
+        return await self._relay(request, "/responses", params)
+
+    async def stream_chat_completions(self, request: Request, body: dict[str, Any]) -> Response:
+        return await self._relay(request, "/chat/completions", {**body, "model": self.config.openai_model})
+
+    async def _relay(self, request: Request, endpoint_path: str, body: dict[str, Any]) -> Response:
+        """POST ``body`` upstream and pass its event stream on; an upstream error before the stream starts
+        is answered as the plain request's would be (no retries once a stream may have begun)."""
+        url = self.config.openai_base_url + endpoint_path
+        headers = {
+            **self.config.extra_headers,
+            "Authorization": f"Bearer {self.config.openai_api_key.get_secret_value()}",
+            "Content-Type": "application/json",
+        }
+        try:
+            resp = await self._session().post(
+                url,
+                data=orjson.dumps(body),
+                headers=headers,
+                timeout=streaming_timeout(self.config.timeout_s),
+            )
+        except (aiohttp.ClientError, TimeoutError) as e:
+            return self._error(request, 502, "upstream_error", f"{type(e).__name__} from {url}: {e}")
+        if resp.status >= 400:
+            payload = await resp.read()
+            resp.release()
+            try:
+                parsed: Any = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                parsed = payload.decode(errors="replace")[:2000]
+            return self._error(
+                request,
+                resp.status if resp.status < 500 else 502,
+                "upstream_error",
+                f"{url} answered HTTP {resp.status}: {openai_error_message(parsed)}",
+                upstream_status=resp.status,
+            )
+        return relay_sse(resp)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ A turn is a mapping with any of:
   delay_s: 0.5                      wait first
 Past the end of a script the default behaviour applies.
 ``GET /stats`` says how many model requests this process has answered (for tests).
+``stream: true`` sends the same answer as events, its text and arguments cut into pieces
+(:mod:`nemo_gym.server.streaming`), so a reassembled stream equals the plain answer exactly.
 
 With ``return_token_id_information: true`` the last output item of every answer (the assistant
 message of a chat completion) carries ``prompt_token_ids`` / ``generation_token_ids`` /

@@ -10,6 +10,9 @@ Contract
   ``/v1/completions``; the token-id fields as below, on every choice (see ``completions``).
 * ``POST /v1/chat/completions``: forwarded to the same backend (``model`` set to ``model``), the
   backend's answer returned as is.
+* ``stream: true``: chat streams are the backend's stream relayed as it arrives; a Responses stream is
+  the backend's chat stream turned into Responses events as it arrives (no token ids). A client that
+  goes away closes the backend connection, which makes vLLM abort the generation.
 * ``base_url`` is one URL or a list (or a comma-separated string). The backend is picked from a
   hash of the per-rollout session id (``request.state.session_id``, carried by this server's
   session cookie), so all calls of one rollout go to the same vLLM server (its prefix cache stays
@@ -36,6 +39,7 @@ import asyncio
 import hashlib
 import logging
 import re
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -58,6 +62,7 @@ from nemo_gym.kit.completions import CompletionsRequestError, parse_prompts
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id, openai_error_message
 from nemo_gym.openai_utils.messages import MessagesCall, MessagesRequestError
 from nemo_gym.server.model import ModelAnswer
+from nemo_gym.server.streaming import Delta, deltas_of_chat_chunks, relay_sse, streaming_timeout
 
 logger = logging.getLogger("nemo_gym.vllm_model")
 
@@ -271,12 +276,12 @@ class VLLMModel(SimpleResponsesAPIModel):
         }
         return Response(orjson.dumps(body), status_code=400, media_type="application/json")
 
-    # -- endpoints ----------------------------------------------------------------------------------
-    async def responses(self, request: Request, body: NeMoGymResponseCreateParamsNonStreaming) -> Response:
-        params = dump(body)
-        want_ids = self.config.return_token_id_information
+    def _backend_chat_request(
+        self, request: Request, params: dict[str, Any], keep_token_ids: bool
+    ) -> dict[str, Any] | Response:
+        """The backend's chat request for Responses ``params``, or the 400 saying why it cannot be made."""
         try:
-            chat = responses_params_to_chat_request(params, self.config.model, keep_token_ids=want_ids)
+            chat = responses_params_to_chat_request(params, self.config.model, keep_token_ids=keep_token_ids)
         except ChatConversionError as e:
             return self._bad_request(request, str(e))
         chat.update(self.config.extra_body)
@@ -285,6 +290,15 @@ class VLLMModel(SimpleResponsesAPIModel):
                 **self.config.chat_template_kwargs,
                 **chat.get("chat_template_kwargs", {}),
             }
+        return chat
+
+    # -- endpoints ----------------------------------------------------------------------------------
+    async def responses(self, request: Request, body: NeMoGymResponseCreateParamsNonStreaming) -> Response:
+        params = dump(body)
+        want_ids = self.config.return_token_id_information
+        chat = self._backend_chat_request(request, params, want_ids)
+        if isinstance(chat, Response):
+            return chat
         if want_ids:
             chat.update(logprobs=True, top_logprobs=0, return_tokens_as_token_ids=True)
         base = pick_backend(self.config.base_url, getattr(request.state, "session_id", None))
@@ -473,6 +487,54 @@ class VLLMModel(SimpleResponsesAPIModel):
                 if body.get("return_token_ids") is not True:
                     choice.pop("token_ids", None)
         return ModelAnswer(answer)
+
+    # -- streaming (stream: true; nemo_gym.server.streaming) ----------------------------------------------
+    def streamed_model_name(self, body: dict[str, Any]) -> str:
+        return self.config.model
+
+    async def _open_stream(self, request: Request, chat: dict[str, Any]) -> aiohttp.ClientResponse | Response:
+        """The backend's streaming answer to ``chat`` (headers received), or the error answer to send."""
+        base = pick_backend(self.config.base_url, getattr(request.state, "session_id", None))
+        url = base + "/chat/completions"
+        try:
+            resp = await self._session().post(
+                url,
+                data=orjson.dumps(chat),
+                headers=self._headers(),
+                timeout=streaming_timeout(self.config.timeout_s),
+            )
+        except (aiohttp.ClientError, TimeoutError) as e:
+            return self._error_response(request, _BackendError(url, 502, f"{type(e).__name__}: {e}"))
+        if resp.status >= 400:
+            payload = await resp.read()
+            resp.release()
+            try:
+                parsed: Any = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                parsed = payload.decode(errors="replace")[:2000]
+            return self._error_response(request, _BackendError(url, resp.status, parsed))
+        return resp
+
+    async def responses_deltas(
+        self, request: Request, body: NeMoGymResponseCreateParamsNonStreaming
+    ) -> AsyncIterator[Delta] | Response:
+        """The backend's chat stream turned into Responses deltas as it arrives. Token ids are not
+        streamed (``return_token_id_information`` needs the non-streamed answer)."""
+        chat = self._backend_chat_request(request, dump(body), keep_token_ids=False)
+        if isinstance(chat, Response):
+            return chat
+        chat.update(stream=True, stream_options={"include_usage": True})
+        resp = await self._open_stream(request, chat)
+        if isinstance(resp, Response):
+            return resp
+        return deltas_of_chat_chunks(resp)
+
+    async def stream_chat_completions(self, request: Request, body: dict[str, Any]) -> Response:
+        """``/v1/chat/completions`` with ``stream: true``: the backend's stream relayed as it arrives."""
+        resp = await self._open_stream(request, {**body, "model": self.config.model})
+        if isinstance(resp, Response):
+            return resp
+        return relay_sse(resp)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ lag histogram (``nemo_gym_event_loop_lag_seconds``) during that measurement, how
 100 ms late, and the upper bound of the bucket of the 99th-percentile tick (``p99_ms``, ``null`` above the
 last bucket), medians over rounds like the other numbers. A server that blocks its loop shows there.
 
+``+suite=streaming`` measures ``stream: true`` (:mod:`nemo_gym.tools.bench.streaming`).
 ``+suite=collector`` measures the collector instead (its peak RSS and own CPU per rollout at several
 row counts, against a minimal agent): :mod:`nemo_gym.tools.bench.collector`. The default suite's
 output is as described above.
@@ -304,7 +305,11 @@ def main(argv: list[str] | None = None) -> None:
             "The collector at scale against a minimal agent: its peak RSS and CPU per rollout per row count.\n"
             "ng_bench +suite=all [+parts=[framework,startup,environments,collector]] [+quick=false] [+envs=[...]]\n"
             "                [+output_json_fpath=bench_suite.json]\n"
-            "Every benchmark, each figure beside its aim (docs/performance.md)."
+            "Every benchmark, each figure beside its aim (docs/performance.md).\n"
+            "ng_bench +suite=streaming [+requests=2000] [+concurrency=16] [+rounds=3] [+local=true]\n"
+            "                [+local_requests=5] [+max_tokens=64] [+output_json_fpath=streaming_bench.json]\n"
+            "stream: true against plain requests on the scripted model (requests/s, cost per request), and\n"
+            "local_model's time to first token."
         )
         return
     raise_open_file_limit()
@@ -325,8 +330,13 @@ def main(argv: list[str] | None = None) -> None:
 
         run_all(cfg)
         return
+    if suite == "streaming":
+        from nemo_gym.tools.bench.streaming import run_suite as run_streaming
+
+        run_streaming(cfg)
+        return
     if suite != "stack":
-        sys.exit(f"ng_bench: +suite must be stack (the default), collector or all, got {suite!r}")
+        sys.exit(f"ng_bench: +suite must be stack (the default), collector, streaming or all, got {suite!r}")
     env = str(cfg.get("env", DEFAULT_ENV))
     concurrencies = [int(c) for c in cfg.get("concurrencies", DEFAULT_CONCURRENCIES)]
     base_n = int(cfg.get("num_rollouts", 4096))

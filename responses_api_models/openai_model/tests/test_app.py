@@ -191,10 +191,11 @@ def test_token_id_fields_are_not_forwarded(urls: dict[str, str], backend: Any) -
     )
 
 
-def test_streaming_chat_is_refused(urls: dict[str, str]) -> None:
-    body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+def test_malformed_streaming_chat_is_refused(urls: dict[str, str]) -> None:
+    """``stream: true`` is relayed (tests/test_streaming.py); a ``stream`` that is not a boolean is a 400."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}
     resp = post_json(urls["policy_model"] + "/v1/chat/completions", body)
-    assert resp.status_code == 400 and "stream" in resp.json()["error"]["message"]
+    assert resp.status_code == 400 and "`stream`" in resp.json()["error"]["message"]
 
 
 # -- retries --------------------------------------------------------------------------------------------

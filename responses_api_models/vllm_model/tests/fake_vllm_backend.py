@@ -20,6 +20,9 @@ It speaks vLLM's real wire formats, so ``vllm_model`` (and ``openai_model``) can
   the first scripted turn's ``content`` whose tag the prompt contains, else a fixed greeting, then
   ``<|im_end|>``.
 * ``POST /v1/responses`` - a minimal OpenAI Responses endpoint (for ``openai_model``'s tests).
+* ``stream: true`` on both: the same answer as server-sent events, a few characters per delta with a
+  short pause between deltas (chat: ``chat.completion.chunk`` objects, the usage chunk with
+  ``stream_options.include_usage``, ``data: [DONE]``; responses: OpenAI's ``response.*`` events).
 * ``GET /v1/models``.
 
 The "model": a byte-level tokenizer (byte ``b`` is token ``b + 16``; a few special tokens) and a
@@ -44,6 +47,7 @@ Run: ``python fake_vllm_backend.py --fd <listening socket fd> [--name A] [--mode
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import json
 import os
@@ -61,7 +65,7 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 SPECIAL_TOKENS = {
     "<|im_start|>": 1,
@@ -412,6 +416,13 @@ def build_app(state: _State) -> FastAPI:
             },
             "prompt_logprobs": None,
         }
+        if body.get("stream") is True:
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return StreamingResponse(
+                chat_chunks(result, include_usage),
+                media_type="text/event-stream",
+                headers={"x-fake-backend": state.name},
+            )
         return JSONResponse(result, headers={"x-fake-backend": state.name})
 
     @app.post("/v1/completions")
@@ -606,6 +617,8 @@ def build_app(state: _State) -> FastAPI:
             "text": {"format": {"type": "text"}},
             "truncation": "disabled",
         }
+        if body.get("stream") is True:
+            return StreamingResponse(response_events(result), media_type="text/event-stream")
         return JSONResponse(result)
 
     @app.post("/_control")
@@ -629,6 +642,84 @@ def build_app(state: _State) -> FastAPI:
             return {"name": state.name, "counts": dict(state.counts), "requests": list(state.requests)}
 
     return app
+
+
+# -- streaming (``stream: true``): the answer computed as above, sent the way vLLM / OpenAI send it ------
+
+STREAM_PIECE = 4  # characters per content delta (about a token of this byte-level "model")
+STREAM_PAUSE_S = 0.002  # between two deltas, so that a stream really is spread over time
+
+
+def _sse(data: Any, event: str | None = None) -> bytes:
+    head = f"event: {event}\n" if event else ""
+    return (head + "data: " + json.dumps(data, separators=(",", ":")) + "\n\n").encode()
+
+
+async def chat_chunks(result: dict[str, Any], include_usage: bool) -> Any:
+    """vLLM's ``chat.completion.chunk`` stream of a complete chat answer (then ``data: [DONE]``)."""
+    choice = result["choices"][0]
+    message = choice["message"]
+    base = {k: result[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return _sse(
+            {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        )
+
+    yield chunk({"role": "assistant", "content": ""})
+    for field in ("reasoning_content", "content"):
+        text = message.get(field) or ""
+        for i in range(0, len(text), STREAM_PIECE):
+            await asyncio.sleep(STREAM_PAUSE_S)
+            yield chunk({field: text[i : i + STREAM_PIECE]})
+    for index, call in enumerate(message.get("tool_calls") or []):
+        head = {"index": index, "id": call["id"], "type": "function"}
+        yield chunk(
+            {"tool_calls": [{**head, "function": {"name": call["function"]["name"], "arguments": ""}}]}
+        )
+        args = call["function"]["arguments"]
+        for i in range(0, len(args), STREAM_PIECE):
+            await asyncio.sleep(STREAM_PAUSE_S)
+            piece = {"index": index, "function": {"arguments": args[i : i + STREAM_PIECE]}}
+            yield chunk({"tool_calls": [piece]})
+    yield chunk({}, choice["finish_reason"])
+    if include_usage:
+        yield _sse({**base, "choices": [], "usage": result["usage"]})
+    yield b"data: [DONE]\n\n"
+
+
+async def response_events(result: dict[str, Any]) -> Any:
+    """OpenAI's Responses event stream of a complete response (messages and function calls)."""
+    seq = iter(range(1_000_000))
+
+    def event(kind: str, **fields: Any) -> bytes:
+        return _sse({"type": kind, "sequence_number": next(seq), **fields}, event=kind)
+
+    yield event("response.created", response={**result, "status": "in_progress", "output": []})
+    yield event("response.in_progress", response={**result, "status": "in_progress", "output": []})
+    for index, item in enumerate(result["output"]):
+        if item["type"] == "message":
+            text = item["content"][0]["text"]
+            yield event("response.output_item.added", output_index=index, item={**item, "content": []})
+            part = {"type": "output_text", "text": "", "annotations": []}
+            ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            yield event("response.content_part.added", **ids, part=part)
+            for i in range(0, len(text), STREAM_PIECE):
+                await asyncio.sleep(STREAM_PAUSE_S)
+                yield event(
+                    "response.output_text.delta", **ids, delta=text[i : i + STREAM_PIECE], logprobs=[]
+                )
+            yield event("response.output_text.done", **ids, text=text, logprobs=[])
+            yield event("response.content_part.done", **ids, part={**part, "text": text})
+        else:
+            yield event("response.output_item.added", output_index=index, item={**item, "arguments": ""})
+            ids = {"item_id": item["id"], "output_index": index}
+            args = item["arguments"]
+            for i in range(0, len(args), STREAM_PIECE):
+                yield event("response.function_call_arguments.delta", **ids, delta=args[i : i + STREAM_PIECE])
+            yield event("response.function_call_arguments.done", **ids, arguments=args)
+        yield event("response.output_item.done", output_index=index, item=item)
+    yield event("response.completed", response=result)
 
 
 def _watch_parent(parent_pid: int) -> None:

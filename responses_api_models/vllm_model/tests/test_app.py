@@ -356,9 +356,9 @@ def test_items_without_a_chat_equivalent_are_a_400(urls: dict[str, str]) -> None
     assert "web_search" in resp.json()["error"]["message"]
     resp = post_json(
         urls["think_model"] + "/v1/chat/completions",
-        {"messages": [{"role": "user", "content": "hi"}], "stream": True},
+        {"messages": [{"role": "user", "content": "hi"}], "stream": "yes"},  # stream: true is relayed
     )
-    assert resp.status_code == 400 and "stream" in resp.json()["error"]["message"]
+    assert resp.status_code == 400 and "`stream`" in resp.json()["error"]["message"]
 
 
 # -- token ids ---------------------------------------------------------------------------------------------
