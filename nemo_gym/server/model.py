@@ -38,9 +38,8 @@ from starlette.middleware import Middleware
 from nemo_gym.config.process import current_global_config_dict
 from nemo_gym.config.types import BaseRunServerInstanceConfig
 from nemo_gym.errors import error_envelope
-from nemo_gym.openai_utils import dump
 from nemo_gym.openai_utils.messages import MessagesCall
-from nemo_gym.openai_utils.responses import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.openai_utils.responses import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming, dump
 from nemo_gym.server.base import SimpleServer
 from nemo_gym.server.metrics.install import observed_model_call
 from nemo_gym.server.model_calls import (
@@ -208,7 +207,7 @@ class SimpleResponsesAPIModel(SimpleServer):
 
     async def stream_responses(self, request: Request, body: dict[str, Any]) -> Response:
         """``POST /v1/responses`` with ``stream: true``: the Responses events of :meth:`responses_deltas`."""
-        validated = validated_stream_body(request, body)
+        validated = validated_stream_body(request, body, self.config.name)
         if isinstance(validated, Response):
             return validated
         source = await self.responses_deltas(request, validated)
@@ -251,15 +250,15 @@ class SimpleResponsesAPIModel(SimpleServer):
 
 
 def validated_stream_body(
-    request: Request, body: dict[str, Any]
+    request: Request, body: dict[str, Any], server_name: str
 ) -> NeMoGymResponseCreateParamsNonStreaming | Response:
     """A streamed ``/v1/responses`` body checked as the route checks a plain one (``stream`` and
-    ``stream_options`` aside), or the 400 naming the fields that are wrong."""
+    ``stream_options`` aside), or the 400 naming the fields that are wrong (from ``server_name``)."""
     params = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
     try:
         return NeMoGymResponseCreateParamsNonStreaming.model_validate(params)
     except ValidationError as e:
-        return bad_stream_request(request.url.path, validation_message(e))
+        return bad_stream_request(server_name, request.url.path, validation_message(e))
 
 
 def _as_dict(answer: Any) -> dict[str, Any] | Response:

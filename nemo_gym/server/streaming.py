@@ -37,18 +37,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-import aiohttp
 import orjson
 from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from nemo_gym.errors import error_envelope
 from nemo_gym.kit.chat_conversion import build_response, chat_usage_to_responses_usage
-from nemo_gym.openai_utils import new_id
+from nemo_gym.openai_utils.responses import new_id
 
 if TYPE_CHECKING:
-    from nemo_gym.server.model import SimpleResponsesAPIModel
+    import aiohttp
 
 logger = logging.getLogger("nemo_gym.streaming")
 
@@ -543,8 +543,9 @@ def sse_response(
     return StreamingResponse(body(), media_type=SSE_MEDIA_TYPE, headers=headers)
 
 
-def bad_stream_request(path: str, message: str) -> Response:
-    body = {"error": {"kind": "bad_request", "path": path, "message": message}}
+def bad_stream_request(server: str, path: str, message: str) -> Response:
+    """The 400 for a malformed streaming request (``server``: the model server's instance name)."""
+    body = error_envelope("bad_request", server=server, path=path, message=message)
     return Response(orjson.dumps(body), status_code=400, media_type="application/json")
 
 
@@ -581,7 +582,7 @@ class StreamingDispatch:
     """ASGI middleware: ``stream: true`` POSTs to ``/v1/responses`` and ``/v1/chat/completions`` are answered
     as event streams by ``server``; every other request reaches the app unchanged (its body replayed)."""
 
-    def __init__(self, app: ASGIApp, server: SimpleResponsesAPIModel) -> None:
+    def __init__(self, app: ASGIApp, server: Any) -> None:  # its SimpleResponsesAPIModel (no import: a cycle)
         self.app = app
         self.server = server
 
@@ -619,7 +620,7 @@ class StreamingDispatch:
             return
         problem = stream_request_error(body)
         if problem is not None:
-            await bad_stream_request(path, problem)(scope, receive, send)
+            await bad_stream_request(self.server.config.name, path, problem)(scope, receive, send)
             return
         if body.get("stream") is not True:
             await self.app(scope, replay, send)
@@ -698,4 +699,6 @@ def relay_sse(resp: aiohttp.ClientResponse) -> StreamingResponse:
 
 def streaming_timeout(total_s: float) -> aiohttp.ClientTimeout:
     """A stream may last long; what is bounded is connecting and each silence between two reads."""
+    import aiohttp  # only the servers that relay a backend's stream load it
+
     return aiohttp.ClientTimeout(total=None, sock_connect=min(30.0, total_s), sock_read=total_s)

@@ -235,7 +235,7 @@ class OpenAIModel(SimpleResponsesAPIModel):
 
     # -- streaming (stream: true): the upstream's own event stream, relayed as it arrives ----------------
     async def stream_responses(self, request: Request, body: dict[str, Any]) -> Response:
-        validated = validated_stream_body(request, body)
+        validated = validated_stream_body(request, body, self.config.name)
         if isinstance(validated, Response):
             return validated
         params = dump(validated)
