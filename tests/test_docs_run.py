@@ -93,7 +93,7 @@ SKIP: dict[tuple[str, str], str] = {
         "docs/model_servers.md",
         'ng_run "+config_paths=[responses_api_models/local_model/configs/local_model.yaml]"',
     ): _LOCAL_MODEL,
-    ("docs/model_servers.md", "TOKEN=$(python -c"): (
+    ("docs/model_servers.md", "# Text completions with curl"): (
         "asks local_model (started by the skipped block above) for text completions; "
         "tests/test_completions_api.py makes the same calls through the openai SDK"
     ),
