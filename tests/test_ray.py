@@ -587,11 +587,24 @@ def test_a_killed_node_loses_no_row_and_resume_completes_the_missing_pairs(
             output = tmp_path / "output.jsonl"
             killed = threading.Event()
 
+            def busy(url: str) -> bool:
+                """Replica 1 holds rollouts now: sessions it seeded and has not verified yet."""
+                from nemo_gym.tools.testing import metric_value, scrape
+
+                try:
+                    return (
+                        metric_value(scrape(url, helper.supervisor.auth_token), "nemo_gym_open_sessions") >= 1
+                    )
+                except Exception:
+                    return False
+
             def kill_node_mid_run() -> None:
-                # The collector runs on the main thread (signal handlers); the node dies from here.
+                # The collector runs on the main thread (signal handlers); the node dies from here, once
+                # 150 rows are written and replica 1 has rollouts in flight (on a busy machine the
+                # collector can be between that replica's rollouts at any given moment).
                 deadline = time.monotonic() + 120
                 while time.monotonic() < deadline:
-                    if output.exists() and output.read_bytes().count(b"\n") >= 150:
+                    if output.exists() and output.read_bytes().count(b"\n") >= 150 and busy(rows[1]["url"]):
                         cluster.remove_node(node_c, allow_graceful=False)
                         killed.set()
                         return
