@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -212,6 +213,51 @@ def test_stop_sequences(kind: str, urls: dict[str, str]) -> None:
     assert _texts(message) == ["Hello! "]
 
 
+# -- streaming (messages.stream: the SDK reassembles the events into the message) -------------------
+
+
+def _same_message(streamed: Message, plain: Message) -> None:
+    """A streamed answer reassembled by the SDK is the plain answer (ids aside)."""
+    assert streamed.stop_reason == plain.stop_reason and streamed.stop_sequence == plain.stop_sequence
+    strip = lambda m: [{k: v for k, v in b.model_dump().items() if k != "id"} for b in m.content]  # noqa: E731
+    assert strip(streamed) == strip(plain)
+    assert streamed.usage.output_tokens == plain.usage.output_tokens
+
+
+def test_streamed_text_and_tool_use_reassemble_the_plain_answer(
+    server: tuple[str, anthropic.Anthropic],
+) -> None:
+    kind, client = server
+    for args in (
+        {"messages": [{"role": "user", "content": "Say hello."}]},
+        {
+            "tools": [WEATHER],
+            "messages": [{"role": "user", "content": f"[{kind}-tools] What is the weather in Oslo?"}],
+        },
+    ):
+        plain = client.messages.create(model="m", max_tokens=200, **args)
+        with client.messages.stream(model="m", max_tokens=200, **args) as stream:
+            kinds = [event.type for event in stream]
+            streamed = stream.get_final_message()
+        assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+        assert "content_block_start" in kinds and "content_block_stop" in kinds
+        _same_message(streamed, plain)
+
+
+@pytest.mark.parametrize("kind", ["scripted", "openai_model"])
+def test_a_streamed_answer_stops_at_the_first_stop_sequence(kind: str, urls: dict[str, str]) -> None:
+    args = {
+        "max_tokens": 100,
+        "stop_sequences": ["never there", "I am"],
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    with _client(urls[kind]) as client:
+        with client.messages.stream(model="m", **args) as stream:
+            streamed = stream.get_final_message()
+    assert streamed.stop_reason == "stop_sequence" and streamed.stop_sequence == "I am"
+    assert _texts(streamed) == ["Hello! "]
+
+
 def test_max_tokens(urls: dict[str, str], backend: Any) -> None:
     with _client(urls["vllm_model"]) as client:  # the fake backend stops at max_tokens
         message = client.messages.create(
@@ -282,7 +328,7 @@ BAD_REQUESTS = {
         {"tools": [{"type": "web_search_20250305", "name": "web_search"}]},
         "web_search_20250305",
     ),
-    "stream": ({"extra_body": {"stream": True}}, "stream"),
+    "stream": ({"extra_body": {"stream": "yes"}}, "stream"),
 }
 
 
@@ -487,3 +533,30 @@ def test_local_model_bad_requests_name_the_field(case: str, local_client: anthro
     with pytest.raises(anthropic.BadRequestError) as info:
         local_client.messages.create(**(args | overrides))
     assert named in info.value.body["error"]["message"]  # type: ignore[index]
+
+
+@needs_local_model
+def test_local_model_streams_messages_as_it_generates(local_client: anthropic.Anthropic) -> None:
+    """A real model's Messages stream: events arrive before the generation ends (the first text delta at
+    less than half of the whole stream's time: 40 tokens on CPU take seconds), and the message the SDK
+    reassembles has the stream's text, stop reason and token count (no assertion on the words)."""
+    args: dict[str, Any] = {
+        "model": "m",
+        "max_tokens": 40,
+        "messages": [{"role": "user", "content": "Write a long story about a lighthouse keeper."}],
+    }
+    began = time.monotonic()
+    first_text_at = None
+    with local_client.messages.stream(**args) as stream:
+        for event in stream:
+            if (
+                first_text_at is None
+                and event.type == "content_block_delta"
+                and event.delta.type == "text_delta"
+            ):
+                first_text_at = time.monotonic() - began
+        message = stream.get_final_message()
+    total = time.monotonic() - began
+    assert first_text_at is not None and first_text_at < total / 2, (first_text_at, total)
+    assert message.stop_reason in ("end_turn", "max_tokens") and 1 <= message.usage.output_tokens <= 40
+    assert "".join(_texts(message)).strip()

@@ -10,6 +10,7 @@ streaming helpers, against real servers on 127.0.0.1 (nemo_gym.server.streaming)
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import sys
@@ -24,6 +25,15 @@ import openai
 import pytest
 
 from nemo_gym.auth import client_token_for_url
+from nemo_gym.kit.chat_conversion import split_think_tags
+from nemo_gym.server.streaming import (
+    MessagesEventEncoder,
+    ReasoningDelta,
+    StreamEnd,
+    TextDelta,
+    cut_at_stop_sequences,
+    split_think_stream,
+)
 from nemo_gym.tools.testing import WEATHER_CHAT_TOOL, WEATHER_TOOL, running_servers, server_url
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -581,3 +591,62 @@ def test_streaming_bench_runs_and_reports(tmp_path: Path) -> None:
         row = result["scripted"][api]
         assert row["plain_requests_per_s"] > 0 and row["streamed_requests_per_s"] > 0
         assert isinstance(row["stream_cost_pct"], float)
+
+
+# -- the stream transforms the Messages endpoint and vllm_model use, fed one character at a time -----
+
+
+def _collect(gen: Any) -> list[Any]:
+    async def run() -> list[Any]:
+        return [d async for d in gen]
+
+    return asyncio.run(run())
+
+
+async def _chars(text: str, end: StreamEnd) -> Any:
+    for ch in text:
+        yield TextDelta(ch)
+    yield end
+
+
+def _joined(deltas: list[Any]) -> tuple[str, str]:
+    reasoning = "".join(d.text for d in deltas if isinstance(d, ReasoningDelta))
+    text = "".join(d.text for d in deltas if isinstance(d, TextDelta))
+    return reasoning, text
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "<think>\nThe user said something.\n</think>\n\nHello! I am here.",
+        "  <think>a b </think>Hi",
+        "<think>cut off while thinking",
+        "No tags at all, <think> later is text.",
+        "<thin",
+    ],
+)
+def test_split_think_stream_matches_the_plain_parse_char_by_char(raw: str) -> None:
+    out = _collect(split_think_stream(_chars(raw, StreamEnd())))
+    assert isinstance(out[-1], StreamEnd)
+    expected_reasoning, expected_text = (
+        split_think_tags(raw) if raw.lstrip().startswith("<think>") else (None, raw)
+    )
+    reasoning, text = _joined(out)
+    assert (reasoning or None, text) == (expected_reasoning or None, expected_text)
+
+
+def test_cut_at_stop_sequences_char_by_char_stops_the_source() -> None:
+    closed = []
+
+    async def source() -> Any:
+        try:
+            for ch in "Hello! I am a model that goes on":
+                yield TextDelta(ch)
+            yield StreamEnd()
+        finally:
+            closed.append(True)
+
+    encoder = MessagesEventEncoder("m")
+    out = _collect(cut_at_stop_sequences(source(), ["never", "I am"], encoder))
+    assert _joined(out)[1] == "Hello! " and isinstance(out[-1], StreamEnd)
+    assert encoder.stop_sequence == "I am" and closed == [True]

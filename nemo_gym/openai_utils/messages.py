@@ -29,8 +29,8 @@ anything wrong raises :class:`MessagesRequestError` (a ``ValueError``) whose mes
   :class:`MessagesCall` (``top_k`` for a server that can apply it; ``stop_sequences`` are applied to the
   answer, see below).
 * ``cache_control`` (top level, on blocks, system blocks and tools) and ``citations`` are prompt-caching and
-  citation hints; they are accepted and ignored. ``stream: false`` is accepted; ``stream: true`` is
-  refused here (streaming is answered elsewhere). Any other top-level field (``thinking``,
+  citation hints; they are accepted and ignored. ``stream: true`` is answered as Messages
+  server-sent events (:class:`nemo_gym.server.streaming.MessagesEventEncoder`). Any other top-level field (``thinking``,
   ``service_tier``, ``mcp_servers``, ...) is refused by name.
 
 Responses answer -> Messages answer (:func:`responses_to_messages_answer`, also the starting point of a
@@ -126,6 +126,7 @@ class MessagesCall:
     model: str
     stop_sequences: list[str] = field(default_factory=list)
     top_k: int | None = None
+    stream: bool = False  # answered as Messages server-sent events (nemo_gym.server.streaming)
 
 
 def error_type_for_status(status: int) -> str:
@@ -348,8 +349,8 @@ def messages_request_to_responses(body: Any, *, count_only: bool = False) -> Mes
         if not _is_int(body["max_tokens"]) or body["max_tokens"] < 1:
             raise MessagesRequestError(f"max_tokens: must be an integer >= 1, got {body['max_tokens']!r}")
         params["max_output_tokens"] = body["max_tokens"]
-        if body.get("stream") not in (None, False):
-            raise MessagesRequestError("stream: true is not supported on this endpoint; send stream: false")
+        if body.get("stream") not in (None, False, True):
+            raise MessagesRequestError(f"stream: must be true or false, got {body.get('stream')!r}")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise MessagesRequestError("messages: required (a non-empty list of user/assistant turns)")
@@ -390,7 +391,13 @@ def messages_request_to_responses(body: Any, *, count_only: bool = False) -> Mes
             if not isinstance(metadata["user_id"], str):
                 raise MessagesRequestError("metadata.user_id: must be a string")
             params["metadata"] = {"user_id": metadata["user_id"]}
-    return MessagesCall(params=params, model=model, stop_sequences=list(stops or []), top_k=top_k)
+    return MessagesCall(
+        params=params,
+        model=model,
+        stop_sequences=list(stops or []),
+        top_k=top_k,
+        stream=body.get("stream") is True,
+    )
 
 
 # ------------------------------------------------------------------------------------------------

@@ -153,7 +153,9 @@ class SimpleResponsesAPIModel(SimpleServer):
         """``POST /v1/messages`` (Anthropic's Messages API): converted to this server's ``responses`` and
         back, errors in Anthropic's shape (:mod:`nemo_gym.server.model_messages`). The body is read here,
         not by FastAPI, so that a malformed one is answered in that shape too."""
-        answer = await messages_endpoint_answer(request, self.responses)
+        answer = await messages_endpoint_answer(
+            request, self.responses, self.responses_deltas, self._count_streamed_tokens(MESSAGES_PATH)
+        )
         return answer if isinstance(answer, Response) else ModelAnswer(answer)
 
     async def messages_count_tokens(self, request: Request) -> Response:

@@ -41,6 +41,7 @@ from nemo_gym.openai_utils.messages import (
 )
 from nemo_gym.openai_utils.responses import NeMoGymResponseCreateParamsNonStreaming, openai_error_message
 from nemo_gym.redaction import scrub
+from nemo_gym.server.streaming import MessagesEventEncoder, StreamEnd, cut_at_stop_sequences, sse_response
 
 logger = logging.getLogger("nemo_gym")
 
@@ -57,6 +58,8 @@ MESSAGES_PATH = "/v1/messages"
 MESSAGES_COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 
 ResponsesHandler = Callable[[Request, NeMoGymResponseCreateParamsNonStreaming], Awaitable[Any]]
+# A model server's ``responses_deltas``: the deltas of a streamed answer, or an error answer.
+DeltasHandler = Callable[[Request, NeMoGymResponseCreateParamsNonStreaming], Awaitable[Any]]
 TokenCounter = Callable[[Request, MessagesCall], Awaitable[int | None]]
 
 
@@ -120,12 +123,40 @@ async def messages_answer(
     return responses_to_messages_answer(response, call)
 
 
-async def messages_endpoint_answer(request: Request, responses: ResponsesHandler) -> Any:
-    """``POST /v1/messages``: the whole answer (a dict the base class wraps, or an error answer)."""
+async def messages_endpoint_answer(
+    request: Request,
+    responses: ResponsesHandler,
+    deltas: DeltasHandler | None = None,
+    on_end: Callable[[StreamEnd], None] | None = None,
+) -> Any:
+    """``POST /v1/messages``: the whole answer (a dict the base class wraps, or an error answer); with
+    ``stream: true`` the Messages events of ``deltas`` (a model server's ``responses_deltas``), generated
+    as they come, cut at the first stop sequence (which stops the generation)."""
     call = await _parsed_call(request, count_only=False)
     if isinstance(call, Response):
         return call
-    return await messages_answer(request, call, responses)
+    if not call.stream:
+        return await messages_answer(request, call, responses)
+    if deltas is None:
+        return messages_error(
+            400, "stream: this server answers /v1/messages without streaming; send stream: false"
+        )
+    try:
+        params = NeMoGymResponseCreateParamsNonStreaming.model_validate(call.params)
+    except ValidationError as e:
+        first = e.errors()[0] if e.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return messages_error(400, f"the request cannot be run: {where}: {first.get('msg', e)}")
+    try:
+        source = await deltas(request, params)
+    except HTTPException as e:
+        return messages_error(e.status_code, str(e.detail))
+    except UpstreamError as e:
+        return messages_error(504 if e.kind == "timeout" else 502, str(e))
+    if isinstance(source, Response):
+        return _from_error_answer(source) if source.status_code >= 400 else source
+    encoder = MessagesEventEncoder(call.model)
+    return sse_response(encoder, cut_at_stop_sequences(source, call.stop_sequences, encoder), on_end=on_end)
 
 
 async def count_tokens_answer(request: Request, counter: TokenCounter) -> dict[str, int] | Response:

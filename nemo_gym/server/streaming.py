@@ -423,6 +423,171 @@ class ChatChunkEncoder:
 
 
 # ------------------------------------------------------------------------------------------------
+# Anthropic Messages events.
+
+_MESSAGES_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+class MessagesEventEncoder:
+    """Anthropic Messages server-sent events: ``message_start``; per content block ``content_block_start``,
+    its ``content_block_delta`` events (``text_delta``, ``thinking_delta``, ``input_json_delta``) and
+    ``content_block_stop``; ``message_delta`` (stop reason, usage) and ``message_stop``. One block is open
+    at a time, as Anthropic streams them. ``stop_sequence``: set by :func:`cut_at_stop_sequences` when the
+    text was cut at one (the stop reason is then ``stop_sequence``)."""
+
+    def __init__(self, model: str) -> None:
+        self.id = new_id("msg")
+        self.model = model
+        self.stop_sequence: str | None = None
+        self._index = -1
+        self._open: tuple[str, int | None] | None = None  # (block kind, tool call index)
+        self._saw_tool = False
+
+    @staticmethod
+    def _event(kind: str, **fields: Any) -> bytes:
+        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **fields}) + b"\n\n"
+
+    def start(self) -> list[bytes]:
+        message = {
+            "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
+            "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0},
+        }  # fmt: skip
+        return [self._event("message_start", message=message)]
+
+    def _close(self) -> list[bytes]:
+        if self._open is None:
+            return []
+        self._open = None
+        return [self._event("content_block_stop", index=self._index)]
+
+    def _begin(self, kind: str, block: dict[str, Any], call: int | None = None) -> list[bytes]:
+        events = self._close()
+        self._index += 1
+        self._open = (kind, call)
+        return [*events, self._event("content_block_start", index=self._index, content_block=block)]
+
+    def feed(self, delta: TextDelta | ReasoningDelta | ToolCallDelta) -> list[bytes]:
+        events: list[bytes] = []
+        if isinstance(delta, TextDelta):
+            if not delta.text:
+                return []
+            if self._open != ("text", None):
+                events += self._begin("text", {"type": "text", "text": ""})
+            return [
+                *events,
+                self._event(
+                    "content_block_delta", index=self._index, delta={"type": "text_delta", "text": delta.text}
+                ),
+            ]
+        if isinstance(delta, ReasoningDelta):
+            if not delta.text:
+                return []
+            if self._open != ("thinking", None):
+                events += self._begin("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            return [
+                *events,
+                self._event(
+                    "content_block_delta",
+                    index=self._index,
+                    delta={"type": "thinking_delta", "thinking": delta.text},
+                ),
+            ]
+        if self._open != ("tool_use", delta.index):
+            self._saw_tool = True
+            block = {
+                "type": "tool_use",
+                "id": delta.call_id or new_id("toolu"),
+                "name": delta.name or "",
+                "input": {},
+            }
+            events += self._begin("tool_use", block, delta.index)
+        if delta.arguments:
+            events.append(
+                self._event(
+                    "content_block_delta",
+                    index=self._index,
+                    delta={"type": "input_json_delta", "partial_json": delta.arguments},
+                )
+            )
+        return events
+
+    def end(self, end: StreamEnd) -> list[bytes]:
+        events = self._close()
+        if self.stop_sequence is not None:
+            reason = "stop_sequence"
+        elif end.finish_reason == "length" or end.incomplete_details:
+            reason = "max_tokens"
+        else:
+            reason = (
+                "tool_use" if self._saw_tool else _MESSAGES_STOP_REASONS.get(end.finish_reason, "end_turn")
+            )
+        prompt, completion = usage_pair(end.usage)
+        extra = dict(end.token_info or {})  # training fields, as the plain answer carries them
+        events.append(
+            self._event(
+                "message_delta",
+                delta={"stop_reason": reason, "stop_sequence": self.stop_sequence},
+                usage={"input_tokens": prompt, "output_tokens": completion},
+                **extra,
+            )
+        )
+        events.append(self._event("message_stop"))
+        return events
+
+    def error(self, message: str) -> list[bytes]:
+        return [self._event("error", error={"type": "api_error", "message": message})]
+
+
+async def cut_at_stop_sequences(
+    deltas: AsyncIterator[Delta] | list[Delta], stops: list[str], encoder: MessagesEventEncoder
+) -> AsyncIterator[Delta]:
+    """``deltas`` with the text cut where it first contains one of ``stops`` (the generation is then
+    stopped: the source is closed) and ``encoder.stop_sequence`` set. Text that may be the start of a stop
+    sequence is held back until it is known not to be."""
+    hold = max((len(x) for x in stops), default=1) - 1
+    text = ""  # text seen and not yet sent
+    source = _aiter(deltas)
+    try:
+        async for delta in source:
+            if not isinstance(delta, TextDelta) or not stops:
+                if isinstance(delta, StreamEnd) and text:
+                    yield TextDelta(text)
+                    text = ""
+                yield delta
+                continue
+            text += delta.text
+            found = [(text.find(x), x) for x in stops if x in text]
+            if found:
+                at, which = min(found)
+                if text[:at]:
+                    yield TextDelta(text[:at])
+                encoder.stop_sequence = which
+                yield StreamEnd(finish_reason="stop")
+                return
+            if len(text) > hold:
+                yield TextDelta(text[: len(text) - hold])
+                text = text[len(text) - hold :]
+    finally:
+        aclose = getattr(source, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+async def _aiter(deltas: AsyncIterator[Delta] | list[Delta]) -> AsyncIterator[Delta]:
+    if isinstance(deltas, list):
+        for delta in deltas:
+            yield delta
+        return
+    try:
+        async for delta in deltas:
+            yield delta
+    finally:
+        aclose = getattr(deltas, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+# ------------------------------------------------------------------------------------------------
 # Answers known in full, sent in pieces (the scripted model; any server without a delta source).
 
 
@@ -680,6 +845,74 @@ async def deltas_of_chat_chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[D
             if choice.get("finish_reason"):
                 finish = choice["finish_reason"]
     yield StreamEnd(finish if finish in ("stop", "length", "tool_calls") else "stop", usage)
+
+
+async def split_think_stream(deltas: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
+    """``deltas`` with a leading ``<think>...</think>`` in the text turned into reasoning, as the plain answer
+    parses it (:func:`nemo_gym.kit.chat_conversion.split_think_tags`): the reasoning without its outer
+    whitespace, the text after the tag without its leading whitespace. Text that may still be part of a
+    tag, or whitespace that may end the reasoning, is held until it is known."""
+    open_tag, close_tag = "<think>", "</think>"
+    state = "start"  # start -> thinking -> after -> text
+    held = ""
+    started_reasoning = False
+    try:
+        async for delta in deltas:
+            if not isinstance(delta, TextDelta):
+                if isinstance(delta, StreamEnd) and held:
+                    if state == "thinking":
+                        if held.strip():
+                            yield ReasoningDelta(held.strip() if not started_reasoning else held.rstrip())
+                    elif state != "after" or held.strip():
+                        yield TextDelta(held if state != "after" else held.lstrip())
+                    held = ""
+                yield delta
+                continue
+            if state == "text":
+                yield delta
+                continue
+            held += delta.text
+            if state == "start":
+                stripped = held.lstrip()
+                if stripped.startswith(open_tag):
+                    state, held = "thinking", stripped[len(open_tag) :].lstrip()
+                elif open_tag.startswith(stripped):
+                    continue  # maybe the tag, not yet complete
+                else:
+                    state = "text"
+                    yield TextDelta(held)
+                    held = ""
+                    continue
+            if state == "thinking":
+                end = held.find(close_tag)
+                if end == -1:
+                    # Send what cannot be part of the closing tag or of the whitespace before it.
+                    keep = len(close_tag) - 1
+                    body = held[: max(0, len(held) - keep)]
+                    sendable = body.rstrip()
+                    if sendable:
+                        text = sendable if started_reasoning else sendable.lstrip()
+                        if text:
+                            yield ReasoningDelta(text)
+                            started_reasoning = True
+                        held = held[len(sendable) :]
+                    continue
+                reasoning = held[:end].rstrip()
+                if not started_reasoning:
+                    reasoning = reasoning.lstrip()
+                if reasoning:
+                    yield ReasoningDelta(reasoning)
+                state, held = "after", held[end + len(close_tag) :]
+            if state == "after":
+                rest = held.lstrip()
+                if rest:
+                    state = "text"
+                    yield TextDelta(rest)
+                held = ""
+    finally:
+        aclose = getattr(deltas, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 def relay_sse(resp: aiohttp.ClientResponse) -> StreamingResponse:

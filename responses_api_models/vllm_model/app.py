@@ -62,7 +62,13 @@ from nemo_gym.kit.completions import CompletionsRequestError, parse_prompts
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id, openai_error_message
 from nemo_gym.openai_utils.messages import MessagesCall, MessagesRequestError
 from nemo_gym.server.model import ModelAnswer
-from nemo_gym.server.streaming import Delta, deltas_of_chat_chunks, relay_sse, streaming_timeout
+from nemo_gym.server.streaming import (
+    Delta,
+    deltas_of_chat_chunks,
+    relay_sse,
+    split_think_stream,
+    streaming_timeout,
+)
 
 logger = logging.getLogger("nemo_gym.vllm_model")
 
@@ -527,7 +533,8 @@ class VLLMModel(SimpleResponsesAPIModel):
         resp = await self._open_stream(request, chat)
         if isinstance(resp, Response):
             return resp
-        return deltas_of_chat_chunks(resp)
+        deltas = deltas_of_chat_chunks(resp)
+        return split_think_stream(deltas) if self.config.parse_think_tags else deltas
 
     async def stream_chat_completions(self, request: Request, body: dict[str, Any]) -> Response:
         """``/v1/chat/completions`` with ``stream: true``: the backend's stream relayed as it arrives."""
