@@ -316,3 +316,36 @@ def test_ng_e2e_collect_rollouts_writes_the_model_calls_per_agent(tmp_path: Path
         question = [m["content"] for m in row["responses_create_params"]["input"] if m.get("role") == "user"]
         asked = [m["content"] for m in c["request"]["input"] if m.get("role") == "user"]
         assert asked == question and c["status_code"] == 200 and c["rollout_status"] == "ok"
+
+
+def test_a_streamed_answer_is_recorded_as_one_object() -> None:
+    """Server-sent events of each API become one object: a Responses stream's final response; a Chat or
+    Messages stream's usage and token-id fields (what harness training reads)."""
+    from nemo_gym.server.model_calls import _parse
+
+    responses = (
+        b'event: response.created\ndata: {"type":"response.created","response":{"id":"r","output":[]}}\n\n'
+        b'event: response.completed\ndata: {"type":"response.completed","response":{"id":"r","output":'
+        b'[{"type":"message","generation_token_ids":[5]}],"usage":{"input_tokens":3,"output_tokens":1}}}\n\n'
+    )
+    parsed = _parse(responses)
+    assert (
+        parsed["id"] == "r" and parsed["output"][0]["generation_token_ids"] == [5] and parsed["event_stream"]
+    )
+    chat = (
+        b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+        b'data: {"choices":[{"index":0,"delta":{"prompt_token_ids":[1,2],"generation_token_ids":[3],'
+        b'"generation_log_probs":[-0.1]},"finish_reason":"stop"}]}\n\n'
+        b'data: {"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":1}}\n\ndata: [DONE]\n\n'
+    )
+    parsed = _parse(chat)
+    assert parsed["prompt_token_ids"] == [1, 2] and parsed["generation_token_ids"] == [3]
+    assert parsed["usage"]["completion_tokens"] == 1 and parsed["events"] == 3
+    messages = (
+        b'event: message_start\ndata: {"type":"message_start","message":{"id":"m"}}\n\n'
+        b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},'
+        b'"usage":{"input_tokens":4,"output_tokens":2},"prompt_token_ids":[9],"generation_token_ids":[8,7]}\n\n'
+        b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+    )
+    parsed = _parse(messages)
+    assert parsed["generation_token_ids"] == [8, 7] and parsed["usage"]["output_tokens"] == 2

@@ -65,12 +65,21 @@ def main() -> None:
     client = OpenAI()  # OPENAI_BASE_URL, OPENAI_API_KEY from the environment
     model = os.environ.get("NG_MODEL", "model")
     max_tokens = int(os.environ.get("MAX_TOKENS", "512"))  # per answer
+    streaming = os.environ.get("STREAM") == "1"  # ask for streamed answers
     messages: list[dict] = [{"role": "user", "content": sys.stdin.read()}]
     answer = ""
     for _ in range(MAX_TURNS):
-        reply = client.chat.completions.create(
-            model=model, messages=messages, tools=TOOLS, max_tokens=max_tokens
-        )
+        if streaming:  # the SDK's streaming helper; the final completion is assembled from the chunks
+            with client.chat.completions.stream(
+                model=model, messages=messages, tools=TOOLS, max_tokens=max_tokens
+            ) as stream:
+                for _event in stream:
+                    pass
+                reply = stream.get_final_completion()
+        else:
+            reply = client.chat.completions.create(
+                model=model, messages=messages, tools=TOOLS, max_tokens=max_tokens
+            )
         message = reply.choices[0].message
         answer = message.content or ""
         messages.append(message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}))

@@ -112,9 +112,10 @@ class SimpleResponsesAPIModel(SimpleServer):
             observed_model_call(self._metrics, MESSAGES_COUNT_TOKENS_PATH, self.messages_count_tokens)
         )
         app.post("/v1/completions")(observed_model_call(self._metrics, "/v1/completions", self.completions))
+        # Outside the streaming dispatch, so that streamed answers are recorded too.
+        self.setup_model_call_capture(app)
         # stream: true on both paths is answered before the routes (nemo_gym.server.streaming).
         app.user_middleware.append(Middleware(StreamingDispatch, server=self))
-        self.setup_model_call_capture(app)
         # After the capture middleware, so innermost: recorded answers carry the version stamp too.
         self._policy_version.install(app, self.config.name)
         if (

@@ -6,10 +6,10 @@ Contract
   cost, and ``POST /ng_model_calls/pop`` answers ``{"enabled": false, "calls": {}, ...}``.
 * On, every model server of ours (:class:`nemo_gym.server.model.SimpleResponsesAPIModel`)
   records each ``POST`` to ``/v1/responses``, ``/v1/chat/completions``, ``/v1/messages`` or
-  ``/v1/completions`` that arrives under a rollout prefix (``/ng-rollout/<id>/...``, see
-  :mod:`nemo_gym.server.rollout_prefix`; agents add it when the run sets ``observability_enabled``):
-  the request and response bodies, started/completed timestamps,
-  latency, the usage (token counts) the answer reports, the HTTP status, and for a failed call an
+  ``/v1/completions`` (streamed or not: a stream's events are recorded as one object) that arrives
+  under a rollout prefix (``/ng-rollout/<id>/...``, see :mod:`nemo_gym.server.rollout_prefix`; agents
+  add it when the run sets ``observability_enabled``): the request and response bodies,
+  started/completed timestamps, latency, the usage (token counts) the answer reports, the HTTP status, and for a failed call an
   ``error_category`` and ``error`` text (a call that raised is recorded as a 500 before the error
   middleware answers it), and the server's ``policy_version`` when the call started
   (:mod:`nemo_gym.server.policy_version`; None until a trainer sets one). A call without a rollout
@@ -177,7 +177,48 @@ def _parse(body: bytes | None) -> Any:
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
+        if body.startswith((b"event:", b"data:")):
+            return _parse_event_stream(body)
         return body.decode(errors="replace")
+
+
+_TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+
+
+def _parse_event_stream(body: bytes) -> dict[str, Any]:
+    """A streamed answer (server-sent events of any of the APIs) as one object: a Responses stream's final
+    response (``response.completed`` / ``response.incomplete``), else what the events carried at their end:
+    the ``usage`` and the token-id fields (Chat: on the final chunk's delta; Messages: on
+    ``message_delta``). ``event_stream: true`` and the number of ``events`` say it was streamed."""
+    out: dict[str, Any] = {"event_stream": True, "events": 0}
+    for line in body.split(b"\n"):
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if not data or data == b"[DONE]":
+            continue
+        try:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(event, dict):
+            continue
+        out["events"] += 1
+        if event.get("type") in ("response.completed", "response.incomplete") and isinstance(
+            event.get("response"), dict
+        ):
+            return {**event["response"], "event_stream": True, "events": out["events"]}
+        if isinstance(event.get("usage"), dict):
+            out["usage"] = event["usage"]
+        carriers = [event]
+        for choice in event.get("choices") or []:
+            if isinstance(choice, dict) and isinstance(choice.get("delta"), dict):
+                carriers.append(choice["delta"])
+        for carrier in carriers:
+            for key in _TOKEN_FIELDS:
+                if carrier.get(key) is not None:
+                    out[key] = carrier[key]
+    return out
 
 
 def _usage_of(parsed: Any) -> dict[str, Any] | None:

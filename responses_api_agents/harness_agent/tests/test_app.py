@@ -59,6 +59,7 @@ def stack() -> Iterator[RunHelper]:
                 "scripted_model": {"return_token_id_information": True, "scripts_by_input": SCRIPTS}
             }
         },
+        "streaming_harness": _agent(["python", "examples/harnesses/openai_tool_agent.py"], env={"STREAM": "1"}),
         "no_such_command": _agent(["/nonexistent/harness-binary"]),
         "exits_nonzero": _agent(["python", "-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"]),
         "never_calls": _agent(["python", "-c", "print('\\\\boxed{B}')"]),
@@ -118,6 +119,14 @@ def test_an_openai_sdk_harness_with_its_own_tool_is_rewarded_with_its_exact_toke
     assert b"42" in bytes(
         t for t, m in zip(sample["token_ids"], sample["loss_mask"], strict=True) if m == 0 and t < 256
     )
+
+
+def test_a_harness_that_streams_is_recorded_with_its_exact_tokens(stack: RunHelper) -> None:
+    resp = _run(stack, "streaming_harness", _row(RIGHT))
+    assert resp.status_code == 200, resp.text
+    result = resp.json()
+    assert result["reward"] == 1.0 and result["harness"]["model_calls"] == 2
+    _check_contiguous(result, calls=2)
 
 
 def test_a_wrong_answer_scores_zero(stack: RunHelper) -> None:
