@@ -346,15 +346,20 @@ def test_local_chat_stream_sends_tokens_as_generated(local_url: str) -> None:
                 first_content = time.monotonic() - t0
             chunks.append(chunk)
         total = time.monotonic() - t0
-    assert first_content is not None and first_content < total / 2, (first_content, total)
-    content_chunks = [c for c in chunks if c.choices and c.choices[0].delta.content]
-    assert len(content_chunks) > 5  # token by token, not one piece at the end
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 48
+    # How long the model counts is its choice (it nearly always runs into the budget); what the stream
+    # guarantees is checked against what it says it generated.
+    assert chunks[-1].usage is not None
+    generated = chunks[-1].usage.completion_tokens
     finishing = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason]
-    assert [f.finish_reason for f in finishing] == ["length"]
+    assert len(finishing) == 1 and finishing[0].finish_reason in ("length", "stop")
+    assert (generated == 48) == (finishing[0].finish_reason == "length") and 1 <= generated <= 48
+    if generated >= 8:
+        assert first_content is not None and first_content < total / 2, (first_content, total)
+        content_chunks = [c for c in chunks if c.choices and c.choices[0].delta.content]
+        assert len(content_chunks) > 5  # token by token, not one piece at the end
     # The token ids ride on the final chunk, as on the plain answer's message.
     extra = finishing[0].delta.model_extra or {}
-    assert len(extra["generation_token_ids"]) == 48 and len(extra["generation_log_probs"]) == 48
+    assert len(extra["generation_token_ids"]) == generated == len(extra["generation_log_probs"])
 
 
 def test_local_responses_stream_structure(local_url: str) -> None:
@@ -371,7 +376,9 @@ def test_local_responses_stream_structure(local_url: str) -> None:
         # Cut off by the budget, the answer ends with ``response.incomplete`` (as OpenAI's does; the SDK's
         # ``responses.stream`` helper only knows ``response.completed``, see the completed case below).
         final = events[-1].response
-    assert first_delta is not None and first_delta < total / 2, (first_delta, total)
+    generated = final.usage.output_tokens if final.usage is not None else 0
+    if generated >= 8:  # how long it writes is the model's choice; at the budget nearly always
+        assert first_delta is not None and first_delta < total / 2, (first_delta, total)
     kinds = [e.type for e in events]
     assert kinds[:4] == [
         "response.created",
@@ -379,12 +386,16 @@ def test_local_responses_stream_structure(local_url: str) -> None:
         "response.output_item.added",
         "response.content_part.added",
     ]
-    assert kinds[-1] == "response.incomplete" and final.status == "incomplete"
+    # Cut off by the budget it ends "incomplete"; ended by the model (its choice), "completed".
+    assert (kinds[-1], final.status) in (
+        ("response.incomplete", "incomplete"),
+        ("response.completed", "completed"),
+    )
+    assert (final.status == "incomplete") == (generated == 40) and 1 <= generated <= 40
     assert [e.sequence_number for e in events] == list(range(len(events)))
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
-    assert text and final.output_text.startswith(text.rstrip())
-    assert final.usage is not None and final.usage.output_tokens == 40
-    assert len(final.output[-1].model_extra["generation_token_ids"]) == 40
+    assert final.output_text.startswith(text.rstrip())
+    assert len(final.output[-1].model_extra["generation_token_ids"]) == generated
 
 
 def test_local_responses_stream_helper_completed(local_url: str) -> None:
@@ -447,7 +458,7 @@ def test_local_client_going_away_stops_the_generation(local_url: str) -> None:
     # The model is free again: a plain request is answered.
     with _client(local_url) as client:
         answer = client.chat.completions.create(model="local", messages=LONG_PROMPT, max_tokens=4)
-    assert answer.choices[0].finish_reason == "length"
+    assert answer.choices[0].finish_reason in ("length", "stop") and answer.usage.completion_tokens <= 4
 
 
 # -- vllm_model and openai_model, against the repo's fake vLLM / OpenAI backend ------------------------
