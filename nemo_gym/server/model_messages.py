@@ -88,27 +88,38 @@ def _from_error_answer(answer: Response) -> Response:
     return messages_error(status, message, headers={"Retry-After": retry_after} if retry_after else None)
 
 
-async def messages_answer(
-    request: Request, call: MessagesCall, responses: ResponsesHandler
-) -> dict[str, Any] | Response:
-    """The finished Messages answer (a dict) for ``call``, run through ``responses`` (a model server's
-    Responses handler); or an error answer in Anthropic's shape."""
+async def _run(
+    request: Request, call: MessagesCall, handler: ResponsesHandler | DeltasHandler
+) -> tuple[Any, Response | None]:
+    """``handler`` (a model server's ``responses`` or ``responses_deltas``) on ``call``'s Responses request:
+    ``(what it returned, None)``, or ``(None, an error answer in Anthropic's shape)`` when the request cannot
+    be run, the handler raised or an upstream failed."""
     try:
         params = NeMoGymResponseCreateParamsNonStreaming.model_validate(call.params)
     except ValidationError as e:
         first = e.errors()[0] if e.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()))
-        return messages_error(400, f"the request cannot be run: {where}: {first.get('msg', e)}")
+        return None, messages_error(400, f"the request cannot be run: {where}: {first.get('msg', e)}")
     try:
-        result = await responses(request, params)
+        return await handler(request, params), None
     except HTTPException as e:
-        return messages_error(e.status_code, str(e.detail))
+        return None, messages_error(e.status_code, str(e.detail))
     except UpstreamError as e:
         logger.warning("/v1/messages: %s", e)
-        return messages_error(504 if e.kind == "timeout" else 502, str(e))
+        return None, messages_error(504 if e.kind == "timeout" else 502, str(e))
     except Exception as e:  # the handler failed: answered here, in the Messages shape
-        logger.exception("/v1/messages: the responses handler raised")
-        return messages_error(500, f"{type(e).__name__}: {e}")
+        logger.exception("/v1/messages: the model server's handler raised")
+        return None, messages_error(500, f"{type(e).__name__}: {e}")
+
+
+async def messages_answer(
+    request: Request, call: MessagesCall, responses: ResponsesHandler
+) -> dict[str, Any] | Response:
+    """The finished Messages answer (a dict) for ``call``, run through ``responses`` (a model server's
+    Responses handler); or an error answer in Anthropic's shape."""
+    result, failed = await _run(request, call, responses)
+    if failed is not None:
+        return failed
     if isinstance(result, Response):
         if result.status_code >= 400:
             return _from_error_answer(result)
@@ -126,7 +137,7 @@ async def messages_answer(
 async def messages_endpoint_answer(
     request: Request,
     responses: ResponsesHandler,
-    deltas: DeltasHandler | None = None,
+    deltas: DeltasHandler,
     on_end: Callable[[StreamEnd], None] | None = None,
 ) -> Any:
     """``POST /v1/messages``: the whole answer (a dict the base class wraps, or an error answer); with
@@ -137,22 +148,9 @@ async def messages_endpoint_answer(
         return call
     if not call.stream:
         return await messages_answer(request, call, responses)
-    if deltas is None:
-        return messages_error(
-            400, "stream: this server answers /v1/messages without streaming; send stream: false"
-        )
-    try:
-        params = NeMoGymResponseCreateParamsNonStreaming.model_validate(call.params)
-    except ValidationError as e:
-        first = e.errors()[0] if e.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        return messages_error(400, f"the request cannot be run: {where}: {first.get('msg', e)}")
-    try:
-        source = await deltas(request, params)
-    except HTTPException as e:
-        return messages_error(e.status_code, str(e.detail))
-    except UpstreamError as e:
-        return messages_error(504 if e.kind == "timeout" else 502, str(e))
+    source, failed = await _run(request, call, deltas)
+    if failed is not None:
+        return failed
     if isinstance(source, Response):
         return _from_error_answer(source) if source.status_code >= 400 else source
     encoder = MessagesEventEncoder(call.model)
