@@ -17,7 +17,7 @@ import pytest
 
 from nemo_gym.redaction import REDACTED, add_secret_values
 from nemo_gym.server.model_calls import ModelCallStore
-from nemo_gym.tools.testing import collect_rollouts, post_json, running_servers, server_url
+from nemo_gym.tools.testing import collect_rollouts, post_json, running_servers, server_url, weather_row
 
 EXAMPLE_CONFIG = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
 AGENT = "example_single_tool_call_simple_agent"
@@ -46,26 +46,6 @@ SCRIPTS = [
 ]
 
 
-def _row(city: str) -> dict[str, Any]:
-    return {
-        "responses_create_params": {
-            "input": [{"role": "user", "content": f"What's the weather in {city}?"}],
-            "tools": [
-                {
-                    "type": "function",
-                    "name": "get_weather",
-                    "parameters": {
-                        "type": "object",
-                        "properties": {"city": {"type": "string"}},
-                        "required": ["city"],
-                    },
-                }
-            ],
-        },
-        "expected_city": city,
-    }
-
-
 def _config(**top: Any) -> dict[str, Any]:
     return {
         "policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": SCRIPTS}}},
@@ -87,7 +67,7 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         # A call an earlier (say, interrupted) run left for rollout 1-0: not written for this run's 1-0.
         stale = post_json(model_url + "/ng-rollout/1-0/v1/responses", {"input": "a stale call"})
         assert stale.status_code == 200, stale.text
-        rows = [_row("Paris"), _row("Tokyo"), _row("Oslo")]
+        rows = [weather_row("Paris"), weather_row("Tokyo"), weather_row("Oslo")]
         code, out, err = collect_rollouts(
             helper, rows, work, AGENT, "+num_repeats=4", "+num_samples_in_parallel=12"
         )
@@ -214,21 +194,21 @@ def test_viewer_trajectory_page_shows_the_model_calls(captured: dict[str, Any], 
 @pytest.mark.slow
 def test_capture_off_records_nothing(tmp_path: Path) -> None:
     with running_servers([EXAMPLE_CONFIG], _config()) as helper:
-        code, out, err = collect_rollouts(helper, [_row("Tokyo")], tmp_path, AGENT, "+num_repeats=2")
+        code, out, err = collect_rollouts(helper, [weather_row("Tokyo")], tmp_path, AGENT, "+num_repeats=2")
         answer = post_json(
             server_url(helper, "policy_model") + "/ng_model_calls/pop", {"rollout_ids": ["0-0", "0-1"]}
         ).json()
         # A prefixed call is answered, and still not recorded.
         prefixed = post_json(
             server_url(helper, "policy_model") + "/ng-rollout/0-0/v1/responses",
-            _row("Tokyo")["responses_create_params"],
+            weather_row("Tokyo")["responses_create_params"],
         )
         after = post_json(
             server_url(helper, "policy_model") + "/ng_model_calls/pop", {"rollout_ids": ["0-0"]}
         )
         # Asking the collector for capture the servers do not do is a clear error, nothing written.
         code2, _, err2 = collect_rollouts(
-            helper, [_row("Tokyo")], tmp_path / "again", AGENT, "+observability_enabled=true"
+            helper, [weather_row("Tokyo")], tmp_path / "again", AGENT, "+observability_enabled=true"
         )
     assert code == 0 and len(out) == 2, err
     assert answer == {"enabled": False, "calls": {}, "dropped": {}, "stored_calls": 0, "dropped_total": 0}
@@ -243,7 +223,7 @@ def test_the_bound_drops_oldest_calls_and_counts_them(tmp_path: Path) -> None:
     config = _config(observability_enabled=True, model_call_capture_max_calls=1)
     with running_servers([EXAMPLE_CONFIG], config) as helper:
         code, out, err = collect_rollouts(
-            helper, [_row("Paris")], tmp_path, AGENT, "+num_repeats=2", "+num_samples_in_parallel=1"
+            helper, [weather_row("Paris")], tmp_path, AGENT, "+num_repeats=2", "+num_samples_in_parallel=1"
         )
     assert code == 0 and len(out) == 2, err
     lines = _lines(tmp_path / "output_model_calls.jsonl")

@@ -22,7 +22,7 @@ import pytest
 from nemo_gym.config.types import BaseServerConfig
 from nemo_gym.rollout_collection import RolloutCollectionHelper, StalePolicyError
 from nemo_gym.server.policy_version import policy_lag
-from nemo_gym.tools.testing import collect_rollouts, get, post_json, running_servers, server_url
+from nemo_gym.tools.testing import collect_rollouts, get, post_json, running_servers, server_url, weather_row
 
 EXAMPLE_CONFIG = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
 AGENT = "example_single_tool_call_simple_agent"
@@ -40,29 +40,6 @@ SCRIPTS = [
         "turns": [{"tool_calls": [_tool("Slowtown")], "delay_s": SLOW_CALL_S}, {"text": "Done."}],
     }
 ]
-
-
-def _row(city: str, agent: str | None = None) -> dict[str, Any]:
-    row: dict[str, Any] = {
-        "responses_create_params": {
-            "input": [{"role": "user", "content": f"What's the weather in {city}?"}],
-            "tools": [
-                {
-                    "type": "function",
-                    "name": "get_weather",
-                    "parameters": {
-                        "type": "object",
-                        "properties": {"city": {"type": "string"}},
-                        "required": ["city"],
-                    },
-                }
-            ],
-        },
-        "expected_city": city,
-    }
-    if agent is not None:
-        row["agent_ref"] = {"name": agent}
-    return row
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +98,7 @@ def test_version_set_mid_run_reaches_later_calls_records_and_lines(run: Any, tmp
     assert get(server_url(run, "policy_model") + "/policy_version").json()["policy_version"] == 7
     stats_url = server_url(run, "policy_model") + "/stats"
     before = get(stats_url).json()["requests"]
-    rows = [_row("Slowtown"), _row("Paris"), _row("Tokyo")]
+    rows = [weather_row("Slowtown"), weather_row("Paris"), weather_row("Tokyo")]
     bumped = threading.Event()
 
     def trainer() -> None:  # the collector runs on this thread (it installs signal handlers)
@@ -154,7 +131,7 @@ def test_version_set_mid_run_reaches_later_calls_records_and_lines(run: Any, tmp
 def _mixed_rows() -> list[dict[str, Any]]:
     """Four rollouts of agent 1 (policy_model) and three of agent 2 (policy_model_2), interleaved."""
     cities = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Quito", "Perth"]
-    return [_row(c, AGENT if i % 2 == 0 else AGENT_2) for i, c in enumerate(cities)]
+    return [weather_row(c, AGENT if i % 2 == 0 else AGENT_2) for i, c in enumerate(cities)]
 
 
 @pytest.mark.parametrize("mode", ["mark", "drop"])
@@ -190,7 +167,7 @@ def test_max_policy_lag_in_ng_collect_rollouts(run: Any, tmp_path: Path, mode: s
 
 def test_max_policy_lag_names_an_unknown_model_server(run: Any, tmp_path: Path) -> None:
     code, _, err = collect_rollouts(
-        run, [_row("Paris")], tmp_path, AGENT, "+max_policy_lag=1", "+policy_version_model=nope"
+        run, [weather_row("Paris")], tmp_path, AGENT, "+max_policy_lag=1", "+policy_version_model=nope"
     )
     assert code == 2 and "policy_version_model='nope'" in err
 

@@ -41,6 +41,21 @@ WEATHER_CHAT_TOOL: dict[str, Any] = {
 }
 
 
+def weather_row(city: str, agent: str | None = None) -> dict[str, Any]:
+    """A task row of the example_single_tool_call kind: ask for ``city``'s weather with ``WEATHER_TOOL``
+    offered (``agent``: the row's ``agent_ref``, for a collection across agents)."""
+    row: dict[str, Any] = {
+        "responses_create_params": {
+            "input": [{"role": "user", "content": f"What's the weather in {city}?"}],
+            "tools": [WEATHER_TOOL],
+        },
+        "expected_city": city,
+    }
+    if agent is not None:
+        row["agent_ref"] = {"name": agent}
+    return row
+
+
 @contextlib.contextmanager
 def running_servers(
     config_paths: list[str], extra_config: dict[str, Any] | None = None, with_scripted_model: bool = True
