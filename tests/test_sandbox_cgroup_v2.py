@@ -13,6 +13,7 @@ real in test_sandbox.py, test_sandbox_prestart.py and test_sandbox_escape.py.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import os
@@ -22,7 +23,14 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym.sandbox import SandboxProviderConfig, SandboxUnavailableError, backend_base, bwrap
+from nemo_gym.sandbox import (
+    SandboxProviderConfig,
+    SandboxUnavailableError,
+    backend_base,
+    bwrap,
+    run_in_sandbox,
+    workers,
+)
 from nemo_gym.sandbox.cgroup_mode import open_cgroups, pick_cgroup_mode
 from nemo_gym.sandbox.cgroups import CgroupFS, _RunCgroups
 from nemo_gym.sandbox.cgroups_v2 import LEAF, CgroupV2Unavailable, _RunCgroupV2, _V2Cgroups, open_v2
@@ -401,6 +409,35 @@ def test_at_exit_every_run_left_is_killed_and_removed(kernel: FakeKernel) -> Non
     kernel.join(run.dir, 5_000_004)
     driver.remove()
     assert kernel.killed == [5_000_004] and not (d / f"nemo_gym_sandbox_{ME}").exists()
+
+
+@pytest.mark.parametrize("prestart", [False, True], ids=["started-at-the-run", "prestarted"])
+async def test_a_real_sandboxed_run_goes_through_the_v2_driver_unchanged(
+    kernel: FakeKernel, monkeypatch: pytest.MonkeyPatch, prestart: bool
+) -> None:
+    """The backends only see the interface: a real bwrap run (and a pre-started one) joins the run's
+    cgroup through ``procs_files`` (here a file of the fake tree: no real limit applies), reads its CPU
+    time from ``cpu.stat`` and has it killed and removed through the v2 handle."""
+    d = kernel.make(SCOPE, procs=(ME,))
+    driver = _v2(kernel)
+    monkeypatch.setattr(backend_base._BackendBase, "_cgroup_roots", driver)
+    provider = {"prestart": prestart, "queue_timeout_s": 599}  # a backend of its own: no idle v1 sandbox
+    backend = bwrap.BubblewrapBackend.shared(SandboxProviderConfig.model_validate(provider))
+    try:
+        for _ in range(2):  # with prestart, the second run takes the sandbox started during the first
+            result = await run_in_sandbox(["python3", "-c", "print(6 * 7)"], provider=provider)
+            assert result.ok and result.stdout == "42\n", result
+            assert result.cpu_time_s == 0.0  # the fake cpu.stat's, not a v1 cpuacct count
+            await asyncio.to_thread(workers._STARTER.submit(lambda: None).result, 30)
+            await asyncio.to_thread(workers._CLEANUP.submit(lambda: None).result, 30)
+            idle = backend._idle_list()
+            assert len(idle) == int(prestart) and all(isinstance(w.cgroups, _RunCgroupV2) for w in idle)
+        assert len(kernel.killed) >= 2  # each run's launcher wrote its pid into its run's cgroup.procs
+    finally:
+        backend.close_idle()
+        await asyncio.to_thread(workers._CLEANUP.submit(lambda: None).result, 30)
+        _close(driver)
+    assert not (d / f"nemo_gym_sandbox_{ME}").exists()
 
 
 # -- the same results as v1 on the same probes -----------------------------------------------------

@@ -386,6 +386,8 @@ def open_v2(
             )
         except CgroupV2Unavailable as scope_failure:
             helper.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                helper.wait(5)
             raise CgroupV2Unavailable(
                 f"{own_failure}. The scope {scope} of its own is not usable either: {scope_failure}"
             ) from None
