@@ -3,8 +3,10 @@
 Contract
 --------
 * :meth:`_BackendBase.shared` gives one backend object per (class, provider config) in this process;
-  :meth:`_BackendBase.cgroup_roots` makes this process's cgroup parents once (and warns when, as root,
-  no pids cgroup exists: RLIMIT_NPROC does not apply to root).
+  :meth:`_BackendBase.cgroup_driver` picks the cgroup mode (v1, v2 or none:
+  :mod:`nemo_gym.sandbox.cgroup_mode`) and makes this process's cgroup parents once, logging the mode and
+  why (and warning when, as root, no pids cgroup exists: RLIMIT_NPROC does not apply to root);
+  :meth:`_BackendBase.cgroup_roots` is its controller -> parent dir map. Nothing else here knows the mode.
 * :meth:`_BackendBase.run` runs one program through the one-shot launcher (:mod:`nemo_gym.sandbox.launch`)
   in fresh per-run cgroups: stdin fed, stdout/stderr each capped at ``output_limit_bytes`` (past it, the
   process group is SIGKILLed), SIGKILL at the wall-clock limit or on cancellation, then every pid left in
@@ -27,7 +29,8 @@ import signal
 from pathlib import Path
 
 from nemo_gym.sandbox import workers
-from nemo_gym.sandbox.cgroups import _CgroupRoots, _RunCgroups
+from nemo_gym.sandbox.cgroup_mode import open_cgroups
+from nemo_gym.sandbox.cgroups import CgroupDriver, RunCgroup
 from nemo_gym.sandbox.errors import SandboxError, SandboxUnavailableError
 from nemo_gym.sandbox.launch import _JOIN_FAILED, DASH, _launcher_args, _parse_status, _read_capped
 from nemo_gym.sandbox.spec import SandboxExecResult, SandboxProviderConfig, SandboxResources
@@ -37,7 +40,7 @@ LOG = logging.getLogger("nemo_gym.sandbox")
 
 class _BackendBase:
     _shared: dict[tuple, _BackendBase] = {}
-    _cgroup_roots: _CgroupRoots | None = None
+    _cgroup_roots: CgroupDriver | None = None
 
     def __init__(self, config: SandboxProviderConfig) -> None:
         self.config = config
@@ -50,16 +53,25 @@ class _BackendBase:
         return _BackendBase._shared[key]
 
     @classmethod
-    def cgroup_roots(cls) -> dict[str, Path]:
+    def cgroup_driver(cls) -> CgroupDriver:
+        """This process's cgroup mode and its runs' cgroups (picked once, on first use: the start-up check)."""
         if _BackendBase._cgroup_roots is None:
-            _BackendBase._cgroup_roots = _CgroupRoots()
-            roots = _BackendBase._cgroup_roots.roots
-            if "pids" not in roots and os.geteuid() == 0:
+            driver = _BackendBase._cgroup_roots = open_cgroups()
+            if driver.mode == "none":
+                LOG.warning("sandbox: cgroup mode none: %s", driver.reason)
+            else:
+                LOG.info("sandbox: cgroup mode %s: %s", driver.mode, driver.reason)
+            if "pids" not in driver.roots and os.geteuid() == 0:
                 LOG.warning(
                     "sandbox: no writable pids cgroup, and RLIMIT_NPROC does not apply to root: "
                     "the process-count limit is NOT enforced"
                 )
-        return _BackendBase._cgroup_roots.roots
+        return _BackendBase._cgroup_roots
+
+    @classmethod
+    def cgroup_roots(cls) -> dict[str, Path]:
+        """Controller -> the parent dir of this process's run cgroups (``"pids"`` in it: processes limited)."""
+        return cls.cgroup_driver().roots
 
     def check(self) -> None:
         if not os.path.exists(DASH) and shutil.which("prlimit") is None:
@@ -102,8 +114,7 @@ class _BackendBase:
         stdin: bytes | None,
         limits: SandboxResources,
     ) -> SandboxExecResult:
-        roots = self.cgroup_roots()
-        cgroups = _RunCgroups.create(roots, limits)  # a few cgroupfs writes: microseconds
+        cgroups = self.cgroup_driver().create(limits)  # a few cgroupfs writes: microseconds
         status_r, status_w = os.pipe()
         os.set_blocking(status_r, False)
         proc: asyncio.subprocess.Process | None = None
@@ -116,8 +127,8 @@ class _BackendBase:
                 *_launcher_args(
                     limits,
                     cgroups.procs_files(),
-                    memory_by_cgroup=cgroups.memory is not None,
-                    pids_by_cgroup=cgroups.pids is not None,
+                    memory_by_cgroup=cgroups.memory_limited,
+                    pids_by_cgroup=cgroups.limits_processes,
                 ),
                 *inner,
             ]
@@ -214,7 +225,7 @@ class _BackendBase:
     ) -> int:
         raise NotImplementedError
 
-    def _check_started(self, rc: int, stderr: bytes, cgroups: _RunCgroups, kill_reason: str | None) -> None:
+    def _check_started(self, rc: int, stderr: bytes, cgroups: RunCgroup, kill_reason: str | None) -> None:
         """Raise SandboxError if the sandbox failed before the program started (backend-specific)."""
 
     def _result(
@@ -227,7 +238,7 @@ class _BackendBase:
         out_trunc: bool,
         err_trunc: bool,
         kill_reason: str | None,
-        cgroups: _RunCgroups,
+        cgroups: RunCgroup,
         limits_cpu: float,
     ) -> SandboxExecResult:
         if outer_rc == _JOIN_FAILED and "child-pid" not in status and kill_reason is None:

@@ -13,8 +13,9 @@ Contract
   only PATH/HOME/LANG/TMPDIR/thread-count variables plus what the caller passes.
 * Limits: RLIMIT_CPU (then SIGXCPU/SIGKILL), RLIMIT_FSIZE, RLIMIT_NOFILE, no core files; the process count
   and memory through per-run cgroups (:mod:`nemo_gym.sandbox.cgroups`: v1 ``pids`` and ``memory``, plus
-  ``cpuacct`` to report the tree's CPU time; a memory cgroup OOM-kills the tree and ``oom_kill`` reports
-  it). Without a writable cgroup: RLIMIT_AS for memory, RLIMIT_NPROC for processes; as root (where
+  ``cpuacct`` to report the tree's CPU time; or one v2 dir with ``pids.max`` and ``memory.max`` in a
+  delegated subtree, :mod:`nemo_gym.sandbox.cgroups_v2`; a memory cgroup OOM-kills the tree and
+  ``oom_kill`` reports it). :meth:`check` picks the mode (logged with its reason). Without a writable cgroup: RLIMIT_AS for memory, RLIMIT_NPROC for processes; as root (where
   RLIMIT_NPROC does nothing) the bubblewrap backend then REFUSES to run (:class:`SandboxUnavailableError`).
 * The whole tree dies at the end, always: the outer ``bwrap`` is SIGKILLed on wall timeout / output cap /
   cancellation, its inner init dies with it (``--die-with-parent``), and the kernel kills every process of
@@ -93,13 +94,16 @@ class BubblewrapBackend(_BackendBase):
                 f"the sandbox's Python {self.config.python!r} does not exist: install Debian's python3 with "
                 "apt-get install python3 python3-numpy python3-sympy python3-scipy, or set sandbox.python"
             )
-        if os.geteuid() == 0 and "pids" not in self.cgroup_roots():
+        roots = self.cgroup_roots()  # picks the cgroup mode now: the start-up log says which and why
+        if os.geteuid() == 0 and "pids" not in roots:
             # A root-run sandbox without a pids cgroup has no process limit at all (RLIMIT_NPROC does not
             # apply to root): a fork bomb would take the machine. Refuse rather than run unbounded.
+            driver = self.cgroup_driver()
             raise SandboxUnavailableError(
-                "the sandbox cannot limit processes here: it runs as root and found no writable pids cgroup "
-                "(cgroup v1 /sys/fs/cgroup/pids/...), and RLIMIT_NPROC does not apply to root. Make that "
-                "hierarchy writable, or run the servers as a non-root user"
+                "the sandbox cannot limit processes here: it runs as root and found no writable pids cgroup, "
+                f"and RLIMIT_NPROC does not apply to root (cgroup mode {driver.mode}: {driver.reason}). On "
+                "cgroup v1 make /sys/fs/cgroup/pids/... writable; on cgroup v2 start the servers in a delegated "
+                "scope (`systemd-run --scope -p Delegate=yes ng_run ...`); or run the servers as a non-root user"
             )
 
     @classmethod

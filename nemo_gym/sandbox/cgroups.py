@@ -1,15 +1,24 @@
-"""Per-run cgroups (v1 ``pids``, ``memory``, ``cpuacct`` hierarchies): limits, accounting, the final kill.
+"""Per-run cgroups: the interface every cgroup mode gives, and cgroup v1 (``pids``, ``memory``, ``cpuacct``).
 
 Contract
 --------
-* :class:`_CgroupRoots` finds this process's own cgroup dirs from /proc/self/cgroup and makes one parent
-  dir per controller (``nemo_gym_sandbox_<pid>``) where it may write; it removes the parents of dead
-  processes (killed servers) on the way, and its own (killing what is left) at exit. Controllers it
-  cannot write to are left out: the backends then fall back to rlimits.
-* :class:`_RunCgroups` is one run's cgroups: ``pids.max`` and the memory limit (``apply`` may be called
-  again: a pre-started sandbox joins before it knows its run's limits), the tree's CPU time (cpuacct),
-  whether the memory cgroup OOM-killed it, its peak process count, whether the pids limit was hit, and
-  :meth:`_RunCgroups.destroy`: SIGKILL every pid left until empty, then remove the dirs.
+* :class:`CgroupDriver` is what the backends use (they do not care which mode is behind it): ``mode``
+  (``v1``, ``v2``, ``none``) and ``reason`` (why, for the start-up diagnostics), ``roots`` (controller ->
+  the parent dir of this process's run cgroups; ``"pids"`` present means the process count is limited),
+  ``create(limits)`` -> a :class:`RunCgroup`, and ``remove()`` at exit. :mod:`nemo_gym.sandbox.cgroup_mode`
+  picks the mode; :mod:`nemo_gym.sandbox.cgroups_v2` is the v2 driver.
+* :class:`RunCgroup` is one run's cgroups: ``apply(limits)`` (again: a pre-started sandbox joins before it
+  knows its run's limits), ``procs_files()`` (the launcher writes its pid into each: that is how a run's
+  processes join), ``oom_killed()``, ``pids_limit_hit()``, ``peak_processes()``, ``cpu_time_s()``, and
+  ``destroy()``: kill every process left until empty, then remove the dirs.
+* :class:`CgroupFS` is the only way the cgroup code reaches the kernel (file reads and writes, mkdir,
+  rmdir, kill(2)): tests of v2, which this machine lacks, give a fake kernel over a tmp dir.
+* v1: :class:`_CgroupRoots` finds this process's own cgroup dirs from /proc/self/cgroup and makes one
+  parent dir per controller (``nemo_gym_sandbox_<pid>``) where it may write; it removes the parents of
+  dead processes (killed servers) on the way, and its own (killing what is left) at exit. Controllers it
+  cannot write to are left out: the backends then fall back to rlimits. :class:`_RunCgroups` is one run's
+  v1 cgroups: ``pids.max`` and the memory limit, the tree's CPU time (cpuacct), whether the memory cgroup
+  OOM-killed it (``memory.oom_control``), its peak process count, whether the pids limit was hit.
 * Failures to make or limit a run's cgroups raise :class:`SandboxError` (an infrastructure failure).
 """
 
@@ -24,6 +33,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from nemo_gym.sandbox.errors import SandboxError
 from nemo_gym.sandbox.spec import SandboxResources
@@ -31,6 +41,75 @@ from nemo_gym.sandbox.spec import SandboxResources
 LOG = logging.getLogger("nemo_gym.sandbox")
 
 _RUN_IDS = itertools.count()
+
+
+class CgroupFS:
+    """The kernel as the cgroup code sees it: cgroupfs files, mkdir/rmdir, SIGKILL. One object for real;
+    the v2 tests replace it with a fake kernel (this machine has no cgroup v2 to test against)."""
+
+    def read(self, path: Path) -> str:
+        return path.read_text()
+
+    def write(self, path: Path, text: str) -> None:
+        path.write_text(text)
+
+    def exists(self, path: Path) -> bool:
+        return path.exists()
+
+    def mkdir(self, path: Path, exist_ok: bool = False) -> None:
+        path.mkdir(exist_ok=exist_ok)
+
+    def rmdir(self, path: Path) -> None:
+        path.rmdir()
+
+    def writable(self, path: Path) -> bool:
+        return os.access(path, os.W_OK)
+
+    def kill(self, pid: int) -> None:
+        os.kill(pid, signal.SIGKILL)
+
+    def pid_alive(self, pid: int) -> bool:
+        return Path(f"/proc/{pid}").exists()
+
+
+REAL_FS = CgroupFS()
+
+
+class RunCgroup(Protocol):
+    """One run's cgroups, whatever the mode (v1: a dir per controller; v2: one dir; none: no dir)."""
+
+    memory_limited: bool  # a memory cgroup holds this run's limit (else RLIMIT_AS stands in)
+
+    @property
+    def limits_processes(self) -> bool: ...  # a pids cgroup holds the process count (else RLIMIT_NPROC)
+
+    def apply(self, limits: SandboxResources) -> None: ...
+
+    def procs_files(self) -> list[str]: ...
+
+    def cpu_time_s(self) -> float | None: ...
+
+    def oom_killed(self) -> bool: ...
+
+    def peak_processes(self) -> int | None: ...
+
+    def pids_limit_hit(self) -> bool: ...
+
+    def destroy(self, remove: bool = True) -> bool: ...
+
+
+class CgroupDriver(Protocol):
+    """This process's cgroup mode: makes the runs' cgroups; removed at exit."""
+
+    mode: str  # "v1" | "v2" | "none"
+    reason: str  # why this mode, in words (the start-up diagnostics say it)
+
+    @property
+    def roots(self) -> dict[str, Path]: ...
+
+    def create(self, limits: SandboxResources, always_memory: bool = False) -> RunCgroup: ...
+
+    def remove(self) -> None: ...
 
 
 def _own_cgroup_dirs() -> dict[str, Path]:
@@ -50,10 +129,13 @@ def _own_cgroup_dirs() -> dict[str, Path]:
 
 
 class _CgroupRoots:
-    """This process's parent dirs for per-run cgroups, made on first use and removed at exit."""
+    """cgroup v1: this process's parent dirs for per-run cgroups, made on first use and removed at exit."""
+
+    mode = "v1"
 
     def __init__(self) -> None:
         self.roots: dict[str, Path] = {}
+        self.reason = ""
         for controller, own in _own_cgroup_dirs().items():
             _remove_stale_roots(own)
             root = own / f"nemo_gym_sandbox_{os.getpid()}"
@@ -67,6 +149,9 @@ class _CgroupRoots:
             self.roots[controller] = root
         atexit.register(self.remove)
 
+    def create(self, limits: SandboxResources, always_memory: bool = False) -> _RunCgroups:
+        return _RunCgroups.create(self.roots, limits, always_memory=always_memory)
+
     def remove(self) -> None:
         for root in self.roots.values():
             for child in root.glob("run_*"):
@@ -75,35 +160,53 @@ class _CgroupRoots:
                 root.rmdir()
 
 
-def _remove_stale_roots(parent: Path) -> None:
+def _remove_stale_roots(parent: Path, fs: CgroupFS = REAL_FS) -> None:
     """Remove the per-process cgroup dirs of processes that died without cleaning up (killed servers)."""
     for root in parent.glob("nemo_gym_sandbox_*"):
         pid = root.name.rsplit("_", 1)[1]
-        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+        if not pid.isdigit() or fs.pid_alive(int(pid)):
             continue
         for child in root.glob("run_*"):
-            _kill_and_remove(child, within=1.0)
+            _kill_and_remove(child, within=1.0, fs=fs)
         with contextlib.suppress(OSError):
-            root.rmdir()
+            fs.rmdir(root)
 
 
-def _pids_in(cgroup: Path) -> list[int]:
+def _pids_in(cgroup: Path, fs: CgroupFS = REAL_FS) -> list[int]:
     try:
-        return [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
+        return [int(p) for p in fs.read(cgroup / "cgroup.procs").split()]
     except (OSError, ValueError):
         return []
 
 
-def _kill_and_remove(cgroup: Path, within: float = 5.0, remove: bool = True) -> bool:
-    """SIGKILL everything in ``cgroup`` until it is empty, then (``remove``) rmdir it. True when it got empty."""
+def _event_count(fs: CgroupFS, path: Path, key: str) -> int:
+    """The ``key N`` line's N of a flat-keyed cgroup file (memory.events, pids.events, ...); 0 without it."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in fs.read(path).splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    return 0
+
+
+def _kill_and_remove(
+    cgroup: Path, within: float = 5.0, remove: bool = True, fs: CgroupFS = REAL_FS, kill_file: bool = False
+) -> bool:
+    """SIGKILL everything in ``cgroup`` until it is empty, then (``remove``) rmdir it. True when it got empty.
+
+    ``kill_file`` (v2, kernel >= 5.14): first write ``cgroup.kill``, which kills the whole subtree at
+    once, forks racing the kill included; the pid loop then only waits (and covers older kernels)."""
     deadline = time.monotonic() + within
+    if kill_file and fs.exists(cgroup / "cgroup.kill"):
+        with contextlib.suppress(OSError):
+            fs.write(cgroup / "cgroup.kill", "1")
     while True:
-        pids = _pids_in(cgroup)
+        pids = _pids_in(cgroup, fs)
         if not pids:
             break
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+                fs.kill(pid)
         if time.monotonic() > deadline:
             LOG.error("sandbox cgroup %s still has processes %s after SIGKILL", cgroup, pids)
             return False
@@ -112,7 +215,7 @@ def _kill_and_remove(cgroup: Path, within: float = 5.0, remove: bool = True) -> 
         return True
     for _ in range(200):
         try:
-            cgroup.rmdir()
+            fs.rmdir(cgroup)
             return True
         except FileNotFoundError:
             return True
@@ -128,6 +231,10 @@ class _RunCgroups:
     cpuacct: Path | None = None
 
     memory_limited: bool = False  # the memory cgroup holds a limit (not just an unlimited cgroup)
+
+    @property
+    def limits_processes(self) -> bool:
+        return self.pids is not None
 
     @classmethod
     def create(
@@ -188,12 +295,7 @@ class _RunCgroups:
     def oom_killed(self) -> bool:
         if self.memory is None:
             return False
-        with contextlib.suppress(OSError, ValueError):
-            for line in (self.memory / "memory.oom_control").read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value) > 0
-        return False
+        return _event_count(REAL_FS, self.memory / "memory.oom_control", "oom_kill") > 0
 
     def peak_processes(self) -> int | None:
         if self.pids is None:
@@ -206,12 +308,7 @@ class _RunCgroups:
     def pids_limit_hit(self) -> bool:
         if self.pids is None:
             return False
-        with contextlib.suppress(OSError, ValueError):
-            for line in (self.pids / "pids.events").read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "max":
-                    return int(value) > 0
-        return False
+        return _event_count(REAL_FS, self.pids / "pids.events", "max") > 0
 
     def destroy(self, remove: bool = True) -> bool:
         ok = True
@@ -219,3 +316,19 @@ class _RunCgroups:
             if d is not None:
                 ok = _kill_and_remove(d, remove=remove) and ok
         return ok
+
+
+class _NoCgroups:
+    """No usable cgroup: every run's "cgroups" are none, so the launcher sets RLIMIT_AS / RLIMIT_NPROC."""
+
+    mode = "none"
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        self.roots: dict[str, Path] = {}
+
+    def create(self, limits: SandboxResources, always_memory: bool = False) -> _RunCgroups:
+        return _RunCgroups(pids=None, memory=None)
+
+    def remove(self) -> None:
+        pass

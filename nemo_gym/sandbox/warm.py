@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Protocol
 
 from nemo_gym.sandbox import workers
-from nemo_gym.sandbox.cgroups import _RunCgroups
+from nemo_gym.sandbox.cgroups import CgroupDriver, RunCgroup
 from nemo_gym.sandbox.errors import SandboxError
 from nemo_gym.sandbox.launch import _JOIN_FAILED, _READ_CHUNK, DASH, _dash_ulimits, _parse_status, _sh_quote
 from nemo_gym.sandbox.spec import SandboxExecResult, SandboxResources
@@ -44,7 +44,7 @@ class _WarmBackend(Protocol):
     """What a pre-started sandbox needs of its backend (the bubblewrap backend; named structurally so
     this module does not import the backend module that imports it)."""
 
-    def cgroup_roots(self) -> dict[str, Path]: ...
+    def cgroup_driver(self) -> CgroupDriver: ...
 
     def _bwrap_argv(
         self,
@@ -70,7 +70,7 @@ class _WarmBackend(Protocol):
         out_trunc: bool,
         err_trunc: bool,
         kill_reason: str | None,
-        cgroups: _RunCgroups,
+        cgroups: RunCgroup,
         limits_cpu: float,
     ) -> SandboxExecResult: ...
 
@@ -141,7 +141,7 @@ class _WarmSandbox:
         self._marker = secrets.token_hex(16)
         self._fds: dict[str, int] = {}
         self._pidfd = -1
-        self.cgroups = _RunCgroups.create(backend.cgroup_roots(), limits, always_memory=True)
+        self.cgroups = backend.cgroup_driver().create(limits, always_memory=True)
         child: list[int] = []
         try:
             for name in ("status", "stdin", "stdout", "stderr"):
@@ -196,7 +196,7 @@ class _WarmSandbox:
         ulimits = _dash_ulimits(
             limits,
             memory_by_cgroup=self.cgroups.memory_limited,
-            pids_by_cgroup=self.cgroups.pids is not None,
+            pids_by_cgroup=self.cgroups.limits_processes,
         )
         lines.append(" && ".join(ulimits) + f" || exit {_JOIN_FAILED}")
         if cwd and cwd != self.workdir:
