@@ -64,6 +64,7 @@ ENVIRONMENTS: dict[str, list[str]] = {
             "xlam_fc",
             "code_gen",
             "math_with_code",
+            "law_discovery",
         )
     },
     "aviary_gsm8k": _aviary("gsm8k"),
