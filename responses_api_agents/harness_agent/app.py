@@ -73,6 +73,21 @@ class HarnessAgentConfig(BaseResponsesAPIAgentConfig):
     max_stderr_bytes: int = Field(default=64 * 1024, ge=0)
     env: dict[str, str] = Field(default_factory=dict)  # more environment variables for the harness
     model_name: str | None = None  # NG_MODEL; default: responses_create_params.model, else the server's name
+    # Files of the working directory (glob patterns relative to it) whose text at the end is sent to
+    # /verify as ``final_files`` (relative path -> text), for environments that judge what the harness
+    # changed (resources_servers/file_edit_tasks). Empty: nothing is sent.
+    final_files: list[str] = Field(default_factory=list)
+    max_final_file_bytes: int = Field(default=256 * 1024, gt=0)  # a longer file is sent cut to this
+
+    @model_validator(mode="after")
+    def _final_files_stay_inside(self) -> HarnessAgentConfig:
+        for pattern in self.final_files:
+            path = PurePosixPath(pattern)
+            if path.is_absolute() or ".." in path.parts or not path.parts:
+                raise ValueError(
+                    f"final_files: {pattern!r} must be a relative glob pattern inside the working directory"
+                )
+        return self
 
     @model_validator(mode="after")
     def _answer_file_stays_inside(self) -> HarnessAgentConfig:
@@ -191,6 +206,7 @@ class HarnessAgent(SimpleResponsesAPIAgent):
                     f"OPENAI_BASE_URL / ANTHROPIC_BASE_URL); its stderr ends: {run['stderr'][-2000:]}"
                 )
             answer = self._final_answer(run["stdout"], workdir)
+            final_files = self._final_files(workdir)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         response = {
@@ -212,10 +228,13 @@ class HarnessAgent(SimpleResponsesAPIAgent):
             "tool_choice": "auto",
             "tools": [],
         }
+        verify_body = {**row, "response": response}
+        if self.config.final_files:
+            verify_body["final_files"] = final_files
         verify, _ = await self.server_client.post_json(
             resources,
             "/verify",
-            json={**row, "response": response},
+            json=verify_body,
             cookies=cookies,
             **self.timeout("verify_timeout_s"),
         )
@@ -252,6 +271,9 @@ class HarnessAgent(SimpleResponsesAPIAgent):
         token = server_token_from_env()[0] or "no-token"
         env = {
             **os.environ,
+            # The agent's Python environment first, as an activated venv would: its console scripts
+            # (a CLI harness installed beside nemo-gym, e.g. mini-swe-agent's ``mini``) are found by name.
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)]),
             **self.config.env,
             "OPENAI_BASE_URL": base,
             "OPENAI_API_KEY": token,
@@ -314,6 +336,23 @@ class HarnessAgent(SimpleResponsesAPIAgent):
                 f"harness {self.config.command!r} wrote no {self.config.answer_file} (final_answer: file)"
             )
         return path.read_text(errors="replace").strip()
+
+    def _final_files(self, workdir: Path) -> dict[str, str | None]:
+        """The text of the working directory's files that ``final_files`` names (a pattern without any
+        wildcard that matches nothing is reported as ``None``: the harness deleted or never made it)."""
+        out: dict[str, str | None] = {}
+        cap = self.config.max_final_file_bytes
+        root = workdir.resolve()
+        for pattern in self.config.final_files:
+            matches = sorted(p for p in workdir.glob(pattern) if p.is_file())
+            if not matches and not any(c in pattern for c in "*?["):
+                out[pattern] = None
+            for path in matches:
+                if not path.resolve().is_relative_to(root):  # a symlink the harness left pointing out
+                    continue
+                with path.open("rb") as f:
+                    out[path.relative_to(workdir).as_posix()] = f.read(cap).decode(errors="replace")
+        return out
 
 
 if __name__ == "__main__":
