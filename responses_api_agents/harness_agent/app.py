@@ -8,14 +8,18 @@ One ``POST /run`` is one rollout:
    the file ``TASK.md`` (``task_input: file``), and the whole ``responses_create_params`` in
    ``$NG_TASK_JSON``. Its model is the configured model server, reached through a URL scoped to this
    rollout (``/ng-rollout/<id>/``): ``OPENAI_BASE_URL`` (``.../v1``), ``ANTHROPIC_BASE_URL``, the
-   run token as ``OPENAI_API_KEY`` / ``ANTHROPIC_API_KEY``, and the model's name as ``NG_MODEL``.
+   run token as ``OPENAI_API_KEY`` / ``ANTHROPIC_API_KEY``, and the model's name as ``NG_MODEL``. The
+   agent's Python environment's ``bin`` comes first on ``PATH`` (a CLI harness installed beside
+   nemo-gym, such as mini-swe-agent's ``mini``, is found by name).
 3. The harness ends (or is killed with its whole process group at ``timeout_s``); its final answer is
    its stdout (``final_answer: stdout``) or the file ``answer_file`` it wrote.
 4. The model server recorded every call of the rollout (the run needs ``observability_enabled: true``;
    the agent refuses to start without it); the agent takes them (``POST /ng_model_calls/pop``) and
    builds the training samples (:mod:`nemo_gym.kit.harness_trajectory`).
 5. ``POST /verify`` with the row and a Responses object whose output is the harness's final answer as
-   an assistant message; the answer is the verify response plus ``harness`` (exit code, the capped tail
+   an assistant message, plus ``final_files`` (relative path -> text, ``None`` for a named file that is
+   gone) when the config's ``final_files`` lists glob patterns of the working directory's files to
+   report (environments that judge the files, resources_servers/file_edit_tasks); the answer is the verify response plus ``harness`` (exit code, the capped tail
    of its stderr, duration, calls) and ``training`` (the samples).
 
 A harness that cannot start, exits non-zero, runs past ``timeout_s`` or never calls the model fails the

@@ -78,3 +78,42 @@ def test_a_row_needs_expected_files(server: str) -> None:
 def test_normalized_keeps_leading_whitespace_and_inner_blank_lines() -> None:
     assert normalized("  a\n\n b \r\n\n") == ["  a", "", " b"]
     assert normalized("") == []
+
+
+def test_harness_agent_reports_the_files_it_is_told_to_and_nothing_outside() -> None:
+    """harness_agent's ``final_files``: globbed in the working directory after the harness ended; a name
+    without wildcards that is gone is reported as null; a symlink out of the directory is not read."""
+    harness = (
+        "import os, openai; "
+        "openai.OpenAI().chat.completions.create(model=os.environ['NG_MODEL'], "
+        "messages=[{'role': 'user', 'content': open('TASK.md').read()}]); "
+        "open('calc.py', 'w').write('def add(a, b):\\n    return a + b\\n'); "
+        "os.symlink('/etc/hostname', 'leak.py'); os.remove('notes.py')"
+    )
+    extra = {
+        "observability_enabled": True,
+        "python_editor": {
+            "responses_api_agents": {
+                "harness_agent": {
+                    "entrypoint": "app.py",
+                    "resources_server": {"type": "resources_servers", "name": "file_edit_tasks"},
+                    "model_server": {"type": "responses_api_models", "name": "policy_model"},
+                    "command": ["python", "-c", harness],
+                    "task_input": "file",
+                    "final_files": ["*.py", "notes.py", "gone/never.py"],
+                }
+            }
+        },
+    }
+    row = example_rows("file_edit_tasks")[0]
+    row = {**row, "harness_files": {**row["harness_files"], "notes.py": "# scratch\n"}}
+    with running_servers([CONFIG], extra) as helper:
+        resp = post_json(server_url(helper, "python_editor") + "/run", row, timeout=120)
+    assert resp.status_code == 200, resp.text
+    result = resp.json()
+    assert result["final_files"] == {
+        "calc.py": "def add(a, b):\n    return a + b\n",
+        "notes.py": None,
+        "gone/never.py": None,
+    }
+    assert result["reward"] == 1.0 and result["harness"]["model_calls"] == 1
