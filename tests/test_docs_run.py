@@ -612,7 +612,16 @@ def _check_writing_an_environment(work: Path) -> None:
     assert len(_jsonl(work / "results/unit_convert.jsonl")) == 1
 
 
-CHECKS = {"README.md": _check_readme, "docs/writing_an_environment.md": _check_writing_an_environment}
+def _check_trainers(work: Path) -> None:
+    rewards = [r["reward"] for r in _jsonl(work / "results/mini_swe_agent.jsonl")]
+    assert rewards == [1.0, 1.0], f"mini-swe-agent on the scripted model should fix both files: {rewards}"
+
+
+CHECKS = {
+    "README.md": _check_readme,
+    "docs/writing_an_environment.md": _check_writing_an_environment,
+    "docs/trainers.md": _check_trainers,
+}
 
 
 # ---------------------------------------------------------------------------------------------- tests

@@ -8,14 +8,18 @@ One ``POST /run`` is one rollout:
    the file ``TASK.md`` (``task_input: file``), and the whole ``responses_create_params`` in
    ``$NG_TASK_JSON``. Its model is the configured model server, reached through a URL scoped to this
    rollout (``/ng-rollout/<id>/``): ``OPENAI_BASE_URL`` (``.../v1``), ``ANTHROPIC_BASE_URL``, the
-   run token as ``OPENAI_API_KEY`` / ``ANTHROPIC_API_KEY``, and the model's name as ``NG_MODEL``.
+   run token as ``OPENAI_API_KEY`` / ``ANTHROPIC_API_KEY``, and the model's name as ``NG_MODEL``. The
+   agent's Python environment's ``bin`` comes first on ``PATH`` (a CLI harness installed beside
+   nemo-gym, such as mini-swe-agent's ``mini``, is found by name).
 3. The harness ends (or is killed with its whole process group at ``timeout_s``); its final answer is
    its stdout (``final_answer: stdout``) or the file ``answer_file`` it wrote.
 4. The model server recorded every call of the rollout (the run needs ``observability_enabled: true``;
    the agent refuses to start without it); the agent takes them (``POST /ng_model_calls/pop``) and
    builds the training samples (:mod:`nemo_gym.kit.harness_trajectory`).
 5. ``POST /verify`` with the row and a Responses object whose output is the harness's final answer as
-   an assistant message; the answer is the verify response plus ``harness`` (exit code, the capped tail
+   an assistant message, plus ``final_files`` (relative path -> text, ``None`` for a named file that is
+   gone) when the config's ``final_files`` lists glob patterns of the working directory's files to
+   report (environments that judge the files, resources_servers/file_edit_tasks); the answer is the verify response plus ``harness`` (exit code, the capped tail
    of its stderr, duration, calls) and ``training`` (the samples).
 
 A harness that cannot start, exits non-zero, runs past ``timeout_s`` or never calls the model fails the
@@ -73,6 +77,21 @@ class HarnessAgentConfig(BaseResponsesAPIAgentConfig):
     max_stderr_bytes: int = Field(default=64 * 1024, ge=0)
     env: dict[str, str] = Field(default_factory=dict)  # more environment variables for the harness
     model_name: str | None = None  # NG_MODEL; default: responses_create_params.model, else the server's name
+    # Files of the working directory (glob patterns relative to it) whose text at the end is sent to
+    # /verify as ``final_files`` (relative path -> text), for environments that judge what the harness
+    # changed (resources_servers/file_edit_tasks). Empty: nothing is sent.
+    final_files: list[str] = Field(default_factory=list)
+    max_final_file_bytes: int = Field(default=256 * 1024, gt=0)  # a longer file is sent cut to this
+
+    @model_validator(mode="after")
+    def _final_files_stay_inside(self) -> HarnessAgentConfig:
+        for pattern in self.final_files:
+            path = PurePosixPath(pattern)
+            if path.is_absolute() or ".." in path.parts or not path.parts:
+                raise ValueError(
+                    f"final_files: {pattern!r} must be a relative glob pattern inside the working directory"
+                )
+        return self
 
     @model_validator(mode="after")
     def _answer_file_stays_inside(self) -> HarnessAgentConfig:
@@ -191,6 +210,7 @@ class HarnessAgent(SimpleResponsesAPIAgent):
                     f"OPENAI_BASE_URL / ANTHROPIC_BASE_URL); its stderr ends: {run['stderr'][-2000:]}"
                 )
             answer = self._final_answer(run["stdout"], workdir)
+            final_files = self._final_files(workdir)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         response = {
@@ -212,10 +232,13 @@ class HarnessAgent(SimpleResponsesAPIAgent):
             "tool_choice": "auto",
             "tools": [],
         }
+        verify_body = {**row, "response": response}
+        if self.config.final_files:
+            verify_body["final_files"] = final_files
         verify, _ = await self.server_client.post_json(
             resources,
             "/verify",
-            json={**row, "response": response},
+            json=verify_body,
             cookies=cookies,
             **self.timeout("verify_timeout_s"),
         )
@@ -252,6 +275,9 @@ class HarnessAgent(SimpleResponsesAPIAgent):
         token = server_token_from_env()[0] or "no-token"
         env = {
             **os.environ,
+            # The agent's Python environment first, as an activated venv would: its console scripts
+            # (a CLI harness installed beside nemo-gym, e.g. mini-swe-agent's ``mini``) are found by name.
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)]),
             **self.config.env,
             "OPENAI_BASE_URL": base,
             "OPENAI_API_KEY": token,
@@ -314,6 +340,23 @@ class HarnessAgent(SimpleResponsesAPIAgent):
                 f"harness {self.config.command!r} wrote no {self.config.answer_file} (final_answer: file)"
             )
         return path.read_text(errors="replace").strip()
+
+    def _final_files(self, workdir: Path) -> dict[str, str | None]:
+        """The text of the working directory's files that ``final_files`` names (a pattern without any
+        wildcard that matches nothing is reported as ``None``: the harness deleted or never made it)."""
+        out: dict[str, str | None] = {}
+        cap = self.config.max_final_file_bytes
+        root = workdir.resolve()
+        for pattern in self.config.final_files:
+            matches = sorted(p for p in workdir.glob(pattern) if p.is_file())
+            if not matches and not any(c in pattern for c in "*?["):
+                out[pattern] = None
+            for path in matches:
+                if not path.resolve().is_relative_to(root):  # a symlink the harness left pointing out
+                    continue
+                with path.open("rb") as f:
+                    out[path.relative_to(workdir).as_posix()] = f.read(cap).decode(errors="replace")
+        return out
 
 
 if __name__ == "__main__":

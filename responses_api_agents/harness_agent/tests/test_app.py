@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from nemo_gym.kit.harness_trajectory import merge_samples
 from nemo_gym.run.cli import RunHelper
 from nemo_gym.tools.testing import example_rows, post_json, running_servers, server_url
+from responses_api_agents.harness_agent.app import HarnessAgentConfig
 from responses_api_models.local_model import weights
 
 MCQA = "resources_servers/mcqa/configs/mcqa.yaml"
@@ -243,3 +245,11 @@ def test_the_openai_harness_on_the_local_model_gets_the_models_own_token_ids() -
         assert n == len(sample["loss_mask"]) == len(sample["log_probs"]) > sample["prompt_length"] > 0
         assert 0 < sum(sample["loss_mask"]) <= 48 * len(sample["call_indices"])
         assert all(lp <= 0.0 for lp in sample["log_probs"])
+
+
+@pytest.mark.parametrize("pattern", ["../outside.py", "/etc/*", ""])
+def test_final_files_patterns_must_stay_in_the_working_directory(pattern: str) -> None:
+    base = _agent(["python", "x.py"])["responses_api_agents"]["harness_agent"]
+    config = {**base, "name": "h", "host": "127.0.0.1", "port": 1, "final_files": [pattern]}
+    with pytest.raises(ValidationError, match="final_files"):
+        HarnessAgentConfig.model_validate(config)
