@@ -23,6 +23,9 @@ It speaks vLLM's real wire formats, so ``vllm_model`` (and ``openai_model``) can
 * ``stream: true`` on both: the same answer as server-sent events, a few characters per delta with a
   short pause between deltas (chat: ``chat.completion.chunk`` objects, the usage chunk with
   ``stream_options.include_usage``, ``data: [DONE]``; responses: OpenAI's ``response.*`` events).
+* ``return_token_ids`` on chat completions (vLLM >= 0.10.2): the answer's ``prompt_token_ids`` and the
+  choice's ``token_ids``; streamed, ``prompt_token_ids`` on the first chunk and ``token_ids`` (with their
+  ``logprobs``) spread over the chunks.
 * ``GET /v1/models``.
 
 The "model": a byte-level tokenizer (byte ``b`` is token ``b + 16``; a few special tokens) and a
@@ -416,10 +419,15 @@ def build_app(state: _State) -> FastAPI:
             },
             "prompt_logprobs": None,
         }
+        if body.get(
+            "return_token_ids"
+        ):  # vLLM >= 0.10.2: the prompt's ids on the answer, the generated per choice
+            result["prompt_token_ids"] = list(prompt)
+            result["choices"][0]["token_ids"] = list(gen_ids)
         if body.get("stream") is True:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(
-                chat_chunks(result, include_usage),
+                chat_chunks(result, include_usage, gen_ids if body.get("return_token_ids") else None),
                 media_type="text/event-stream",
                 headers={"x-fake-backend": state.name},
             )
@@ -655,16 +663,31 @@ def _sse(data: Any, event: str | None = None) -> bytes:
     return (head + "data: " + json.dumps(data, separators=(",", ":")) + "\n\n").encode()
 
 
-async def chat_chunks(result: dict[str, Any], include_usage: bool) -> Any:
-    """vLLM's ``chat.completion.chunk`` stream of a complete chat answer (then ``data: [DONE]``)."""
+async def chat_chunks(result: dict[str, Any], include_usage: bool, gen_ids: list[int] | None = None) -> Any:
+    """vLLM's ``chat.completion.chunk`` stream of a complete chat answer (then ``data: [DONE]``).
+
+    ``gen_ids`` (``return_token_ids``): as vLLM does, the first chunk carries ``prompt_token_ids`` and every
+    chunk its share of the generated ids as ``token_ids`` (here: up to ``STREAM_PIECE`` per chunk, the rest
+    on the finishing chunk), with the matching ``logprobs.content`` entries when log-probs were asked for."""
     choice = result["choices"][0]
     message = choice["message"]
     base = {k: result[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    entries = (choice.get("logprobs") or {}).get("content")
+    sent = 0
+    first = True
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        return _sse(
-            {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
-        )
+        nonlocal sent, first
+        data: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        head = {"prompt_token_ids": result["prompt_token_ids"]} if gen_ids is not None and first else {}
+        first = False
+        if gen_ids is not None:
+            end = len(gen_ids) if finish is not None else min(len(gen_ids), sent + STREAM_PIECE)
+            data["token_ids"] = gen_ids[sent:end]
+            if entries is not None:
+                data["logprobs"] = {"content": entries[sent:end]}
+            sent = end
+        return _sse({**base, **head, "choices": [data]})
 
     yield chunk({"role": "assistant", "content": ""})
     for field in ("reasoning_content", "content"):
