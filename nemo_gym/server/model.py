@@ -120,6 +120,9 @@ class SimpleResponsesAPIModel(SimpleServer):
         app.post("/v1/completions")(observed_model_call(self._metrics, "/v1/completions", self.completions))
         # Outside the streaming dispatch, so that streamed answers are recorded too.
         self.setup_model_call_capture(app)
+        # Streamed answers get the policy version on their final event; outside the streaming dispatch
+        # (which answers streams itself) and inside the capture (recorded streams carry it too).
+        self._policy_version.install_stream_stamp(app)
         # stream: true on both paths is answered before the routes (nemo_gym.server.streaming).
         app.user_middleware.append(Middleware(StreamingDispatch, server=self))
         # After the capture middleware, so innermost: recorded answers carry the version stamp too.
