@@ -165,6 +165,36 @@ def test_vllm_responses_api_harness_extends_too(vllm: dict[str, Any]) -> None:
     assert sample["call_indices"] == [0, 1]
 
 
+def test_vllm_messages_api_harness_extends_too(vllm: dict[str, Any]) -> None:
+    """An ``anthropic`` SDK harness (as examples/harnesses/anthropic_agent.py): content blocks resent as given."""
+    import anthropic
+
+    url, rollout = vllm["url"], "harness-vllm-messages"
+    tool = {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+    base = f"{url}/ng-rollout/{rollout}"
+    with anthropic.Anthropic(
+        base_url=base, api_key=client_token_for_url(url), max_retries=0, timeout=WAIT_S
+    ) as client:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Bern? [h6]"}]
+        first = client.messages.create(model=MODEL, max_tokens=200, messages=messages, tools=[tool])
+        use = next(b for b in first.content if b.type == "tool_use")
+        messages.append(
+            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]}
+        )
+        messages.append(
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "fog"}]}
+        )
+        second = client.messages.create(model=MODEL, max_tokens=200, messages=messages, tools=[tool])
+    ids1, ids2 = _ids(first), _ids(second)
+    assert all(ids1[k] for k in TOKEN_FIELDS) and _extends(ids2["prompt_token_ids"], ids1)
+    [sample] = merge_samples(_pop(url, rollout))["samples"]
+    assert sample["call_indices"] == [0, 1] and sample["rewrote_history"] is False
+
+
 def test_vllm_streamed_chat_carries_the_plain_answers_ids(vllm: dict[str, Any]) -> None:
     url, rollout = vllm["url"], "harness-vllm-stream"
     body = {"messages": [{"role": "user", "content": "Weather in Oslo? [h3]"}], "tools": [WEATHER_CHAT_TOOL]}
