@@ -264,6 +264,30 @@ def test_vllm_streamed_harness_calls_extend_each_other(vllm: dict[str, Any]) -> 
     assert sample["call_indices"] == [0, 1] and sample["rewrote_history"] is False
 
 
+def test_vllm_a_backend_without_token_ids_is_an_error_not_an_answer_without_them(
+    vllm: dict[str, Any],
+) -> None:
+    """A vLLM older than 0.10.2 ignores return_token_ids: the call says so (plain: a 502; streamed: the
+    stream's error event), rather than giving a trainer an answer silently without ids."""
+    url, backend = vllm["url"], vllm["backend"]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi [h7]"}]}
+    backend.control(return_token_ids=False)
+    try:
+        plain = post_json(url + "/v1/chat/completions", body, timeout=WAIT_S)
+        streamed = post_json(url + "/v1/chat/completions", {**body, "stream": True}, timeout=WAIT_S)
+        responses = post_json(url + "/v1/responses", {"input": "hi [h7]", "stream": True}, timeout=WAIT_S)
+    finally:
+        backend.control(return_token_ids=True)
+    assert plain.status_code == 502 and "return_token_ids" in plain.text, plain.text
+    assert streamed.status_code == 200 and '"error"' in streamed.text and "return_token_ids" in streamed.text
+    assert "generation_token_ids" not in streamed.text
+    assert (
+        responses.status_code == 200
+        and "event: error" in responses.text
+        and "return_token_ids" in responses.text
+    )
+
+
 # -- local_model: the real GGUF on CPU -------------------------------------------------------------------
 
 

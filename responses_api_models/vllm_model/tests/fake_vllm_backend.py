@@ -38,8 +38,8 @@ message (turn = number of assistant messages so far), else a default (call the f
 quote its result). Log probs are a fixed function of token id and position.
 
 Test control (not part of any real API): ``POST /_control`` ``{"fail_next": [429, {"status": 503,
-"retry_after": "0"}], "honor_token_ids": bool, "scripts": {substring: [turn, ...]}, "reset_calls":
-true}``; ``GET /_calls`` -> ``{"name", "counts": {path: n}, "requests": [{"path", "body",
+"retry_after": "0"}], "honor_token_ids": bool, "return_token_ids": bool, "scripts": {substring:
+[turn, ...]}, "reset_calls": true}``; ``GET /_calls`` -> ``{"name", "counts": {path: n}, "requests": [{"path", "body",
 "authorized"}]}``. With ``--api-key`` every ``/v1/...`` request needs ``Authorization: Bearer <key>``;
 a wrong key gets OpenAI's 401, which (like a careless server) echoes the key it was sent.
 
@@ -223,6 +223,8 @@ class _State:
         self.reasoning_parser, self.max_model_len = reasoning_parser, max_model_len
         self.fail_next: list[Any] = []
         self.honor_token_ids = True
+        # False: ignore the request's return_token_ids, as a vLLM older than 0.10.2 does.
+        self.return_token_ids = True
         self.scripts: dict[str, list[dict[str, Any]]] = {}
         self.counts: Counter[str] = Counter()
         self.requests: list[dict[str, Any]] = []
@@ -419,15 +421,14 @@ def build_app(state: _State) -> FastAPI:
             },
             "prompt_logprobs": None,
         }
-        if body.get(
-            "return_token_ids"
-        ):  # vLLM >= 0.10.2: the prompt's ids on the answer, the generated per choice
+        ids_asked = bool(body.get("return_token_ids")) and state.return_token_ids
+        if ids_asked:  # vLLM >= 0.10.2: the prompt's ids on the answer, the generated ones per choice
             result["prompt_token_ids"] = list(prompt)
             result["choices"][0]["token_ids"] = list(gen_ids)
         if body.get("stream") is True:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(
-                chat_chunks(result, include_usage, gen_ids if body.get("return_token_ids") else None),
+                chat_chunks(result, include_usage, gen_ids if ids_asked else None),
                 media_type="text/event-stream",
                 headers={"x-fake-backend": state.name},
             )
@@ -637,6 +638,8 @@ def build_app(state: _State) -> FastAPI:
                 state.fail_next = list(body["fail_next"])
             if "honor_token_ids" in body:
                 state.honor_token_ids = bool(body["honor_token_ids"])
+            if "return_token_ids" in body:
+                state.return_token_ids = bool(body["return_token_ids"])
             if "scripts" in body:
                 state.scripts.update(body["scripts"])
             if body.get("reset_calls"):
