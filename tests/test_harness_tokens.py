@@ -290,28 +290,34 @@ def test_vllm_a_backend_without_token_ids_is_an_error_not_an_answer_without_them
 
 # -- local_model: the real GGUF on CPU -------------------------------------------------------------------
 
-
-@pytest.mark.skipif(
+needs_local_model = pytest.mark.skipif(
     weights.default_model_unavailable() is not None,
     reason=f"needs the default local model: {weights.default_model_unavailable()}",
 )
-def test_local_model_a_resent_answer_gets_its_exact_ids_back_and_one_sample() -> None:
+FORCED = {"type": "function", "function": {"name": "get_weather"}}  # a call on every CPU (a grammar)
+
+
+@pytest.fixture(scope="module")
+def local_url() -> Iterator[str]:
     extra = {
         "observability_enabled": True,
         "policy_model": {"responses_api_models": {"local_model": {"return_token_id_information": True}}},
     }
-    rollout = "harness-local-1"
     with running_servers([LOCAL_CONFIG], extra, with_scripted_model=False) as helper:
-        url = server_url(helper, "policy_model")
-        forced = {"type": "function", "function": {"name": "get_weather"}}  # a call on every CPU (a grammar)
-        with _client(f"{url}/ng-rollout/{rollout}") as client:
-            first, second, messages = _two_calls(
-                client, "What's the weather in Paris?", tool_choice=forced, max_tokens=96, temperature=0
-            )
-            rewritten = [messages[0], {"role": "user", "content": "It is sunny. Say so."}]
-            client.chat.completions.create(model=MODEL, messages=rewritten, max_tokens=8, temperature=0)
-        stats = get(url + "/stats").json()["rollout_tokens"]
-        calls = _pop(url, rollout)
+        yield server_url(helper, "policy_model")
+
+
+@needs_local_model
+def test_local_model_a_resent_answer_gets_its_exact_ids_back_and_one_sample(local_url: str) -> None:
+    url, rollout = local_url, "harness-local-1"
+    with _client(f"{url}/ng-rollout/{rollout}") as client:
+        first, second, messages = _two_calls(
+            client, "What's the weather in Paris?", tool_choice=FORCED, max_tokens=96, temperature=0
+        )
+        rewritten = [messages[0], {"role": "user", "content": "It is sunny. Say so."}]
+        client.chat.completions.create(model=MODEL, messages=rewritten, max_tokens=8, temperature=0)
+    stats = get(url + "/stats").json()["rollout_tokens"]
+    calls = _pop(url, rollout)
     assert all(first[k] for k in TOKEN_FIELDS) and all(second[k] for k in TOKEN_FIELDS)
     assert _extends(second["prompt_token_ids"], first)
     assert stats["reused"] >= 1
@@ -320,6 +326,51 @@ def test_local_model_a_resent_answer_gets_its_exact_ids_back_and_one_sample() ->
     assert merged["call_indices"] == [0, 1] and merged["rewrote_history"] is False
     assert merged["token_ids"] == second["prompt_token_ids"] + second["generation_token_ids"]
     assert fresh["call_indices"] == [2] and fresh["rewrote_history"] is True
+    assert get(url + "/stats").json()["rollout_tokens"]["rollouts"] == 0  # forgotten with the pop
+
+
+@needs_local_model
+def test_local_model_streamed_harness_calls_extend_each_other(local_url: str) -> None:
+    """Streamed calls (ids on the finishing chunk) are remembered and reused the same way."""
+    url, rollout = local_url, "harness-local-stream"
+
+    def streamed(client: openai.OpenAI, messages: list[dict[str, Any]], **kwargs: Any) -> tuple[dict, dict]:
+        text, calls, ids = "", {}, {}
+        for chunk in client.chat.completions.create(
+            model=MODEL, messages=messages, tools=[WEATHER_CHAT_TOOL], stream=True, temperature=0, **kwargs
+        ):
+            for choice in chunk.choices:
+                text += choice.delta.content or ""
+                for call in choice.delta.tool_calls or []:
+                    seen = calls.setdefault(call.index, {"id": call.id, "name": "", "arguments": ""})
+                    seen["name"] += (call.function.name or "") if call.function else ""
+                    seen["arguments"] += (call.function.arguments or "") if call.function else ""
+                if choice.finish_reason:
+                    ids = _ids(choice.delta)
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls:
+            message["tool_calls"] = [
+                {
+                    "id": c["id"],
+                    "type": "function",
+                    "function": {"name": c["name"], "arguments": c["arguments"]},
+                }
+                for c in calls.values()
+            ]
+        return message, ids
+
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "What's the weather in Oslo?"}]
+    with _client(f"{url}/ng-rollout/{rollout}") as client:
+        answer, first = streamed(client, messages, tool_choice=FORCED, max_tokens=96)
+        assert answer.get("tool_calls"), answer
+        messages += [
+            answer,
+            {"role": "tool", "tool_call_id": answer["tool_calls"][0]["id"], "content": "snow"},
+        ]
+        _, second = streamed(client, messages, max_tokens=16)
+    assert all(first[k] for k in TOKEN_FIELDS) and _extends(second["prompt_token_ids"], first)
+    [sample] = merge_samples(_pop(url, rollout))["samples"]
+    assert sample["call_indices"] == [0, 1] and sample["rewrote_history"] is False
 
 
 # -- the memory itself -----------------------------------------------------------------------------------
