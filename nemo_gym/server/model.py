@@ -18,6 +18,8 @@ Contract
   :meth:`SimpleResponsesAPIModel.responses_deltas` / :meth:`~SimpleResponsesAPIModel.chat_completions_deltas`
   (by default the plain answer cut into pieces; a server that generates incrementally overrides them),
   or a server's own :meth:`~SimpleResponsesAPIModel.stream_responses` (a relay of a backend's stream).
+* Servers that return token ids keep each rollout's earlier calls' exact ids, so that a client resending
+  plain history gets prompts that extend them (:mod:`nemo_gym.server.rollout_tokens`).
 * With ``observability_enabled`` set for the run, model calls made under a rollout prefix are recorded
   in a bounded store and handed out by ``POST /ng_model_calls/pop`` (:mod:`nemo_gym.server.model_calls`);
   off, nothing is installed on the request path.
@@ -57,6 +59,7 @@ from nemo_gym.server.model_messages import (
     messages_endpoint_answer,
 )
 from nemo_gym.server.policy_version import PolicyVersion
+from nemo_gym.server.rollout_tokens import RolloutTokenMemory
 from nemo_gym.server.streaming import (
     CHAT_PATH,
     RESPONSES_PATH,
@@ -97,6 +100,9 @@ class SimpleResponsesAPIModel(SimpleServer):
     _model_call_store: ModelCallStore | None = PrivateAttr(default=None)
     # The trainer's current policy version (POST /policy_version; nemo_gym.server.policy_version).
     _policy_version: PolicyVersion = PrivateAttr(default_factory=PolicyVersion)
+    # Exact ids of each rollout's earlier calls, for clients that resend plain history
+    # (nemo_gym.server.rollout_tokens); used by the servers that return token ids.
+    _rollout_tokens: RolloutTokenMemory = PrivateAttr(default_factory=RolloutTokenMemory)
     metrics_kind: ClassVar[str] = "responses_api_models"
 
     def setup_webserver(self) -> FastAPI:
@@ -114,6 +120,9 @@ class SimpleResponsesAPIModel(SimpleServer):
         app.post("/v1/completions")(observed_model_call(self._metrics, "/v1/completions", self.completions))
         # Outside the streaming dispatch, so that streamed answers are recorded too.
         self.setup_model_call_capture(app)
+        # Streamed answers get the policy version on their final event; outside the streaming dispatch
+        # (which answers streams itself) and inside the capture (recorded streams carry it too).
+        self._policy_version.install_stream_stamp(app)
         # stream: true on both paths is answered before the routes (nemo_gym.server.streaming).
         app.user_middleware.append(Middleware(StreamingDispatch, server=self))
         # After the capture middleware, so innermost: recorded answers carry the version stamp too.
@@ -147,7 +156,9 @@ class SimpleResponsesAPIModel(SimpleServer):
             )
 
     async def pop_model_calls(self, body: PopModelCallsRequest) -> dict[str, Any]:
-        """Return and forget the recorded calls of ``body.rollout_ids`` (empty when capture is off)."""
+        """Return and forget the recorded calls of ``body.rollout_ids`` (empty when capture is off), and the
+        token ids remembered for them (nemo_gym.server.rollout_tokens)."""
+        self._rollout_tokens.forget(body.rollout_ids)
         return pop_answer(self._model_call_store, body)
 
     async def messages(self, request: Request) -> Response:

@@ -17,7 +17,14 @@ Contract
   - the other endpoints: ``policy_version`` at the top level, and on a chat completion's assistant
     message when it carries ``generation_token_ids``.
 
-  Streamed (non-JSON) answers are passed through untouched.
+  Streamed answers (server-sent events) carry it on their final event, each event otherwise passed on
+  as it comes (:class:`PolicyVersionStreamStampMiddleware`):
+
+  - ``/v1/responses``: on every output item of ``response.completed`` (or ``response.incomplete``);
+  - ``/v1/chat/completions`` (and ``/v1/completions``): ``policy_version`` at the top level of the chunk
+    that finishes a choice (its ``finish_reason``) and of the usage chunk after it, and on that chunk's
+    ``delta`` when it carries ``generation_token_ids``;
+  - ``/v1/messages``: ``policy_version`` at the top level of ``message_delta``.
 * A recorded model call (``/ng_model_calls/pop``) carries the same ``policy_version``
   (:class:`nemo_gym.server.model_calls.ModelCallCaptureMiddleware` reads it from :class:`PolicyVersion`).
 * :func:`policy_versions_of` lists the distinct versions found in a rollout result, in the order they
@@ -108,6 +115,14 @@ class PolicyVersion:
         from starlette.middleware import Middleware
 
         app.user_middleware.append(Middleware(PolicyVersionStampMiddleware, version=self))
+
+    def install_stream_stamp(self, app: FastAPI) -> None:
+        """The middleware that stamps streamed answers; it must sit outside whatever answers streams
+        itself (``StreamingDispatch``) and inside the model-call capture, so that recorded streams carry
+        the stamp too."""
+        from starlette.middleware import Middleware
+
+        app.user_middleware.append(Middleware(PolicyVersionStreamStampMiddleware, version=self))
 
 
 def _bad_request(server_name: str, message: str) -> Response:
@@ -241,3 +256,124 @@ def policy_lag(versions: list[PolicyVersionValue], current: PolicyVersionValue |
     import sys
 
     return sys.maxsize
+
+
+# ------------------------------------------------------------------------------------------------
+# Streamed answers: the version on the final event.
+
+_FINAL_MARKERS: dict[str, tuple[bytes, ...]] = {
+    "/v1/responses": (b'"response.completed"', b'"response.incomplete"'),
+    "/v1/messages": (b'"message_delta"',),
+}
+
+
+def _is_final_event(path: str, event: bytes) -> bool:
+    """Whether an SSE event (bytes of one event, no separator) is one that gets the stamp: a cheap look
+    at the bytes, so that only final events are parsed."""
+    markers = _FINAL_MARKERS.get(path)
+    if markers is not None:
+        return any(m in event for m in markers)
+    if b'"usage":{' in event:  # chat's usage chunk, which follows the finishing one
+        return True
+    return b'"finish_reason"' in event and b'"finish_reason":null' not in event
+
+
+def stamp_event(path: str, event: dict[str, Any], version: PolicyVersionValue) -> None:
+    """Put ``version`` on a final streamed event (in place; see the module docstring)."""
+    if path == "/v1/responses":
+        if isinstance(event.get("response"), dict):
+            stamp(path, event["response"], version)
+        return
+    event[POLICY_VERSION_KEY] = version
+    for choice in event.get("choices") or []:
+        delta = choice.get("delta") if isinstance(choice, dict) else None
+        if isinstance(delta, dict) and delta.get("generation_token_ids") is not None:
+            delta[POLICY_VERSION_KEY] = version
+
+
+def _stamped(path: str, event: bytes, newline: bytes, version: PolicyVersionValue) -> bytes:
+    if not _is_final_event(path, event):
+        return event
+    lines = event.split(newline)
+    for i, line in enumerate(lines):
+        if not line.startswith(b"data:"):
+            continue
+        try:
+            parsed = orjson.loads(line[5:])
+        except orjson.JSONDecodeError:
+            return event
+        if not isinstance(parsed, dict):
+            return event
+        stamp_event(path, parsed, version)
+        lines[i] = b"data: " + orjson.dumps(parsed)
+        return newline.join(lines)
+    return event
+
+
+_MAX_HELD_BYTES = 4 * 1024 * 1024  # an event longer than this is sent on unstamped rather than held
+
+
+class PolicyVersionStreamStampMiddleware:
+    """Pure ASGI middleware: the version current at the call's start on the final event of a streamed
+    model answer. Events are passed on as they complete (a partial event is held until its end); JSON
+    answers pass untouched (:class:`PolicyVersionStampMiddleware` stamps those). With no version set it
+    costs one dict lookup per request."""
+
+    def __init__(self, app: Any, version: PolicyVersion) -> None:
+        self.app = app
+        self.version = version
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        version = self.version.get()
+        path = scope.get("path", "")
+        if (
+            version is None
+            or scope["type"] != "http"
+            or scope.get("method") != "POST"
+            or path not in STAMPED_PATHS
+        ):
+            await self.app(scope, receive, send)
+            return
+        streaming = False
+        held = b""
+        separator = b"\n\n"
+
+        async def send_stamped(message: dict[str, Any]) -> None:
+            nonlocal streaming, held, separator
+            if message["type"] == "http.response.start":
+                headers = dict(message.get("headers") or [])
+                kind = headers.get(b"content-type", b"")
+                streaming = message["status"] < 400 and kind.startswith(b"text/event-stream")
+                if streaming:  # the events change length: no content-length (streams carry none anyway)
+                    message = {
+                        **message,
+                        "headers": [
+                            (k, v) for k, v in message.get("headers") or [] if k.lower() != b"content-length"
+                        ],
+                    }
+                await send(message)
+                return
+            if message["type"] != "http.response.body" or not streaming:
+                await send(message)
+                return
+            data = held + message.get("body", b"")
+            more = message.get("more_body", False)
+            if not held and b"\r\n\r\n" in data and b"\n\n" not in data.replace(b"\r\n\r\n", b""):
+                separator = b"\r\n\r\n"  # a stream that ends its events with CRLF
+            newline = separator[: len(separator) // 2]
+            if more:
+                cut = data.rfind(separator)
+                if cut < 0:  # no event complete yet: hold it (unless it is far too long to be one)
+                    held = data if len(data) <= _MAX_HELD_BYTES else b""
+                    if not held:
+                        await send({"type": "http.response.body", "body": data, "more_body": True})
+                    return
+                complete, held = data[:cut], data[cut + len(separator) :]
+                out = separator.join(_stamped(path, e, newline, version) for e in complete.split(separator))
+                await send({"type": "http.response.body", "body": out + separator, "more_body": True})
+                return
+            held = b""
+            out = separator.join(_stamped(path, e, newline, version) for e in data.split(separator))
+            await send({"type": "http.response.body", "body": out, "more_body": False})
+
+        await self.app(scope, receive, send_stamped)

@@ -818,17 +818,33 @@ async def sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
         resp.close()
 
 
-async def deltas_of_chat_chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[Delta]:
-    """The deltas of a backend's ``chat.completion.chunk`` stream (first choice)."""
+async def deltas_of_chat_chunks(
+    resp: aiohttp.ClientResponse, token_ids: bool = False
+) -> AsyncIterator[Delta]:
+    """The deltas of a backend's ``chat.completion.chunk`` stream (first choice).
+
+    ``token_ids``: the stream was asked for vLLM's ``return_token_ids`` and ``logprobs``; the prompt's ids
+    (``prompt_token_ids`` of the first chunk), the generated ids (each chunk's ``token_ids``) and their
+    log-probabilities end up on the :class:`StreamEnd` as ``token_info``, as a plain answer carries them
+    (a ``RuntimeError`` when the backend sent none)."""
     finish: Any = "stop"
     usage: dict[str, Any] | None = None
+    prompt_ids: Any = None
+    gen_ids: list[int] = []
+    log_probs: list[float] = []
     async for data in sse_data(resp):
         chunk = orjson.loads(data)
         if "error" in chunk and "choices" not in chunk:
             raise RuntimeError(f"the backend's stream failed: {str(chunk['error'])[:500]}")
         if chunk.get("usage"):
             usage = chunk["usage"]
+        if token_ids and chunk.get("prompt_token_ids") is not None:
+            prompt_ids = chunk["prompt_token_ids"]
         for choice in chunk.get("choices") or []:
+            if token_ids and choice.get("index", 0) == 0:
+                gen_ids.extend(int(t) for t in choice.get("token_ids") or [])
+                for entry in (choice.get("logprobs") or {}).get("content") or []:
+                    log_probs.append(float(entry.get("logprob", 0.0)))
             delta = choice.get("delta") or {}
             if delta.get("reasoning_content"):
                 yield ReasoningDelta(delta["reasoning_content"])
@@ -844,7 +860,19 @@ async def deltas_of_chat_chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[D
                 )
             if choice.get("finish_reason"):
                 finish = choice["finish_reason"]
-    yield StreamEnd(finish if finish in ("stop", "length", "tool_calls") else "stop", usage)
+    token_info = None
+    if token_ids:
+        if not isinstance(prompt_ids, list) or len(log_probs) != len(gen_ids):
+            raise RuntimeError(
+                "the backend's stream has no prompt_token_ids/token_ids (or not one log-prob per generated "
+                "token): token ids of a streamed answer need vLLM >= 0.10.2 (return_token_ids)"
+            )
+        token_info = {
+            "prompt_token_ids": [int(t) for t in prompt_ids],
+            "generation_token_ids": gen_ids,
+            "generation_log_probs": log_probs,
+        }
+    yield StreamEnd(finish if finish in ("stop", "length", "tool_calls") else "stop", usage, token_info)
 
 
 async def split_think_stream(deltas: AsyncIterator[Delta]) -> AsyncIterator[Delta]:

@@ -57,6 +57,7 @@ from nemo_gym.kit.chat_conversion import (  # noqa: E402
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id  # noqa: E402
 from nemo_gym.openai_utils.messages import MessagesCall, MessagesRequestError  # noqa: E402
 from nemo_gym.server.model import ModelAnswer  # noqa: E402
+from nemo_gym.server.rollout_tokens import rollout_for_token_reuse  # noqa: E402
 from nemo_gym.server.streaming import Delta, StreamEnd, TextDelta, ToolCallDelta  # noqa: E402
 from responses_api_models.local_model import completions as text_completions  # noqa: E402
 from responses_api_models.local_model.engine import (  # noqa: E402
@@ -188,6 +189,8 @@ class LocalModel(SimpleResponsesAPIModel):
             # Streams whose client went away mid-generation (the generation loop stopped early).
             "stopped_generations": self._stopped_generations,
             "last_stopped_after_tokens": self._last_stopped_tokens,
+            # Exact ids kept per rollout for clients that resend plain history (rollout_tokens).
+            "rollout_tokens": self._rollout_tokens.stats(),
         }
 
     def _queue_full(self, request: Request, exc: QueueFullError) -> Response:
@@ -274,7 +277,13 @@ class LocalModel(SimpleResponsesAPIModel):
         if forced is not None:
             several = tool_choice == "required" and parallel_tool_calls is not False
             grammar = self._grammar(tools, forced, several=several)
+        # A client resending plain history (an agent harness) gets its earlier answers' exact ids back on
+        # the matching assistant message, so the prompt extends them (nemo_gym.server.rollout_tokens).
+        rollout_id = rollout_for_token_reuse(self.config.return_token_id_information)
+        if rollout_id is not None and messages:
+            messages = self._rollout_tokens.attach(rollout_id, messages, tools or None)
         return GenerationRequest(
+            rollout_id=rollout_id,
             messages=messages,
             tools=tools or None,
             max_tokens=budget,
@@ -304,6 +313,19 @@ class LocalModel(SimpleResponsesAPIModel):
             for t in tools
             if t.get("type") == "function" and isinstance(t.get("function"), dict)
         ]
+
+    def _remember(self, gen: GenerationRequest, answer: dict[str, Any], result: GenerationResult) -> None:
+        """Keep the exact ids of an answered call of a rollout for its later calls (rollout_tokens)."""
+        if gen.rollout_id is None or result.prompt_too_long or result.finish_reason == "cancelled":
+            return
+        self._rollout_tokens.remember(
+            gen.rollout_id,
+            gen.messages,
+            gen.tools,
+            answer,
+            result.prompt_token_ids,
+            result.generation_token_ids,
+        )
 
     @staticmethod
     def _assistant_message(parsed: ParsedCompletion) -> dict[str, Any]:
@@ -419,7 +441,9 @@ class LocalModel(SimpleResponsesAPIModel):
             )
         parsed = parse_completion(result.text, self._tool_names(tools))
         item_status = "completed" if result.finish_reason == "stop" else "incomplete"
-        output = chat_message_to_output_items(self._assistant_message(parsed), status=item_status)
+        answer = self._assistant_message(parsed)
+        self._remember(gen, answer, result)
+        output = chat_message_to_output_items(answer, status=item_status)
         calls = iter(parsed.tool_calls)
         for item in output:  # a call the text ended inside is incomplete, whatever stopped the text
             if item["type"] == "function_call" and not next(calls).complete:
@@ -520,6 +544,7 @@ class LocalModel(SimpleResponsesAPIModel):
         message = self._assistant_message(parsed)
         if result.prompt_too_long:
             message = {"role": "assistant", "content": None}
+        self._remember(gen, message, result)
         if self.config.return_token_id_information:
             message.update(
                 prompt_token_ids=result.prompt_token_ids,
@@ -606,7 +631,7 @@ class LocalModel(SimpleResponsesAPIModel):
             result = task.result()
             if isinstance(result, Response):
                 return result
-        return self._generation_deltas(task, tokens, first, tools)
+        return self._generation_deltas(task, tokens, first, tools, gen)
 
     def _record_finish(self, result: GenerationResult) -> None:
         """On the worker thread: count generations a client stopped by going away (``GET /stats``)."""
@@ -625,6 +650,7 @@ class LocalModel(SimpleResponsesAPIModel):
         tokens: asyncio.Queue[bytes | None],
         first: bytes | None,
         tools: list[dict[str, Any]] | None,
+        gen: GenerationRequest | None = None,
     ) -> AsyncIterator[Delta]:
         names = self._tool_names(tools)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -663,6 +689,8 @@ class LocalModel(SimpleResponsesAPIModel):
             yield StreamEnd("length", usage, token_info, incomplete_details=details)
             return
         parsed = parse_completion(result.text, names)
+        if gen is not None:
+            self._remember(gen, self._assistant_message(parsed), result)
         content = parsed.content or ""
         if len(content) > sent and content.startswith(text[:sent]):
             yield TextDelta(content[sent:])  # what was held back (trailing space, text beside a call)

@@ -171,6 +171,9 @@ class GenerationRequest:
     # and with the result when the generation ends (also when it was stopped by ``should_stop``).
     on_token: Callable[[int, bytes], None] | None = None
     on_finish: Callable[[GenerationResult], None] | None = None
+    # The rollout the call belongs to, when its ids are kept for the rollout's later calls (app.py;
+    # nemo_gym.server.rollout_tokens).
+    rollout_id: str | None = None
 
 
 @dataclass

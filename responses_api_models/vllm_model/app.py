@@ -9,10 +9,18 @@ Contract
 * ``POST /v1/completions`` (the legacy Completions API, raw prompts): forwarded to the backend's
   ``/v1/completions``; the token-id fields as below, on every choice (see ``completions``).
 * ``POST /v1/chat/completions``: forwarded to the same backend (``model`` set to ``model``), the
-  backend's answer returned as is.
+  backend's answer returned as is; with ``return_token_id_information``, the backend is asked for
+  vLLM's ``return_token_ids`` and ``logprobs`` and the assistant message gets ``prompt_token_ids``,
+  ``generation_token_ids``, ``generation_log_probs`` (what the client did not ask for is left out).
 * ``stream: true``: chat streams are the backend's stream relayed as it arrives; a Responses stream is
-  the backend's chat stream turned into Responses events as it arrives (no token ids). A client that
-  goes away closes the backend connection, which makes vLLM abort the generation.
+  the backend's chat stream turned into Responses events as it arrives. With
+  ``return_token_id_information`` both carry the plain answer's token ids on their final event (the
+  last output item of ``response.completed``; the ``delta`` of the chunk with the ``finish_reason``),
+  from the stream's ``prompt_token_ids`` / ``token_ids`` / ``logprobs``. A client that goes away closes
+  the backend connection, which makes vLLM abort the generation.
+* Calls under a rollout prefix (with ``return_token_id_information``): a client that resends an earlier
+  answer as plain text gets that answer's remembered ids put back on its message, so the backend
+  builds the prompt on them (:mod:`nemo_gym.server.rollout_tokens`).
 * ``base_url`` is one URL or a list (or a comma-separated string). The backend is picked from a
   hash of the per-rollout session id (``request.state.session_id``, carried by this server's
   session cookie), so all calls of one rollout go to the same vLLM server (its prefix cache stays
@@ -45,7 +53,7 @@ from typing import Any
 import aiohttp
 import orjson
 from fastapi import Body, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 from pydantic import Field, PrivateAttr, SecretStr, field_validator
 
 from nemo_gym.base_responses_api_model import BaseResponsesAPIModelConfig, SimpleResponsesAPIModel
@@ -62,11 +70,17 @@ from nemo_gym.kit.completions import CompletionsRequestError, parse_prompts
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id, openai_error_message
 from nemo_gym.openai_utils.messages import MessagesCall, MessagesRequestError
 from nemo_gym.server.model import ModelAnswer
+from nemo_gym.server.rollout_tokens import answer_of_output_items, rollout_for_token_reuse
 from nemo_gym.server.streaming import (
+    SSE_MEDIA_TYPE,
     Delta,
+    StreamEnd,
+    TextDelta,
+    ToolCallDelta,
     deltas_of_chat_chunks,
     relay_sse,
     split_think_stream,
+    sse_data,
     streaming_timeout,
 )
 
@@ -307,6 +321,10 @@ class VLLMModel(SimpleResponsesAPIModel):
             return chat
         if want_ids:
             chat.update(logprobs=True, top_logprobs=0, return_tokens_as_token_ids=True)
+        # A client resending plain history (an agent harness): the remembered ids of the answer it resends
+        # go on that assistant message, as the backend reads them (nemo_gym.server.rollout_tokens).
+        rollout_id = rollout_for_token_reuse(want_ids)
+        chat["messages"] = self._rollout_tokens.attach(rollout_id, chat["messages"], chat.get("tools"))
         base = pick_backend(self.config.base_url, getattr(request.state, "session_id", None))
 
         tokenize_task: asyncio.Task[dict[str, Any]] | None = None
@@ -378,10 +396,19 @@ class VLLMModel(SimpleResponsesAPIModel):
                         "content": [{"type": "output_text", "text": "", "annotations": []}],
                     }
                 )
+            prompt_ids = list(tokenized.get("tokens") or [])
             output[-1].update(
-                prompt_token_ids=list(tokenized.get("tokens") or []),
+                prompt_token_ids=prompt_ids,
                 generation_token_ids=gen_ids,
                 generation_log_probs=gen_log_probs,
+            )
+            self._rollout_tokens.remember(
+                rollout_id,
+                chat["messages"],
+                chat.get("tools"),
+                answer_of_output_items(output),
+                prompt_ids,
+                gen_ids,
             )
         response = build_response(
             params,
@@ -419,6 +446,8 @@ class VLLMModel(SimpleResponsesAPIModel):
                 request, "stream: true is not supported; send the request without streaming."
             )
         base = pick_backend(self.config.base_url, getattr(request.state, "session_id", None))
+        if self.config.return_token_id_information and isinstance(body.get("messages"), list):
+            return await self._chat_with_token_ids(request, body, base)
         status, payload = await self._post(base + "/chat/completions", {**body, "model": self.config.model})
         if status >= 400:
             try:
@@ -427,6 +456,155 @@ class VLLMModel(SimpleResponsesAPIModel):
                 parsed = payload.decode(errors="replace")[:2000]
             return self._error_response(request, _BackendError(base + "/chat/completions", status, parsed))
         return Response(payload, media_type="application/json")
+
+    # -- chat completions with token ids (return_token_id_information) ------------------------------------
+    def _chat_upstream(self, body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """The backend request for a chat request whose answer gets token ids, and the call's rollout id.
+
+        vLLM's ``return_token_ids`` gives the prompt's ids (on the answer, or the first chunk of a stream)
+        and the generated ids (per choice, or per chunk); ``logprobs`` with no alternatives their
+        log-probabilities. An earlier answer the client resends as plain text gets its remembered ids
+        (nemo_gym.server.rollout_tokens)."""
+        rollout_id = rollout_for_token_reuse(True)
+        messages = self._rollout_tokens.attach(rollout_id, body["messages"], body.get("tools"))
+        upstream = {**body, "messages": messages, "model": self.config.model, "return_token_ids": True}
+        if not body.get("logprobs"):
+            upstream.update(logprobs=True, top_logprobs=0)
+        return upstream, rollout_id
+
+    def _chat_token_fields(
+        self, base: str, prompt_ids: Any, gen_ids: Any, entries: list[Any]
+    ) -> dict[str, Any]:
+        """``prompt_token_ids`` / ``generation_token_ids`` / ``generation_log_probs`` of a chat answer, or an
+        ``UpstreamError`` saying the backend did not send them."""
+        if not isinstance(prompt_ids, list) or not isinstance(gen_ids, list):
+            raise UpstreamError(
+                f"vLLM backend {base}",
+                "/chat/completions",
+                200,
+                "the answer has no prompt_token_ids/token_ids: return_token_id_information on "
+                "/v1/chat/completions needs vLLM >= 0.10.2 (return_token_ids)",
+                kind="bad_response",
+            )
+        log_probs = [float(e.get("logprob", 0.0)) for e in entries if isinstance(e, dict)]
+        if len(log_probs) != len(gen_ids):
+            raise UpstreamError(
+                f"vLLM backend {base}",
+                "/chat/completions",
+                200,
+                f"{len(gen_ids)} generated ids but {len(log_probs)} log probs",
+                kind="bad_response",
+            )
+        return {
+            "prompt_token_ids": [int(t) for t in prompt_ids],
+            "generation_token_ids": [int(t) for t in gen_ids],
+            "generation_log_probs": log_probs,
+        }
+
+    async def _chat_with_token_ids(self, request: Request, body: dict[str, Any], base: str) -> Response:
+        """A plain chat answer whose assistant message carries the call's token ids (as local_model's)."""
+        upstream, rollout_id = self._chat_upstream(body)
+        url = base + "/chat/completions"
+        try:
+            answer = await self._post_json(url, upstream)
+        except _BackendError as e:
+            return self._error_response(request, e)
+        choices = answer.get("choices") or []
+        if not choices or not isinstance(choices[0], dict):
+            raise UpstreamError(f"vLLM backend {base}", "/chat/completions", 200, "the answer has no choices")
+        choice = choices[0]
+        message = choice.get("message") or {}
+        entries = (choice.get("logprobs") or {}).get("content") or []
+        fields = self._chat_token_fields(
+            base, answer.get("prompt_token_ids"), choice.get("token_ids"), entries
+        )
+        self._rollout_tokens.remember(
+            rollout_id,
+            upstream["messages"],
+            body.get("tools"),
+            message,
+            fields["prompt_token_ids"],
+            fields["generation_token_ids"],
+        )
+        choice["message"] = {**message, **fields}
+        _hide_unasked(answer, body)
+        return ModelAnswer(answer)
+
+    def _relay_with_token_ids(
+        self,
+        resp: aiohttp.ClientResponse,
+        body: dict[str, Any],
+        upstream: dict[str, Any],
+        rollout_id: str | None,
+    ) -> Response:
+        """The backend's chat stream relayed chunk by chunk; the chunk that ends the first choice (its
+        ``finish_reason``) carries the call's token ids on its ``delta``, as a plain answer's message does."""
+        base = str(resp.url).rsplit("/chat/completions", 1)[0]
+
+        async def relayed() -> AsyncIterator[bytes]:
+            prompt_ids: Any = None
+            gen_ids: list[int] = []
+            entries: list[Any] = []
+            text: list[str] = []
+            calls: dict[int, dict[str, Any]] = {}
+            async for data in sse_data(resp):
+                try:
+                    chunk = orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    yield b"data: " + data + b"\n\n"
+                    continue
+                if not isinstance(chunk, dict):
+                    yield b"data: " + data + b"\n\n"
+                    continue
+                if chunk.get("prompt_token_ids") is not None:
+                    prompt_ids = chunk["prompt_token_ids"]
+                for choice in chunk.get("choices") or []:
+                    if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                        continue
+                    gen_ids.extend(choice.get("token_ids") or [])
+                    entries.extend((choice.get("logprobs") or {}).get("content") or [])
+                    delta = choice.get("delta") or {}
+                    text.append(delta.get("content") or "")
+                    for call in delta.get("tool_calls") or []:
+                        function = call.get("function") or {}
+                        seen = calls.setdefault(int(call.get("index") or 0), {"name": "", "arguments": ""})
+                        seen["name"] += function.get("name") or ""
+                        seen["arguments"] += function.get("arguments") or ""
+                    if choice.get("finish_reason"):
+                        try:
+                            fields = self._chat_token_fields(base, prompt_ids, gen_ids, entries)
+                        except UpstreamError as e:  # mid-stream: an error event, as the stream's end
+                            logger.warning("%s", e)
+                            error = {"error": {"message": str(e), "type": "server_error"}}
+                            yield b"data: " + orjson.dumps(error) + b"\n\n"
+                            return
+                        choice["delta"] = {**delta, **fields}
+                        answer = {
+                            "role": "assistant",
+                            "content": "".join(text),
+                            "tool_calls": [{"function": calls[i]} for i in sorted(calls)],
+                        }
+                        self._rollout_tokens.remember(
+                            rollout_id,
+                            upstream["messages"],
+                            body.get("tools"),
+                            answer,
+                            fields["prompt_token_ids"],
+                            fields["generation_token_ids"],
+                        )
+                _hide_unasked(chunk, body)
+                yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+            yield b"data: [DONE]\n\n"
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                async for event in relayed():
+                    yield event
+            finally:  # the client went away (or the stream ended): vLLM aborts a closed request
+                resp.close()
+
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(chunks(), media_type=SSE_MEDIA_TYPE, headers=headers)
 
     async def completions(self, request: Request, body: dict[str, Any] = Body(...)) -> Response:
         """``POST /v1/completions``: forwarded to the backend's ``/v1/completions`` (``model`` set to ``model``).
@@ -526,22 +704,80 @@ class VLLMModel(SimpleResponsesAPIModel):
     ) -> AsyncIterator[Delta] | Response:
         """The backend's chat stream turned into Responses deltas as it arrives. Token ids are not
         streamed (``return_token_id_information`` needs the non-streamed answer)."""
-        chat = self._backend_chat_request(request, dump(body), keep_token_ids=False)
+        want_ids = self.config.return_token_id_information
+        chat = self._backend_chat_request(request, dump(body), keep_token_ids=want_ids)
         if isinstance(chat, Response):
             return chat
         chat.update(stream=True, stream_options={"include_usage": True})
+        rollout_id = None
+        if want_ids:  # the ids as the plain answer has them, from vLLM's return_token_ids
+            rollout_id = rollout_for_token_reuse(True)
+            chat["messages"] = self._rollout_tokens.attach(rollout_id, chat["messages"], chat.get("tools"))
+            chat.update(return_token_ids=True, logprobs=True, top_logprobs=0)
         resp = await self._open_stream(request, chat)
         if isinstance(resp, Response):
             return resp
-        deltas = deltas_of_chat_chunks(resp)
-        return split_think_stream(deltas) if self.config.parse_think_tags else deltas
+        deltas = deltas_of_chat_chunks(resp, token_ids=want_ids)
+        deltas = split_think_stream(deltas) if self.config.parse_think_tags else deltas
+        return self._remembering(deltas, rollout_id, chat) if want_ids else deltas
+
+    async def _remembering(
+        self, deltas: AsyncIterator[Delta], rollout_id: str | None, chat: dict[str, Any]
+    ) -> AsyncIterator[Delta]:
+        """``deltas`` unchanged; at their end the call's ids are kept for the rollout (rollout_tokens)."""
+        text: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}
+        async for delta in deltas:
+            if isinstance(delta, TextDelta):
+                text.append(delta.text)
+            elif isinstance(delta, ToolCallDelta):
+                seen = calls.setdefault(delta.index, {"name": "", "arguments": ""})
+                seen["name"] = delta.name or seen["name"]
+                seen["arguments"] += delta.arguments
+            elif isinstance(delta, StreamEnd) and delta.token_info:
+                answer = {
+                    "role": "assistant",
+                    "content": "".join(text),
+                    "tool_calls": [{"function": calls[i]} for i in sorted(calls)],
+                }
+                self._rollout_tokens.remember(
+                    rollout_id,
+                    chat["messages"],
+                    chat.get("tools"),
+                    answer,
+                    delta.token_info["prompt_token_ids"],
+                    delta.token_info["generation_token_ids"],
+                )
+            yield delta
 
     async def stream_chat_completions(self, request: Request, body: dict[str, Any]) -> Response:
-        """``/v1/chat/completions`` with ``stream: true``: the backend's stream relayed as it arrives."""
+        """``/v1/chat/completions`` with ``stream: true``: the backend's stream relayed as it arrives (with
+        ``return_token_id_information``, chunk by chunk, the call's token ids on the finishing chunk)."""
+        if self.config.return_token_id_information and isinstance(body.get("messages"), list):
+            upstream, rollout_id = self._chat_upstream(body)
+            resp = await self._open_stream(request, upstream)
+            if isinstance(resp, Response):
+                return resp
+            return self._relay_with_token_ids(resp, body, upstream, rollout_id)
         resp = await self._open_stream(request, {**body, "model": self.config.model})
         if isinstance(resp, Response):
             return resp
         return relay_sse(resp)
+
+
+def _hide_unasked(answer: dict[str, Any], body: dict[str, Any]) -> None:
+    """Drop from a chat answer (or chunk) what the backend was asked for on the server's behalf only:
+    ``logprobs`` when the client did not ask for them, vLLM's raw ``prompt_token_ids`` / ``token_ids``
+    when it did not set ``return_token_ids`` (the ids are on the message as ``*_token_ids`` anyway)."""
+    if body.get("return_token_ids") is not True:
+        answer.pop("prompt_token_ids", None)
+    for choice in answer.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        if not body.get("logprobs"):
+            choice["logprobs"] = None
+        if body.get("return_token_ids") is not True:
+            choice.pop("token_ids", None)
 
 
 if __name__ == "__main__":

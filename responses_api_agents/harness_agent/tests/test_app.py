@@ -240,6 +240,10 @@ def test_the_openai_harness_on_the_local_model_gets_the_models_own_token_ids() -
     assert training["calls_without_token_ids"] == [] and training["samples"]
     calls = sorted(i for s in training["samples"] for i in s["call_indices"])
     assert calls == list(range(result["harness"]["model_calls"]))
+    # The harness resends its history as text; the server puts each earlier answer's exact ids back
+    # (nemo_gym.server.rollout_tokens), so however many calls it made, they extend each other: one sample.
+    [sample] = training["samples"]
+    assert sample["rewrote_history"] is False
     for sample in training["samples"]:
         n = len(sample["token_ids"])
         assert n == len(sample["loss_mask"]) == len(sample["log_probs"]) > sample["prompt_length"] > 0

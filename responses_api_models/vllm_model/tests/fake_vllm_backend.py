@@ -23,6 +23,9 @@ It speaks vLLM's real wire formats, so ``vllm_model`` (and ``openai_model``) can
 * ``stream: true`` on both: the same answer as server-sent events, a few characters per delta with a
   short pause between deltas (chat: ``chat.completion.chunk`` objects, the usage chunk with
   ``stream_options.include_usage``, ``data: [DONE]``; responses: OpenAI's ``response.*`` events).
+* ``return_token_ids`` on chat completions (vLLM >= 0.10.2): the answer's ``prompt_token_ids`` and the
+  choice's ``token_ids``; streamed, ``prompt_token_ids`` on the first chunk and ``token_ids`` (with their
+  ``logprobs``) spread over the chunks.
 * ``GET /v1/models``.
 
 The "model": a byte-level tokenizer (byte ``b`` is token ``b + 16``; a few special tokens) and a
@@ -35,8 +38,8 @@ message (turn = number of assistant messages so far), else a default (call the f
 quote its result). Log probs are a fixed function of token id and position.
 
 Test control (not part of any real API): ``POST /_control`` ``{"fail_next": [429, {"status": 503,
-"retry_after": "0"}], "honor_token_ids": bool, "scripts": {substring: [turn, ...]}, "reset_calls":
-true}``; ``GET /_calls`` -> ``{"name", "counts": {path: n}, "requests": [{"path", "body",
+"retry_after": "0"}], "honor_token_ids": bool, "return_token_ids": bool, "scripts": {substring:
+[turn, ...]}, "reset_calls": true}``; ``GET /_calls`` -> ``{"name", "counts": {path: n}, "requests": [{"path", "body",
 "authorized"}]}``. With ``--api-key`` every ``/v1/...`` request needs ``Authorization: Bearer <key>``;
 a wrong key gets OpenAI's 401, which (like a careless server) echoes the key it was sent.
 
@@ -220,6 +223,8 @@ class _State:
         self.reasoning_parser, self.max_model_len = reasoning_parser, max_model_len
         self.fail_next: list[Any] = []
         self.honor_token_ids = True
+        # False: ignore the request's return_token_ids, as a vLLM older than 0.10.2 does.
+        self.return_token_ids = True
         self.scripts: dict[str, list[dict[str, Any]]] = {}
         self.counts: Counter[str] = Counter()
         self.requests: list[dict[str, Any]] = []
@@ -416,10 +421,14 @@ def build_app(state: _State) -> FastAPI:
             },
             "prompt_logprobs": None,
         }
+        ids_asked = bool(body.get("return_token_ids")) and state.return_token_ids
+        if ids_asked:  # vLLM >= 0.10.2: the prompt's ids on the answer, the generated ones per choice
+            result["prompt_token_ids"] = list(prompt)
+            result["choices"][0]["token_ids"] = list(gen_ids)
         if body.get("stream") is True:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(
-                chat_chunks(result, include_usage),
+                chat_chunks(result, include_usage, gen_ids if ids_asked else None),
                 media_type="text/event-stream",
                 headers={"x-fake-backend": state.name},
             )
@@ -629,6 +638,8 @@ def build_app(state: _State) -> FastAPI:
                 state.fail_next = list(body["fail_next"])
             if "honor_token_ids" in body:
                 state.honor_token_ids = bool(body["honor_token_ids"])
+            if "return_token_ids" in body:
+                state.return_token_ids = bool(body["return_token_ids"])
             if "scripts" in body:
                 state.scripts.update(body["scripts"])
             if body.get("reset_calls"):
@@ -655,16 +666,31 @@ def _sse(data: Any, event: str | None = None) -> bytes:
     return (head + "data: " + json.dumps(data, separators=(",", ":")) + "\n\n").encode()
 
 
-async def chat_chunks(result: dict[str, Any], include_usage: bool) -> Any:
-    """vLLM's ``chat.completion.chunk`` stream of a complete chat answer (then ``data: [DONE]``)."""
+async def chat_chunks(result: dict[str, Any], include_usage: bool, gen_ids: list[int] | None = None) -> Any:
+    """vLLM's ``chat.completion.chunk`` stream of a complete chat answer (then ``data: [DONE]``).
+
+    ``gen_ids`` (``return_token_ids``): as vLLM does, the first chunk carries ``prompt_token_ids`` and every
+    chunk its share of the generated ids as ``token_ids`` (here: up to ``STREAM_PIECE`` per chunk, the rest
+    on the finishing chunk), with the matching ``logprobs.content`` entries when log-probs were asked for."""
     choice = result["choices"][0]
     message = choice["message"]
     base = {k: result[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    entries = (choice.get("logprobs") or {}).get("content")
+    sent = 0
+    first = True
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        return _sse(
-            {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
-        )
+        nonlocal sent, first
+        data: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        head = {"prompt_token_ids": result["prompt_token_ids"]} if gen_ids is not None and first else {}
+        first = False
+        if gen_ids is not None:
+            end = len(gen_ids) if finish is not None else min(len(gen_ids), sent + STREAM_PIECE)
+            data["token_ids"] = gen_ids[sent:end]
+            if entries is not None:
+                data["logprobs"] = {"content": entries[sent:end]}
+            sent = end
+        return _sse({**base, **head, "choices": [data]})
 
     yield chunk({"role": "assistant", "content": ""})
     for field in ("reasoning_content", "content"):
