@@ -62,6 +62,7 @@ from resources_servers.law_discovery.expressions import (
     UnknownSymbolsError,
     evaluate,
     parse_law,
+    parse_row_law,
     rmsle,
     rmsle_of_measurements,
     same_form,
@@ -102,7 +103,7 @@ class LawSpec(BaseModel):
     def parsed(self) -> Law:
         """The hidden law; ``HTTPException(422)`` naming ``law.expression`` if the row's law is broken."""
         try:
-            return parse_law(self.expression, self.variables, self.target)
+            return parse_row_law(self.expression, tuple(self.variables), self.target)
         except LawSyntaxError as e:
             raise HTTPException(422, f"bad row: law.expression {self.expression!r}: {e}") from None
 

@@ -21,6 +21,7 @@ Two uses, two evaluators:
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -64,11 +65,15 @@ class UnknownSymbolsError(LawSyntaxError):
 
 
 class Law:
-    """A checked expression tree (from :func:`parse_law`) and its normalised text."""
+    """A checked expression tree (from :func:`parse_law`); never mutated, so parsed laws can be shared."""
 
-    def __init__(self, tree: ast.expr, text: str) -> None:
+    def __init__(self, tree: ast.expr) -> None:
         self.tree = tree
-        self.text = text
+
+    @functools.cached_property
+    def text(self) -> str:
+        """The normalised text (``ast.unparse``: the slow part of parsing, so only when asked)."""
+        return ast.unparse(self.tree)
 
     def __repr__(self) -> str:
         return f"Law({self.text!r})"
@@ -99,7 +104,14 @@ def parse_law(text: str, variables: Iterable[str], target: str | None = None) ->
     _check(tree, allowed, unknown)
     if unknown:
         raise UnknownSymbolsError(sorted(set(unknown)), allowed)
-    return Law(tree, _text(tree))
+    return Law(tree)
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_row_law(text: str, variables: tuple[str, ...], target: str | None) -> Law:
+    """:func:`parse_law` for a row's law, remembered: the rows of a GRPO group (and of repeated runs)
+    carry the same law, and ``/seed_session`` and ``/verify`` both need it."""
+    return parse_law(text, variables, target)
 
 
 def _check(node: ast.expr, allowed: set[str], unknown: list[str]) -> None:
@@ -131,10 +143,6 @@ def _check(node: ast.expr, allowed: set[str], unknown: list[str]) -> None:
     raise LawSyntaxError(
         f"{ast.unparse(node)!r} is not allowed in a law (numbers, variables, + - * / **, functions)"
     )
-
-
-def _text(node: ast.expr) -> str:
-    return ast.unparse(node)
 
 
 def evaluate(law: Law, values: Mapping[str, float]) -> float:
