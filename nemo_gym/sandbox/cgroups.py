@@ -186,14 +186,18 @@ class _RunCgroups:
             return None
 
     def oom_killed(self) -> bool:
+        return self.oom_kills() > 0
+
+    def oom_kills(self) -> int:
+        """How many processes the memory cgroup's OOM killer has killed (a session compares counts)."""
         if self.memory is None:
-            return False
+            return 0
         with contextlib.suppress(OSError, ValueError):
             for line in (self.memory / "memory.oom_control").read_text().splitlines():
                 key, _, value = line.partition(" ")
                 if key == "oom_kill":
-                    return int(value) > 0
-        return False
+                    return int(value)
+        return 0
 
     def peak_processes(self) -> int | None:
         if self.pids is None:
@@ -204,14 +208,18 @@ class _RunCgroups:
             return None
 
     def pids_limit_hit(self) -> bool:
+        return self.pids_limit_events() > 0
+
+    def pids_limit_events(self) -> int:
+        """How many forks the pids limit has refused (a session compares counts before and after)."""
         if self.pids is None:
-            return False
+            return 0
         with contextlib.suppress(OSError, ValueError):
             for line in (self.pids / "pids.events").read_text().splitlines():
                 key, _, value = line.partition(" ")
                 if key == "max":
-                    return int(value) > 0
-        return False
+                    return int(value)
+        return 0
 
     def destroy(self, remove: bool = True) -> bool:
         ok = True
