@@ -48,6 +48,7 @@ import base64
 import contextlib
 import dataclasses
 import logging
+import marshal
 import math
 import os
 import secrets
@@ -157,10 +158,12 @@ class DirEntry:
 
 @dataclass(frozen=True)
 class SessionUsage:
-    """:meth:`SandboxSession.usage`: bytes written to the workspace, the sandbox's memory cgroup usage."""
+    """:meth:`SandboxSession.usage`: bytes written to the workspace, the sandbox's memory cgroup usage,
+    the CPU seconds its sandbox has used since it started (its start included; None without cpuacct)."""
 
     workspace_bytes: int
     memory_bytes: int | None
+    cpu_time_s: float | None
 
 
 class SessionClosedError(SandboxError):
@@ -404,12 +407,14 @@ class _Sandbox:
             self.stderr_tail = (self.stderr_tail + chunk)[-4000:]
 
     async def send(self, message: dict[str, Any]) -> None:
+        """A request: marshal (built into the agent's Python, which then needs no json import)."""
         assert self.proc.stdin is not None
-        data = orjson.dumps(message)
+        data = marshal.dumps(message)
         self.proc.stdin.write(struct.pack(">I", len(data)) + data)
         await self.proc.stdin.drain()
 
     async def receive(self) -> dict[str, Any]:
+        """An answer: JSON, parsed by a real parser (what the sandbox writes is never unmarshalled)."""
         assert self.proc.stdout is not None
         head = await self.proc.stdout.readexactly(4)
         return orjson.loads(await self.proc.stdout.readexactly(struct.unpack(">I", head)[0]))
@@ -632,14 +637,18 @@ class SandboxSession:
         await self.close()
 
     async def usage(self) -> SessionUsage:
-        """What the session holds now: the bytes it wrote to its workspace (what the quota counts) and
-        its sandbox's memory cgroup usage (None without one). For benchmarks and a server's metrics."""
+        """What the session holds now: the bytes it wrote to its workspace (what the quota counts), its
+        sandbox's memory and CPU time (None without those cgroups). For benchmarks and a server's metrics."""
         sandbox = self._check_open()
         memory = None
         if sandbox.cgroups.memory is not None:
             with contextlib.suppress(OSError, ValueError):
                 memory = int((sandbox.cgroups.memory / "memory.usage_in_bytes").read_text())
-        return SessionUsage(workspace_bytes=await _used_bytes(sandbox.upper), memory_bytes=memory)
+        return SessionUsage(
+            workspace_bytes=await _used_bytes(sandbox.upper),
+            memory_bytes=memory,
+            cpu_time_s=sandbox.cgroups.cpu_time_s(),
+        )
 
     @property
     def closed(self) -> str | None:
@@ -780,7 +789,7 @@ class SandboxSession:
         message = {
             "op": "exec",
             "argv": argv,
-            "stdin": base64.b64encode(data).decode() if data is not None else None,
+            "stdin": data,
             "env": dict(env or {}),
             "timeout": wall,
             **self._rlimits(),
@@ -828,7 +837,7 @@ class SandboxSession:
                 f"write_file {path!r}: {len(data)} bytes would pass the workspace's disk quota of "
                 f"{self.limits.disk_quota_mib} MiB ({used / 2**20:.1f} MiB written)"
             )
-        message = {"op": "write", "path": path, "data": base64.b64encode(data).decode()}
+        message = {"op": "write", "path": path, "data": data}
         reply, _ = await self._op(message, 30, user_code=False)
         if "error" in reply:
             raise ValueError(f"write_file {path!r}: {reply['error']}")

@@ -5,46 +5,77 @@ Contract
 * Runs INSIDE the bubblewrap sandbox of a :class:`nemo_gym.sandbox.session.SandboxSession`, as uid 65534,
   under the sandbox's Python (``python3 -I -S``): standard library only, nothing of nemo_gym is imported
   (the file is bound read-only into the sandbox and never imported by the host).
-* It speaks framed JSON on stdin/stdout (4-byte big-endian length, then a UTF-8 JSON object; bytes as
-  base64): first it sends ``{"hello": true, "pid": ...}``, then answers one request at a time:
-  ``exec`` (a program, with stdin, per-command rlimits, wall time and an output cap), ``py`` (code in the
-  kernel), ``read`` / ``write`` / ``list`` (paths inside the workspace only; a path whose real location is
-  outside it, e.g. through a symlink, is refused).
-* While a command runs it still reads stdin: ``{"op": "cancel", "reason": ...}`` kills the command (the
-  host does this when the workspace passes its disk quota), and EOF (the server died) kills everything
-  and exits, so the sandbox ends with its server.
+* Frames are a 4-byte big-endian length and a body. Requests (host to agent) are ``marshal``-ed dicts of
+  plain values (the host is trusted; marshal is built in, so the agent starts without importing json's
+  regular expressions); answers (agent to host) are JSON objects, bytes as base64, which the host parses
+  with a real JSON parser (it never unmarshals what the sandbox wrote). First the agent sends
+  ``{"hello": true, "pid": ...}``, then answers one request at a time: ``exec`` (a program, with stdin, a
+  CPU limit, wall time and an output cap), ``py`` (code in the kernel), ``read`` / ``write`` / ``list``
+  (paths inside the workspace only; a path whose real location is outside it, e.g. through a symlink, is
+  refused).
+* While user code runs it still reads stdin: ``{"op": "cancel", "reason": ...}`` stops it (the host does
+  this when the workspace passes its disk quota), and EOF (the server died) kills everything and exits,
+  so the sandbox ends with its server.
 * After every request that ran user code, every process of the sandbox except the namespace's init, the
   agent and the kernel is SIGKILLed: a background process never outlives the command that started it.
-* Why a separate agent process and not one bwrap per command: a command then costs one fork+exec inside
-  an already set-up sandbox (no namespaces, mounts or cgroups to make), and the kernel can live across
-  calls. The agent is made non-dumpable so the user's processes (same uid) cannot ptrace it or open its
-  protocol pipes through /proc.
+* Why a separate agent process and not one bwrap per command: a command then costs one spawn inside an
+  already set-up sandbox (no namespaces, mounts or cgroups to make), and the kernel can live across
+  calls. Why so few imports (``os.posix_spawn`` and ``select.epoll``, not subprocess and selectors): the
+  agent's start is most of a fork's cost. The agent is made non-dumpable so the user's processes (same
+  uid) cannot ptrace it or open its protocol pipes through /proc.
 """
 
 from __future__ import annotations
 
-import base64
-import json
+import binascii
+import marshal
 import os
 import resource
-import selectors
+import select
 import signal
 import stat
-import struct
-import subprocess
 import sys
 import time
 
 WORKSPACE = "/workspace"
 _CHUNK = 1 << 16
+_JSON_ESCAPES = {i: f"\\u{i:04x}" for i in range(32)} | {ord('"'): '\\"', ord("\\"): "\\\\"}
 
 
-def _send(fd: int, message: dict) -> None:
-    data = json.dumps(message).encode()
-    data = struct.pack(">I", len(data)) + data
+def _json(value: object) -> str:
+    """A JSON text of plain values (the json module would import re, enum, ... on every agent start)."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        text = value.encode("utf-8", "replace").decode("utf-8")  # lone surrogates (odd file names)
+        return '"' + text.translate(_JSON_ESCAPES) + '"'
+    if isinstance(value, dict):
+        return "{" + ",".join(_json(str(k)) + ":" + _json(v) for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_json(v) for v in value) + "]"
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
+
+
+def _send_json(fd: int, message: dict) -> None:
+    data = _json(message).encode()
+    _write_all(fd, len(data).to_bytes(4, "big") + data)
+
+
+def _send_marshal(fd: int, message: dict) -> None:
+    data = marshal.dumps(message)
+    _write_all(fd, len(data).to_bytes(4, "big") + data)
 
 
 def _read_exact(fd: int, n: int) -> bytes | None:
@@ -61,12 +92,17 @@ def _recv(fd: int) -> dict | None:
     head = _read_exact(fd, 4)
     if head is None:
         return None
-    body = _read_exact(fd, struct.unpack(">I", head)[0])
-    return None if body is None else json.loads(body)
+    body = _read_exact(fd, int.from_bytes(head, "big"))
+    if body is None:
+        return None
+    message = marshal.loads(body)
+    if not isinstance(message, dict):
+        raise ValueError("a request must be a dict")
+    return message
 
 
 def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
+    return binascii.b2a_base64(data, newline=False).decode()
 
 
 def _inside(path: str) -> str:
@@ -94,12 +130,71 @@ def _others(keep: set[int]) -> list[int]:
     return pids
 
 
+def _exit_code(status: int) -> int:
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def _spawn(argv: list[str], env: dict[str, str], fds: dict[int, int]) -> int:
+    """Start ``argv`` in its own session with ``fds`` (child fd -> our fd) as its only open files
+    besides what it inherits on purpose; returns its pid."""
+    actions = [(os.POSIX_SPAWN_DUP2, ours, theirs) for theirs, ours in fds.items()]
+    return os.posix_spawnp(argv[0], argv, env, file_actions=actions, setsid=True)
+
+
+class _Child:
+    """A spawned process: its pid, a pidfd to wait on, its exit status once reaped."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.pidfd = os.pidfd_open(pid)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return self.returncode
+            if pid:
+                self.returncode = _exit_code(status)
+                os.close(self.pidfd)
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = _exit_code(status)
+            os.close(self.pidfd)
+        return self.returncode
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def _set_cpu(pid: int, seconds: int) -> None:
+    """The command's CPU limit, set right after the start (no preexec hook: posix_spawn has none)."""
+    try:
+        resource.prlimit(pid, resource.RLIMIT_CPU, (seconds, seconds + 1))
+    except OSError:
+        pass
+
+
 class Agent:
     def __init__(self) -> None:
         self.inp, self.out = 0, 1
-        self.kernel: subprocess.Popen | None = None
-        self.kernel_fds: tuple[int, int] = (-1, -1)
-        self.selector = selectors.DefaultSelector()
+        self.kernel: _Child | None = None
+        self.kernel_fds: tuple[int, int, int, int] = (
+            -1,
+            -1,
+            -1,
+            -1,
+        )  # request w, reply r, stdout r, stderr r
 
     # -- processes ------------------------------------------------------------------------------
 
@@ -127,11 +222,11 @@ class Agent:
             time.sleep(0.001)
         return killed
 
-    def stdin_event(self) -> str | None:
+    def host_event(self) -> str | None:
         """A message from the host while user code runs: 'eof' (the host is gone), a cancel reason, or None."""
         try:
             message = _recv(self.inp)
-        except (OSError, ValueError):
+        except (OSError, ValueError, EOFError, TypeError):
             return "eof"
         if message is None:
             return "eof"
@@ -167,7 +262,7 @@ class Agent:
                     raise ValueError(f"{req['path']!r} exists and is not a regular file")
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 with open(path, "wb") as f:
-                    f.write(base64.b64decode(req["data"]))
+                    f.write(req["data"])
                 return {}
             if op == "list":
                 path = _inside(req["path"])
@@ -175,67 +270,55 @@ class Agent:
                 with os.scandir(path) as it:
                     for e in it:
                         st = e.stat(follow_symlinks=False)
-                        kind = (
-                            "symlink"
-                            if stat.S_ISLNK(st.st_mode)
-                            else "dir"
-                            if stat.S_ISDIR(st.st_mode)
-                            else "file"
-                            if stat.S_ISREG(st.st_mode)
-                            else "other"
-                        )
+                        if stat.S_ISLNK(st.st_mode):
+                            kind = "symlink"
+                        elif stat.S_ISDIR(st.st_mode):
+                            kind = "dir"
+                        elif stat.S_ISREG(st.st_mode):
+                            kind = "file"
+                        else:
+                            kind = "other"
                         entries.append({"name": e.name, "kind": kind, "size": st.st_size})
                 return {"entries": sorted(entries, key=lambda e: e["name"])}
             return {"error": f"unknown op {op!r}"}
         except (OSError, ValueError, KeyError) as exc:
             return {"error": f"{type(exc).__name__}: {exc}"}
 
-    def _limits(self, cpu: int):
-        def apply() -> None:
-            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-
-        return apply
-
     def exec(self, req: dict) -> dict:
-        stdin = base64.b64decode(req["stdin"]) if req.get("stdin") is not None else None
+        stdin = req.get("stdin")
         env = {**_BASE_ENV, **req.get("env", {})}
         start = time.monotonic()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        in_r, in_w = os.pipe() if stdin is not None else (os.open(os.devnull, os.O_RDONLY), -1)
         try:
-            proc = subprocess.Popen(
-                req["argv"],
-                cwd=WORKSPACE,
-                env=env,
-                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
+            child = _Child(_spawn(req["argv"], env, {0: in_r, 1: out_w, 2: err_w}))
         except OSError as exc:
+            for fd in (out_r, out_w, err_r, err_w, in_r, in_w):
+                if fd >= 0:
+                    os.close(fd)
             return {"rc": 127, "stdout": "", "stderr": _b64(f"{exc}\n".encode()), "wall": 0.0}
-        # The command's CPU limit, set right after the start (no preexec_fn: it would cost a full fork
-        # instead of vfork on every command). File size and open files are the session's, inherited.
-        cpu = int(req["cpu"])
-        try:
-            resource.prlimit(proc.pid, resource.RLIMIT_CPU, (cpu, cpu + 1))
-        except (ProcessLookupError, PermissionError, OSError):
-            pass
-        bufs = {"stdout": bytearray(), "stderr": bytearray()}
-        trunc = {"stdout": False, "stderr": False}
+        finally:
+            for fd in (out_w, err_w, in_r):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        _set_cpu(child.pid, int(req["cpu"]))
+        bufs = {out_r: bytearray(), err_r: bytearray()}
+        trunc = {out_r: False, err_r: False}
         reason: str | None = None
         cap, deadline = int(req["cap"]), start + float(req["timeout"])
-        sel = selectors.DefaultSelector()
-        assert proc.stdout is not None and proc.stderr is not None
-        sel.register(proc.stdout.fileno(), selectors.EVENT_READ, "stdout")
-        sel.register(proc.stderr.fileno(), selectors.EVENT_READ, "stderr")
-        sel.register(self.inp, selectors.EVENT_READ, "host")
+        poller = select.epoll()
+        poller.register(out_r, select.EPOLLIN)
+        poller.register(err_r, select.EPOLLIN)
+        poller.register(self.inp, select.EPOLLIN)
+        poller.register(child.pidfd, select.EPOLLIN)
         pending = memoryview(stdin or b"")
-        if stdin is not None:
-            assert proc.stdin is not None
-            os.set_blocking(proc.stdin.fileno(), False)
-            sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE, "stdin")
-        open_streams = 2
-        pidfd = os.pidfd_open(proc.pid)
-        sel.register(pidfd, selectors.EVENT_READ, "exit")
+        if in_w >= 0:
+            os.set_blocking(in_w, False)
+            poller.register(in_w, select.EPOLLOUT)
+        open_streams = {out_r, err_r}
         exited = False
         killed_at = 0.0
 
@@ -244,18 +327,17 @@ class Agent:
             if reason is None:
                 reason, killed_at = why, time.monotonic()
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(child.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
             self.kill_others()
 
         while open_streams or not exited:
             now = time.monotonic()
-            if not exited and proc.poll() is not None:
+            if not exited and child.poll() is not None:
                 # The command returned: anything it left in the background dies now (it may hold the
                 # pipes open), then the pipes are drained to EOF.
                 exited = True
-                sel.unregister(pidfd)
                 self.kill_others()
             if exited and not open_streams:
                 break
@@ -263,53 +345,48 @@ class Agent:
                 kill("timeout")
             if reason is not None and now > killed_at + 5:
                 break  # killed, but something still holds the pipes: give up on them
-            wait = 0.5 if reason is not None else max(0.0, deadline - now)
-            for key, _ in sel.select(min(wait, 0.5) if exited else wait):
-                name = key.data
-                if name == "exit":
-                    continue  # handled at the top of the loop
-                if name == "host":
-                    event = self.stdin_event()
+            wait = 0.5 if (reason is not None or exited) else max(0.0, deadline - now)
+            for fd, _ in poller.poll(wait):
+                if fd == child.pidfd:
+                    poller.unregister(fd)  # handled at the top of the loop
+                elif fd == self.inp:
+                    event = self.host_event()
                     if event == "eof":
                         self.die()
                     if event is not None:
                         kill(event)
-                elif name == "stdin":
+                elif fd == in_w:
                     try:
-                        pending = pending[os.write(key.fd, pending) :]
+                        pending = pending[os.write(fd, pending) :]
                     except OSError:
                         pending = memoryview(b"")
                     if not pending:
-                        sel.unregister(key.fd)
-                        assert proc.stdin is not None
-                        proc.stdin.close()
+                        poller.unregister(fd)
+                        os.close(fd)
+                        in_w = -1
                 else:
-                    chunk = os.read(key.fd, _CHUNK)
+                    chunk = os.read(fd, _CHUNK)
                     if not chunk:
-                        sel.unregister(key.fd)
-                        open_streams -= 1
+                        poller.unregister(fd)
+                        open_streams.discard(fd)
                         continue
-                    room = cap - len(bufs[name])
-                    bufs[name] += chunk[: max(room, 0)]
-                    if len(chunk) > room and not trunc[name]:
-                        trunc[name] = True
+                    room = cap - len(bufs[fd])
+                    bufs[fd] += chunk[: max(room, 0)]
+                    if len(chunk) > room and not trunc[fd]:
+                        trunc[fd] = True
                         kill("output_limit")
-        os.close(pidfd)
-        proc.wait()
-        sel.close()
-        for f in (proc.stdin, proc.stdout, proc.stderr):
-            if f is not None:
-                try:
-                    f.close()
-                except OSError:
-                    pass
+        poller.close()
+        rc = child.wait()
+        for fd in (out_r, err_r, in_w):
+            if fd >= 0:
+                os.close(fd)
         self.kill_others()
         return {
-            "rc": proc.returncode if proc.returncode >= 0 else 128 - proc.returncode,
-            "stdout": _b64(bytes(bufs["stdout"])),
-            "stderr": _b64(bytes(bufs["stderr"])),
-            "out_trunc": trunc["stdout"],
-            "err_trunc": trunc["stderr"],
+            "rc": rc,
+            "stdout": _b64(bytes(bufs[out_r])),
+            "stderr": _b64(bytes(bufs[err_r])),
+            "out_trunc": trunc[out_r],
+            "err_trunc": trunc[err_r],
             "reason": reason,
             "wall": time.monotonic() - start,
         }
@@ -319,34 +396,30 @@ class Agent:
     def start_kernel(self, req: dict) -> None:
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
-        self.kernel = subprocess.Popen(
-            [sys.executable, "-I", os.path.abspath(__file__), "kernel", str(req_r), str(rep_w)],
-            cwd=WORKSPACE,
-            env=_BASE_ENV,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            pass_fds=(req_r, rep_w),
-            start_new_session=True,
-            preexec_fn=self._limits(int(req["session_cpu"])),
-        )
-        os.close(req_r)
-        os.close(rep_w)
-        self.kernel_fds = (req_w, rep_r)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.set_inheritable(req_r, True)
+        os.set_inheritable(rep_w, True)
+        try:
+            argv = [sys.executable, "-I", os.path.abspath(__file__), "kernel", str(req_r), str(rep_w)]
+            self.kernel = _Child(_spawn(argv, _BASE_ENV, {0: null, 1: out_w, 2: err_w}))
+        finally:
+            for fd in (req_r, rep_w, out_w, err_w, null):
+                os.close(fd)
+        _set_cpu(self.kernel.pid, int(req["session_cpu"]))
+        self.kernel_fds = (req_w, rep_r, out_r, err_r)
 
     def stop_kernel(self) -> None:
         if self.kernel is not None:
             self.kernel.kill()
             self.kernel.wait()
-            for f in (self.kernel.stdout, self.kernel.stderr):
-                if f is not None:
-                    f.close()
             for fd in self.kernel_fds:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
-        self.kernel, self.kernel_fds = None, (-1, -1)
+        self.kernel, self.kernel_fds = None, (-1, -1, -1, -1)
 
     def py(self, req: dict) -> dict:
         start = time.monotonic()
@@ -356,76 +429,81 @@ class Agent:
             self.stop_kernel()
             self.start_kernel(req)
         kernel = self.kernel
-        assert kernel is not None and kernel.stdout is not None and kernel.stderr is not None
-        req_w, rep_r = self.kernel_fds
-        _send(req_w, {"code": req["code"]})
-        bufs = {"stdout": bytearray(), "stderr": bytearray()}
-        trunc = {"stdout": False, "stderr": False}
+        assert kernel is not None
+        req_w, rep_r, out_r, err_r = self.kernel_fds
+        _send_marshal(req_w, {"code": req["code"]})
+        bufs = {out_r: bytearray(), err_r: bytearray()}
+        trunc = {out_r: False, err_r: False}
         cap, deadline = int(req["cap"]), start + float(req["timeout"])
-        sel = selectors.DefaultSelector()
-        sel.register(kernel.stdout.fileno(), selectors.EVENT_READ, "stdout")
-        sel.register(kernel.stderr.fileno(), selectors.EVENT_READ, "stderr")
-        sel.register(rep_r, selectors.EVENT_READ, "reply")
-        sel.register(self.inp, selectors.EVENT_READ, "host")
+        poller = select.epoll()
+        for fd in (out_r, err_r, rep_r, self.inp):
+            poller.register(fd, select.EPOLLIN)
         reply: dict | None = None
         reason: str | None = None
         interrupted_at = 0.0
 
-        def read(fd: int, name: str) -> bool:
+        def read(fd: int) -> bool:
             try:
                 chunk = os.read(fd, _CHUNK)
             except BlockingIOError:
                 return False
             if not chunk:
                 return False
-            room = cap - len(bufs[name])
-            bufs[name] += chunk[: max(room, 0)]
+            room = cap - len(bufs[fd])
+            bufs[fd] += chunk[: max(room, 0)]
             if len(chunk) > room:
-                trunc[name] = True  # past the cap: read and dropped, so the kernel never blocks
+                trunc[fd] = True  # past the cap: read and dropped, so the kernel never blocks
             return True
 
         while reply is None:
             now = time.monotonic()
             if now > deadline and reason is None:
-                reason = "timeout"
-                interrupted_at = now
-                kernel.send_signal(signal.SIGINT)  # KeyboardInterrupt: the state survives if it stops
+                reason, interrupted_at = "timeout", now
+                kernel.kill(signal.SIGINT)  # KeyboardInterrupt: the state survives if it stops
             if reason is not None and now > interrupted_at + 1.0:
                 break  # it did not stop: killed below
             if kernel.poll() is not None:
                 break
-            for key, _ in sel.select(0.25):
-                if key.data == "host":
-                    event = self.stdin_event()
+            for fd, _ in poller.poll(0.25):
+                if fd == self.inp:
+                    event = self.host_event()
                     if event == "eof":
                         self.die()
                     if event is not None and reason is None:
                         reason, interrupted_at = event, time.monotonic()
-                        kernel.send_signal(signal.SIGINT)
-                elif key.data == "reply":
-                    reply = _recv(rep_r)
+                        kernel.kill(signal.SIGINT)
+                elif fd == rep_r:
+                    try:
+                        reply = _recv(rep_r)
+                    except (ValueError, EOFError, TypeError):
+                        reply = None  # the kernel's user code wrote garbage there
                     if reply is None:
                         break
                 else:
-                    read(key.fd, key.data)
+                    read(fd)
+        poller.close()
         lost = reply is None
         if lost:
             self.stop_kernel()
         else:
-            for fd, name in ((kernel.stdout.fileno(), "stdout"), (kernel.stderr.fileno(), "stderr")):
+            for fd in (out_r, err_r):
                 os.set_blocking(fd, False)
-                while read(fd, name):
+                while read(fd):
                     pass
                 os.set_blocking(fd, True)
-        sel.close()
         self.kill_others()
-        rc = int(reply["rc"]) if reply is not None else 137
+        rc = 137
+        if reply is not None:
+            try:
+                rc = int(reply["rc"])
+            except (KeyError, TypeError, ValueError):
+                rc = 1
         return {
             "rc": rc,
-            "stdout": _b64(bytes(bufs["stdout"])),
-            "stderr": _b64(bytes(bufs["stderr"])),
-            "out_trunc": trunc["stdout"],
-            "err_trunc": trunc["stderr"],
+            "stdout": _b64(bytes(bufs[out_r])),
+            "stderr": _b64(bytes(bufs[err_r])),
+            "out_trunc": trunc[out_r],
+            "err_trunc": trunc[err_r],
             "reason": reason,
             "kernel_lost": lost,
             "kernel_restarted": restarted,
@@ -433,14 +511,14 @@ class Agent:
         }
 
     def serve(self) -> None:
-        _send(self.out, {"hello": True, "pid": os.getpid()})
+        _send_json(self.out, {"hello": True, "pid": os.getpid()})
         while True:
             req = _recv(self.inp)
             if req is None:
                 self.die()
             if req.get("op") == "cancel":  # for a command that already returned: nothing to answer
                 continue
-            _send(self.out, self.handle(req))
+            _send_json(self.out, self.handle(req))
 
 
 _BASE_ENV: dict[str, str] = {}
@@ -479,7 +557,7 @@ def _kernel(req_fd: int, rep_fd: int) -> None:
                 stream.flush()
             except Exception:
                 pass
-        _send(rep_fd, {"rc": rc})
+        _send_marshal(rep_fd, {"rc": rc})
 
 
 def _not_dumpable() -> None:
