@@ -143,6 +143,23 @@ async def test_bad_commands_are_contained_and_the_session_goes_on() -> None:
         await _close_and_check(session, other)
 
 
+async def test_a_cancelled_call_stops_its_command_and_the_next_call_gets_its_own_answer() -> None:
+    session = await SandboxSession.start(limits=FAST)
+    try:
+        for slow in (session.exec("sleep 20; echo late"), session.run_python("import time; time.sleep(20)")):
+            task = asyncio.ensure_future(slow)
+            await asyncio.sleep(0.5)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            t0 = time.monotonic()
+            r = await session.exec("echo after; ls /proc | grep -c '^[0-9]'")
+            assert r.stdout.startswith("after\n") and time.monotonic() - t0 < 5, r
+        assert (await session.run_python("21 * 2")).stdout == "42\n"  # the kernel survived its interrupt
+    finally:
+        await _close_and_check(session)
+
+
 async def test_background_processes_die_when_their_command_returns() -> None:
     session = await SandboxSession.start(limits=FAST)
     marker = "bg-" + uuid.uuid4().hex[:8]

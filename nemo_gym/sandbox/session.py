@@ -365,6 +365,7 @@ class _Sandbox:
         self.stderr_tail = bytearray()
         self.stderr_task: asyncio.Task | None = None
         self.dead = False
+        self.stale = 0  # answers still to come for requests whose caller was cancelled
 
     @property
     def upper(self) -> Path:
@@ -414,10 +415,25 @@ class _Sandbox:
         await self.proc.stdin.drain()
 
     async def receive(self) -> dict[str, Any]:
-        """An answer: JSON, parsed by a real parser (what the sandbox writes is never unmarshalled)."""
+        """An answer: JSON, parsed by a real parser (what the sandbox writes is never unmarshalled).
+        Answers to requests whose caller was cancelled come first, in order: they are skipped."""
         assert self.proc.stdout is not None
-        head = await self.proc.stdout.readexactly(4)
-        return orjson.loads(await self.proc.stdout.readexactly(struct.unpack(">I", head)[0]))
+        while True:
+            head = await self.proc.stdout.readexactly(4)
+            body = await self.proc.stdout.readexactly(struct.unpack(">I", head)[0])
+            if self.stale:
+                self.stale -= 1
+                continue
+            return orjson.loads(body)
+
+    def abandon(self) -> None:
+        """The caller of the request in flight went away (cancelled): stop what it runs now, and skip its
+        answer when it comes, so the next request reads its own."""
+        self.stale += 1
+        if self.proc.stdin is not None and not self.dead:
+            data = marshal.dumps({"op": "cancel", "reason": "cancelled"})
+            with contextlib.suppress(Exception):
+                self.proc.stdin.write(struct.pack(">I", len(data)) + data)
 
 
 # -- the session -----------------------------------------------------------------------------------
@@ -674,6 +690,9 @@ class SandboxSession:
                 quota_task = asyncio.get_running_loop().create_task(self._watch_quota(sandbox))
             async with asyncio.timeout(timeout_s + 10):
                 return await sandbox.receive()
+        except asyncio.CancelledError:
+            sandbox.abandon()
+            raise
         except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, ValueError) as exc:
             oom = sandbox.cgroups.oom_killed()
             why = (

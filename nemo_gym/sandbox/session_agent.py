@@ -14,8 +14,9 @@ Contract
   (paths inside the workspace only; a path whose real location is outside it, e.g. through a symlink, is
   refused).
 * While user code runs it still reads stdin: ``{"op": "cancel", "reason": ...}`` stops it (the host does
-  this when the workspace passes its disk quota), and EOF (the server died) kills everything and exits,
-  so the sandbox ends with its server.
+  this when the workspace passes its disk quota, and when the caller of the request was cancelled), any
+  other request is queued and answered next, and EOF (the server died) kills everything and exits, so
+  the sandbox ends with its server.
 * After every request that ran user code, every process of the sandbox except the namespace's init, the
   agent and the kernel is SIGKILLed: a background process never outlives the command that started it.
 * Why a separate agent process and not one bwrap per command: a command then costs one spawn inside an
@@ -189,12 +190,9 @@ class Agent:
     def __init__(self) -> None:
         self.inp, self.out = 0, 1
         self.kernel: _Child | None = None
-        self.kernel_fds: tuple[int, int, int, int] = (
-            -1,
-            -1,
-            -1,
-            -1,
-        )  # request w, reply r, stdout r, stderr r
+        # The kernel's pipes: request (write end), reply, stdout, stderr (read ends).
+        self.kernel_fds: tuple[int, int, int, int] = (-1, -1, -1, -1)
+        self.queued: list[dict] = []  # requests that arrived while user code ran
 
     # -- processes ------------------------------------------------------------------------------
 
@@ -232,6 +230,7 @@ class Agent:
             return "eof"
         if message.get("op") == "cancel":
             return str(message.get("reason", "cancelled"))
+        self.queued.append(message)  # the next request (its caller gave up on this one): answered next
         return None
 
     def die(self) -> None:
@@ -513,7 +512,7 @@ class Agent:
     def serve(self) -> None:
         _send_json(self.out, {"hello": True, "pid": os.getpid()})
         while True:
-            req = _recv(self.inp)
+            req = self.queued.pop(0) if self.queued else _recv(self.inp)
             if req is None:
                 self.die()
             if req.get("op") == "cancel":  # for a command that already returned: nothing to answer
