@@ -377,16 +377,19 @@ async def test_a_fork_copies_nothing(tmp_path: Path) -> None:
             (src / f"d{d}" / f"f{i}.txt").write_bytes(os.urandom(2000))
     base = await SandboxSession.start(workspace=src, limits=FAST)
     try:
-        assert (await base.exec("echo changed > d0/f0.txt")).ok
+        assert (await base.exec("echo changed > d0/f0.txt; cp /bin/true suid; chmod 4755 suid")).ok
         snap = await base.snapshot()
         layer = _LAYERS[snap].path
+        # The sandbox's uid is root's on the host: a set-uid bit it set never reaches a layer.
+        assert not os.stat(layer / "suid").st_mode & 0o6000
+        assert oct(os.stat(_LAYERS[snap].path.parents[1]).st_mode & 0o777) == "0o700"
         assert os.stat(layer / "d1" / "f1.txt").st_nlink >= 2  # linked from the base, not copied
         assert os.stat(layer / "d0" / "f0.txt").st_nlink == 1  # the changed file: copied
         fork = await base.fork(snap)
         try:
             assert fork._sandbox is not None
             upper = fork._sandbox.upper
-            assert (await fork.exec("find . -type f | wc -l; cat d0/f0.txt")).stdout == "2000\nchanged\n"
+            assert (await fork.exec("find . -type f | wc -l; cat d0/f0.txt")).stdout == "2001\nchanged\n"
             assert list(upper.iterdir()) == []
         finally:
             await _close_and_check(fork)

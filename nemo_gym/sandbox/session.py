@@ -322,6 +322,9 @@ def _apply_upper(upper: Path, dest: Path) -> None:
             elif stat.S_ISREG(st.st_mode):
                 _remove(t)
                 shutil.copy2(s, t)
+                if st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                    # The sandbox's uid is root's on the host: never keep a set-id bit it set.
+                    os.chmod(t, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
 
 
 def _tree_bytes(path: Path, max_entries: int | None = None) -> int | None:
