@@ -19,3 +19,27 @@ def test_bench_writes_every_measurement(tmp_path, capsys) -> None:
     assert data["throughput"]["sandbox"]["cores_busy"] > 0  # the sandboxed trees' CPU, from their cgroups
     assert data["code_gen_verify"]["verify_calls"] == 5 and data["code_gen_verify"]["tests_per_s"] > 0
     assert "sandboxed / bare throughput" in capsys.readouterr().out
+
+
+def test_bench_session_mode_writes_every_measurement(tmp_path, capsys) -> None:
+    out = tmp_path / "bench.json"
+    main(
+        [
+            "+mode=session",
+            "+sessions=2",
+            "+commands=4",
+            "+fork_files=40",
+            "+fork_mib=1",
+            f"+output_json_fpath={out}",
+        ]
+    )
+    data = orjson.loads(out.read_bytes())
+    assert data["mode"] == "session"
+    assert all(r["ratio_p50"] > 0 for r in data["sequential"].values())
+    every = data["latency"]["per_command"]["all"]
+    assert every["bare_p50_ms"] > 0 and every["session_p50_ms"] > 0 and every["ratio_p99"] > 0
+    assert data["latency"]["sessions_per_gib"]["pss_kernel"] > 0
+    forks = data["forks"]
+    assert forks["fork_ms"]["p50"] > 0 and forks["fork_cpu_ms_p50"] > 0
+    assert forks["fork_disk_kib"]["before_write"] == 0  # a fork copies nothing
+    assert "fork of a 1 MiB / 40-file workspace" in capsys.readouterr().out

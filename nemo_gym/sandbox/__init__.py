@@ -2,7 +2,8 @@
 
 Upstream's names ``AsyncSandbox``, ``SandboxSpec``, ``SandboxResources``, ``SandboxExecResult`` (and
 ``ExecResult``), ``resolve_provider_config`` and ``resolve_provider_metadata`` (:mod:`nemo_gym.sandbox.config`)
-and the outside-provider names (``register_provider``, ``list_providers``, ``SandboxHandle``, ``SandboxStatus``,
+the long-lived sessions with snapshots and forks (``SandboxSession``, ``SessionLimits``,
+``prepare_workspace``; :mod:`nemo_gym.sandbox.session`) and the outside-provider names (``register_provider``, ``list_providers``, ``SandboxHandle``, ``SandboxStatus``,
 ``SandboxCreateError``, ...; :mod:`nemo_gym.sandbox.providers`) are importable from here; see :mod:`nemo_gym.sandbox.api` for the contract and
 :mod:`nemo_gym.sandbox.bwrap` for what the isolation consists of.
 """
@@ -23,6 +24,14 @@ from nemo_gym.sandbox.providers.registry import (
     list_providers,
     register_provider,
 )
+from nemo_gym.sandbox.session import (
+    DirEntry,
+    SandboxSession,
+    SessionClosedError,
+    SessionLimits,
+    SessionUsage,
+    prepare_workspace,
+)
 from nemo_gym.sandbox.slots import sandbox_pool_size
 from nemo_gym.sandbox.spec import (
     UNSAFE_BACKEND,
@@ -34,6 +43,12 @@ from nemo_gym.sandbox.spec import (
 )
 
 __all__ = [
+    "DirEntry",
+    "SandboxSession",
+    "SessionClosedError",
+    "SessionLimits",
+    "SessionUsage",
+    "prepare_workspace",
     "SandboxCreateError",
     "SandboxCreateVerificationError",
     "SandboxHandle",

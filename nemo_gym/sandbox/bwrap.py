@@ -132,13 +132,17 @@ class BubblewrapBackend(_BackendBase):
         env: dict[str, str],
         status_fd: int,
         tmp_bytes: int,
+        extra_ro_binds: tuple[tuple[str, str], ...] = (),
     ) -> list[str]:
+        """``extra_ro_binds``: (host path, sandbox path) pairs bound read-only (a session's agent program)."""
         setenv: list[str] = []
         for key, value in {**self._base_env(workdir), **env}.items():
             setenv += ["--setenv", key, value]
         extra: list[str] = []
         for path in self.config.ro_binds:
             extra += ["--ro-bind", path, path]
+        for source, target in extra_ro_binds:
+            extra += ["--ro-bind", source, target]
         return [
             "bwrap",
             "--unshare-all",

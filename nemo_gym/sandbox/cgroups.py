@@ -91,9 +91,15 @@ class RunCgroup(Protocol):
 
     def oom_killed(self) -> bool: ...
 
+    def oom_kills(self) -> int: ...  # processes the OOM killer killed so far (a session compares counts)
+
     def peak_processes(self) -> int | None: ...
 
     def pids_limit_hit(self) -> bool: ...
+
+    def pids_limit_events(self) -> int: ...  # forks the pids limit refused so far
+
+    def memory_bytes(self) -> int | None: ...  # memory the run's processes hold now (None: no memory cgroup)
 
     def destroy(self, remove: bool = True) -> bool: ...
 
@@ -293,9 +299,20 @@ class _RunCgroups:
             return None
 
     def oom_killed(self) -> bool:
+        return self.oom_kills() > 0
+
+    def oom_kills(self) -> int:
+        """How many processes the memory cgroup's OOM killer has killed (a session compares counts)."""
         if self.memory is None:
-            return False
-        return _event_count(REAL_FS, self.memory / "memory.oom_control", "oom_kill") > 0
+            return 0
+        return _event_count(REAL_FS, self.memory / "memory.oom_control", "oom_kill")
+
+    def memory_bytes(self) -> int | None:
+        if self.memory is None:
+            return None
+        with contextlib.suppress(OSError, ValueError):
+            return int((self.memory / "memory.usage_in_bytes").read_text())
+        return None
 
     def peak_processes(self) -> int | None:
         if self.pids is None:
@@ -306,9 +323,13 @@ class _RunCgroups:
             return None
 
     def pids_limit_hit(self) -> bool:
+        return self.pids_limit_events() > 0
+
+    def pids_limit_events(self) -> int:
+        """How many forks the pids limit has refused (a session compares counts before and after)."""
         if self.pids is None:
-            return False
-        return _event_count(REAL_FS, self.pids / "pids.events", "max") > 0
+            return 0
+        return _event_count(REAL_FS, self.pids / "pids.events", "max")
 
     def destroy(self, remove: bool = True) -> bool:
         ok = True

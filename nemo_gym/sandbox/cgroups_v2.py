@@ -120,7 +120,16 @@ class _RunCgroupV2:
         return _event_count(self.fs, self.dir / "cpu.stat", "usage_usec") / 1e6
 
     def oom_killed(self) -> bool:
-        return _event_count(self.fs, self.dir / "memory.events", "oom_kill") > 0
+        return self.oom_kills() > 0
+
+    def oom_kills(self) -> int:
+        return _event_count(self.fs, self.dir / "memory.events", "oom_kill")
+
+    def memory_bytes(self) -> int | None:
+        try:
+            return int(self.fs.read(self.dir / "memory.current"))
+        except (OSError, ValueError):
+            return None
 
     def peak_processes(self) -> int | None:
         try:
@@ -129,7 +138,10 @@ class _RunCgroupV2:
             return None
 
     def pids_limit_hit(self) -> bool:
-        return _event_count(self.fs, self.dir / "pids.events", "max") > 0
+        return self.pids_limit_events() > 0
+
+    def pids_limit_events(self) -> int:
+        return _event_count(self.fs, self.dir / "pids.events", "max")
 
     def destroy(self, remove: bool = True) -> bool:
         return _kill_and_remove(self.dir, remove=remove, fs=self.fs, kill_file=True)

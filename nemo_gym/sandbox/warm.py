@@ -98,12 +98,13 @@ _PRESTART_PREFIX = "nemo-gym-sandbox-prestart-"  # + owner pid + "-": a pre-star
 _SWEPT: set[Path] = set()
 
 
-def _sweep_dead_owners_dirs(root: Path) -> None:
+def _sweep_dead_owners_dirs(root: Path, prefix: str = _PRESTART_PREFIX) -> None:
     """Remove the pre-started sandboxes' dirs (and renamed-away work dirs) of processes that died without
-    cleaning up (a server stopped by a signal runs no exit handlers; its idle sandboxes died with it)."""
-    for pattern in (f"{_PRESTART_PREFIX}*", f".{_PRESTART_PREFIX}*.removed"):
+    cleaning up (a server stopped by a signal runs no exit handlers; its idle sandboxes died with it).
+    ``prefix``: another kind of dir named ``<prefix><owner pid>-...`` (sessions' dirs)."""
+    for pattern in (f"{prefix}*", f".{prefix}*.removed"):
         for path in root.glob(pattern):
-            pid = path.name.lstrip(".").removeprefix(_PRESTART_PREFIX).split("-", 1)[0]
+            pid = path.name.lstrip(".").removeprefix(prefix).split("-", 1)[0]
             if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
                 remove_dir_later(path)
 

@@ -20,12 +20,24 @@ Contract
   its sandbox slots (one per CPU) were kept (the tests' run time over wall time x slots).
 * ``+prestart=false`` runs the sandboxed programs without pre-started sandboxes (the code_gen part uses
   its server's config either way).
+* ``+mode=session`` measures sandbox sessions (:class:`nemo_gym.sandbox.SandboxSession`) instead: one
+  session running each command ``+commands`` times one at a time, interleaved with the same bare
+  command (the session's own cost, no queue); ``+sessions`` (64) concurrent sessions each running ``+commands`` (20) shell commands (a mix of a
+  builtin, ``ls``, ``wc`` on a file and a ``python3 -c``), and the same commands as bare ``asyncio``
+  subprocesses in a temp dir with the same concurrency and the same bound (the pool's slots), rounds
+  alternating: p50/p99 latency per command and the ratio; a session's start time; its memory (the
+  sandbox tree's proportional set size, and its memory cgroup's usage) idle and with its kernel started,
+  as sessions per GiB; and for a prepared workspace of ``+fork_files`` (2,000) files and ``+fork_mib``
+  (50) MiB: the one-time preparation, a snapshot after a change, each fork until it answers, and the
+  disk a fork uses (its own overlay dir) before and after it changes a file.
 * Nothing is asserted; the output is a table and ``+output_json_fpath`` (default sandbox_bench.json).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import os
 import resource
 import statistics
@@ -215,13 +227,279 @@ def _code_gen_verify(calls: int, concurrency: int) -> dict[str, Any]:
     }
 
 
+SESSION_COMMANDS = ["echo hi", "ls -la", "wc -c data.txt", "python3 -I -c 'print(1)'"]
+# The bare commands get the locale a session's commands get (LANG=C.UTF-8 costs ls/wc a few ms of locale
+# loading: without it in both, the comparison would measure that, not the sandbox).
+BARE_SESSION_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _tree_memory(pid: int) -> int:
+    """Proportional set size of a process tree (shared pages split among their users), bytes."""
+    total = 0
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            total += proc.memory_full_info().pss
+    return total
+
+
+async def _session_latency(n: int, m: int, rounds: int = 2) -> dict[str, Any]:
+    from nemo_gym.sandbox.session import SandboxSession
+
+    data = "x" * 10_000
+    limits = {"max_sessions": max(n, 1), "queue_timeout_s": 600, "memory_mib": 256}
+    samples: dict[str, dict[str, list[float]]] = {
+        kind: {cmd: [] for cmd in SESSION_COMMANDS} for kind in ("bare", "session")
+    }
+    starts: list[float] = []
+    memory: dict[str, list[float]] = {
+        "pss_idle": [],
+        "pss_kernel": [],
+        "cgroup_idle": [],
+        "cgroup_kernel": [],
+    }
+    slots = asyncio.Semaphore(sandbox_pool_size())  # bare runs get the sessions' bound
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "data.txt").write_text(data)
+
+        async def bare_loop() -> None:
+            for i in range(m):
+                cmd = SESSION_COMMANDS[i % len(SESSION_COMMANDS)]
+                t0 = time.perf_counter()
+                async with slots:
+                    proc = await asyncio.create_subprocess_exec(
+                        "/bin/sh",
+                        "-c",
+                        cmd,
+                        cwd=tmp,
+                        stdout=asyncio.subprocess.PIPE,
+                        stderr=asyncio.subprocess.PIPE,
+                        env=BARE_SESSION_ENV,
+                    )
+                    await proc.communicate()
+                samples["bare"][cmd].append(time.perf_counter() - t0)
+
+        async def session_loop(session: SandboxSession) -> None:
+            for i in range(m):
+                cmd = SESSION_COMMANDS[i % len(SESSION_COMMANDS)]
+                t0 = time.perf_counter()
+                result = await session.exec(cmd)
+                if not result.ok:
+                    raise RuntimeError(f"session command failed: {result}")
+                samples["session"][cmd].append(time.perf_counter() - t0)
+
+        for _ in range(rounds):
+            await asyncio.gather(*(bare_loop() for _ in range(n)))
+
+            async def start() -> SandboxSession:
+                t0 = time.perf_counter()
+                session = await SandboxSession.start(files={"data.txt": data}, limits=limits)
+                starts.append(time.perf_counter() - t0)
+                return session
+
+            sessions = await asyncio.gather(*(start() for _ in range(n)))
+            try:
+                await asyncio.gather(*(session_loop(s) for s in sessions))
+                for key in ("idle", "kernel"):
+                    if key == "kernel":
+                        await asyncio.gather(*(s.run_python("x = 1") for s in sessions))
+                    for s in sessions:
+                        assert s._sandbox is not None  # the sandbox tree's host pid, for its PSS
+                        memory[f"pss_{key}"].append(_tree_memory(s._sandbox.proc.pid) / 2**20)
+                        usage = await s.usage()
+                        if usage.memory_bytes is not None:
+                            memory[f"cgroup_{key}"].append(usage.memory_bytes / 2**20)
+            finally:
+                await asyncio.gather(*(s.close() for s in sessions))
+    out: dict[str, Any] = {"sessions": n, "commands_each": m, "rounds": rounds, "per_command": {}}
+    every = {kind: [v for vs in samples[kind].values() for v in vs] for kind in samples}
+    for cmd in [*SESSION_COMMANDS, "all"]:
+        b = every["bare"] if cmd == "all" else samples["bare"][cmd]
+        s_ = every["session"] if cmd == "all" else samples["session"][cmd]
+        out["per_command"][cmd] = {
+            "bare_p50_ms": 1000 * _percentile(b, 0.5),
+            "bare_p99_ms": 1000 * _percentile(b, 0.99),
+            "session_p50_ms": 1000 * _percentile(s_, 0.5),
+            "session_p99_ms": 1000 * _percentile(s_, 0.99),
+            "ratio_p50": _percentile(s_, 0.5) / _percentile(b, 0.5),
+            "ratio_p99": _percentile(s_, 0.99) / _percentile(b, 0.99),
+        }
+    out["start_ms_p50"] = 1000 * _percentile(starts, 0.5)
+    out["start_ms_p99"] = 1000 * _percentile(starts, 0.99)
+    out["memory_mib"] = {k: statistics.mean(v) for k, v in memory.items() if v}
+    out["sessions_per_gib"] = {k: 1024 / v for k, v in out["memory_mib"].items() if v}
+    return out
+
+
+async def _session_sequential(m: int) -> dict[str, Any]:
+    """One command at a time (one session, no queue): the session's own cost per command, bare and
+    in the session interleaved command by command."""
+    from nemo_gym.sandbox.session import SandboxSession
+
+    data = "x" * 10_000
+    samples: dict[str, dict[str, list[float]]] = {"bare": {}, "session": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "data.txt").write_text(data)
+        session = await SandboxSession.start(files={"data.txt": data})
+        try:
+            for i in range(m * len(SESSION_COMMANDS)):
+                cmd = SESSION_COMMANDS[i % len(SESSION_COMMANDS)]
+                t0 = time.perf_counter()
+                proc = await asyncio.create_subprocess_exec(
+                    "/bin/sh",
+                    "-c",
+                    cmd,
+                    cwd=tmp,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    env=BARE_SESSION_ENV,
+                )
+                await proc.communicate()
+                samples["bare"].setdefault(cmd, []).append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                await session.exec(cmd)
+                samples["session"].setdefault(cmd, []).append(time.perf_counter() - t0)
+        finally:
+            await session.close()
+    return {
+        cmd: {
+            "bare_p50_ms": 1000 * _percentile(samples["bare"][cmd], 0.5),
+            "session_p50_ms": 1000 * _percentile(samples["session"][cmd], 0.5),
+            "ratio_p50": _percentile(samples["session"][cmd], 0.5) / _percentile(samples["bare"][cmd], 0.5),
+        }
+        for cmd in SESSION_COMMANDS
+    }
+
+
+async def _session_forks(files: int, mib: int, forks: int = 10) -> dict[str, Any]:
+    from nemo_gym.sandbox.session import SandboxSession, prepare_workspace
+
+    out: dict[str, Any] = {"files": files, "mib": mib}
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp, "workspace")
+        size = (mib << 20) // files
+        for i in range(files):
+            d = src / f"d{i // 100}"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / f"f{i}.bin").write_bytes(os.urandom(size))
+        t0 = time.perf_counter()
+        base_id = await prepare_workspace(src)
+        out["prepare_once_ms"] = 1000 * (time.perf_counter() - t0)
+        base = await SandboxSession.start(workspace=base_id)
+        try:
+            await base.exec("echo changed > d0/f0.bin")
+            t0 = time.perf_counter()
+            snap = await base.snapshot()
+            out["snapshot_ms"] = 1000 * (time.perf_counter() - t0)
+            times, first, disk_before, disk_after, cpu = [], [], [], [], []
+            for _ in range(forks):
+                t0, own0 = time.perf_counter(), _own_cpu()
+                fork = await base.fork(snap)
+                times.append(time.perf_counter() - t0)
+                own = _own_cpu() - own0
+                try:
+                    usage = await fork.usage()
+                    cpu.append(own + (usage.cpu_time_s or 0.0))
+                    disk_before.append(usage.workspace_bytes / 2**10)
+                    t0 = time.perf_counter()
+                    await fork.exec("echo more >> d1/f100.bin")
+                    first.append(time.perf_counter() - t0)
+                    disk_after.append((await fork.usage()).workspace_bytes / 2**10)
+                finally:
+                    await fork.close()
+            starts = []
+            for _ in range(forks):
+                t0 = time.perf_counter()
+                s = await SandboxSession.start(workspace=base_id)
+                starts.append(time.perf_counter() - t0)
+                await s.close()
+        finally:
+            await base.close()
+    out["fork_ms"] = {"p50": 1000 * _percentile(times, 0.5), "max": 1000 * max(times)}
+    # CPU a fork costs (its sandbox's tree until it answered + this process): what load cannot inflate.
+    out["fork_cpu_ms_p50"] = 1000 * _percentile(cpu, 0.5)
+    out["start_from_prepared_ms"] = {"p50": 1000 * _percentile(starts, 0.5), "max": 1000 * max(starts)}
+    out["first_command_after_fork_ms_p50"] = 1000 * _percentile(first, 0.5)
+    out["fork_disk_kib"] = {"before_write": max(disk_before), "after_one_append": max(disk_after)}
+    return out
+
+
+def _session_main(opts: dict[str, str]) -> None:
+    n, m = int(opts.get("sessions", 64)), int(opts.get("commands", 20))
+    files, mib = int(opts.get("fork_files", 2000)), int(opts.get("fork_mib", 50))
+    print(
+        f"ng_bench_sandbox +mode=session: {os.cpu_count()} CPUs, sandbox pool {sandbox_pool_size()}",
+        flush=True,
+    )
+    sequential = asyncio.run(_session_sequential(m))
+    print(f"\none command at a time, {m} of each, interleaved (ms)")
+    print(f"{'command':<28}{'bare p50':>9}{'session p50':>12}{'ratio':>7}")
+    for cmd, r in sequential.items():
+        print(f"{cmd:<28}{r['bare_p50_ms']:>9.1f}{r['session_p50_ms']:>12.1f}{r['ratio_p50']:>7.2f}")
+    latency = asyncio.run(_session_latency(n, m))
+    load = os.getloadavg()
+    print(
+        f"\n{n} sessions x {m} commands, {latency['rounds']} rounds alternating with bare runs (ms); "
+        f"load average {load[0]:.2f} {load[1]:.2f}"
+    )
+    print(f"{'command':<28}{'bare p50':>9}{'p99':>8}{'session p50':>12}{'p99':>8}{'ratio p50':>10}{'p99':>7}")
+    for cmd, r in latency["per_command"].items():
+        print(
+            f"{cmd:<28}{r['bare_p50_ms']:>9.1f}{r['bare_p99_ms']:>8.1f}{r['session_p50_ms']:>12.1f}"
+            f"{r['session_p99_ms']:>8.1f}{r['ratio_p50']:>10.2f}{r['ratio_p99']:>7.2f}"
+        )
+    print(
+        f"session start: p50 {latency['start_ms_p50']:.1f} ms, p99 {latency['start_ms_p99']:.1f} ms ({n} at once)"
+    )
+    for key, value in latency["memory_mib"].items():
+        print(
+            f"memory per session ({key}): {value:.1f} MiB = {latency['sessions_per_gib'][key]:.0f} sessions/GiB"
+        )
+    forks = asyncio.run(_session_forks(files, mib))
+    print(
+        f"\nfork of a {mib} MiB / {files}-file workspace: p50 {forks['fork_ms']['p50']:.1f} ms, max "
+        f"{forks['fork_ms']['max']:.1f} ms (until it answers), CPU {forks['fork_cpu_ms_p50']:.1f} ms; first command "
+        f"after it {forks['first_command_after_fork_ms_p50']:.1f} ms; start from the prepared workspace p50 "
+        f"{forks['start_from_prepared_ms']['p50']:.1f} ms\n"
+        f"prepared once in {forks['prepare_once_ms']:.0f} ms; snapshot after one change "
+        f"{forks['snapshot_ms']:.0f} ms; a fork's own disk: {forks['fork_disk_kib']['before_write']:.0f} KiB, "
+        f"{forks['fork_disk_kib']['after_one_append']:.0f} KiB after appending to one file"
+    )
+    path = Path(opts.get("output_json_fpath", "sandbox_bench.json"))
+    path.write_bytes(
+        orjson.dumps(
+            {
+                "mode": "session",
+                "load_average": os.getloadavg(),
+                "load_average_latency": load,
+                "sequential": sequential,
+                "latency": latency,
+                "forks": forks,
+            },
+            option=orjson.OPT_INDENT_2,
+        )
+    )
+    print(f"\nwritten: {path}")
+
+
 @command("ng_bench_sandbox")
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
         print(
             "usage: ng_bench_sandbox [+runs=40] [+throughput_runs=60] [+concurrency=8] [+verify_calls=40]\n"
-            "                        [+prestart=true|false] [+output_json_fpath=sandbox_bench.json]"
+            "                        [+prestart=true|false] [+output_json_fpath=sandbox_bench.json]\n"
+            "       ng_bench_sandbox +mode=session [+sessions=64] [+commands=20] [+fork_files=2000] [+fork_mib=50]\n"
+            "                        [+output_json_fpath=sandbox_bench.json]"
         )
         return
     opts: dict[str, str] = {}
@@ -234,9 +512,19 @@ def main(argv: list[str] | None = None) -> None:
             "verify_calls",
             "prestart",
             "output_json_fpath",
+            "mode",
+            "sessions",
+            "commands",
+            "fork_files",
+            "fork_mib",
         ):
             sys.exit(f"ng_bench_sandbox: unknown option {a!r} (see --help)")
         opts[key] = value
+    if opts.get("mode", "oneshot") not in ("oneshot", "session"):
+        sys.exit(f"ng_bench_sandbox: +mode must be oneshot or session, got {opts['mode']!r}")
+    if opts.get("mode") == "session":
+        _session_main(opts)
+        return
     runs, n = int(opts.get("runs", 40)), int(opts.get("throughput_runs", 60))
     concurrency, calls = int(opts.get("concurrency", 8)), int(opts.get("verify_calls", 40))
     if opts.get("prestart", "true").lower() not in ("true", "false"):
