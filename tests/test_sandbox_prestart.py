@@ -139,8 +139,17 @@ def test_idle_sandboxes_die_with_their_process_on_exit_and_on_sigkill(tmp_path: 
         import asyncio, os, sys, time
         from nemo_gym.sandbox import run_in_sandbox
         from nemo_gym.sandbox.api import _backend_for, SandboxProviderConfig
-        asyncio.run(run_in_sandbox(["true"]))
-        idle = _backend_for(SandboxProviderConfig())._idle_list()
+        backend = _backend_for(SandboxProviderConfig())
+
+        async def run_then_wait_for_the_prestart():
+            await run_in_sandbox(["true"])
+            for _ in range(200):  # the next sandbox is pre-started in the background: wait for it (bounded)
+                if backend._idle_list():
+                    return
+                await asyncio.sleep(0.05)
+
+        asyncio.run(run_then_wait_for_the_prestart())
+        idle = backend._idle_list()
         print(" ".join(str(w.proc.pid) for w in idle), " ".join(str(w.bind_dir) for w in idle), flush=True)
         if sys.argv[1] == "hang":
             time.sleep(600)
