@@ -30,7 +30,8 @@ Contract
   ``missing_group``, ``wrong_product``, ``wrong_molecule``, ``unchanged``, ``too_little_change``,
   ``too_dissimilar``, ``not_a_choice``, ``wrong_choice``. Metrics: ``task_type``, ``valid_smiles``
   (None for an MCQ or a missing answer), ``answer``, ``reason``, ``measured`` (descriptor values,
-  ``logp_change``, ``similarity``); ``compute_metrics`` gives the reward and valid-SMILES rate per type.
+  ``logp_change``, ``similarity``); ``POST /aggregate_metrics`` (``compute_metrics``) gives the reward and the valid-SMILES
+  rate per type.
 * A verify-pool timeout or crash is an HTTP 503 (never a 0).
 """
 
@@ -216,6 +217,10 @@ class ChemistryServer(SimpleResourcesServer):
 
     def compute_metrics(self, tasks: list[list[dict[str, Any]]]) -> dict[str, Any]:
         return metrics_by_type([r for rs in tasks for r in rs])
+
+    def get_key_metrics(self, agent_metrics: dict[str, Any]) -> dict[str, Any]:
+        """The mean reward, and the reward of each task type."""
+        return {k: v for k, v in agent_metrics.items() if k.startswith("mean/") or k.endswith("/reward")}
 
 
 if __name__ == "__main__":

@@ -34,11 +34,12 @@ EXAMPLE_SEED = 2026
 LETTERS = "ABCD"
 
 SYSTEM = (
-    "You are an expert chemist. Think briefly, then end your reply with the final answer inside "
-    "<answer></answer> tags: a single SMILES string when the answer is a molecule (for example "
-    "<answer>CCO</answer>), or one letter for a multiple-choice question (for example <answer>B</answer>). "
-    "Only the last <answer> counts; write nothing but the SMILES or the letter inside it."
+    "You are an expert chemist. Think briefly, then end your reply with your final answer inside "
+    "<answer></answer> tags: one SMILES string when the question asks for a molecule, or one letter when "
+    "it asks you to choose. Only the last <answer> counts; write nothing else inside it."
 )
+ASK_SMILES = "End your reply with the molecule's SMILES inside <answer></answer> tags."
+ASK_LETTER = "End your reply with the letter inside <answer></answer> tags."
 
 
 def _bounds(constraints: dict[str, dict[str, float]]) -> str:
@@ -104,8 +105,7 @@ def _task(kind: str, item: Any, rng: random.Random) -> tuple[dict[str, Any], str
         word = "highest" if extreme == "max" else "lowest"
         listing = "\n".join(f"{letter}) {smiles}" for letter, smiles in options.items())
         return task, (
-            f"Which molecule has the {word} {DESCRIPTOR_MEANING[prop]} (as computed by rdkit)?\n{listing}\n"
-            "Answer with the letter."
+            f"Which molecule has the {word} {DESCRIPTOR_MEANING[prop]} (as computed by rdkit)?\n{listing}"
         )
     raise ValueError(f"unknown task type {kind!r}")
 
@@ -128,7 +128,13 @@ def rows(seed: int, task_ids: tuple[str, ...] | None = None) -> list[dict[str, A
                 "task_id": task_id,
                 "task": task,
                 "responses_create_params": {
-                    "input": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+                    "input": [
+                        {"role": "system", "content": SYSTEM},
+                        {
+                            "role": "user",
+                            "content": f"{question}\n{ASK_LETTER if kind == 'property_mcq' else ASK_SMILES}",
+                        },
+                    ]
                 },
             }
         )

@@ -273,16 +273,40 @@ def test_answer_extraction_and_the_checks_without_servers() -> None:
     }
 
 
-def test_metrics_are_reported_per_task_type() -> None:
+def test_aggregate_metrics_are_reported_per_task_type(helper: RunHelper) -> None:
     rollouts = [
-        {"task_type": "logp_edit", "reward": 1.0, "valid_smiles": True},
-        {"task_type": "logp_edit", "reward": 0.0, "valid_smiles": False},
-        {"task_type": "property_mcq", "reward": 1.0, "valid_smiles": None},
+        {
+            "_ng_task_index": 0,
+            "_ng_rollout_index": 0,
+            "task_type": "logp_edit",
+            "reward": 1.0,
+            "valid_smiles": True,
+        },
+        {
+            "_ng_task_index": 0,
+            "_ng_rollout_index": 1,
+            "task_type": "logp_edit",
+            "reward": 0.0,
+            "valid_smiles": False,
+        },
+        {
+            "_ng_task_index": 1,
+            "_ng_rollout_index": 0,
+            "task_type": "property_mcq",
+            "reward": 1.0,
+            "valid_smiles": None,
+        },
     ]
-    assert metrics_by_type(rollouts) == {
+    expected = {
         "logp_edit/reward": 0.5,
         "logp_edit/rollouts": 2,
         "logp_edit/valid_smiles": 0.5,
         "property_mcq/reward": 1.0,
         "property_mcq/rollouts": 1,
     }
+    assert metrics_by_type(rollouts) == expected
+    resp = post_json(server_url(helper, ENV) + "/aggregate_metrics", {"verify_responses": rollouts})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert {k: body["agent_metrics"][k] for k in expected} == expected
+    assert body["key_metrics"]["logp_edit/reward"] == 0.5 and "logp_edit/rollouts" not in body["key_metrics"]
