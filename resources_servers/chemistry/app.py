@@ -32,7 +32,8 @@ Contract
   (None for an MCQ or a missing answer), ``answer``, ``reason``, ``measured`` (descriptor values,
   ``logp_change``, ``similarity``); ``POST /aggregate_metrics`` (``compute_metrics``) gives the reward and the valid-SMILES
   rate per type.
-* A verify-pool timeout or crash is an HTTP 503 (never a 0).
+* A verify-pool timeout or crash is an HTTP 503 (never a 0). The row check runs once per distinct task
+  (remembered, ``checked_rows_cache`` rows); a response without an answer needs no pool trip.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import re
 from typing import Annotated, Any, ClassVar, Literal
 
 from fastapi import HTTPException
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from nemo_gym.base_resources_server import (
     BaseResourcesServerConfig,
@@ -53,7 +54,7 @@ from nemo_gym.base_resources_server import (
     SimpleResourcesServer,
 )
 from nemo_gym.kit.verify_pool import get_verify_pool, run_in_verify_pool
-from resources_servers.chemistry.chem import check_task, judge, warm_up_worker
+from resources_servers.chemistry.chem import check_task, judge, no_answer, warm_up_worker
 
 Descriptor = Literal[
     "mol_weight", "heavy_atoms", "rings", "aromatic_rings", "hbd", "hba", "logp", "rotatable_bonds", "tpsa"
@@ -72,6 +73,9 @@ _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
 class ChemistryConfig(BaseResourcesServerConfig):
     REVERIFY_MODE: ClassVar[ReverifyMode] = ReverifyMode.STATELESS  # verify reads the row and the response
     verify_timeout_seconds: float = Field(default=30, gt=0)
+    # Rows already checked (their task JSON -> the problem found, or None): a row is checked in the pool
+    # once, not at every /seed_session and /verify of its rollouts. 0 turns the memory off.
+    checked_rows_cache: int = Field(default=20_000, ge=0)
 
 
 class Bounds(BaseModel):
@@ -177,23 +181,34 @@ def metrics_by_type(rollouts: list[dict[str, Any]]) -> dict[str, Any]:
 
 class ChemistryServer(SimpleResourcesServer):
     config: ChemistryConfig
+    _checked: dict[str, str | None] = PrivateAttr(default_factory=dict)
 
     async def on_startup(self) -> None:
         await super().on_startup()
         get_verify_pool().warm_up(warm_up_worker, timeout=300)
 
-    async def _refuse_broken(self, row: ChemistryRow) -> None:
-        problem = await run_in_verify_pool(
-            check_task, row.task.model_dump(), timeout=self.config.verify_timeout_seconds
-        )
+    async def _refuse_broken(self, task: BaseModel) -> None:
+        """422 naming the field when the row's task is broken; each distinct task is checked once."""
+        key = task.model_dump_json()
+        if key in self._checked:
+            problem = self._checked[key]
+        else:
+            problem = await run_in_verify_pool(
+                check_task, task.model_dump(), timeout=self.config.verify_timeout_seconds
+            )
+            if self.config.checked_rows_cache:
+                self._checked[key] = problem
+                while len(self._checked) > self.config.checked_rows_cache:
+                    del self._checked[next(iter(self._checked))]
         if problem:
             raise HTTPException(422, f"bad row: {problem}")
 
     async def seed_session(self, body: ChemistrySeedSessionRequest) -> BaseSeedSessionResponse:
-        await self._refuse_broken(body)  # before the model spends a turn on it
+        await self._refuse_broken(body.task)  # before the model spends a turn on it
         return BaseSeedSessionResponse()
 
     async def verify(self, body: ChemistryVerifyRequest) -> ChemistryVerifyResponse:
+        await self._refuse_broken(body.task)  # a broken row is a 422, never a reward
         text = "".join(
             part.text
             for item in body.response.output
@@ -202,9 +217,12 @@ class ChemistryServer(SimpleResourcesServer):
             if part.type == "output_text"
         )
         answer = extract_answer(text)
-        outcome = await run_in_verify_pool(
-            judge, body.task.model_dump(), answer, timeout=self.config.verify_timeout_seconds
-        )
+        if answer is None:
+            outcome = no_answer()
+        else:
+            outcome = await run_in_verify_pool(
+                judge, body.task.model_dump(), answer, True, timeout=self.config.verify_timeout_seconds
+            )
         if "bad_row" in outcome:
             raise HTTPException(422, f"bad row: {outcome['bad_row']}")
         return ChemistryVerifyResponse.from_request(

@@ -266,14 +266,21 @@ def check_task(task: dict[str, Any]) -> str | None:
     return None
 
 
-def judge(task: dict[str, Any], answer: str | None) -> dict[str, Any]:
+def no_answer() -> dict[str, Any]:
+    """The outcome of a response without an answer (no rdkit needed)."""
+    return _result("no_answer", "no <answer>...</answer> in the response", None)
+
+
+def judge(task: dict[str, Any], answer: str | None, row_checked: bool = False) -> dict[str, Any]:
     """The outcome of ``answer`` (the extracted text, None when there was none) on ``task``:
-    ``{"failure_reason", "reason", "valid_smiles", "measured"}``, or ``{"bad_row": ...}``. Runs in a
-    verify-pool worker."""
+    ``{"failure_reason", "reason", "valid_smiles", "measured"}``, or ``{"bad_row": ...}``.
+    ``row_checked``: :func:`check_task` already passed this row (the server remembers), so it is not
+    redone. Runs in a verify-pool worker."""
     try:
-        _check_row(task)
+        if not row_checked:
+            _check_row(task)
         if answer is None:
-            return _result("no_answer", "no <answer>...</answer> in the response", None)
+            return no_answer()
         if task["task_type"] == "property_mcq":
             return _choice(task, answer)
         try:

@@ -229,8 +229,14 @@ def test_a_broken_row_is_refused_not_scored(helper: RunHelper, tmp_path: Path) -
         assert resp.status_code == 422 and says in resp.text, resp.text
     formula = copy.deepcopy(ROWS[_index("formula_design")])
     formula["task"]["groups"]["carboxylic acid"] = "[CX3"
-    resp = post_json(url + "/seed_session", formula)
-    assert resp.status_code == 422 and "task.groups.carboxylic acid" in resp.text
+    for path in ("/seed_session", "/seed_session", "/verify"):  # remembered as broken, refused every time
+        body = (
+            formula
+            if path == "/seed_session"
+            else {**formula, "response": text_response("<answer>C</answer>")}
+        )
+        resp = post_json(url + path, body)
+        assert resp.status_code == 422 and "task.groups.carboxylic acid" in resp.text, (path, resp.text)
     mcq = copy.deepcopy(ROWS[_index("property_mcq")])
     mcq["task"]["answer"] = next(k for k in mcq["task"]["options"] if k != mcq["task"]["answer"])
     resp = post_json(url + "/seed_session", mcq)
@@ -262,6 +268,10 @@ def test_answer_extraction_and_the_checks_without_servers() -> None:
     assert extract_answer("<answer></answer>") == ""
     name = next(r for r in ALL if r["task"].get("name") == "ethanol")["task"]
     assert judge(name, "OCC")["failure_reason"] == "pass"
+    assert judge(name, None)["failure_reason"] == "no_answer"
+    assert judge({**name, "smiles": "xyz"}, "CCO", row_checked=True) == {
+        "bad_row": "task.smiles 'xyz' is not a molecule: not SMILES syntax"
+    }  # a reference the pool parses anyway is still refused
     assert judge(name, "")["failure_reason"] == "invalid_smiles"
     assert judge(name, "C C O")["failure_reason"] == "invalid_smiles"
     huge = judge(name, "C" * (MAX_ANSWER_CHARS + 1))
