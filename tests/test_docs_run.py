@@ -123,6 +123,10 @@ SKIP: dict[tuple[str, str], str] = {
         'ng_run "+config_paths=[resources_servers/calendar/',
     ): _LOCAL_MODEL,
     (
+        "resources_servers/chemistry/README.md",
+        'ng_run "+config_paths=[resources_servers/chemistry/',
+    ): _LOCAL_MODEL,
+    (
         "resources_servers/law_discovery/README.md",
         'ng_run "+config_paths=[resources_servers/law_discovery/',
     ): _LOCAL_MODEL,
