@@ -10,8 +10,8 @@ Contract
   conversions apply to it as to any env.
 * Every request to the remote carries ``X-API-Key: <dataset_server_api_key>`` (a secret-named key: set
   it from ``env.yaml``; it is redacted and scrubbed like every secret) and is bounded by
-  ``request_timeout_s``.
-* The remote failing is an infrastructure error, never a reward: unreachable or an HTTP 5xx -> 502,
+  ``request_timeout_s`` (proxy variables of the environment are not used: the URL is reached directly).
+* The remote failing is an infrastructure error, never a reward: unreachable or any other error status -> 502,
   refusing our API key (401/403) -> 502 saying so, no answer within ``request_timeout_s`` -> 504. A
   404 for an env (the remote restarted or dropped it) is our 404 for an unknown ``env_id``; closing an
   env the remote no longer has is a success. The remote's answers are quoted at most
@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 from fastapi import HTTPException, Request
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, SecretStr
 
 from aviary.core import TaskDataset
 from aviary.env_client import TaskEnvironmentClient
@@ -51,7 +51,7 @@ class RemoteAviaryResourcesServerConfig(AviaryResourcesServerConfig):
     dataset_server_url: str = Field(
         description="Base URL of a running Aviary TaskDatasetServer (e.g. http://127.0.0.1:8041)."
     )
-    dataset_server_api_key: str | None = Field(
+    dataset_server_api_key: SecretStr | None = Field(
         default=None,
         description="The task-dataset server's API key (its X-API-Key header); None when it has none. "
         "Set it from env.yaml (`${aviary_dataset_server_api_key}`): it is a secret.",
@@ -122,15 +122,20 @@ class RemoteTaskDataset(TaskDataset[RemoteEnv]):
 
     def __init__(self, config: RemoteAviaryResourcesServerConfig):
         self.base_url = config.dataset_server_url.rstrip("/")
-        self.api_key = config.dataset_server_api_key
+        key = config.dataset_server_api_key
+        self.api_key = key.get_secret_value() if key is not None else None
         self.timeout = config.request_timeout_s
+        # About one request in flight per live env (the base server steps an env under its lock).
+        self.limits = httpx.Limits(
+            max_connections=config.max_live_envs + 4, max_keepalive_connections=config.max_live_envs + 4
+        )
         self.size: int | None = None
         self.size_known = False
         self._client: httpx.AsyncClient | None = None
 
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self.timeout, trust_env=False)
+            self._client = httpx.AsyncClient(timeout=self.timeout, limits=self.limits, trust_env=False)
         return self._client
 
     async def aclose(self) -> None:
@@ -143,7 +148,15 @@ class RemoteTaskDataset(TaskDataset[RemoteEnv]):
         resp = await remote_call(
             self.client(), "GET", self.base_url + "/info", "/info", self.base_url, headers=headers
         )
-        size = resp.json().get("dataset_size")
+        try:
+            info = resp.json()
+            size = info["dataset_size"]
+        except (ValueError, TypeError, KeyError):
+            raise RemoteCallError(
+                502,
+                f"{self.base_url}/info answered {resp.text[:_DETAIL_CHARS]!r}, not an Aviary TaskDatasetServer's "
+                "{dataset_size, running_env_ids}: check dataset_server_url",
+            ) from None
         self.size = size if isinstance(size, int) else None
         self.size_known = True
 

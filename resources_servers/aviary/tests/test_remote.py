@@ -26,6 +26,8 @@ import pytest
 from nemo_gym.cli import RunHelper
 from nemo_gym.tools.testing import collect_rollouts, get, post_json, run_rollout, running_servers, server_url
 
+pytestmark = pytest.mark.slow  # two task-dataset servers and seven run servers: ~90 s on 2 busy cores
+
 HERE = Path(__file__).resolve().parents[1]
 REPO = HERE.parents[1]
 CONFIG = "resources_servers/aviary/configs/remote_aviary.yaml"
