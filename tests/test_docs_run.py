@@ -117,7 +117,24 @@ SKIP: dict[tuple[str, str], str] = {
     ): (
         "installs system packages; the viewer tests it runs are part of the suite"
     ),  # Server folders' READMEs.
-    ("resources_servers/aviary/README.md", 'ng_run "+config_paths=[resources_servers/aviary/'): _LOCAL_MODEL,
+    (
+        "resources_servers/aviary/README.md",
+        'ng_run "+config_paths=[resources_servers/aviary/configs/gsm8k_aviary.yaml,',
+    ): _LOCAL_MODEL,
+    ("resources_servers/aviary/README.md", "from aviary.dataset_server import TaskDatasetServer"): (
+        "a template: `my_dataset` and `my_key` are the reader's, and start() serves until stopped"
+    ),
+    ("resources_servers/aviary/README.md", "AVIARY_DATASET_SERVER_API_KEY=change-me python -m"): (
+        "a foreground server the reader runs in another terminal; resources_servers/aviary/tests/"
+        "test_remote.py starts this command in a subprocess and runs the remote server against it"
+    ),
+    (
+        "resources_servers/aviary/README.md",
+        'ng_run "+config_paths=[resources_servers/aviary/configs/remote_aviary.yaml,',
+    ): (
+        "needs a vLLM server at policy_base_url (a real LLM's free output); the same config, agent and "
+        "ng_collect_rollouts run on the scripted model in resources_servers/aviary/tests/test_remote.py"
+    ),
     (
         "resources_servers/calendar/README.md",
         'ng_run "+config_paths=[resources_servers/calendar/',

@@ -371,6 +371,10 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
                 return AviaryStepResponse(
                     obs=_error_outputs(body.action, msg), reward=0.0, done=True, step=step_no
                 )
+            except HTTPException:
+                # An env that answers over HTTP (remote_app.py) reports its infrastructure failures so:
+                # the rollout fails with that status, never a tool error or a reward.
+                raise
             except Exception as e:  # the env raising mid-step: a tool error the model reads
                 logger.warning("env %s step raised %s: %s", body.env_id, type(e).__name__, e)
                 live.step_rewards.append(0.0)
