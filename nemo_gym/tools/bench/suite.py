@@ -65,6 +65,7 @@ ENVIRONMENTS: dict[str, list[str]] = {
             "code_gen",
             "math_with_code",
             "law_discovery",
+            "literature_qa",
         )
     },
     "aviary_gsm8k": _aviary("gsm8k"),
