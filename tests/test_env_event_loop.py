@@ -82,6 +82,7 @@ ENVS = {
     "xlam_fc": Env("xlam_fc"),
     "law_discovery": Env("law_discovery"),
     "chemistry": Env("chemistry"),
+    "literature_qa": Env("literature_qa"),
     "aviary_gsm8k": Env("aviary", "gsm8k_aviary.yaml", "gsm8k_aviary_agent", "gsm8k_example.jsonl"),
     "aviary_hotpotqa": Env(
         "aviary", "hotpotqa_aviary.yaml", "hotpotqa_aviary_agent", "hotpotqa_example.jsonl"

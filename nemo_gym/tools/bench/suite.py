@@ -66,6 +66,7 @@ ENVIRONMENTS: dict[str, list[str]] = {
             "math_with_code",
             "law_discovery",
             "chemistry",
+            "literature_qa",
         )
     },
     "aviary_gsm8k": _aviary("gsm8k"),
