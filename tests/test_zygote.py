@@ -1,10 +1,10 @@
 """The fork server (``nemo_gym.run.zygote``): servers forked from one process that imported the web stack.
 
 Real ``ng_run`` and ``RunHelper`` runs of the README's example (the scripted model), real processes and
-real HTTP: the servers are forked (the ``forked`` mark of the start-up trace, a single-threaded zygote)
-yet are the launcher's children and answer; one server's secret is in its own environment only, never
-in another server's nor in the zygote's (``/proc/<pid>/environ``); a SIGKILLed launcher takes the zygote
-and the servers with it; a run started again after a server crash forks its servers again; a server
+real HTTP: the servers are forked (the ``forked`` mark of the start-up trace) yet are the launcher's
+children, shown as ``python app.py``, and answer; one server's secret is in its own environment only,
+never in another server's nor in the (single-threaded) zygote's (``/proc/<pid>/environ``); a SIGKILLed
+launcher takes the zygote and the servers with it; a run started again after a server crash forks its servers again; a server
 with its own venv is spawned as before; ``+fork_server=false`` forks nothing.
 """
 
@@ -25,7 +25,7 @@ import pytest
 
 from nemo_gym.config.keys import NEMO_GYM_STARTUP_TRACE_ENV_VAR_NAME
 from nemo_gym.run.server_venvs import READY_MARKER, venv_dir_for
-from nemo_gym.run.zygote import ForkedChild, wanted_by_argv
+from nemo_gym.run.zygote import ForkedChild, Zygote, wanted_by_argv
 from nemo_gym.tools.testing import example_rows, post_json, running_servers
 from tests.conftest import (
     EXAMPLE_CONFIG,
@@ -116,27 +116,24 @@ def forked_run(
     return run, trace
 
 
-def test_the_servers_are_forked_by_a_single_threaded_zygote_and_answer(
-    forked_run: tuple[LaunchedProcess, Path],
-) -> None:
+def test_the_servers_are_forked_and_answer(forked_run: tuple[LaunchedProcess, Path]) -> None:
     run, trace = forked_run
     rows = _rows(run)
     assert set(rows) == set(EXAMPLE_INSTANCES)
-    (zygote,) = _zygotes(run.proc.pid)
-    assert zygote.ppid() == run.proc.pid and zygote.num_threads() == 1
-    assert os.getpgid(zygote.pid) != os.getpgid(run.proc.pid)
-    events = {m["event"] for m in _marks(trace) if m["server"] == "zygote"}
-    assert {"zygote_started", "zygote_preloaded"} <= events
+    marks = [m for m in _marks(trace) if m["server"] == "zygote"]
+    assert [m["event"] for m in marks] == ["zygote_started", "zygote_preloaded"]
+    # Once every server is started the zygote has done its work: it is gone, and nothing depends on it.
+    assert not _zygotes(run.proc.pid)
+    assert not psutil.pid_exists(marks[0]["pid"]) or psutil.Process(marks[0]["pid"]).ppid() != run.proc.pid
     forked = _forked_pids(trace)
     for name, row in rows.items():
         assert forked.get(name) == {row["pid"]}, f"{name} was not forked: {forked}"
         server = psutil.Process(row["pid"])
-        # Re-parented to the launcher, in a process group of its own, running what `python app.py` runs.
+        # Re-parented to the launcher, in a process group of its own, shown as `python app.py`.
         assert server.ppid() == run.proc.pid and os.getpgid(row["pid"]) == row["pid"], name
         assert server.cwd() == str(REPO)
-        assert server.cmdline()[1] == str(REPO / row["server_type"] / row["impl"] / "app.py"), (
-            server.cmdline()
-        )
+        script = str(REPO / row["server_type"] / row["impl"] / "app.py")
+        assert server.cmdline()[1:] == [script], server.cmdline()
     _assert_rollout(post_json(rows[AGENT]["url"] + "/run", example_rows(ENV)[0], token=run.token))
 
 
@@ -146,39 +143,91 @@ def test_a_servers_secret_is_in_its_own_environment_only(forked_run: tuple[Launc
     model_env = _environ(rows[MODEL]["pid"])
     assert model_env[SECRET_VAR] == SECRET  # named in its pass_env, given after the fork
     assert run.token in model_env["NEMO_GYM_SECRET_VALUES"]
-    for name in (AGENT, "example_single_tool_call"):
+    for name in (AGENT, ENV):
         env = _environ(rows[name]["pid"])
         whole = "\0".join(f"{k}={v}" for k, v in env.items())
         assert SECRET not in whole and SECRET_VAR not in env, name
         assert env["NEMO_GYM_CONFIG_PATH"] == name and "NEMO_GYM_CONFIG_DICT" in env
-    (zygote,) = _zygotes(run.proc.pid)
-    zygote_env = _environ(zygote.pid)
-    whole = "\0".join(f"{k}={v}" for k, v in zygote_env.items())
-    assert zygote_env and "PATH" in zygote_env
-    assert SECRET not in whole and run.token not in whole
-    for key in (
-        "NEMO_GYM_CONFIG_DICT",
-        "NEMO_GYM_AUTH_TOKEN",
-        "NEMO_GYM_SECRET_VALUES",
-        "NEMO_GYM_SESSION_SECRET",
-    ):
-        assert key not in zygote_env, key
+
+
+PROBE_SCRIPT = """
+import os, sys, time
+print("probe", os.environ.get("ZYGOTE_PROBE_API_KEY"), sys.argv[0] == __file__, sys.path[0], flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_zygote_holds_no_secret_and_each_forked_process_only_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes forked from one zygote, each given its own secret after the fork: the zygote's
+    environment (single-threaded, started without the launcher's secret variables) holds neither."""
+    monkeypatch.setenv(SECRET_VAR, SECRET)  # the launcher's: not passed to the zygote
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE_SCRIPT)
+    zygote = Zygote.start(str(tmp_path))
+    children: list[ForkedChild] = []
+    try:
+        secrets = [f"sk-first-{uuid.uuid4().hex}", f"sk-second-{uuid.uuid4().hex}"]
+        for i, secret in enumerate(secrets):
+            env = {**zygote.env, SECRET_VAR: secret}
+            assert zygote.compatible(sys.executable, env, str(tmp_path))
+            children.append(zygote.spawn(str(script), str(tmp_path), env, (), lambda _n: {}, f"probe{i}", 60))
+        zygote_proc = psutil.Process(zygote.pid)
+        assert zygote_proc.num_threads() == 1 and zygote_proc.ppid() == os.getpid()
+        zygote_env = "\0".join(f"{k}={v}" for k, v in _environ(zygote.pid).items())
+        assert SECRET not in zygote_env and not any(s in zygote_env for s in secrets)
+        for child, secret, other in zip(children, secrets, reversed(secrets), strict=True):
+            assert child.stdout is not None
+            line = child.stdout.readline().decode()
+            assert line == f"probe {secret} True {tmp_path}\n", line
+            env = _environ(child.pid)
+            assert env[SECRET_VAR] == secret and other not in "\0".join(env.values())
+            assert psutil.Process(child.pid).ppid() == os.getpid()  # this process's child, not the zygote's
+            assert psutil.Process(child.pid).cmdline() == [sys.executable, str(script)]
+        for child in children:
+            os.kill(child.pid, signal.SIGKILL)
+            assert child.wait(timeout=HANG_BOUND_S) == -signal.SIGKILL
+    finally:
+        for child in children:
+            if child.poll() is None:
+                os.kill(child.pid, signal.SIGKILL)
+                child.wait(timeout=HANG_BOUND_S)
+        zygote.stop()
+    assert zygote.process is not None and zygote.process.returncode is not None
 
 
 # ------------------------------------------------------------------------------------------------
 # Stopping and starting again.
 
 
-def test_a_sigkilled_launcher_takes_the_zygote_and_the_servers_with_it(launch: Launcher) -> None:
+def test_a_sigkilled_launcher_takes_the_zygote_and_the_servers_with_it(
+    tmp_path: Path, launch: Launcher
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    run = launch(
+        EXAMPLE_CONFIG_PATHS, "+head_server.port=0", env={NEMO_GYM_STARTUP_TRACE_ENV_VAR_NAME: str(trace)}
+    )
+    # Killed while the zygote imports (it is alive then), and again once the servers run.
+    deadline = time.monotonic() + READY_WAIT_S
+    while not (trace.exists() and any(m["event"] == "zygote_started" for m in _marks(trace))):
+        assert time.monotonic() < deadline and run.proc.poll() is None, run.output
+        time.sleep(0.01)
+    (zygote,) = _zygotes(run.proc.pid)
+    run.send_signal(signal.SIGKILL)
+    assert run.wait_exit(HANG_BOUND_S) == -signal.SIGKILL
+    left = run.wait_no_processes(HANG_BOUND_S)
+    assert not left, [(p.pid, p.cmdline()) for p in left]
+    assert not zygote.is_running() or zygote.status() == psutil.STATUS_ZOMBIE
+
     run = launch(EXAMPLE_CONFIG_PATHS, "+head_server.port=0")
     run.wait_ready()
-    (zygote,) = _zygotes(run.proc.pid)
     servers = [psutil.Process(row["pid"]) for row in _rows(run).values()]
     run.send_signal(signal.SIGKILL)
     assert run.wait_exit(HANG_BOUND_S) == -signal.SIGKILL
     left = run.wait_no_processes(HANG_BOUND_S)
     assert not left, [(p.pid, p.cmdline()) for p in left]
-    for proc in [zygote, *servers]:
+    for proc in servers:
         assert not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE, proc
 
 

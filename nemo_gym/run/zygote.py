@@ -13,7 +13,8 @@ Contract
   (:func:`nemo_gym.redaction.child_environ`), the import path a server gets (``PYTHONPATH`` = the run's
   root, then the launcher's) and the run's root as its working directory. It dies with the launcher
   (parent-death signal, and the end of its control socket). ``ng_run`` starts it before it composes
-  the config; a supervisor without one starts its own on its spawner thread.
+  the config; a supervisor without one starts its own on its spawner thread. The supervisor stops it
+  once every server is started: servers are not started again within a run.
 * The zygote imports :data:`PRELOAD_MODULES` (never an environment's code), freezes them out of the
   garbage collector (fewer pages copied after a fork) and answers requests on a ``SOCK_SEQPACKET``
   control socket. It runs no thread and no event loop; before each fork it checks that it is still
@@ -542,8 +543,8 @@ def _serve(sock: socket.socket, handlers: dict[int, Any], launcher_pid: int) -> 
             data, fds, _flags, _addr = socket.recv_fds(sock, _MSG_MAX, 64)
         except OSError:
             data, fds = b"", []
-        if not data:
-            sys.exit(0)
+        if not data:  # the launcher is done with it (or gone): nothing to clean up, no finalization
+            os._exit(0)
         msg = json.loads(data)
         try:
             if _threads() != 1:

@@ -23,8 +23,9 @@ Contract
   their verdicts with the local ones: nothing serves until every config is valid.
 * Servers that run on this interpreter with the run's import path are forked from the fork server
   (:mod:`nemo_gym.run.zygote`, on unless ``+fork_server=false``): one process that imported the web
-  stack once. Any other server, or any the fork server cannot start, is spawned as its own process.
-  Both kinds are watched, relayed and stopped alike.
+  stack once, stopped once every server is started (they are this process's children). Any other
+  server, or any the fork server cannot start, is spawned as its own process. Both kinds are
+  watched, relayed and stopped alike.
 * ``shutdown()`` sends SIGTERM to every child's process group, then SIGKILL after
   ``shutdown_timeout_s``; it is idempotent and also runs at interpreter exit.
 * Children also die on their own when this process dies, even by SIGKILL (parent-death signal
@@ -283,7 +284,9 @@ class ServerSupervisor(
             startup_mark("head")
         for child in self.children:
             self._spawn(child, self._child_config_yaml(child, run_scrubber), secret, run_scrubber)
-        if self._zygote is None:
+        if self._zygote is not None:  # its servers are this process's children now: it has done its work
+            self._zygote.stop()
+        else:
             self._start_head_server(head_sock)
             startup_mark("head")
 
