@@ -301,6 +301,11 @@ class Zygote:
 
         return start_vars(self.env) == start_vars(env)
 
+    def wait_ready(self, timeout: float = HELLO_TIMEOUT_S) -> None:
+        """Wait until the zygote has imported its modules; :class:`ZygoteUnavailable` if it cannot serve."""
+        with self._lock:
+            self._await_hello(timeout)
+
     def spawn(
         self,
         script: str,

@@ -163,9 +163,10 @@ class SpawningMixin:
         verdict_r, verdict_w = os.pipe()
         go_r, go_w = os.pipe()
         child.verdict_fd, child.go_fd = verdict_r, go_w
+        forking = self._can_fork(child, env, root)  # waits for the fork server's imports
         startup_mark("spawn", child.label)
         try:
-            child.process = self._fork(child, env, root, (fd, verdict_w, go_r))
+            child.process = self._fork(child, env, root, (fd, verdict_w, go_r)) if forking else None
             if child.process is None:
                 env[NEMO_GYM_LISTEN_FD_ENV_VAR_NAME] = str(fd)
                 env[NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME] = f"{verdict_w},{go_r}"
@@ -210,14 +211,30 @@ class SpawningMixin:
         if wanted and self._zygote is None:
             self._zygote = Zygote.start(root, spawn=self._spawner.call)
 
+    def _can_fork(self, child: ChildServer, env: dict[str, str], root: str) -> bool:
+        """Whether ``child`` is to be forked from the fork server: it runs on this interpreter with the
+        run's import path, and the fork server is ready (waited for: it imports while the launcher
+        reads the config and starts the head server)."""
+        zygote = self._zygote
+        if zygote is None or not zygote.compatible(child.python, env, root):
+            return False
+        try:
+            zygote.wait_ready(min(self.startup_timeout_s, HELLO_TIMEOUT_S))
+        except ZygoteUnavailable as e:
+            self.echo(
+                f"nemo_gym: the fork server cannot start servers ({e}); each starts as its own process."
+            )
+            zygote.stop()
+            return False
+        return True
+
     def _fork(
         self, child: ChildServer, env: dict[str, str], root: str, fds: tuple[int, int, int]
     ) -> ForkedChild | None:
         """``child`` forked from the fork server with ``env`` (the numbers of ``fds`` in the child filled
-        in), or None when it must be spawned instead: its own venv, another import path, no fork server."""
+        in), or None when the fork server failed to (then it is spawned, and so is every later child)."""
         zygote = self._zygote
-        if zygote is None or not zygote.compatible(child.python, env, root):
-            return None
+        assert zygote is not None
         try:
             return zygote.spawn(
                 str(child.script),
