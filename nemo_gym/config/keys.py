@@ -30,6 +30,9 @@ NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME = "NEMO_GYM_VALIDATION_FDS"
 # A file path: the launcher and every server append one JSON line per start-up phase they reach
 # (nemo_gym.server.startup.startup_mark; read by python -m nemo_gym.tools.bench.startup).
 NEMO_GYM_STARTUP_TRACE_ENV_VAR_NAME = "NEMO_GYM_STARTUP_TRACE"
+# ng_run's switch of the fork server (nemo_gym.run.zygote): servers forked from one process that has
+# imported the web stack once (default true; false starts each server as its own interpreter).
+FORK_SERVER_KEY_NAME = "fork_server"
 
 ENV_YAML_FNAME = "env.yaml"
 

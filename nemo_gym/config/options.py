@@ -26,6 +26,7 @@ from nemo_gym.config.keys import (
     DEFAULT_HOST_KEY_NAME,
     DISALLOWED_PORTS_KEY_NAME,
     ENV_KEY_NAME,
+    FORK_SERVER_KEY_NAME,
     GLOBAL_AIOHTTP_CONNECTOR_LIMIT_KEY_NAME,
     GLOBAL_AIOHTTP_CONNECTOR_LIMIT_PER_HOST_KEY_NAME,
     HEAD_SERVER_KEY_NAME,
@@ -50,6 +51,7 @@ LAUNCHER_KEYS = {
     HEAD_SERVER_KEY_NAME,
     "isolate_server_venvs",
     "venv_cache_dir",
+    FORK_SERVER_KEY_NAME,  # nemo_gym.run.zygote
     "log_dir",
     "startup_timeout_s",
     "shutdown_timeout_s",

@@ -27,6 +27,7 @@ from nemo_gym.run.supervision.children import StartupError
 from nemo_gym.run.supervision.core import ServerSupervisor
 from nemo_gym.run.supervision.instances import format_instances_table
 from nemo_gym.run.supervision.stop import StopFlag
+from nemo_gym.run.zygote import Zygote, wanted_by_argv
 from nemo_gym.server.startup import startup_mark
 
 if TYPE_CHECKING:  # RunHelper's and ng_status' types: ng_run loads no pydantic model before spawning
@@ -140,6 +141,8 @@ def run_main(argv: list[str] | None = None) -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
+    # The fork server imports the servers' shared modules on the other core while the config is read.
+    zygote = Zygote.start() if wanted_by_argv(argv) else None
 
     try:
         loaded = load_global_config(argv, expand_env=True)
@@ -155,7 +158,7 @@ def run_main(argv: list[str] | None = None) -> None:
             "(or +env=<name>; ng_list lists them)."
         )
 
-    supervisor = ServerSupervisor(loaded, instances, stop_event=stop)
+    supervisor = ServerSupervisor(loaded, instances, stop_event=stop, zygote=zygote)
     try:
         supervisor.start()
     except ConfigError as e:

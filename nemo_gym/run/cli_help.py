@@ -75,6 +75,11 @@ def option_help() -> dict[str, tuple[str, str]]:
             "run each server folder that has a requirements.txt in its own venv, built once and reused",
         ),
         "venv_cache_dir": ("DIR", f"where isolated venvs live (default {DEFAULT_VENV_CACHE_DIR})"),
+        "fork_server": (
+            "false",
+            "start every server as its own interpreter instead of forking it from one process that "
+            "imported the web stack once (default true; a server with its own venv is never forked)",
+        ),
         "server_auth": ("false", "switch the run-token check off for this run (loudly; docs/security.md)"),
         "max_request_body_bytes": (
             "N",

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_gym.config.instances import ServerInstance
+from nemo_gym.run.zygote import ForkedChild
 
 LOG_TAIL_LINES = 30
 
@@ -81,7 +82,7 @@ class ChildServer:
     python: str
     script: Path
     sock: socket.socket | None = None
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen | ForkedChild | None = None  # ForkedChild: forked by the fork server
     tail: deque = field(default_factory=lambda: deque(maxlen=LOG_TAIL_LINES))
     reader: threading.Thread | None = None
     ready: bool = False

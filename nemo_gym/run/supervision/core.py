@@ -21,6 +21,11 @@ Contract
 * ``dead_server()`` reports a child that has exited since start, or an instance placed on Ray whose
   every replica is dead. Ray-placed replicas check their config blocks on their nodes and report
   their verdicts with the local ones: nothing serves until every config is valid.
+* Servers that run on this interpreter with the run's import path are forked from the fork server
+  (:mod:`nemo_gym.run.zygote`, on unless ``+fork_server=false``): one process that imported the web
+  stack once, stopped once every server is started (they are this process's children). Any other
+  server, or any the fork server cannot start, is spawned as its own process. Both kinds are
+  watched, relayed and stopped alike.
 * ``shutdown()`` sends SIGTERM to every child's process group, then SIGKILL after
   ``shutdown_timeout_s``; it is idempotent and also runs at interpreter exit.
 * Children also die on their own when this process dies, even by SIGKILL (parent-death signal
@@ -78,6 +83,7 @@ from nemo_gym.run.supervision.shutdown import ShutdownMixin
 from nemo_gym.run.supervision.spawning import SpawningMixin
 from nemo_gym.run.supervision.stop import StopFlag
 from nemo_gym.run.supervision.verdicts import VerdictsMixin
+from nemo_gym.run.zygote import Zygote
 from nemo_gym.server.startup import startup_mark
 
 
@@ -99,6 +105,7 @@ class ServerSupervisor(
         instances: list[ServerInstance],
         echo: Callable[[str], None] | None = None,
         stop_event: threading.Event | StopFlag | None = None,
+        zygote: Zygote | None = None,
     ):
         self.loaded = loaded
         self.cfg = loaded.config
@@ -135,6 +142,9 @@ class ServerSupervisor(
         self._ray_dead: DeadRayInstance | None = None
         self._ray_checked_at = 0.0
         self._spawner = SpawnerThread()
+        # The fork server the servers are forked from (ng_run starts it before it reads the config;
+        # otherwise start() does, when some server can use it): nemo_gym.run.zygote.
+        self._zygote = zygote
         # Every secret value this run knows: scrubbed from relayed log lines and error messages.
         self.auth_enabled = OmegaConf.select(self.cfg, SERVER_AUTH_KEY_NAME, default=True) not in (
             False,
@@ -259,18 +269,26 @@ class ServerSupervisor(
         # 3. The children, and the head server (in this process).
         if self.stop_event.is_set():
             raise StartupError("Start-up interrupted.")
+        self._prepare_zygote()
         self._publish_token()
         secret = secrets.token_hex(32)
         # Every secret value of the run: what other servers' blocks must not show to a child.
         run_scrubber = Scrubber(config_secret_values(self.cfg, self.loaded.env_yaml_data))
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
+        # The head server starts while the children load their code (its socket listens already, so a
+        # child that asks it something early waits in its backlog), not before they are spawned; with
+        # a fork server, while it imports the shared modules (the children are forked once it has).
+        if self._zygote is not None:
+            self._start_head_server(head_sock)
+            startup_mark("head")
         for child in self.children:
             self._spawn(child, self._child_config_yaml(child, run_scrubber), secret, run_scrubber)
-        # The head server starts while the children load their code (its socket listens already, so a
-        # child that asks it something early waits in its backlog), not before they are spawned.
-        self._start_head_server(head_sock)
-        startup_mark("head")
+        if self._zygote is not None:  # its servers are this process's children now: it has done its work
+            self._zygote.stop()
+        else:
+            self._start_head_server(head_sock)
+            startup_mark("head")
 
         # 4. Every child checks its config, then all go on together; health-poll with a bound.
         deadline = time.monotonic() + self.startup_timeout_s

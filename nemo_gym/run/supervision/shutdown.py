@@ -5,8 +5,9 @@ Contract
 * Agents get SIGTERM first (for at most a second of ``shutdown_timeout_s``), so they do not report
   failed calls to servers already stopping; then every other child's process group. Whatever is
   left at the bound gets SIGKILL (the whole group, even when its leader exited).
-* Sockets and pipe ends are closed, the head server stopped, Ray replicas and the cluster connection
-  released, the run token unregistered and its file removed, the spawner thread ended.
+* The fork server (:mod:`nemo_gym.run.zygote`), if any, is stopped. Sockets and pipe ends are closed,
+  the head server stopped, Ray replicas and the cluster connection released, the run token
+  unregistered and its file removed, the spawner thread ended.
 * A second call does nothing (it also runs at interpreter exit).
 """
 
@@ -50,6 +51,8 @@ class ShutdownMixin:
                 c.process.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 pass
+        if self._zygote is not None:  # the servers it forked are this process's children, stopped above
+            self._zygote.stop()
         for c in self.children:
             if c.sock is not None:
                 c.sock.close()

@@ -8,10 +8,12 @@ Contract
 * A child's environment (:meth:`SpawningMixin._child_env`) is the launcher's without its secret-looking
   variables (except those its block names in ``pass_env``), plus its own secret values (what its block
   holds) and the run token in ``NEMO_GYM_SECRET_VALUES``: never another server's secret.
-* :meth:`SpawningMixin._spawn` starts the child on the supervisor's spawner thread in its own process
-  group, hands it its listening socket and its config-verdict pipes, then closes this process's
-  copies. Its output is relayed line by line, scrubbed of secrets, prefixed with its label, to the
-  terminal, its last lines and its ``log_dir`` file.
+* :meth:`SpawningMixin._spawn` forks the child from the fork server (:mod:`nemo_gym.run.zygote`) when
+  it runs on this interpreter with the run's import path, else starts it on the supervisor's spawner
+  thread; either way as this process's child, in its own process group. It hands the child its
+  listening socket and its config-verdict pipes, then closes this process's copies. Its output is
+  relayed line by line, scrubbed of secrets, prefixed with its label, to the terminal, its last lines
+  and its ``log_dir`` file.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import threading
 from typing import IO, Any
 
@@ -27,8 +30,10 @@ from omegaconf import OmegaConf
 
 from nemo_gym.auth import AUTH_DISABLED_ENV_VAR_NAME, AUTH_TOKEN_ENV_VAR_NAME
 from nemo_gym.client.replicas import REPLICA_ENV_VAR_NAME, REPLICAS_KEY_NAME
+from nemo_gym.config.flags import config_flag
 from nemo_gym.config.keys import (
     ENV_YAML_FNAME,
+    FORK_SERVER_KEY_NAME,
     NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME,
     NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME,
     NEMO_GYM_LISTEN_FD_ENV_VAR_NAME,
@@ -47,6 +52,7 @@ from nemo_gym.redaction import (
     redact_config,
 )
 from nemo_gym.run.supervision.children import ChildServer, StartupError
+from nemo_gym.run.zygote import HELLO_TIMEOUT_S, ForkedChild, Zygote, ZygoteUnavailable
 from nemo_gym.server.startup import startup_mark
 
 _YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's, when PyYAML has it
@@ -157,22 +163,25 @@ class SpawningMixin:
         verdict_r, verdict_w = os.pipe()
         go_r, go_w = os.pipe()
         child.verdict_fd, child.go_fd = verdict_r, go_w
-        env[NEMO_GYM_LISTEN_FD_ENV_VAR_NAME] = str(fd)
-        env[NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME] = f"{verdict_w},{go_r}"
+        forking = self._can_fork(child, env, root)  # waits for the fork server's imports
         startup_mark("spawn", child.label)
         try:
-            child.process = self._spawner.call(
-                lambda: subprocess.Popen(
-                    [child.python, str(child.script)],
-                    cwd=root,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    pass_fds=(fd, verdict_w, go_r),
-                    start_new_session=True,
+            child.process = self._fork(child, env, root, (fd, verdict_w, go_r)) if forking else None
+            if child.process is None:
+                env[NEMO_GYM_LISTEN_FD_ENV_VAR_NAME] = str(fd)
+                env[NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME] = f"{verdict_w},{go_r}"
+                child.process = self._spawner.call(
+                    lambda: subprocess.Popen(
+                        [child.python, str(child.script)],
+                        cwd=root,
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        pass_fds=(fd, verdict_w, go_r),
+                        start_new_session=True,
+                    )
                 )
-            )
         finally:
             # The child holds the socket and its pipe ends now; ours must go (the port dies with the
             # child, and its exit is seen as the end of its verdict pipe).
@@ -188,6 +197,63 @@ class SpawningMixin:
             target=self._pump, args=(child, log_file), name=f"log-{child.label}", daemon=True
         )
         child.reader.start()
+
+    def _prepare_zygote(self) -> None:
+        """Have a fork server when ``fork_server`` is on (the default) and some server runs on this
+        interpreter; stop one that is not wanted (ng_run starts it before it knows the config)."""
+        wanted = config_flag(self.cfg, FORK_SERVER_KEY_NAME, True) and any(
+            c.python == sys.executable for c in self.children
+        )
+        root = os.path.realpath(self.loaded.root_dir)
+        if self._zygote is not None and (not wanted or os.path.realpath(self._zygote.root) != root):
+            self._zygote.stop()
+            self._zygote = None
+        if wanted and self._zygote is None:
+            self._zygote = Zygote.start(root, spawn=self._spawner.call)
+
+    def _can_fork(self, child: ChildServer, env: dict[str, str], root: str) -> bool:
+        """Whether ``child`` is to be forked from the fork server: it runs on this interpreter with the
+        run's import path, and the fork server is ready (waited for: it imports while the launcher
+        reads the config and starts the head server)."""
+        zygote = self._zygote
+        if zygote is None or not zygote.compatible(child.python, env, root):
+            return False
+        try:
+            zygote.wait_ready(min(self.startup_timeout_s, HELLO_TIMEOUT_S))
+        except ZygoteUnavailable as e:
+            self.echo(
+                f"nemo_gym: the fork server cannot start servers ({e}); each starts as its own process."
+            )
+            zygote.stop()
+            return False
+        return True
+
+    def _fork(
+        self, child: ChildServer, env: dict[str, str], root: str, fds: tuple[int, int, int]
+    ) -> ForkedChild | None:
+        """``child`` forked from the fork server with ``env`` (the numbers of ``fds`` in the child filled
+        in), or None when the fork server failed to (then it is spawned, and so is every later child)."""
+        zygote = self._zygote
+        assert zygote is not None
+        try:
+            return zygote.spawn(
+                str(child.script),
+                root,
+                env,
+                fds,
+                lambda numbers: {
+                    NEMO_GYM_LISTEN_FD_ENV_VAR_NAME: str(numbers[0]),
+                    NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME: f"{numbers[1]},{numbers[2]}",
+                },
+                child.label,
+                timeout=min(self.startup_timeout_s, HELLO_TIMEOUT_S),
+            )
+        except ZygoteUnavailable as e:
+            self.echo(
+                f"nemo_gym: the fork server cannot start servers ({e}); each starts as its own process."
+            )
+            zygote.stop()
+            return None
 
     def _pump(self, child: ChildServer, log_file: IO[str] | None) -> None:
         assert child.process is not None and child.process.stdout is not None

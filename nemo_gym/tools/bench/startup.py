@@ -9,13 +9,15 @@ Contract
 
   - ``time_to_ready_s``: from launching the ``ng_run`` process to its "All N / N servers ready!" line
     (median, min, max, every run); ``launcher_reported_s`` is the time that line itself prints.
-  - ``processes``: per process (``launcher`` and each server instance, named as in ng_run's table), its
-    USS and RSS (MiB) and the CPU seconds (user + system) it used, sampled at the ready line; medians
-    over the runs. ``total`` sums them per run (medians of the sums). Processes the servers started
-    themselves (worker pools) are counted under ``others``.
+  - ``processes``: per process (``launcher``, ``zygote`` (the fork server, :mod:`nemo_gym.run.zygote`)
+    and each server instance, named as in ng_run's table), its USS and RSS (MiB) and the CPU seconds
+    (user + system) it used, sampled at the ready line; medians over the runs. ``total`` sums them per
+    run (medians of the sums). Processes the servers started themselves (worker pools) are counted
+    under ``others``. Pages a forked server still shares with the zygote count in no one's USS.
   - ``phases``: per process, the median seconds between consecutive start-up marks
     (:func:`nemo_gym.server.startup.startup_mark`, written to ``NEMO_GYM_STARTUP_TRACE``), in the order
-    of :data:`LAUNCHER_PHASES` and :data:`SERVER_PHASES`. A tree without marks gives no phases.
+    of :data:`LAUNCHER_PHASES`, :data:`SERVER_PHASES` and :data:`ZYGOTE_PHASES`. A tree without marks
+    gives no phases.
   - ``imports`` (``imports=True``): per module (``ng_run``'s ``nemo_gym.run.cli`` and each server's
     ``app``), what importing it alone costs (``python -X importtime``, one process after the other, so
     they do not compete): milliseconds in total and per top-level package, the slowest first.
@@ -65,12 +67,19 @@ LAUNCHER_PHASES = (
     ("servers_ready", "ready_all"),  # every server built its app, serves, and answered GET /
 )
 SERVER_PHASES = (
-    ("python_and_imports", "imports"),  # from its spawn: exec, interpreter start, app module imports
+    # From its spawn: exec, interpreter start, app module imports; for a server forked from the fork
+    # server (nemo_gym.run.zygote, its trace's "forked" mark), the fork and its own modules' imports.
+    ("python_and_imports", "imports"),
     ("config", "config"),  # read and validate its config block
     ("wait_go", "go"),  # until every server's config is valid
     ("build_app", "app"),  # the FastAPI app
     ("start_serving", "serving"),  # uvicorn up, start-up hooks run
     ("seen_ready", "ready"),  # until the launcher's health poll sees it
+)
+# The fork server's own marks, from the launcher's "main" mark (it is started right after it).
+ZYGOTE_PHASES = (
+    ("python_start", "zygote_started"),  # exec and interpreter start
+    ("preload", "zygote_preloaded"),  # the shared modules imported (nemo_gym.run.zygote.PRELOAD_MODULES)
 )
 READY_RE = re.compile(r"All (\d+) / (\d+) servers ready!(?: \(([\d.]+) s\))?")
 STOP_TIMEOUT_S = 20.0
@@ -157,7 +166,7 @@ def _sample(launcher_pid: int, pids: dict[str, int]) -> dict[str, dict[str, floa
     except psutil.Error:
         return out
     for proc in procs:
-        name = named.get(proc.pid, "others")
+        name = named.get(proc.pid) or ("zygote" if _is_zygote(proc) else "others")
         try:
             mem = proc.memory_full_info()
             cpu = proc.cpu_times()
@@ -169,6 +178,14 @@ def _sample(launcher_pid: int, pids: dict[str, int]) -> dict[str, dict[str, floa
         row["cpu_s"] += cpu.user + cpu.system
     out["total"] = {key: sum(row[key] for row in out.values()) for key in ("uss_mib", "rss_mib", "cpu_s")}
     return out
+
+
+def _is_zygote(proc: psutil.Process) -> bool:
+    """Whether ``proc`` is ng_run's fork server (:mod:`nemo_gym.run.zygote`)."""
+    try:
+        return any("nemo_gym.run.zygote" in part for part in proc.cmdline())
+    except psutil.Error:
+        return False
 
 
 def _read_marks(trace: Path) -> list[dict[str, Any]]:
@@ -203,6 +220,9 @@ def _phases(marks: list[dict[str, Any]], launched_at: float) -> dict[str, dict[s
     out: dict[str, dict[str, float]] = {}
     if launcher:
         out["launcher"] = _intervals(launcher, LAUNCHER_PHASES, launched_at)
+    zygote = servers.pop("zygote", None)
+    if zygote:
+        out["zygote"] = _intervals(zygote, ZYGOTE_PHASES, launcher.get("main", launched_at))
     for name, events in servers.items():
         if "spawn" in events:
             out[name] = _intervals(events, SERVER_PHASES, events["spawn"])
