@@ -9,12 +9,19 @@ Contract
   ``result`` is the repr of a final bare expression, like a notebook cell) plus ``timed_out``,
   ``oom_killed``, ``pids_limit_hit`` and ``output_truncated``. A program that fails (exception, timeout, memory) is
   ``success: false`` with the reason in ``error_message``: the model reads it.
-* State is kept per session, notebook-like, BY REPLAY: each call first re-runs the session's earlier
-  successful cells (their output discarded) and then the new one, in a fresh sandbox. So variables,
-  functions and imports carry over; files written in the work dir and random state do not, and the
-  replayed cells count against the call's CPU/wall limits. At most ``max_cells_per_session`` cells are
-  kept (older ones are dropped, the model is told). ``POST /end_session`` forgets the session; ``/verify``
-  does too. Sessions never verified are bounded by ``max_sessions`` (oldest dropped).
+* State is kept per session in a persistent kernel: the session's first call starts a
+  :class:`~nemo_gym.sandbox.SandboxSession` and each cell runs ONCE in its Python kernel (the model's
+  namespace is kept apart from the helper that runs it, which returns ``result`` after a random token on
+  stdout and strips its own frames from tracebacks). Closed at ``/verify``, ``POST /end_session``, the
+  kernel's idle timeout / lifetime, and server shutdown; at most ``max_kernels`` live (past it the least
+  recently used idle one is closed). A session whose kernel is gone (closed, killed by its cell, OOM) gets
+  a new one at its next call with its last ``max_cells_per_session`` successful cells replayed silently.
+  A sandbox that dies under a cell is the cell's error (the model reads it), not a 503.
+* Where sandbox sessions cannot run (not root, another backend: ``SandboxUnavailableError``) and
+  ``kernel: auto``, the server logs it once and falls back to REPLAY (``kernel: replay`` asks for it):
+  each call first re-runs the session's earlier successful cells (their output discarded) and then the
+  new one, in a fresh one-shot sandbox; at most ``max_cells_per_session`` cells are kept (older ones are
+  dropped, the model is told). Sessions are bounded by ``max_sessions`` (oldest dropped).
 * ``POST /verify`` (row fields ``expected_result: str``, optional ``expected_code_contains``): the answer is
   the content of the last ``\\boxed{...}`` in the final assistant message (if none, in the tool outputs'
   stdout). reward = 1.0 iff math-verify finds it equal to ``expected_result`` (run in
