@@ -295,3 +295,20 @@ def test_replay_mode_still_carries_state(replay: RunHelper) -> None:
     assert again["result"] != f"(21, {first['result']})"  # cell 1 ran again: a new random number
     crash, _, _ = _cell(url, "1 / 0", jar)
     assert "ZeroDivisionError" in crash["error_message"] and "driver.py" not in crash["stderr"]
+
+
+@pytest.fixture(scope="module")
+def no_sessions() -> Iterator[RunHelper]:
+    # Sandbox sessions need bubblewrap and root: a backend without them makes SandboxSession.start raise
+    # SandboxUnavailableError, which kernel: auto (the default) turns into replay (logged), as for non-root.
+    extra = {ENV: {"resources_servers": {ENV: {"sandbox": {"backend": "unsafe_local_subprocess"}}}}}
+    with running_servers([CONFIG], extra) as h:
+        yield h
+
+
+def test_without_sessions_auto_falls_back_to_replay(no_sessions: RunHelper) -> None:
+    url = server_url(no_sessions, ENV)
+    first, _, jar = _cell(url, "import random\nr = random.random()\nn = 20\nr")
+    again, _, _ = _cell(url, "n + 1, r", jar)
+    assert again["success"] is True and again["result"].startswith("(21, ")
+    assert again["result"] != f"(21, {first['result']})"  # replayed, not kept in a kernel
