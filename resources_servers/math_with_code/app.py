@@ -334,6 +334,7 @@ class PythonExecutorResourcesServer(SimpleResourcesServer):
 
     _sessions: OrderedDict[str, _SessionState] = PrivateAttr(default_factory=OrderedDict)
     _mode: str = PrivateAttr(default="kernel")
+    _closing: set[asyncio.Task] = PrivateAttr(default_factory=set)
     _token: str = PrivateAttr(default_factory=lambda: "\x00nemo-gym-cell-" + secrets.token_hex(8) + "\x00")
 
     def model_post_init(self, context: Any) -> None:
@@ -381,7 +382,9 @@ class PythonExecutorResourcesServer(SimpleResourcesServer):
         while len(self._sessions) > self.config.max_sessions:
             _, old = self._sessions.popitem(last=False)
             if old.kernel is not None:
-                asyncio.get_running_loop().create_task(_close(old))
+                task = asyncio.get_running_loop().create_task(_close(old))
+                self._closing.add(task)  # the loop keeps only a weak reference to a task
+                task.add_done_callback(self._closing.discard)
         return state
 
     async def execute_python(self, request: Request, body: ExecutePythonRequest) -> ExecutePythonResponse:
@@ -407,9 +410,13 @@ class PythonExecutorResourcesServer(SimpleResourcesServer):
         """At ``max_kernels`` live kernels, close the least recently used idle one (its session gets a new
         kernel, with its cells replayed, at its next call) rather than make this rollout wait."""
         live = [s for s in self._sessions.values() if s.kernel is not None and s.kernel.closed is None]
-        for victim in live[: max(0, len(live) - self.config.max_kernels + 1)]:
+        excess = len(live) - self.config.max_kernels + 1
+        for victim in live:  # least recently used first; a busy one is skipped (then start() queues)
+            if excess <= 0:
+                break
             if victim is not state and not victim.lock.locked():
                 await _close(victim)
+                excess -= 1
 
     async def _execute_in_kernel(self, state: _SessionState, code: str) -> ExecutePythonResponse:
         try:
