@@ -28,7 +28,16 @@ REPO_FILE = Path(__file__).resolve().parents[1] / "pyproject.toml"
 SECRET_NAME = "NEMO_GYM_ESCAPE_TEST_API_KEY"
 SECRET_VALUE = "sk-escape-test-" + uuid.uuid4().hex
 HOSTNAME = socket.gethostname()
-LIMITS = {"max_execution_time": 4, "max_cpu_time": 2, "memory_mib": 200, "max_output_chars": 5000}
+# kernel: replay: these tests are about the one-shot sandbox (one program per call, nothing left after it);
+# the persistent kernel's sandbox (SandboxSession) has its own in tests/test_sandbox_session.py, and
+# math_with_code's tests send its attacks through /execute_python in kernel mode.
+LIMITS = {
+    "max_execution_time": 4,
+    "max_cpu_time": 2,
+    "memory_mib": 200,
+    "max_output_chars": 5000,
+    "kernel": "replay",
+}
 
 
 @pytest.fixture(scope="module")

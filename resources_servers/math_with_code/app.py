@@ -9,12 +9,19 @@ Contract
   ``result`` is the repr of a final bare expression, like a notebook cell) plus ``timed_out``,
   ``oom_killed``, ``pids_limit_hit`` and ``output_truncated``. A program that fails (exception, timeout, memory) is
   ``success: false`` with the reason in ``error_message``: the model reads it.
-* State is kept per session, notebook-like, BY REPLAY: each call first re-runs the session's earlier
-  successful cells (their output discarded) and then the new one, in a fresh sandbox. So variables,
-  functions and imports carry over; files written in the work dir and random state do not, and the
-  replayed cells count against the call's CPU/wall limits. At most ``max_cells_per_session`` cells are
-  kept (older ones are dropped, the model is told). ``POST /end_session`` forgets the session; ``/verify``
-  does too. Sessions never verified are bounded by ``max_sessions`` (oldest dropped).
+* State is kept per session in a persistent kernel: the session's first call starts a
+  :class:`~nemo_gym.sandbox.SandboxSession` and each cell runs ONCE in its Python kernel (the model's
+  namespace is kept apart from the helper that runs it, which returns ``result`` after a random token on
+  stdout and strips its own frames from tracebacks). Closed at ``/verify``, ``POST /end_session``, the
+  kernel's idle timeout / lifetime, and server shutdown; at most ``max_kernels`` live (past it the least
+  recently used idle one is closed). A session whose kernel is gone (closed, killed by its cell, OOM) gets
+  a new one at its next call with its last ``max_cells_per_session`` successful cells replayed silently.
+  A sandbox that dies under a cell is the cell's error (the model reads it), not a 503.
+* Where sandbox sessions cannot run (not root, another backend: ``SandboxUnavailableError``) and
+  ``kernel: auto``, the server logs it once and falls back to REPLAY (``kernel: replay`` asks for it):
+  each call first re-runs the session's earlier successful cells (their output discarded) and then the
+  new one, in a fresh one-shot sandbox; at most ``max_cells_per_session`` cells are kept (older ones are
+  dropped, the model is told). Sessions are bounded by ``max_sessions`` (oldest dropped).
 * ``POST /verify`` (row fields ``expected_result: str``, optional ``expected_code_contains``): the answer is
   the content of the last ``\\boxed{...}`` in the final assistant message (if none, in the tool outputs'
   stdout). reward = 1.0 iff math-verify finds it equal to ``expected_result`` (run in
@@ -31,10 +38,14 @@ Contract
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import re
+import secrets
 from collections import OrderedDict
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, Field, PrivateAttr
@@ -50,12 +61,19 @@ from nemo_gym.kit.verify_pool import VerifyTimeoutError, run_in_verify_pool
 from nemo_gym.sandbox import (
     AsyncSandbox,
     SandboxError,
+    SandboxExecResult,
     SandboxProviderConfig,
     SandboxResources,
+    SandboxSession,
     SandboxSpec,
+    SandboxUnavailableError,
+    SessionClosedError,
+    SessionLimits,
     check_sandbox_available,
 )
 from nemo_gym.server.base import get_session_id
+
+LOG = logging.getLogger(__name__)
 
 
 class PythonExecutorResourcesServerConfig(BaseResourcesServerConfig):
@@ -63,8 +81,24 @@ class PythonExecutorResourcesServerConfig(BaseResourcesServerConfig):
     max_cpu_time: float = Field(default=10.0, gt=0, description="CPU seconds per tool call")
     memory_mib: int = Field(default=1024, ge=64, description="Memory cap of the program's process tree")
     max_output_chars: int = Field(default=20_000, ge=100, description="stdout/stderr kept per call")
-    max_cells_per_session: int = Field(default=30, ge=1)
-    max_sessions: int = Field(default=10_000, ge=1)
+    max_cells_per_session: int = Field(
+        default=30, ge=1, description="Cells kept per session for a replay (every call in replay mode)"
+    )
+    max_sessions: int = Field(default=10_000, ge=1, description="Sessions remembered (oldest dropped)")
+    kernel: Literal["auto", "session", "replay"] = Field(
+        default="auto",
+        description="auto: a persistent kernel per session where sandbox sessions work (bubblewrap, root), "
+        "else replay (logged); session: kernels or 503; replay: re-run earlier cells at every call",
+    )
+    max_kernels: int = Field(
+        default=64,
+        ge=1,
+        description="Live kernels per server process (the least recently used idle one is closed)",
+    )
+    kernel_idle_timeout_s: float = Field(
+        default=600.0, gt=0, description="A kernel unused this long is closed"
+    )
+    kernel_lifetime_s: float = Field(default=3600.0, gt=0, description="A kernel older than this is closed")
     verify_timeout_s: float = Field(default=30.0, gt=0, description="Bound on one whole answer check")
     math_verify_timeout_seconds: int = Field(
         default=5, ge=1, description="math-verify's own bound on each parse / comparison"
@@ -146,6 +180,88 @@ except BaseException as exc:  # show the model its own frames only
 """
 
 
+_KERNEL_LOST = "its variables are lost]"  # the end of SandboxSession's note on a killed kernel
+_KERNEL_REPLAYED = "the cells that succeeded before this one are re-run (silently) at the next call]"
+_RESULT_CAP = 10_000  # characters of a cell's result (its final expression's repr)
+
+# Defined once in each kernel (its own namespace; the model's code runs in `ns`, which it cannot see past):
+# runs a cell like _DRIVER's last one, first replaying `cells` silently when the host asks (a new kernel
+# for a session that had one), then writes the token and {"ok", "result"} to the real stdout.
+_KERNEL_HELPER = r"""
+def __nemo_gym_cell__():
+    import ast, contextlib, io, json, re, sys, traceback
+    ns = {"__name__": "__main__"}
+
+    def preload(code):
+        if re.search(r"\bnp\b|\bnumpy\b", code):
+            import numpy; ns.setdefault("np", numpy); ns.setdefault("numpy", numpy)
+        if re.search(r"\bscipy\b", code):
+            import scipy; ns.setdefault("scipy", scipy)
+        if re.search(r"\bsympy\b|\bsp\b", code):
+            import sympy; ns.setdefault("sympy", sympy); ns.setdefault("sp", sympy)
+
+    def run(code, cells, token, cap):
+        for old in cells:
+            try:
+                preload(old)
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                    exec(compile(old, "<earlier cell>", "exec"), ns)
+            except BaseException:
+                pass
+        ok, result = True, None
+        try:
+            preload(code)
+            tree = ast.parse(code, "<cell>")
+            last = None
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = ast.Expression(tree.body.pop().value)
+            exec(compile(tree, "<cell>", "exec"), ns)
+            if last is not None:
+                value = eval(compile(last, "<cell>", "eval"), ns)
+                if value is not None:
+                    result = repr(value)[:cap]
+        except BaseException as exc:  # show the model its own frames only
+            ok = False
+            frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != "<nemo_gym>"]
+            err = sys.__stderr__
+            try:
+                sys.stdout.flush()
+            except Exception:
+                pass
+            if frames:
+                err.write("Traceback (most recent call last):\n" + "".join(traceback.format_list(frames)))
+            err.write("".join(traceback.format_exception_only(type(exc), exc)))
+            err.flush()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        sys.__stdout__.write(token + json.dumps({"ok": ok, "result": result}))
+        sys.__stdout__.flush()
+
+    return run
+
+__nemo_gym_cell__ = __nemo_gym_cell__()
+"""
+
+
+def _cell_call(code: str, replay: list[str], token: str) -> str:
+    """What the kernel runs for one cell: define the helper if this kernel is new, then call it (the last
+    line is an expression whose value is None, so the kernel prints nothing of its own)."""
+    return (
+        f"if '__nemo_gym_cell__' not in globals(): exec(compile({_KERNEL_HELPER!r}, '<nemo_gym>', 'exec'))\n"
+        f"__nemo_gym_cell__({code!r}, {replay!r}, {token!r}, {_RESULT_CAP})\n"
+    )
+
+
+async def _close(state: _SessionState) -> None:
+    """Close a session's kernel (idempotent); its kept cells stay for a replay."""
+    kernel, state.kernel = state.kernel, None
+    if kernel is not None:
+        await kernel.close("its rollout session ended")
+
+
 def _extract_boxed_answer(text: str) -> str | None:
     """Content of the last ``\\boxed{...}`` (nested braces balanced), or None."""
     start = text.rfind("\\boxed{")
@@ -201,20 +317,42 @@ def check_answer(expected: str, answer: str, timeout_seconds: int = 5) -> bool:
     return " ".join(_strip_delimiters(expected).split()) == " ".join(_strip_delimiters(answer).split())
 
 
+@dataclass
+class _SessionState:
+    """One rollout session's notebook: its live kernel (None until the first call, or after it was closed)
+    and the last ``max_cells_per_session`` cells that ran without an error (replayed only into a NEW kernel:
+    after the old one was lost, evicted or idle-closed, and always in replay mode)."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    kernel: SandboxSession | None = None
+    cells: list[str] = field(default_factory=list)
+    needs_replay: bool = False
+
+
 class PythonExecutorResourcesServer(SimpleResourcesServer):
     config: PythonExecutorResourcesServerConfig
 
-    _cells: OrderedDict[str, list[str]] = PrivateAttr(default_factory=OrderedDict)
+    _sessions: OrderedDict[str, _SessionState] = PrivateAttr(default_factory=OrderedDict)
+    _mode: str = PrivateAttr(default="kernel")
+    _closing: set[asyncio.Task] = PrivateAttr(default_factory=set)
+    _token: str = PrivateAttr(default_factory=lambda: "\x00nemo-gym-cell-" + secrets.token_hex(8) + "\x00")
 
     def model_post_init(self, context: Any) -> None:
         super().model_post_init(context)
         check_sandbox_available(self.config.sandbox)  # refuse to start without bubblewrap
+        self._mode = "replay" if self.config.kernel == "replay" else "kernel"
 
     def setup_webserver(self) -> FastAPI:
         app = super().setup_webserver()
         app.post("/execute_python")(self.execute_python)
         app.post("/end_session")(self.end_session)
         return app
+
+    async def on_shutdown(self) -> None:
+        """Nothing outlives the server: close every live kernel."""
+        sessions, self._sessions = list(self._sessions.values()), OrderedDict()
+        await asyncio.gather(*(_close(s) for s in sessions), return_exceptions=True)
+        await super().on_shutdown()
 
     def _limits(self) -> SandboxResources:
         return SandboxResources(
@@ -224,18 +362,140 @@ class PythonExecutorResourcesServer(SimpleResourcesServer):
             output_limit_bytes=self.config.max_output_chars * 4,
         )
 
-    async def execute_python(self, request: Request, body: ExecutePythonRequest) -> ExecutePythonResponse:
-        session_id = get_session_id(request)
-        history = self._cells.pop(session_id, [])
-        self._cells[session_id] = history  # most recently used at the end
-        while len(self._cells) > self.config.max_sessions:
-            self._cells.popitem(last=False)
-        dropped = len(history) >= self.config.max_cells_per_session
-        cells = (
-            [*history[-(self.config.max_cells_per_session - 1) :], body.code]
-            if dropped
-            else [*history, body.code]
+    def _session_limits(self) -> SessionLimits:
+        return SessionLimits(
+            memory_mib=self.config.memory_mib,
+            processes=SandboxResources().processes,  # as a one-shot run
+            command_wall_time_s=float(self.config.max_execution_time),
+            command_cpu_time_s=self.config.max_cpu_time,
+            # The cell's result rides on stdout after the user's output: room for it on top of the cap.
+            output_limit_bytes=self.config.max_output_chars * 4 + _RESULT_CAP + 200,
+            idle_timeout_s=self.config.kernel_idle_timeout_s,
+            lifetime_s=self.config.kernel_lifetime_s,
+            max_sessions=self.config.max_kernels,
+            queue_timeout_s=self.config.sandbox.queue_timeout_s,
         )
+
+    def _state(self, session_id: str) -> _SessionState:
+        state = self._sessions.pop(session_id, None) or _SessionState()
+        self._sessions[session_id] = state  # most recently used at the end
+        while len(self._sessions) > self.config.max_sessions:
+            _, old = self._sessions.popitem(last=False)
+            if old.kernel is not None:
+                task = asyncio.get_running_loop().create_task(_close(old))
+                self._closing.add(task)  # the loop keeps only a weak reference to a task
+                task.add_done_callback(self._closing.discard)
+        return state
+
+    async def execute_python(self, request: Request, body: ExecutePythonRequest) -> ExecutePythonResponse:
+        state = self._state(get_session_id(request))
+        async with state.lock:  # one cell at a time per session, as in a notebook
+            if self._mode == "kernel":
+                try:
+                    return await self._execute_in_kernel(state, body.code)
+                except SandboxUnavailableError as exc:
+                    if self.config.kernel == "session":
+                        raise HTTPException(
+                            status_code=503, detail=f"the Python kernel could not start: {exc}"
+                        ) from exc
+                    LOG.warning(
+                        "math_with_code: no persistent kernels here (%s); running cells by replay "
+                        "(kernel: replay silences this)",
+                        exc,
+                    )
+                    self._mode = "replay"
+            return await self._execute_by_replay(state, body.code)
+
+    async def _make_room(self, state: _SessionState) -> None:
+        """At ``max_kernels`` live kernels, close the least recently used idle one (its session gets a new
+        kernel, with its cells replayed, at its next call) rather than make this rollout wait."""
+        live = [s for s in self._sessions.values() if s.kernel is not None and s.kernel.closed is None]
+        excess = len(live) - self.config.max_kernels + 1
+        for victim in live:  # least recently used first; a busy one is skipped (then start() queues)
+            if excess <= 0:
+                break
+            if victim is not state and not victim.lock.locked():
+                await _close(victim)
+                excess -= 1
+
+    async def _execute_in_kernel(self, state: _SessionState, code: str) -> ExecutePythonResponse:
+        try:
+            if state.kernel is None or state.kernel.closed is not None:
+                state.needs_replay = bool(state.cells)
+                await self._make_room(state)
+                state.kernel = await SandboxSession.start(
+                    limits=self._session_limits(), provider=self.config.sandbox
+                )
+            replay = state.cells if state.needs_replay else []
+            run = await state.kernel.run_python(_cell_call(code, replay, self._token))
+        except SessionClosedError as exc:
+            # The sandbox died under the cell (the cell killed its kernel's parent, ran the whole sandbox out
+            # of memory, or outlived the session's lifetime): the model's cell failed, not the server. The
+            # next call gets a new kernel with the session's successful cells replayed.
+            await _close(state)
+            oom = "OOM" in str(exc)
+            reason = str(exc).split(" is closed: ", 1)[-1]
+            return ExecutePythonResponse(
+                success=False,
+                stdout="",
+                stderr="",
+                error_message=f"Out of memory (limit {self.config.memory_mib} MiB)"
+                if oom
+                else f"The Python kernel died: {reason}; {_KERNEL_REPLAYED[:-1]}",
+                oom_killed=oom,
+            )
+        except SandboxUnavailableError:
+            raise
+        except SandboxError as exc:
+            raise HTTPException(status_code=503, detail=f"the Python sandbox could not run: {exc}") from exc
+        state.needs_replay = False
+        stdout, meta = run.stdout, None
+        cut = stdout.rfind(self._token)
+        if cut >= 0:
+            try:
+                meta = json.loads(stdout[cut + len(self._token) :])
+            except json.JSONDecodeError:
+                meta = None
+            stdout = stdout[:cut]
+        stderr = run.stderr
+        if run.return_code == 137:  # the kernel was killed: the next call's new kernel gets the replay
+            state.needs_replay = bool(state.cells)
+            stderr = stderr.replace(_KERNEL_LOST, _KERNEL_REPLAYED)
+        error = self._error(run)
+        if error is None and not (meta and meta.get("ok")):
+            error = _last_error_line(run.stderr) or f"exit code {run.return_code}"
+        if error is None:
+            state.cells = [*state.cells, code][-self.config.max_cells_per_session :]
+        cap = self.config.max_output_chars
+        return ExecutePythonResponse(
+            success=error is None,
+            stdout=stdout[:cap],
+            stderr=stderr[-cap:],
+            error_message=error,
+            result=meta.get("result") if meta and error is None else None,
+            timed_out=run.timed_out,
+            oom_killed=run.oom_killed,
+            pids_limit_hit=run.pids_limit_hit,
+            output_truncated=run.stdout_truncated or run.stderr_truncated or len(stdout) > cap,
+        )
+
+    def _error(self, run: SandboxExecResult) -> str | None:
+        """The sandbox's own verdict on a run, in the words the model reads (None: the program decides)."""
+        if run.timed_out:
+            return f"Execution timed out (limit {self.config.max_execution_time} s wall, {self.config.max_cpu_time:g} s CPU)"
+        if run.oom_killed:
+            return f"Out of memory (limit {self.config.memory_mib} MiB)"
+        if run.error_type == "output_limit" or run.stdout_truncated or run.stderr_truncated:
+            return "Output limit exceeded; the program was stopped"
+        if run.error_type == "disk_quota":
+            return "Disk quota exceeded; the program was stopped"
+        return None
+
+    async def _execute_by_replay(self, state: _SessionState, code: str) -> ExecutePythonResponse:
+        """Without persistent kernels: re-run the session's earlier successful cells, then the new one."""
+        history = state.cells
+        dropped = len(history) >= self.config.max_cells_per_session
+        cells = [*history[-(self.config.max_cells_per_session - 1) :], code] if dropped else [*history, code]
         spec = SandboxSpec(
             files={"driver.py": _DRIVER, "cells.json": json.dumps(cells)}, resources=self._limits()
         )
@@ -252,17 +512,11 @@ class PythonExecutorResourcesServer(SimpleResourcesServer):
             raise HTTPException(status_code=503, detail=f"the Python sandbox could not run: {exc}") from exc
 
         cap = self.config.max_output_chars
-        error = None
-        if run.timed_out:
-            error = f"Execution timed out (limit {self.config.max_execution_time} s wall, {self.config.max_cpu_time:g} s CPU)"
-        elif run.oom_killed:
-            error = f"Out of memory (limit {self.config.memory_mib} MiB)"
-        elif run.error_type == "output_limit":
-            error = "Output limit exceeded; the program was stopped"
-        elif run.return_code != 0:
+        error = self._error(run)
+        if error is None and run.return_code != 0:
             error = _last_error_line(run.stderr) or f"exit code {run.return_code}"
         if error is None:
-            self._cells[session_id] = cells
+            state.cells = cells
         if dropped and error is None:
             error_note = f"(note: only the last {self.config.max_cells_per_session} cells are kept)"
             run.stderr = f"{run.stderr}\n{error_note}".lstrip()
@@ -278,12 +532,17 @@ class PythonExecutorResourcesServer(SimpleResourcesServer):
             output_truncated=run.stdout_truncated or run.stderr_truncated or len(run.stdout) > cap,
         )
 
+    async def _forget(self, request: Request) -> None:
+        state = self._sessions.pop(get_session_id(request), None)
+        if state is not None:
+            await _close(state)
+
     async def end_session(self, request: Request) -> ExecutePythonResponse:
-        self._cells.pop(get_session_id(request), None)
+        await self._forget(request)
         return ExecutePythonResponse(success=True, stdout="", stderr="")
 
     async def verify(self, request: Request, body: PythonMathVerifyRequest) -> PythonMathVerifyResponse:
-        self._cells.pop(get_session_id(request), None)
+        await self._forget(request)
         actual = None
         used_python = False
         for item in reversed(body.response.output):

@@ -6,6 +6,7 @@ The escape tests (model-written code trying to get out of the sandbox) are in te
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -204,3 +205,110 @@ def test_a_math_verify_timeout_is_a_503_not_a_zero(helper: RunHelper) -> None:
     error = resp.json()["error"]
     assert (error["kind"], error["server"], error["path"]) == ("verify_timeout", ENV, "/verify")
     assert "math-verify timed out comparing" in error["message"]
+
+
+def _cell(
+    url: str, code: str, jar: dict[str, str] | None = None
+) -> tuple[dict[str, Any], float, dict[str, str]]:
+    """One execute_python call: its answer, its wall seconds, and the cookie jar of its session."""
+    start = time.monotonic()
+    resp = post_json(url + "/execute_python", {"code": code}, cookies=jar, timeout=60)
+    elapsed = time.monotonic() - start
+    assert resp.status_code == 200, resp.text
+    cookie = cookie_name_for(ENV)
+    return resp.json(), elapsed, jar or {cookie: resp.cookies[cookie]}
+
+
+def test_cells_run_once_in_a_persistent_kernel(helper: RunHelper) -> None:
+    # Cell 1 is slow and random; cells 2-4 append; cell 5 reads both. A replay would re-run cell 1 at every
+    # call (each call >= 1 s, and a new random number each time): the kernel runs it once.
+    url = server_url(helper, ENV)
+    first, first_s, jar = _cell(
+        url, "import random, time\ntime.sleep(1.0)\nr = random.random()\nitems = [1]\nr"
+    )
+    assert first["success"] is True and first_s >= 1.0
+    for k in range(2, 5):
+        out, elapsed, _ = _cell(url, f"items.append({k})\nlen(items)", jar)
+        assert out["result"] == str(k) and elapsed < 1.0, (k, out, elapsed)
+    last, elapsed, _ = _cell(url, "print(items)\nr", jar)
+    assert last["stdout"] == "[1, 2, 3, 4]\n" and elapsed < 1.0
+    assert last["result"] == first["result"]  # the same random number: cell 1 did not run again
+    # A failing cell keeps the kernel (and what ran before it); a file written stays in the workspace.
+    assert _cell(url, "open('notes.txt', 'w').write('kept')\nundefined_name", jar)[0]["success"] is False
+    out = _cell(url, "open('notes.txt').read(), len(items)", jar)[0]
+    assert out["result"] == "('kept', 4)", out
+    assert post_json(url + "/end_session", {}, cookies=jar).status_code == 200
+
+
+SMALL = {"max_kernels": 1, "max_execution_time": 3, "memory_mib": 200, "max_output_chars": 5000}
+
+
+@pytest.fixture(scope="module")
+def small() -> Iterator[RunHelper]:
+    with running_servers([CONFIG], {ENV: {"resources_servers": {ENV: SMALL}}}) as h:
+        yield h
+
+
+def test_an_evicted_kernel_comes_back_by_replay(small: RunHelper) -> None:
+    # max_kernels=1: session B's first call closes session A's idle kernel; A's next call gets a new kernel
+    # with its successful cells replayed (output discarded), so its variables are back.
+    url = server_url(small, ENV)
+    a1, _, jar_a = _cell(url, "print('once')\nvalue = 41")
+    b1, _, jar_b = _cell(url, "other = 1\nother")
+    assert a1["success"] and b1["result"] == "1"
+    a2, _, _ = _cell(url, "value + 1", jar_a)
+    assert a2["success"] is True and a2["result"] == "42" and a2["stdout"] == "", a2
+    assert _cell(url, "other + 1", jar_b)[0]["result"] == "2"
+
+
+def test_bad_cells_in_a_kernel_are_the_models_errors_and_the_session_goes_on(small: RunHelper) -> None:
+    # The attacks of tests/test_sandbox_escape.py that end differently in a kernel than in a one-shot
+    # run: each is a failed cell the model reads (never a 503), and the next cell has the state back.
+    url = server_url(small, ENV)
+    _, _, jar = _cell(url, "kept = 7")
+    bad = {
+        "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nimport time\ntime.sleep(5)": "kernel died",
+        "while True:\n    pass": "timed out",
+        "chunks = []\nwhile True:\n    chunks.append(bytearray(16 * 1024 * 1024))": "Out of memory",
+        "import sys\nblock = 'x' * (1 << 20)\nfor _ in range(64):\n    sys.stdout.write(block)": "Output limit",
+        "import os\nos._exit(3)": "exit code",
+    }
+    for code, error in bad.items():
+        out, _, _ = _cell(url, code, jar)
+        assert out["success"] is False and error in out["error_message"], (code, out)
+        assert len(out["stdout"]) <= SMALL["max_output_chars"]
+        assert _cell(url, "kept", jar)[0]["result"] == "7", code
+
+
+@pytest.fixture(scope="module")
+def replay() -> Iterator[RunHelper]:
+    with running_servers([CONFIG], {ENV: {"resources_servers": {ENV: {"kernel": "replay"}}}}) as h:
+        yield h
+
+
+def test_replay_mode_still_carries_state(replay: RunHelper) -> None:
+    # kernel: replay (what a machine without sandbox sessions falls back to) re-runs earlier cells.
+    url = server_url(replay, ENV)
+    first, _, jar = _cell(url, "import random\nr = random.random()\nn = 20\nr")
+    again, _, _ = _cell(url, "n + 1, r", jar)
+    assert again["success"] is True and again["result"].startswith("(21, ")
+    assert again["result"] != f"(21, {first['result']})"  # cell 1 ran again: a new random number
+    crash, _, _ = _cell(url, "1 / 0", jar)
+    assert "ZeroDivisionError" in crash["error_message"] and "driver.py" not in crash["stderr"]
+
+
+@pytest.fixture(scope="module")
+def no_sessions() -> Iterator[RunHelper]:
+    # Sandbox sessions need bubblewrap and root: a backend without them makes SandboxSession.start raise
+    # SandboxUnavailableError, which kernel: auto (the default) turns into replay (logged), as for non-root.
+    extra = {ENV: {"resources_servers": {ENV: {"sandbox": {"backend": "unsafe_local_subprocess"}}}}}
+    with running_servers([CONFIG], extra) as h:
+        yield h
+
+
+def test_without_sessions_auto_falls_back_to_replay(no_sessions: RunHelper) -> None:
+    url = server_url(no_sessions, ENV)
+    first, _, jar = _cell(url, "import random\nr = random.random()\nn = 20\nr")
+    again, _, _ = _cell(url, "n + 1, r", jar)
+    assert again["success"] is True and again["result"].startswith("(21, ")
+    assert again["result"] != f"(21, {first['result']})"  # replayed, not kept in a kernel
