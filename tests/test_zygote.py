@@ -278,7 +278,10 @@ def test_a_server_with_its_own_venv_is_spawned_and_the_others_forked(
     (venv_dir / "pyvenv.cfg").write_text((Path(sys.prefix) / "pyvenv.cfg").read_text())
     site = venv_dir / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
     site.mkdir(parents=True)
-    (site / "launcher.pth").write_text("".join(f"{p}\n" for p in sys.path if p.endswith("site-packages")))
+    # The launcher's packages, and this repository (an editable install's finder in the launcher's
+    # site-packages is a .pth there, which a path added by a .pth does not run).
+    paths = [str(REPO), *(p for p in sys.path if p.endswith("site-packages"))]
+    (site / "launcher.pth").write_text("".join(f"{p}\n" for p in paths))
     (venv_dir / READY_MARKER).write_text("ready\n")
     trace = tmp_path / "trace.jsonl"
     run = launch(

@@ -674,6 +674,9 @@ def _run_script(spec: dict[str, Any], arg_region: tuple[int, int], env_region: t
     main.__file__ = script
     main.__loader__ = SourceFileLoader("__main__", script)
     sys.modules["__main__"] = main
+    # multiprocessing aliased __mp_main__ to the zygote's own __main__ when the preload imported it; a
+    # spawned worker pickles the script's names under __mp_main__, so the alias must name the script too.
+    sys.modules["__mp_main__"] = main
     with open(script, "rb") as f:
         code = compile(f.read(), script, "exec")
     exec(code, main.__dict__)
