@@ -149,6 +149,11 @@ def stamp(path: str, answer: Any, version: PolicyVersionValue) -> bool:
     return True
 
 
+def _is_model_call(scope: dict[str, Any], path: str) -> bool:
+    """Whether a request is a model call whose answer carries the version (both stamping middlewares)."""
+    return scope["type"] == "http" and scope.get("method") == "POST" and path in STAMPED_PATHS
+
+
 class PolicyVersionStampMiddleware:
     """Pure ASGI middleware: stamps JSON answers of model endpoints with the version current at the call's
     start. With no version set it costs one dict lookup per request."""
@@ -160,12 +165,7 @@ class PolicyVersionStampMiddleware:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         version = self.version.get()
         path = scope.get("path", "")
-        if (
-            version is None
-            or scope["type"] != "http"
-            or scope.get("method") != "POST"
-            or path not in STAMPED_PATHS
-        ):
+        if version is None or not _is_model_call(scope, path):
             await self.app(scope, receive, send)
             return
         start: dict[str, Any] | None = None
@@ -326,12 +326,7 @@ class PolicyVersionStreamStampMiddleware:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         version = self.version.get()
         path = scope.get("path", "")
-        if (
-            version is None
-            or scope["type"] != "http"
-            or scope.get("method") != "POST"
-            or path not in STAMPED_PATHS
-        ):
+        if version is None or not _is_model_call(scope, path):
             await self.app(scope, receive, send)
             return
         streaming = False
