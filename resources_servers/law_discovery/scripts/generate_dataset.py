@@ -10,9 +10,7 @@ positive number at the corners and the middle of its input ranges.
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
 import random
 import sys
 from pathlib import Path
@@ -21,6 +19,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))  # the repository root: run as a plain script
 
+from nemo_gym.kit.dataset_cli import generator_main  # noqa: E402
 from resources_servers.law_discovery.expressions import evaluate, parse_law  # noqa: E402
 from resources_servers.law_discovery.laws import TEMPLATES, LawTemplate, instantiate  # noqa: E402
 
@@ -140,22 +139,12 @@ def rows(seed: int, task_ids: tuple[str, ...] | None = None) -> list[dict[str, A
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path)
-    parser.add_argument(
-        "--example", action="store_true", help="write data/example.jsonl (5 tasks, seed 2026)"
+    generator_main(
+        __doc__.split("\n\n")[0],
+        rows,
+        lambda: rows(EXAMPLE_SEED, EXAMPLE_TASKS),
+        HERE.parent / "data" / "example.jsonl",
     )
-    args = parser.parse_args()
-    if args.example:
-        out, written = HERE.parent / "data" / "example.jsonl", rows(EXAMPLE_SEED, EXAMPLE_TASKS)
-    else:
-        if args.out is None:
-            parser.error("--out is required (or --example)")
-        out, written = args.out, rows(args.seed)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(r) + "\n" for r in written))
-    print(f"wrote {len(written)} rows to {out}")
 
 
 if __name__ == "__main__":
