@@ -8,7 +8,8 @@ with the head server on a free port (so tests can run side by side) and stops it
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import copy
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -202,3 +203,29 @@ def text_response(text: str) -> dict[str, Any]:
             }
         ],
     }
+
+
+def variant_tag(variant: str, index: int) -> str:
+    """The marker that selects a scripted trajectory for one row: ``[variant=<variant> row=<index>]``."""
+    return f"[variant={variant} row={index}]"
+
+
+def tagged_row(row: dict[str, Any], variant: str, index: int) -> dict[str, Any]:
+    """A copy of ``row`` whose last input message ends with :func:`variant_tag`, so that the scripted
+    model's ``scripts_by_input`` rule for that tag (:func:`variant_rules`) plays its trajectory."""
+    out = copy.deepcopy(row)
+    out["responses_create_params"]["input"][-1]["content"] += f" {variant_tag(variant, index)}"
+    return out
+
+
+def variant_rules(
+    rows: list[dict[str, Any]], variants: Callable[[dict[str, Any]], dict[str, list[dict[str, Any]]]]
+) -> list[dict[str, Any]]:
+    """``scripts_by_input`` rules: for each row (by index) and each of its ``variants(row)`` (name ->
+    turns), the turns played when the input holds that variant's tag. Put them before any rule that
+    matches a row's own text: a tagged message contains that text too."""
+    return [
+        {"contains": variant_tag(variant, i), "turns": turns}
+        for i, row in enumerate(rows)
+        for variant, turns in variants(row).items()
+    ]

@@ -22,7 +22,10 @@ from nemo_gym.tools.testing import (
     run_rollout,
     running_servers,
     server_url,
+    tagged_row,
     text_response,
+    variant_rules,
+    variant_tag,
 )
 from resources_servers.chemistry import tasks
 from resources_servers.chemistry.app import TASK_TYPES, extract_answer, metrics_by_type
@@ -82,24 +85,11 @@ def _variants(row: dict[str, Any]) -> dict[str, list[dict[str, str]]]:
     }
 
 
-def _tag(variant: str, index: int) -> str:
-    return f"[variant={variant} row={index}]"
-
-
-def _tagged(row: dict[str, Any], variant: str, index: int) -> dict[str, Any]:
-    out = copy.deepcopy(row)
-    out["responses_create_params"]["input"][-1]["content"] += f" {_tag(variant, index)}"
-    return out
-
-
 def _scripts() -> list[dict[str, Any]]:
-    rules = [
-        {"contains": _tag(variant, i), "turns": turns}
-        for i, row in enumerate(ROWS)
-        for variant, turns in _variants(row).items()
-    ]
+    rules = variant_rules(ROWS, _variants)
     rules += [
-        {"contains": _tag("say", i) + f" {answer}]", "turns": [_say(answer)]} for i, answer in _EXTRA_ANSWERS
+        {"contains": variant_tag("say", i) + f" {answer}]", "turns": [_say(answer)]}
+        for i, answer in _EXTRA_ANSWERS
     ]
     rules += [
         {
@@ -147,7 +137,7 @@ def helper() -> Iterator[RunHelper]:
 
 def _with_answer(index: int, answer: str) -> dict[str, Any]:
     out = copy.deepcopy(ROWS[index])
-    out["responses_create_params"]["input"][-1]["content"] += f" {_tag('say', index)} {answer}]"
+    out["responses_create_params"]["input"][-1]["content"] += f" {variant_tag('say', index)} {answer}]"
     return out
 
 
@@ -190,20 +180,20 @@ def test_wrong_and_malformed_answers_score_zero_with_the_reason(helper: RunHelpe
     }
     for i, row in enumerate(ROWS):
         kind = row["task"]["task_type"]
-        wrong = run_rollout(helper, AGENT, _tagged(row, "wrong", i))
+        wrong = run_rollout(helper, AGENT, tagged_row(row, "wrong", i))
         assert (wrong["reward"], wrong["failure_reason"]) == (0.0, wrong_reason[kind]), row["task_id"]
-        malformed = run_rollout(helper, AGENT, _tagged(row, "malformed", i))
+        malformed = run_rollout(helper, AGENT, tagged_row(row, "malformed", i))
         if kind == "property_mcq":
             assert (malformed["reward"], malformed["failure_reason"]) == (0.0, "not_a_choice")
         else:
             assert (malformed["reward"], malformed["failure_reason"]) == (0.0, "invalid_smiles")
             assert malformed["valid_smiles"] is False and "C1CC(=O" in malformed["reason"]
-            valence = run_rollout(helper, AGENT, _tagged(row, "valence", i))
+            valence = run_rollout(helper, AGENT, tagged_row(row, "valence", i))
             assert (valence["reward"], valence["failure_reason"]) == (0.0, "invalid_smiles")
             assert "valence" in valence["reason"].lower()
-        missing = run_rollout(helper, AGENT, _tagged(row, "no_answer", i))
+        missing = run_rollout(helper, AGENT, tagged_row(row, "no_answer", i))
         assert (missing["reward"], missing["failure_reason"], missing["answer"]) == (0.0, "no_answer", None)
-        last = run_rollout(helper, AGENT, _tagged(row, "fenced_last", i))  # the last tag counts, unfenced
+        last = run_rollout(helper, AGENT, tagged_row(row, "fenced_last", i))  # the last tag counts, unfenced
         assert (last["reward"], last["answer"]) == (1.0, right_answer(row)), row["task_id"]
 
 
@@ -252,7 +242,7 @@ def test_a_broken_row_is_refused_not_scored(helper: RunHelper, tmp_path: Path) -
     broken = copy.deepcopy(reaction)
     broken["task"]["product"] = "C1CC"
     i = _index("reaction_product")
-    rows = [reaction, _tagged(reaction, "wrong", i), _tagged(reaction, "malformed", i), broken]
+    rows = [reaction, tagged_row(reaction, "wrong", i), tagged_row(reaction, "malformed", i), broken]
     code, out, err = collect_rollouts(helper, rows, tmp_path, AGENT, "+max_attempts=1")
     assert [r["reward"] for r in out] == [1.0, 0.0, 0.0], err[-2000:]
     assert code == 1  # a row failed: reported by the exit status, not hidden in a reward

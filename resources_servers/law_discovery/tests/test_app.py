@@ -25,6 +25,8 @@ from nemo_gym.tools.testing import (
     run_rollout,
     running_servers,
     server_url,
+    tagged_row,
+    variant_rules,
 )
 from resources_servers.law_discovery.expressions import LawSyntaxError, evaluate, parse_law, same_form
 from resources_servers.law_discovery.laws import TEMPLATES
@@ -76,22 +78,8 @@ def _variants(row: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return variants
 
 
-def _tag(variant: str, index: int) -> str:
-    return f"[variant={variant} row={index}]"
-
-
-def _tagged(row: dict[str, Any], variant: str, index: int) -> dict[str, Any]:
-    out = copy.deepcopy(row)
-    out["responses_create_params"]["input"][-1]["content"] += f" {_tag(variant, index)}"
-    return out
-
-
 def _scripts() -> list[dict[str, Any]]:
-    rules = [
-        {"contains": _tag(variant, i), "turns": turns}
-        for i, row in enumerate(ROWS)
-        for variant, turns in _variants(row).items()
-    ]
+    rules = variant_rules(ROWS, _variants)
     for row in ROWS:
         truth = row["law"]["expression"]
         experiments = [_call("run_experiment", inputs=_middle(row, s)) for s in (0.1, 0.5, 0.9)]
@@ -158,10 +146,10 @@ def test_right_trajectories_score_one(helper: RunHelper) -> None:
 
 def test_a_slightly_off_constant_still_scores_one_and_the_textbook_form_zero(helper: RunHelper) -> None:
     for i, row in enumerate(ROWS):
-        close = run_rollout(helper, AGENT, _tagged(row, "close", i))
+        close = run_rollout(helper, AGENT, tagged_row(row, "close", i))
         assert close["reward"] == 1.0 and close["symbolic_match"] is True
         assert 0.0 < close["rmsle"] <= 0.05
-        textbook = run_rollout(helper, AGENT, _tagged(row, "textbook", i))
+        textbook = run_rollout(helper, AGENT, tagged_row(row, "textbook", i))
         assert textbook["reward"] == 0.0, (row["task_id"], textbook["rmsle"])
         assert textbook["failure_reason"] == "wrong_law" and textbook["symbolic_match"] is False
         assert textbook["experiments_used"] == 2
@@ -169,29 +157,29 @@ def test_a_slightly_off_constant_still_scores_one_and_the_textbook_form_zero(hel
 
 def test_a_law_that_fits_with_another_form_gets_partial_credit(helper: RunHelper) -> None:
     i = next(i for i, r in enumerate(ROWS) if r["task_id"] == "gravitation_force")
-    result = run_rollout(helper, AGENT, _tagged(ROWS[i], "numeric_only", i))
+    result = run_rollout(helper, AGENT, tagged_row(ROWS[i], "numeric_only", i))
     assert result["failure_reason"] == "numeric_only" and result["symbolic_match"] is False
     assert result["reward"] == 0.5 and 0 < result["rmsle"] <= 0.05
 
 
 def test_malformed_and_missing_laws_score_zero_with_the_reason(helper: RunHelper) -> None:
     row = ROWS[0]
-    malformed = run_rollout(helper, AGENT, _tagged(row, "malformed", 0))
+    malformed = run_rollout(helper, AGENT, tagged_row(row, "malformed", 0))
     assert (malformed["reward"], malformed["failure_reason"]) == (0.0, "unparseable")
     assert (
         "not an arithmetic expression" in _outputs(malformed, "submit_law")[0]["error"]
     )  # the model was told
-    unknown = run_rollout(helper, AGENT, _tagged(row, "unknown", 0))
+    unknown = run_rollout(helper, AGENT, tagged_row(row, "unknown", 0))
     assert (unknown["reward"], unknown["failure_reason"]) == (0.0, "unknown_symbols")
     assert "unknown symbol(s) G" in _outputs(unknown, "submit_law")[0]["error"]
-    nothing = run_rollout(helper, AGENT, _tagged(row, "no_law", 0))
+    nothing = run_rollout(helper, AGENT, tagged_row(row, "no_law", 0))
     assert (nothing["reward"], nothing["failure_reason"], nothing["submitted_law"]) == (0.0, "no_law", None)
-    fixed = run_rollout(helper, AGENT, _tagged(row, "fixed", 0))  # only the last submission counts
+    fixed = run_rollout(helper, AGENT, tagged_row(row, "fixed", 0))  # only the last submission counts
     assert fixed["reward"] == 1.0 and [("error" in o) for o in _outputs(fixed, "submit_law")] == [True, False]
 
 
 def test_out_of_range_inputs_are_a_tool_error_the_model_reads(helper: RunHelper) -> None:
-    result = run_rollout(helper, AGENT, _tagged(ROWS[0], "out_of_range", 0))
+    result = run_rollout(helper, AGENT, tagged_row(ROWS[0], "out_of_range", 0))
     (answer,) = _outputs(result, "run_experiment")
     assert "outside the apparatus range" in answer["error"]
     assert result["reward"] == 1.0 and result["experiments_used"] == 1
@@ -255,7 +243,7 @@ def test_a_broken_row_is_refused_not_scored(helper: RunHelper, tmp_path: Path) -
     assert resp.status_code == 422 and "low < high" in resp.text
 
     # Through ng_collect_rollouts: right, wrong and malformed rows scored; the broken row in the sidecar.
-    rows = [ROWS[1], _tagged(ROWS[1], "textbook", 1), _tagged(ROWS[1], "malformed", 1), broken]
+    rows = [ROWS[1], tagged_row(ROWS[1], "textbook", 1), tagged_row(ROWS[1], "malformed", 1), broken]
     code, out, err = collect_rollouts(helper, rows, tmp_path, AGENT, "+max_attempts=1")
     assert [r["reward"] for r in out] == [1.0, 0.0, 0.0], err[-2000:]
     assert code == 1  # a row failed: reported by the exit status, not hidden in a reward

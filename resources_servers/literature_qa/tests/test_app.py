@@ -22,6 +22,8 @@ from nemo_gym.tools.testing import (
     run_rollout,
     running_servers,
     server_url,
+    tagged_row,
+    variant_rules,
 )
 from resources_servers.literature_qa.app import CORPUS_FIELDS, first_number, load_corpus, option_letter
 from resources_servers.literature_qa.questions import POOL
@@ -87,22 +89,8 @@ def _variants(row: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return variants
 
 
-def _tag(variant: str, index: int) -> str:
-    return f"[variant={variant} row={index}]"
-
-
-def _tagged(row: dict[str, Any], variant: str, index: int) -> dict[str, Any]:
-    out = copy.deepcopy(row)
-    out["responses_create_params"]["input"][-1]["content"] += f" {_tag(variant, index)}"
-    return out
-
-
 def _scripts() -> list[dict[str, Any]]:
-    rules = [
-        {"contains": _tag(variant, i), "turns": turns}
-        for i, row in enumerate(ROWS)
-        for variant, turns in _variants(row).items()
-    ]
+    rules = variant_rules(ROWS, _variants)
     for row in ROWS:
         reads = [_call("read_section", paper_id=c, section="results") for c in row["citations"]]
         turns = [
@@ -181,11 +169,11 @@ def test_right_trajectories_score_one(helper: RunHelper) -> None:
 
 def test_wrong_answers_score_zero_and_citations_matter(helper: RunHelper) -> None:
     for i, row in enumerate(ROWS):
-        wrong = run_rollout(helper, AGENT, _tagged(row, "wrong", i))
+        wrong = run_rollout(helper, AGENT, tagged_row(row, "wrong", i))
         assert wrong["reward"] == 0.0
         answerable = row["expected_answer"] is not None
         assert wrong["failure_reason"] == ("wrong_answer" if answerable else "hallucinated")
-        abstain = run_rollout(helper, AGENT, _tagged(row, "abstain", i))
+        abstain = run_rollout(helper, AGENT, tagged_row(row, "abstain", i))
         assert abstain["abstained"] is True
         assert (abstain["reward"], abstain["failure_reason"]) == (
             (0.0, "abstained") if answerable else (1.0, "pass")
@@ -193,15 +181,15 @@ def test_wrong_answers_score_zero_and_citations_matter(helper: RunHelper) -> Non
         if not answerable:
             continue
         for variant in ("no_citation", "wrong_citation"):
-            half = run_rollout(helper, AGENT, _tagged(row, variant, i))
+            half = run_rollout(helper, AGENT, tagged_row(row, variant, i))
             assert (half["reward"], half["failure_reason"]) == (0.5, "wrong_citation"), variant
             assert half["answer_correct"] is True and half["citation_correct"] is False
-        fixed = run_rollout(helper, AGENT, _tagged(row, "fixed", i))  # only the last submission counts
+        fixed = run_rollout(helper, AGENT, tagged_row(row, "fixed", i))  # only the last submission counts
         assert fixed["reward"] == 1.0
         assert ["error" in o for o in _outputs(fixed, "submit_answer")] == [True, False]
         assert "LQA-999" in _outputs(fixed, "submit_answer")[0]["error"]
         if len(row["citations"]) > 1:
-            one = run_rollout(helper, AGENT, _tagged(row, "one_of_two", i))
+            one = run_rollout(helper, AGENT, tagged_row(row, "one_of_two", i))
             assert (one["reward"], one["failure_reason"]) == (0.5, "wrong_citation")
 
 
@@ -213,9 +201,9 @@ def test_malformed_and_missing_answers_score_zero_with_the_reason(helper: RunHel
         ("unreadable", "unreadable_answer"),
         ("raw_arguments", "no_answer"),
     ):
-        result = run_rollout(helper, AGENT, _tagged(row, variant, i))
+        result = run_rollout(helper, AGENT, tagged_row(row, variant, i))
         assert (result["reward"], result["failure_reason"]) == (0.0, reason), variant
-    raw = run_rollout(helper, AGENT, _tagged(row, "raw_arguments", i))
+    raw = run_rollout(helper, AGENT, tagged_row(row, "raw_arguments", i))
     assert raw["submitted_answer"] is None
 
 
@@ -242,7 +230,7 @@ def test_tools_answer_errors_the_model_can_read(helper: RunHelper) -> None:
 
 def test_aggregate_metrics_report_precision_and_coverage(helper: RunHelper, tmp_path: Path) -> None:
     # Per row: the right trajectory and a wrong one; then the metrics of the run's verify responses.
-    rows = [r for i, row in enumerate(ROWS) for r in (row, _tagged(row, "wrong", i))]
+    rows = [r for i, row in enumerate(ROWS) for r in (row, tagged_row(row, "wrong", i))]
     code, out, err = collect_rollouts(helper, rows, tmp_path, AGENT, "+max_attempts=1")
     assert code == 0 and len(out) == 10, err[-2000:]
     resp = post_json(server_url(helper, ENV) + "/aggregate_metrics", {"verify_responses": out})
@@ -284,7 +272,7 @@ def test_a_broken_row_is_refused_not_scored(helper: RunHelper, tmp_path: Path) -
     assert resp.status_code == 422 and "not one of the options" in resp.text
 
     # Through ng_collect_rollouts: right, wrong and malformed rows scored; the broken row in the sidecar.
-    rows = [ROWS[0], _tagged(ROWS[0], "wrong", 0), _tagged(ROWS[0], "raw_arguments", 0), broken]
+    rows = [ROWS[0], tagged_row(ROWS[0], "wrong", 0), tagged_row(ROWS[0], "raw_arguments", 0), broken]
     code, out, err = collect_rollouts(helper, rows, tmp_path, AGENT, "+max_attempts=1")
     assert [r["reward"] for r in out] == [1.0, 0.0, 0.0], err[-2000:]
     assert code == 1  # a row failed: reported by the exit status, not hidden in a reward
