@@ -90,6 +90,15 @@ def _variants(row: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
             _bash("python3 -c 'from textutil.slug import slugify; print(slugify(\"  Hello, World!! \"))'"),
             DONE,
         ]
+    if task.task_id == "sh_unique_ips":  # the model kills its own sandbox, then solves it in a new one
+        variants["killed"] = [
+            _bash("echo hi > mine.txt; kill -9 -1"),
+            _bash("ls mine.txt"),
+            *_solution_turns(task),
+            DONE,
+        ]
+    if task.task_id == "cli_shout":  # solved, then the model stalls past the sandbox's idle timeout
+        variants["stall"] = [*_solution_turns(task), {"delay_s": 2.5, "text": "Done."}]
     if task.task_id == "git_settings":  # the model's mistakes and escape attempts, each a tool result
         variants["mistakes"] = [
             _edit("view", "/etc/passwd"),
@@ -129,6 +138,17 @@ def helper() -> Iterator[RunHelper]:
     extra = {
         "policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": _scripts()}}},
         ENV: {"resources_servers": {ENV: {"command_timeout_s": 3}}},
+    }
+    with running_servers([CONFIG], extra) as h:
+        yield h
+
+
+@pytest.fixture(scope="module")
+def idle_helper() -> Iterator[RunHelper]:
+    """Servers whose sandboxes close after 1 s idle (a rollout that stalls loses its workspace)."""
+    extra = {
+        "policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": _scripts()}}},
+        ENV: {"resources_servers": {ENV: {"idle_timeout_s": 1}}},
     }
     with running_servers([CONFIG], extra) as h:
         yield h
@@ -275,3 +295,27 @@ def test_broken_rows_are_refused_before_any_rollout(helper: RunHelper, tmp_path:
     assert len(failures) == 1 and failures[0]["_ng_task_index"] == 2
     assert (failures[0]["path"], failures[0]["status"]) == ("/seed_session", 422)
     assert "unknown task_id" in failures[0]["error"]
+
+
+def test_a_sandbox_killed_by_its_command_is_reported_and_replaced(helper: RunHelper) -> None:
+    result = run_rollout(helper, AGENT, _row("sh_unique_ips", "killed"), timeout=120)
+    killed, listing = (orjson.loads(o) for o in _outputs(result)[:2])
+    assert killed["exit_code"] is None and "the sandbox died under this command" in killed["output"]
+    assert "No such file" in listing["output"] and listing["exit_code"] == 2  # a fresh workspace
+    assert result["reward"] == 1.0
+
+
+def test_a_lost_workspace_is_a_503_in_the_failures_sidecar_not_a_zero(
+    idle_helper: RunHelper, tmp_path: Path
+) -> None:
+    """The rollout's sandbox closed at its idle timeout before /verify: its workspace is gone, so there
+    is nothing to score (a 503, filed as a failure), never a reward computed on the untouched task."""
+    rows = [_row("cli_shout"), _row("cli_shout", "stall")]
+    code, out, err = collect_rollouts(idle_helper, rows, tmp_path, AGENT, "+max_attempts=1")
+    assert [r["reward"] for r in out] == [1.0], err[-2000:]
+    assert code == 1
+    lines = (tmp_path / "output_failures.jsonl").read_text().splitlines()
+    failures = [orjson.loads(line) for line in lines]
+    assert len(failures) == 1 and failures[0]["_ng_task_index"] == 1
+    assert (failures[0]["path"], failures[0]["status"]) == ("/verify", 503)
+    assert "workspace was lost" in failures[0]["error"] and "idle for 1 s" in failures[0]["error"]
