@@ -249,6 +249,7 @@ def test_tool_mistakes_and_escapes_are_tool_errors_and_hidden_tests_stay_hidden(
     assert edits[3]["output"].startswith(
         "Error: cannot read /workspace/link"
     )  # a symlink out is not followed
+    assert "ValueError" not in edits[3]["output"]
     assert edits[4]["output"].startswith("Error: cannot write /workspace/rootlink/tmp/x")
     assert "did not appear verbatim" in edits[5]["output"]
     assert "Multiple occurrences" in edits[6]["output"] and "lines [2, 4, 5, 6, 7]" in edits[6]["output"]
