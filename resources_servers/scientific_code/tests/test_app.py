@@ -313,3 +313,24 @@ def test_how_a_run_ended_decides_between_infrastructure_and_the_model() -> None:
     assert [r["code"] for r in records] == [None, None] and records[0]["ended"][0] == "timeout"
     assert harness_records(run('n0 {"ready": true}\n', oom_killed=True), "n0", 1)[0]["ended"][0] == "memory"
     assert harness_records(run('n0 {"ready": true}\n', rc=3), "n0", 1)[0]["ended"][0] == "crashed"
+
+
+def test_the_dry_run_config_answers_every_example_step_with_the_reference() -> None:
+    import yaml
+
+    from resources_servers.scientific_code.app import extract_code
+
+    path = (
+        Path(__file__).parents[3]
+        / "responses_api_models/scripted_model/configs/scripted_model_scientific_code.yaml"
+    )
+    rules = yaml.safe_load(path.read_text())["policy_model"]["responses_api_models"]["scripted_model"][
+        "scripts_by_input"
+    ]
+    answers = {rule["contains"]: extract_code(rule["turns"][0]["text"]) for rule in rules}
+    expected = {
+        f"STEP {row['problem_id']}.{k + 1} (": step.reference.strip("\n") + "\n"
+        for row in ROWS
+        for k, step in enumerate(BY_ID[row["problem_id"]].steps)
+    }
+    assert answers == expected
