@@ -40,6 +40,7 @@ import asyncio
 import json
 import re
 import secrets
+from functools import lru_cache
 from typing import Any, ClassVar
 
 import numpy as np
@@ -119,8 +120,10 @@ class SubStep(BaseModel):
         return function_name(self.function_header)
 
 
+@lru_cache(maxsize=4096)
 def function_name(header: str) -> str:
-    """The name of the function a step header declares (``ValueError`` if it declares no function)."""
+    """The name of the function a step header declares (``ValueError`` if it declares no function).
+    Cached: every ``/seed_session`` and ``/verify`` of a row checks the same headers."""
     try:
         tree = ast.parse(header + "\n    pass")
     except SyntaxError as e:
@@ -140,13 +143,19 @@ class ScientificCodeRow(BaseModel):
     @field_validator("required_dependencies")
     @classmethod
     def _imports(cls, dependencies: str) -> str:
-        try:
-            tree = ast.parse(dependencies)
-        except SyntaxError as e:
-            raise ValueError(f"required_dependencies does not parse: {e.msg}") from None
-        if not all(isinstance(n, ast.Import | ast.ImportFrom) for n in tree.body):
-            raise ValueError("required_dependencies must hold import statements only")
-        return dependencies
+        return _checked_imports(dependencies)
+
+
+@lru_cache(maxsize=1024)
+def _checked_imports(dependencies: str) -> str:
+    """``dependencies`` if it is import lines only (``ValueError`` otherwise); cached like headers."""
+    try:
+        tree = ast.parse(dependencies)
+    except SyntaxError as e:
+        raise ValueError(f"required_dependencies does not parse: {e.msg}") from None
+    if not all(isinstance(n, ast.Import | ast.ImportFrom) for n in tree.body):
+        raise ValueError("required_dependencies must hold import statements only")
+    return dependencies
 
 
 class ScientificCodeSeedSessionRequest(ScientificCodeRow, BaseSeedSessionRequest):
