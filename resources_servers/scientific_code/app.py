@@ -217,7 +217,7 @@ def compare(value: Any, case: TestCase) -> str | None:
     worst = int(np.nanargmax(np.where(np.isnan(error), np.inf, error))) if error.size else 0
     return (
         f"value off the target (rtol {case.rtol:g}, atol {case.atol:g}): "
-        f"{got.flat[worst]!r} where {want.flat[worst]!r} was expected"
+        f"{float(got.flat[worst])!r} where {float(want.flat[worst])!r} was expected"
     )
 
 

@@ -68,7 +68,7 @@ def encode(value):
 
 config = json.load(open("steps.json"))
 timeout = float(config["step_timeout_s"])
-namespace = {"__name__": "__main__"}
+namespace = {"__name__": "solution"}  # a model's `if __name__ == "__main__":` demo does not run
 exec(compile(config["dependencies"], "<dependencies>", "exec"), namespace)
 emit({"ready": True})
 sys.stdout = open(os.devnull, "w")
