@@ -195,7 +195,8 @@ def test_ng_bench_suite_all_runs_the_chosen_parts_into_one_report(tmp_path: Path
 
 def test_ng_bench_derives_the_inner_calls_of_each_agent_from_a_result() -> None:
     """The bare stack makes the calls the real agent made: simple_agent's from its output items,
-    aviary_agent's from ``response.steps``, gymnasium_agent's from ``episode_steps``."""
+    aviary_agent's from ``response.steps``, gymnasium_agent's from ``episode_steps``, scicode_agent's
+    from ``step_answers``."""
     from nemo_gym.tools.bench.stack import _inner_calls
 
     call = {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"}
@@ -208,3 +209,11 @@ def test_ng_bench_derives_the_inner_calls_of_each_agent_from_a_result() -> None:
     assert _inner_calls(aviary) == ["a", "b", "a", "b", "a", "a"]
     # reset, (model, step) x 3, close
     assert _inner_calls({"response": {"output": []}, "episode_steps": 3}) == ["a", *(["b", "a"] * 3), "a"]
+    # scicode_agent: seed, one model call per step, verify
+    assert _inner_calls({"response": {"output": []}, "step_answers": ["", "", ""]}) == [
+        "a",
+        "b",
+        "b",
+        "b",
+        "a",
+    ]

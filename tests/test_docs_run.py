@@ -156,6 +156,10 @@ SKIP: dict[tuple[str, str], str] = {
         'ng_run "+config_paths=[resources_servers/literature_qa/',
     ): _LOCAL_MODEL,
     (
+        "resources_servers/scientific_code/README.md",
+        'ng_run "+config_paths=[resources_servers/scientific_code/',
+    ): _LOCAL_MODEL,
+    (
         "resources_servers/code_gen/README.md",
         'ng_run "+config_paths=[resources_servers/code_gen/',
     ): _LOCAL_MODEL,

@@ -83,6 +83,8 @@ ENVS = {
     "law_discovery": Env("law_discovery"),
     "chemistry": Env("chemistry"),
     "literature_qa": Env("literature_qa"),
+    # Its own agent (one model turn per step); on the default scripted turn (no code) no sandbox run.
+    "scientific_code": Env("scientific_code", agent="scientific_code_agent"),
     "aviary_gsm8k": Env("aviary", "gsm8k_aviary.yaml", "gsm8k_aviary_agent", "gsm8k_example.jsonl"),
     "aviary_hotpotqa": Env(
         "aviary", "hotpotqa_aviary.yaml", "hotpotqa_aviary_agent", "hotpotqa_example.jsonl"

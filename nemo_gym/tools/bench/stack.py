@@ -230,7 +230,8 @@ class BareStack:
 
 def _inner_calls(result: dict[str, Any]) -> list[str]:
     """The agent's inner calls for one rollout, derived from a real result: seed, model/tool turns, verify
-    (simple_agent); aviary_agent's and gymnasium_agent's results are recognised by their own fields."""
+    (simple_agent); aviary_agent's, gymnasium_agent's and scicode_agent's results are recognised by their
+    own fields."""
     steps = result["response"].get("steps")
     if isinstance(steps, list):  # aviary_agent: /seed_session, per turn model (+ /step), /close, /verify
         calls = ["a"]
@@ -240,6 +241,9 @@ def _inner_calls(result: dict[str, Any]) -> list[str]:
     episode_steps = result.get("episode_steps")
     if isinstance(episode_steps, int):  # gymnasium_agent: /reset, per turn model + /step, /close
         return ["a", *(["b", "a"] * episode_steps), "a"]
+    step_answers = result.get("step_answers")
+    if isinstance(step_answers, list):  # scicode_agent: /seed_session, one model call per step, /verify
+        return ["a", *(["b"] * len(step_answers)), "a"]
     calls = ["a"]  # /seed_session -> resources
     output = result["response"]["output"]
     calls.append("b")  # first model call

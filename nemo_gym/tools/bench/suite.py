@@ -73,6 +73,7 @@ ENVIRONMENTS: dict[str, list[str]] = {
     "aviary_gsm8k": _aviary("gsm8k"),
     "aviary_hotpotqa": _aviary("hotpotqa"),
     "gymnasium": ["+env=gymnasium", "+agent_name=gymnasium_agent"],
+    "scientific_code": ["+env=scientific_code", "+agent_name=scientific_code_agent"],
 }
 # figure -> (comparison, bound); ">=": at least, "<=": at most.
 AIMS: dict[str, tuple[str, float]] = {
