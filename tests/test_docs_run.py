@@ -152,6 +152,10 @@ SKIP: dict[tuple[str, str], str] = {
         'ng_run "+config_paths=[resources_servers/literature_qa/',
     ): _LOCAL_MODEL,
     (
+        "resources_servers/data_analysis_capsules/README.md",
+        'ng_run "+config_paths=[resources_servers/data_analysis_capsules/',
+    ): _LOCAL_MODEL,
+    (
         "resources_servers/code_gen/README.md",
         'ng_run "+config_paths=[resources_servers/code_gen/',
     ): _LOCAL_MODEL,
