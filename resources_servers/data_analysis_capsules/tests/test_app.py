@@ -58,6 +58,8 @@ def test_the_generator_reproduces_the_shipped_data_and_answers() -> None:
             assert text.count("\n") <= 400  # a few hundred rows at most
     assert ROWS == [r for r in ALL if r["capsule_id"] in EXAMPLE_CAPSULES] and len(ROWS) == 5
     assert {r["eval_mode"] for r in ALL} == {"range_verifier", "mcq"}
+    questions = [r["question"] for r in ALL]  # each is the scripted model's key for its row: none in another
+    assert not [(a, b) for a in questions for b in questions if a != b and a in b]
     for row in ALL:  # the answer is never in what the model is shown
         assert str(row["ideal"]) not in str(row["responses_create_params"]) + row["question"]
 
@@ -166,7 +168,7 @@ def _scripts() -> list[dict[str, Any]]:
             {"tool_calls": [{"name": "list_workdir", "arguments": {}}]},
             _cell(BY_ID[row["capsule_id"]].solution),
         ]
-        rules.append({"contains": row["question"][:120], "turns": [*turns, _submit(_answer_text(row))]})
+        rules.append({"contains": row["question"], "turns": [*turns, _submit(_answer_text(row))]})
     return rules
 
 
@@ -235,3 +237,18 @@ def test_a_dead_kernel_is_an_infrastructure_error_not_a_zero(helper: RunHelper) 
     inner = resp.json()["error"]["inner"]
     assert (inner["path"], inner["status"]) == ("/verify", 503)
     assert "kernel died" in str(inner["detail"]) and "not scored" in str(inner["detail"])
+
+
+def test_the_dry_run_config_plays_the_right_trajectory_on_each_example_row() -> None:
+    import yaml
+
+    path = Path("responses_api_models/scripted_model/configs/scripted_model_data_analysis_capsules.yaml")
+    if not path.is_file():
+        from nemo_gym.config.keys import PACKAGE_PARENT_DIR
+
+        path = PACKAGE_PARENT_DIR / path
+    rules = yaml.safe_load(path.read_text())["policy_model"]["responses_api_models"]["scripted_model"]
+    right = {r["contains"]: r["turns"] for r in _scripts() if not r["contains"].startswith("[")}
+    assert len(rules["scripts_by_input"]) == len(ROWS) == 5
+    for rule, row in zip(rules["scripts_by_input"], ROWS, strict=True):
+        assert rule["contains"] == row["question"] and rule["turns"] == right[rule["contains"]]
