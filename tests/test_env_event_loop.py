@@ -85,6 +85,10 @@ ENVS = {
     "literature_qa": Env("literature_qa"),
     # Its own agent (one model turn per step); on the default scripted turn (no code) no sandbox run.
     "scientific_code": Env("scientific_code", agent="scientific_code_agent"),
+    # A Jupyter kernel per rollout (a second or two to start, in bubblewrap): few rollouts, marked slow.
+    "data_analysis_capsules": Env(
+        "data_analysis_capsules", agent="data_analysis_capsules_agent", num_rollouts=10
+    ),
     "aviary_gsm8k": Env("aviary", "gsm8k_aviary.yaml", "gsm8k_aviary_agent", "gsm8k_example.jsonl"),
     "aviary_hotpotqa": Env(
         "aviary", "hotpotqa_aviary.yaml", "hotpotqa_aviary_agent", "hotpotqa_example.jsonl"
@@ -98,7 +102,7 @@ ENVS = {
     "gymnasium": Env("gymnasium", agent="gymnasium_agent", num_rollouts=24),
 }
 # Slow to start (Aviary imports LiteLLM) or to run; GSM8K stands for Aviary in the quick set.
-SLOW = {"code_gen", "math_with_code", "gymnasium", "aviary_hotpotqa"}
+SLOW = {"code_gen", "math_with_code", "gymnasium", "aviary_hotpotqa", "data_analysis_capsules"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in ENVS])

@@ -215,6 +215,7 @@ class _Finished:
     step_rewards: list[float]
     done: bool
     reason: str
+    info: dict[str, Any] = field(default_factory=dict)  # env_info() of the env when it closed
 
 
 class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC):
@@ -287,11 +288,7 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
     ) -> AviarySeedSessionResponse:
         """Make and reset the env for ``task_idx`` (waits, bounded, for a free slot); the env belongs to
         the session of this request (its cookie)."""
-        n = len(self.dataset)
-        if not 0 <= body.task_idx < n:
-            raise HTTPException(
-                422, f"task_idx {body.task_idx} is out of range: this dataset has {n} tasks (0..{n - 1})"
-            )
+        self.check_seed_request(body)
         slots = self._slots_sem()
         try:
             await asyncio.wait_for(slots.acquire(), timeout=self.config.seed_wait_timeout_s)
@@ -306,7 +303,7 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
                 headers={"Retry-After": str(max(1, math.ceil(waited)))},
             ) from None
         try:
-            env, obs, tools = await self._new_env(body.task_idx)
+            env, obs, tools = await self._new_env(body.task_idx, body)
         except BaseException:
             slots.release()
             raise
@@ -440,6 +437,34 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
             return AviaryCloseResponse(message=error, success=False)
         return AviaryCloseResponse(message="Success", success=True)
 
+    # -- hooks for subclasses --------------------------------------------------------------------------
+    def check_seed_request(self, body: AviarySeedSessionRequest) -> None:
+        """Refuse a seed request the server cannot serve (``HTTPException``): here, a ``task_idx``
+        outside the dataset (422 naming the range)."""
+        n = len(self.dataset)
+        if not 0 <= body.task_idx < n:
+            raise HTTPException(
+                422, f"task_idx {body.task_idx} is out of range: this dataset has {n} tasks (0..{n - 1})"
+            )
+
+    def new_env(self, task_idx: int, body: AviarySeedSessionRequest | None = None) -> Environment:
+        """The env of a seed request, not yet reset: the dataset's task ``task_idx``. A server whose rows
+        carry the task itself (data_analysis_capsules) builds it from ``body`` instead."""
+        return self.dataset.get_new_env_by_idx(task_idx)
+
+    def env_info(self, env: Environment) -> dict[str, Any]:
+        """What ``/verify`` may report of an env beyond its rewards, read when the env closes (kept
+        with its finished record): nothing here; a subclass returns its metrics."""
+        return {}
+
+    def record_info(self, env_id: str) -> dict[str, Any]:
+        """``env_info`` of a live env, or what was kept when it closed ({} when unknown)."""
+        live = self._live.get(env_id)
+        if live is not None:
+            return self.env_info(live.env)
+        finished = self._finished.get(env_id)
+        return dict(finished.info) if finished is not None else {}
+
     async def env_stats(self) -> dict[str, Any]:
         """``GET /env_stats``: live and peak env counts and totals (for tests and operators)."""
         return {
@@ -508,11 +533,13 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
             texts.append(why)
         return "\n".join(texts) or None
 
-    async def _new_env(self, task_idx: int) -> tuple[Environment, list[Message], list[Tool]]:
+    async def _new_env(
+        self, task_idx: int, body: AviarySeedSessionRequest | None = None
+    ) -> tuple[Environment, list[Message], list[Tool]]:
         """Construct and reset the env of ``task_idx`` (on the worker thread with ``RESET_OFF_LOOP``),
         bounded by ``reset_timeout_s``; an env whose reset fails is closed before the error is raised."""
         if not self.RESET_OFF_LOOP:
-            env = self.dataset.get_new_env_by_idx(task_idx)
+            env = self.new_env(task_idx, body)
             try:
                 async with asyncio.timeout(self.config.reset_timeout_s):
                     obs, tools = await env.reset()
@@ -522,7 +549,9 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
             return env, obs, tools
         if self._reset_pool is None:
             self._reset_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aviary-reset")
-        made = asyncio.get_running_loop().run_in_executor(self._reset_pool, self._make_and_reset, task_idx)
+        made = asyncio.get_running_loop().run_in_executor(
+            self._reset_pool, self._make_and_reset, task_idx, body
+        )
         try:
             async with asyncio.timeout(self.config.reset_timeout_s):
                 env, outcome = await asyncio.shield(made)
@@ -536,9 +565,11 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
         obs, tools = outcome
         return env, obs, tools
 
-    def _make_and_reset(self, task_idx: int) -> tuple[Environment, Any]:
+    def _make_and_reset(
+        self, task_idx: int, body: AviarySeedSessionRequest | None = None
+    ) -> tuple[Environment, Any]:
         """On the worker thread: the new env and ``reset()``'s answer, or the exception it raised."""
-        env = self.dataset.get_new_env_by_idx(task_idx)
+        env = self.new_env(task_idx, body)
         try:
             return env, _run_coroutine_here(env.reset())
         except Exception as e:  # noqa: BLE001 - raised on the event loop, after the env is closed
@@ -566,8 +597,13 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
         if live is None:
             return None
         try:
+            try:
+                info = self.env_info(live.env)
+            except Exception as e:  # noqa: BLE001 - the close must go on; verify reports no metrics
+                logger.warning("env_info of env %s failed: %s: %s", env_id, type(e).__name__, e)
+                info = {}
             self._finished[env_id] = _Finished(
-                live.task_idx, live.session_id, live.step_rewards, live.done, reason
+                live.task_idx, live.session_id, live.step_rewards, live.done, reason, info
             )
             while len(self._finished) > self.config.max_finished_records:
                 self._finished.popitem(last=False)

@@ -34,6 +34,7 @@ import resource  # noqa: E402
 import shutil
 import signal
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -45,10 +46,14 @@ from aviary.core import Message, Messages, TaskDataset, Tool
 from aviary.envs.notebook import NBEnvironment
 from aviary.envs.notebook.env import NBEnvironmentState
 from resources_servers.aviary.app import AviaryResourcesServer, resolve_data_path
-from resources_servers.aviary.offline import DatasetFileError
+from resources_servers.aviary.offline import DatasetFileError, tool_of
 from resources_servers.aviary.schemas import AviaryResourcesServerConfig
 
 logger = logging.getLogger(__name__)
+
+
+# One thread, alive as long as the process, that starts every kernel process (see _async_launch_kernel).
+_KERNEL_LAUNCHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernel-launch")
 
 
 class SandboxedKernelManager(AsyncKernelManager):
@@ -57,6 +62,17 @@ class SandboxedKernelManager(AsyncKernelManager):
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
         cmd = super().format_kernel_cmd(extra_arguments)
         return [*getattr(self, "wrapper_argv", []), *cmd]
+
+    async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
+        """Start the kernel process on the launcher thread, not on the event loop: jupyter_client's
+        ``Popen`` (fork and exec of the server's large process, with a ``preexec_fn``) blocks for
+        0.1-0.2 s, more under load, and stalled every other request of the server. The thread never
+        exits before the process does: the kernel's ``PR_SET_PDEATHSIG`` (and bubblewrap's
+        ``--die-with-parent``) fire when the *thread* that forked it exits."""
+        launch = super()._async_launch_kernel
+        await asyncio.get_running_loop().run_in_executor(
+            _KERNEL_LAUNCHER, lambda: asyncio.run(launch(kernel_cmd, **kw))
+        )
 
 
 def _python_and_code_dirs() -> list[str]:
@@ -216,11 +232,8 @@ class CSVAnalysisEnv(NBEnvironment[LimitedNBEnvironmentState]):
             limits=self.limits,
             sandbox=self.sandbox,
         )
-        self.tools = [
-            Tool.from_function(self.edit_cell),
-            Tool.from_function(self.list_workdir),
-            Tool.from_function(self.submit_answer),
-        ]
+        # Aviary's tools, their schemas built once per env class (offline.tool_of), not per episode.
+        self.tools = [tool_of(self.edit_cell), tool_of(self.list_workdir), tool_of(self.submit_answer)]
         intro = Message(
             content="Use the notebook to analyse the CSV files in the working directory and answer: "
             f"{self.question}\nRun code with edit_cell, then call submit_answer with the final answer only."

@@ -81,6 +81,11 @@ class AviaryAgentConfig(BaseResponsesAPIAgentConfig):
         description="Stop once a model turn's total tokens reach this (model context limit).",
     )
     close_timeout_s: float = Field(default=60.0, gt=0)
+    send_row_to_seed_session: bool = Field(
+        default=False,
+        description="Send the whole task row to /seed_session (for servers whose rows carry the task, e.g. "
+        "data_analysis_capsules), not only task_idx and responses_create_params.",
+    )
     return_transitions: bool = Field(
         default=False,
         description="Upstream's nested per-transition output; not offered: the output stays one flat "
@@ -191,7 +196,10 @@ class AviaryAgent(SimpleResponsesAPIAgent):
         """``/seed_session`` (its answer and the session cookie it set); a 503 (every env slot busy) is
         retried with backoff until ``seed_session_timeout_s`` has passed, then fails the rollout."""
         resources = self.config.resources_server.name
-        body = {"task_idx": row["task_idx"], "responses_create_params": row["responses_create_params"]}
+        if self.config.send_row_to_seed_session:
+            body = dict(row)
+        else:
+            body = {"task_idx": row["task_idx"], "responses_create_params": row["responses_create_params"]}
         deadline = time.monotonic() + self.config.seed_session_timeout_s
         delay = 0.02
         while True:

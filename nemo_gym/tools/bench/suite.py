@@ -74,6 +74,7 @@ ENVIRONMENTS: dict[str, list[str]] = {
     "aviary_hotpotqa": _aviary("hotpotqa"),
     "gymnasium": ["+env=gymnasium", "+agent_name=gymnasium_agent"],
     "scientific_code": ["+env=scientific_code", "+agent_name=scientific_code_agent"],
+    "data_analysis_capsules": ["+env=data_analysis_capsules", "+agent_name=data_analysis_capsules_agent"],
 }
 # figure -> (comparison, bound); ">=": at least, "<=": at most.
 AIMS: dict[str, tuple[str, float]] = {

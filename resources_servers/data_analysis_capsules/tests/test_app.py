@@ -1,0 +1,254 @@
+"""data_analysis_capsules: the generator's proofs, the grading, and rollouts on real servers and kernels.
+
+The generator tests need no server. The rollout tests start one set of servers (the capsule server with
+real sandboxed kernels, aviary_agent, the scripted model) and keep kernel start-ups few: each right
+trajectory runs the capsule's solution cell in the kernel (its printed value is checked against the
+stored answer) and submits; ng_collect_rollouts then scores right, wrong and malformed rows and refuses
+a broken one.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from nemo_gym.cli import RunHelper
+from nemo_gym.tools.testing import (
+    collect_rollouts,
+    example_rows,
+    post_json,
+    running_servers,
+    server_url,
+)
+from resources_servers.data_analysis_capsules.app import CapsuleRow, grade
+from resources_servers.data_analysis_capsules.capsules import BY_ID, SPECS
+from resources_servers.data_analysis_capsules.scripts.generate_dataset import (
+    CAPSULES_DIR,
+    DATA,
+    EXAMPLE_CAPSULES,
+    SHIPPED_SEED,
+    build,
+)
+
+ENV = "data_analysis_capsules"
+CONFIG = f"resources_servers/{ENV}/configs/{ENV}.yaml"
+AGENT = f"{ENV}_agent"
+ROWS = example_rows(ENV)
+ALL = [orjson.loads(line) for line in (DATA / "capsules.jsonl").read_bytes().splitlines()]
+BY_CAPSULE = {r["capsule_id"]: r for r in ALL}
+
+
+# ------------------------------------------------------------------------------------------------
+# The generator: reproducible, and every planted effect really there.
+
+
+def test_the_generator_reproduces_the_shipped_data_and_answers() -> None:
+    built = build(SHIPPED_SEED)
+    assert [row for row, _ in built] == ALL and len(ALL) == len(SPECS) >= 10
+    for row, files in built:
+        for name, text in files.items():
+            assert (CAPSULES_DIR / row["data_folder"] / name).read_text() == text, (row["capsule_id"], name)
+            assert text.count("\n") <= 400  # a few hundred rows at most
+    assert ROWS == [r for r in ALL if r["capsule_id"] in EXAMPLE_CAPSULES] and len(ROWS) == 5
+    assert {r["eval_mode"] for r in ALL} == {"range_verifier", "mcq"}
+    questions = [r["question"] for r in ALL]  # each is the scripted model's key for its row: none in another
+    assert not [(a, b) for a in questions for b in questions if a != b and a in b]
+    for row in ALL:  # the answer is never in what the model is shown
+        assert str(row["ideal"]) not in str(row["responses_create_params"]) + row["question"]
+
+
+def test_every_planted_effect_is_there() -> None:
+    ref = {r["capsule_id"]: r["reference"] for r in ALL}
+    assert ref["ttest_pvalue"]["p"] < 0.01 and ref["mean_difference"]["p"] < 0.01
+    assert ref["regression_slope"]["p"] < 1e-3
+    assert (
+        abs(ref["regression_slope"]["slope"] - ref["regression_slope"]["planted_slope"])
+        < 3 * ref["regression_slope"]["stderr"]
+    )
+    for survival in ("survival_median", "survival_logrank"):
+        assert ref[survival]["p"] < 0.01 and ref[survival]["median_new"] > ref[survival]["median_standard"]
+    # Confounding: a strong raw correlation that adjusting for age removes (and no other candidate does).
+    assert ref["partial_correlation"]["raw_r"] > 0.3 and abs(ref["partial_correlation"]["partial_r"]) < 0.15
+    choice = ref["confounder_choice"]["partial_r"]
+    assert abs(choice["age"]) < 0.1 and min(abs(v) for k, v in choice.items() if k != "age") > 0.3
+    assert BY_CAPSULE["confounder_choice"]["ideal"] == "age"
+    assert ref["anova_diets"]["p"] < 0.01 and ref["chi_square_genotype"]["p"] < 0.01
+    assert abs(ref["dose_response_ec50"]["ec50"] / ref["dose_response_ec50"]["planted_ec50"] - 1) < 0.15
+    assert ref["paired_ldl"]["p"] < 0.01 < 0.1 < ref["paired_ldl"]["unpaired_p"]  # pairing matters
+    robust = ref["robust_median_difference"]
+    assert robust["median_difference"] < 0 < robust["mean_difference"]  # outliers flip the mean
+    genes = ref["de_gene_choice"]["bonferroni_p"]
+    assert [g for g, p in genes.items() if p < 0.05] == [BY_CAPSULE["de_gene_choice"]["ideal"]]
+    # Another seed: other data, every capsule still proven (draw_capsule raises otherwise).
+    other = [row for row, _ in build(1)]
+    assert [r["ideal"] for r in other] != [r["ideal"] for r in ALL]
+
+
+def test_grading_numbers_options_and_malformed_answers() -> None:
+    rel = CapsuleRow.model_validate(BY_CAPSULE["ttest_pvalue"])
+    p = rel.ideal
+    assert grade(rel, f"{p * 1.005:.6g}").correct and not grade(rel, f"{p * 1.02:.6g}").correct
+    assert grade(rel, f"p = {p:.4g}.").correct
+    bad = grade(rel, "very small")
+    assert (bad.parse_status, bad.failure_reason) == (
+        "unparseable",
+        "unparseable",
+    ) and "no number" in bad.reason
+    assert "2 numbers" in grade(rel, "between 0.01 and 0.02").reason
+    absolute = CapsuleRow.model_validate(BY_CAPSULE["robust_median_difference"])
+    assert grade(absolute, f"{absolute.ideal + 0.009:.3f}").correct
+    assert grade(absolute, f"{absolute.ideal - 0.02:.3f}").failure_reason == "wrong_answer"
+    assert grade(absolute, "\u22124.71").correct  # a typographic minus
+    mcq = CapsuleRow.model_validate(BY_CAPSULE["confounder_choice"])
+    letter = "ABCD"[mcq.options.index("age")]
+    assert grade(mcq, letter).correct and grade(mcq, f"({letter.lower()})").correct
+    assert grade(mcq, "Age").correct and grade(mcq, f"{letter}. age").correct
+    wrong = "ABCD"[mcq.options.index("clinic")]
+    assert grade(mcq, wrong).failure_reason == "wrong_answer"
+    assert grade(mcq, "Z").parse_status == "unparseable" and grade(mcq, f"{letter}. clinic").parse_status == (
+        "unparseable"
+    )
+    with pytest.raises(ValueError, match="tolerance"):
+        CapsuleRow.model_validate({**BY_CAPSULE["ttest_pvalue"], "tolerance": None})
+    with pytest.raises(ValueError, match="not one of the options"):
+        CapsuleRow.model_validate({**BY_CAPSULE["confounder_choice"], "ideal": "weight"})
+
+
+# ------------------------------------------------------------------------------------------------
+# Rollouts on real servers and kernels.
+
+
+def _cell(code: str) -> dict[str, Any]:
+    return {"tool_calls": [{"name": "edit_cell", "arguments": {"contents": code}}]}
+
+
+def _submit(answer: str) -> dict[str, Any]:
+    return {"tool_calls": [{"name": "submit_answer", "arguments": {"answer": answer}}]}
+
+
+def _answer_text(row: dict[str, Any]) -> str:
+    if row["eval_mode"] == "mcq":
+        return "ABCDEFGHIJ"[row["options"].index(row["ideal"])]
+    return repr(row["ideal"])
+
+
+def _wrong_text(row: dict[str, Any]) -> str:
+    if row["eval_mode"] == "mcq":
+        return "ABCDEFGHIJ"[next(i for i, o in enumerate(row["options"]) if o != row["ideal"])]
+    return repr(row["ideal"] * 1.5 + 1.0)
+
+
+def _tagged(row: dict[str, Any], tag: str) -> dict[str, Any]:
+    out = copy.deepcopy(row)
+    out["responses_create_params"]["input"] = [{"role": "user", "content": f"Work carefully. [{tag}]"}]
+    return out
+
+
+def _scripts() -> list[dict[str, Any]]:
+    rules = []
+    for row in ALL:
+        cid, solution = row["capsule_id"], BY_ID[row["capsule_id"]].solution
+        rules += [
+            {"contains": f"[wrong {cid}]", "turns": [_cell(solution), _submit(_wrong_text(row))]},
+            {"contains": f"[malformed {cid}]", "turns": [_submit("I could not decide")]},
+            {
+                "contains": f"[crash {cid}]",
+                "turns": [_cell("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")],
+            },
+        ]
+    for row in ALL:  # untagged rows: the right trajectory (matched on the capsule's question)
+        turns = [
+            {"tool_calls": [{"name": "list_workdir", "arguments": {}}]},
+            _cell(BY_ID[row["capsule_id"]].solution),
+        ]
+        rules.append({"contains": row["question"], "turns": [*turns, _submit(_answer_text(row))]})
+    return rules
+
+
+@pytest.fixture(scope="module")
+def helper() -> Iterator[RunHelper]:
+    extra = {"policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": _scripts()}}}}
+    with running_servers([CONFIG], extra) as h:
+        yield h
+
+
+def _printed_value(result: dict[str, Any]) -> str:
+    """The last notebook view's output of the solution cell."""
+    views = [o["content"] for o in result["response"]["output"] if o.get("is_env_state")]
+    return views[-1]
+
+
+def test_right_wrong_malformed_and_broken_rows_through_ng_collect_rollouts(
+    helper: RunHelper, tmp_path: Path
+) -> None:
+    kinds = ["ttest_pvalue", "survival_median", "confounder_choice", "dose_response_ec50"]
+    right = [BY_CAPSULE[k] for k in kinds]
+    wrong = _tagged(BY_CAPSULE["chi_square_genotype"], "wrong chi_square_genotype")
+    malformed = _tagged(BY_CAPSULE["regression_slope"], "malformed regression_slope")
+    broken = {**BY_CAPSULE["anova_diets"], "data_folder": "seed0/../../../aviary"}
+    code, out, err = collect_rollouts(
+        helper, [*right, wrong, malformed, broken], tmp_path, AGENT, "+max_attempts=1"
+    )
+    assert [r["reward"] for r in out] == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0], err[-3000:]
+    for row, result in zip(right, out, strict=False):
+        assert result["failure_reason"] == "pass" and result["answer_parse_status"] == "parsed"
+        assert result["cells_run"] == 1 and result["capsule_id"] == row["capsule_id"]
+        view = _printed_value(result)
+        if row["eval_mode"] == "range_verifier":  # the kernel computed the stored answer from the CSV
+            printed = float(re.findall(r"[-+]?\d+\.\d+(?:e[-+]?\d+)?", view)[-1])
+            assert math.isclose(printed, row["ideal"], rel_tol=1e-6), (row["capsule_id"], view[-400:])
+        else:
+            assert "'age': 0.0" in view or "'age': -0.0" in view, view[-400:]
+    assert (out[4]["failure_reason"], out[4]["answer_parse_status"]) == ("wrong_answer", "parsed")
+    assert "not within the tolerance" in out[4]["reason"] and out[4]["cells_run"] == 1
+    assert (out[5]["failure_reason"], out[5]["answer_parse_status"]) == ("unparseable", "unparseable")
+    assert "no number" in out[5]["reason"] and out[5]["cells_run"] == 0
+    assert code == 1  # the broken row failed: reported, not scored
+    failures = [orjson.loads(line) for line in (tmp_path / "output_failures.jsonl").read_text().splitlines()]
+    assert len(failures) == 1 and failures[0]["_ng_task_index"] == 6
+    assert (failures[0]["path"], failures[0]["status"]) == ("/seed_session", 422)
+    assert "data_folder" in failures[0]["error"]
+
+
+def test_rows_missing_fields_are_refused_before_any_rollout(helper: RunHelper, tmp_path: Path) -> None:
+    base = server_url(helper, ENV)
+    missing = {k: v for k, v in ROWS[0].items() if k != "ideal"}
+    resp = post_json(base + "/seed_session", missing)
+    assert resp.status_code == 422 and "ideal" in resp.text
+    no_tolerance = {k: v for k, v in ROWS[0].items() if k != "tolerance"}
+    resp = post_json(base + "/seed_session", no_tolerance)
+    assert resp.status_code == 422 and "tolerance" in resp.text
+    # ng_collect_rollouts checks rows against the server's row schema before it sends anything.
+    code, out, err = collect_rollouts(helper, [ROWS[0], missing], tmp_path, AGENT)
+    assert code != 0 and out == [] and "ideal" in err, err[-2000:]
+
+
+def test_a_dead_kernel_is_an_infrastructure_error_not_a_zero(helper: RunHelper) -> None:
+    row = _tagged(BY_CAPSULE["anova_diets"], "crash anova_diets")
+    resp = post_json(server_url(helper, AGENT) + "/run", row, timeout=180)
+    assert resp.status_code == 502, resp.text[:2000]
+    inner = resp.json()["error"]["inner"]
+    assert (inner["path"], inner["status"]) == ("/verify", 503)
+    assert "kernel died" in str(inner["detail"]) and "not scored" in str(inner["detail"])
+
+
+def test_the_dry_run_config_plays_the_right_trajectory_on_each_example_row() -> None:
+    import yaml
+
+    path = Path("responses_api_models/scripted_model/configs/scripted_model_data_analysis_capsules.yaml")
+    if not path.is_file():
+        from nemo_gym.config.keys import PACKAGE_PARENT_DIR
+
+        path = PACKAGE_PARENT_DIR / path
+    rules = yaml.safe_load(path.read_text())["policy_model"]["responses_api_models"]["scripted_model"]
+    right = {r["contains"]: r["turns"] for r in _scripts() if not r["contains"].startswith("[")}
+    assert len(rules["scripts_by_input"]) == len(ROWS) == 5
+    for rule, row in zip(rules["scripts_by_input"], ROWS, strict=True):
+        assert rule["contains"] == row["question"] and rule["turns"] == right[rule["contains"]]
