@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -171,7 +172,7 @@ def test_wrong_commands_score_0(urls: dict[str, str]) -> None:
     assert result["reward"] == 0.0 and loop_numbers(result) == ("submitted", 2, 2, 0)
 
 
-def test_the_model_sees_a_system_prompt_and_no_tools(urls: dict[str, str]) -> None:
+def test_the_model_is_offered_no_tools(urls: dict[str, str]) -> None:
     """With no script the scripted model calls the first offered tool; here it answers text instead
     (so no tools reached it), which has no bash block: a format error."""
     result = run(urls, "unscripted")
@@ -354,3 +355,27 @@ def test_config_checks_its_bounds_and_the_action_regex() -> None:
     ):
         with pytest.raises(ValidationError, match=field):
             config.model_validate({**refs, **bad})
+
+
+def test_the_model_input_starts_with_the_system_prompt_and_drops_the_tools() -> None:
+    module = import_app()
+    refs = {
+        "name": "a",
+        "resources_server": {"type": "resources_servers", "name": "r"},
+        "model_server": {"type": "responses_api_models", "name": "m"},
+    }
+    params = {"input": "Fix it.", "tools": TOOLS, "tool_choice": "auto", "temperature": 0.5}
+    for overrides, first in (
+        ({}, f"echo {MARKER}"),
+        ({"submit_marker": "I_AM_DONE"}, "echo I_AM_DONE"),
+    ):
+        agent = SimpleNamespace(config=module.BashAgentConfig.model_validate({**refs, **overrides}))
+        base, items = module.BashAgent._model_params(agent, params)
+        assert base == {"temperature": 0.5}
+        assert [i["role"] for i in items] == ["system", "user"] and items[1]["content"] == "Fix it."
+        assert first in items[0]["content"] and "exactly ONE bash code block" in items[0]["content"]
+    agent = SimpleNamespace(
+        config=module.BashAgentConfig.model_validate({**refs, "system_prompt": "", "drop_tools": False})
+    )
+    base, items = module.BashAgent._model_params(agent, params)
+    assert base["tools"] == TOOLS and [i["role"] for i in items] == ["user"]
