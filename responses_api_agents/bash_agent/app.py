@@ -4,7 +4,7 @@ mini-swe-agent's idea, written here: no tool calling at all. One ``POST /run`` i
 
 1. ``POST /seed_session`` on the resources server with the task row (its session cookie is kept).
 2. A model turn on ``responses_create_params`` with the row's ``tools`` removed (``drop_tools``) and
-   ``system_prompt`` put first: the model must answer with exactly one fenced ```` ```bash ```` block
+   ``system_prompt`` added to the system message: the model must answer with exactly one fenced ```` ```bash ```` block
    (``action_regex``, mini-swe-agent's name and default shape).
 3. Exactly one block: its command goes to the resources server's ``bash`` tool (``POST /bash``
    ``{"command": ...}`` answering ``output``, ``exit_code`` and maybe ``timed_out``); the output, cut
@@ -53,8 +53,9 @@ MAX_TOTAL_TOKENS = "max_total_tokens"
 FORMAT_ERRORS = "format_errors"
 
 DEFAULT_SYSTEM_PROMPT = """\
-You work in a shell. Each of your answers must contain exactly ONE bash code block with ONE command \
-(or commands joined with && or ||), after a short explanation of why:
+You act only through shell commands: there are no tool calls here, whatever an earlier message says. \
+Each of your answers must contain exactly ONE bash code block with ONE command (or commands joined \
+with && or ||), after a short explanation of why:
 
 ```bash
 your_command_here
@@ -106,7 +107,8 @@ class BashAgentConfig(BaseResponsesAPIAgentConfig):
     max_output_chars: int = Field(default=10_000, ge=100)
     # The resources server's route that runs a command (POST {"command": str}).
     bash_tool: str = "bash"
-    # Put first in the model's input as a system message ({submit_marker} is filled in); "" for none.
+    # The format and the rules ({submit_marker} is filled in), appended to the row's first message when it
+    # is a system/developer one, else put first as a system message; "" for none.
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     # Remove the row's ``tools`` from the model request: this agent runs no tool calls.
     drop_tools: bool = True
@@ -214,7 +216,12 @@ class BashAgent(SimpleResponsesAPIAgent):
         items = [_user(raw)] if isinstance(raw, str) else list(raw)
         if self.config.system_prompt:
             prompt = self.config.system_prompt.replace("{submit_marker}", self.config.submit_marker)
-            items = [{"type": "message", "role": "system", "content": prompt}, *items]
+            first = items[0] if items else {}
+            if first.get("role") in ("system", "developer") and isinstance(first.get("content"), str):
+                # One system message, the row's then ours (many chat templates allow only one, first).
+                items = [{**first, "content": f"{first['content']}\n\n{prompt}"}, *items[1:]]
+            else:
+                items = [{"type": "message", "role": "system", "content": prompt}, *items]
         base = {k: v for k, v in params.items() if k != "input"}
         if self.config.drop_tools:
             for key in ("tools", "tool_choice", "parallel_tool_calls"):

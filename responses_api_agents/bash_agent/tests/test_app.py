@@ -379,3 +379,9 @@ def test_the_model_input_starts_with_the_system_prompt_and_drops_the_tools() -> 
     )
     base, items = module.BashAgent._model_params(agent, params)
     assert base["tools"] == TOOLS and [i["role"] for i in items] == ["user"]
+    # A row's own system message gets the prompt appended: still one system message, first.
+    agent = SimpleNamespace(config=module.BashAgentConfig.model_validate(refs))
+    row_input = [{"role": "system", "content": "Use the bash tool."}, {"role": "user", "content": "Fix it."}]
+    _, items = module.BashAgent._model_params(agent, {"input": row_input})
+    assert [i["role"] for i in items] == ["system", "user"]
+    assert items[0]["content"].startswith("Use the bash tool.\n\nYou act only through shell commands")
