@@ -148,6 +148,10 @@ SKIP: dict[tuple[str, str], str] = {
         'ng_run "+config_paths=[resources_servers/law_discovery/',
     ): _LOCAL_MODEL,
     (
+        "resources_servers/workspace_tasks/README.md",
+        'ng_run "+config_paths=[resources_servers/workspace_tasks/',
+    ): _LOCAL_MODEL,
+    (
         "resources_servers/literature_qa/README.md",
         'ng_run "+config_paths=[resources_servers/literature_qa/',
     ): _LOCAL_MODEL,

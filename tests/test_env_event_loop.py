@@ -90,6 +90,8 @@ ENVS = {
     # The sandboxed ones run programs in bubblewrap (tens of ms each): fewer rollouts, marked slow.
     "code_gen": Env("code_gen", num_rollouts=60),
     "math_with_code": Env("math_with_code", num_rollouts=40),
+    # A sandbox session per rollout, started and forked (~15 s for 40).
+    "workspace_tasks": Env("workspace_tasks", num_rollouts=40),
     # 30 model turns per episode on the scripted model (it never reaches a goal).
     "gymnasium": Env("gymnasium", agent="gymnasium_agent", num_rollouts=24),
 }

@@ -67,6 +67,7 @@ ENVIRONMENTS: dict[str, list[str]] = {
             "law_discovery",
             "chemistry",
             "literature_qa",
+            "workspace_tasks",
         )
     },
     "aviary_gsm8k": _aviary("gsm8k"),

@@ -1,0 +1,627 @@
+"""workspace_tasks: terminal and repository tasks in a workspace that lives for the rollout, checked by
+hidden tests in a fork of the final workspace.
+
+Contract
+--------
+* Row fields: ``task_id`` (one of :data:`~resources_servers.workspace_tasks.tasks.TASKS_BY_ID`; a
+  missing or unknown one is refused with 422 naming it, at ``/seed_session`` and ``/verify``, so a
+  broken row never starts a rollout), ``kind`` (informative) and ``responses_create_params`` (the
+  prompt says what to do; the hidden tests are never in it).
+* Every task's workspace is built once per process when the server starts (``tasks.build_workspace``:
+  files, and the ``git`` CLI for the merge tasks) and prepared once
+  (:func:`nemo_gym.sandbox.prepare_workspace`); each rollout's sandbox is a copy-on-write
+  :class:`~nemo_gym.sandbox.SandboxSession` over it (no network, uid 65534, host ``/usr`` read-only),
+  started at the rollout's first tool call and kept per rollout by
+  :class:`nemo_gym.sandbox.rollouts.RolloutSandboxes` (closed at ``/verify``, ``/end_session``, its
+  idle timeout / lifetime, eviction past ``max_rollouts``, and server shutdown).
+* Tools (the names agent harnesses use):
+
+  - ``POST /bash`` ``{"command": str}`` -> ``{"output": str, "exit_code": int | null, "timed_out": bool}``:
+    the command runs in ``/bin/bash`` in ``/workspace`` (stdout and stderr interleaved in ``output``,
+    which keeps its first and last ``max_output_chars / 2`` characters with a note of what was cut);
+    ``exit_code`` is null when the command was killed at ``command_timeout_s``. Files persist across
+    calls; background processes do not outlive their command.
+  - ``POST /str_replace_based_edit_tool`` (Anthropic's text-editor tool): ``command`` in ``view``,
+    ``create``, ``str_replace``, ``insert``; ``path`` relative to ``/workspace`` or absolute under it;
+    ``file_text`` (create), ``old_str``/``new_str`` (str_replace), ``insert_line``/``new_str`` (insert:
+    after that line, 0 = at the top), ``view_range`` ``[start, end]`` (end -1: to the end). Answers
+    ``{"output": str, "is_error": bool}``; the model's mistakes (a path outside ``/workspace`` or a
+    symlink out of it, ``old_str`` missing or not unique, a missing argument, a line out of range) are
+    ``is_error: true`` with a sentence saying what, never an HTTP error.
+* ``POST /verify``: the rollout's workspace is snapshotted and forked into a fresh sandbox (or, when no
+  tool ran, a fresh one starts from the task's workspace); the hidden tests (``tasks.PRELUDE`` + the
+  task's ``hidden_tests``) are sent on the runner's stdin (never written to the workspace) and each
+  ``test_*`` function runs with a per-test alarm (``test_timeout_s``: past it the test fails). Reward 1.0
+  iff every test passes; ``tests_passed`` is the fraction passed, with ``passed_count``, ``test_count``
+  and ``failed_tests`` (name: first line of the error). The runner's lines carry a random token, so
+  nothing the agent's code prints can pass as a result; a test whose process the agent's code killed
+  counts as failed. The rollout's sandbox is closed afterwards.
+* Infrastructure is never a reward: a sandbox that cannot start (SandboxUnavailableError, the session
+  bound: SandboxBusyError) or fails, a rollout whose workspace was lost (its sandbox closed at its idle
+  timeout or lifetime), or a runner that outlives ``verify_timeout_s`` answer 503 (the collector files
+  the rollout in its failures sidecar). The server refuses to start if bubblewrap is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import posixpath
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from fastapi import FastAPI, HTTPException, Request
+from pydantic import BaseModel, Field, PrivateAttr, field_validator
+
+from nemo_gym.sandbox import (
+    SandboxError,
+    SandboxProviderConfig,
+    SandboxSession,
+    SessionClosedError,
+    SessionLimits,
+    check_sandbox_available,
+    prepare_workspace,
+)
+from nemo_gym.sandbox.rollouts import RolloutSandbox, RolloutSandboxes
+from nemo_gym.server.base import get_session_id
+from nemo_gym.server.resources import (
+    BaseResourcesServerConfig,
+    BaseSeedSessionRequest,
+    BaseSeedSessionResponse,
+    BaseVerifyRequest,
+    BaseVerifyResponse,
+    ReverifyMode,
+    SimpleResourcesServer,
+    function_calls,
+)
+from resources_servers.workspace_tasks.tasks import PRELUDE, TASKS, TASKS_BY_ID, Task, build_workspace
+
+WORKSPACE = "/workspace"
+
+
+class WorkspaceTasksConfig(BaseResourcesServerConfig):
+    REVERIFY_MODE: ClassVar[ReverifyMode] = ReverifyMode.UNSUPPORTED  # verify reads the rollout's sandbox
+
+    command_timeout_s: float = Field(default=30.0, gt=0, description="Wall seconds per bash command")
+    max_output_chars: int = Field(default=10_000, ge=200, description="Characters of a tool's output kept")
+    memory_mib: int = Field(default=1024, ge=64, description="Memory of a rollout's whole sandbox")
+    disk_quota_mib: int = Field(default=256, ge=1, description="What a rollout may write to its workspace")
+    max_sandboxes: int = Field(default=64, ge=1, description="Live sandboxes per process (then queue, 503)")
+    max_rollouts: int = Field(default=10_000, ge=1, description="Rollouts remembered (oldest dropped)")
+    idle_timeout_s: float = Field(default=600.0, gt=0, description="A sandbox unused this long is closed")
+    lifetime_s: float = Field(default=3600.0, gt=0, description="A sandbox older than this is closed")
+    test_timeout_s: int = Field(default=20, ge=1, description="Bound on one hidden test (past it: failed)")
+    verify_timeout_s: float = Field(default=180.0, gt=0, description="Bound on the whole hidden-test run")
+    sandbox: SandboxProviderConfig = Field(default_factory=SandboxProviderConfig)
+
+
+class TaskRow(BaseModel):
+    task_id: str = Field(description="The task (its workspace and hidden tests)")
+    kind: str | None = None
+
+    @field_validator("task_id")
+    @classmethod
+    def _known(cls, task_id: str) -> str:
+        if task_id not in TASKS_BY_ID:
+            raise ValueError(f"unknown task_id {task_id!r}; known: {', '.join(sorted(TASKS_BY_ID))}")
+        return task_id
+
+
+class WorkspaceSeedSessionRequest(TaskRow, BaseSeedSessionRequest):
+    pass
+
+
+class WorkspaceVerifyRequest(TaskRow, BaseVerifyRequest):
+    pass
+
+
+class WorkspaceVerifyResponse(BaseVerifyResponse):
+    task_id: str
+    kind: str | None = None
+    tests_passed: float = 0.0
+    passed_count: int = 0
+    test_count: int = 0
+    failed_tests: dict[str, str] = Field(default_factory=dict)
+    commands_run: int = 0
+    edits_made: int = 0
+
+
+class BashRequest(BaseModel):
+    command: str = Field(description="The shell command to run in /workspace")
+
+
+class BashResponse(BaseModel):
+    output: str
+    exit_code: int | None
+    timed_out: bool = False
+
+
+class EditRequest(BaseModel):
+    command: Literal["view", "create", "str_replace", "insert"]
+    path: str
+    file_text: str | None = None
+    old_str: str | None = None
+    new_str: str | None = None
+    insert_line: int | None = None
+    view_range: list[int] | None = None
+
+
+class EditResponse(BaseModel):
+    output: str
+    is_error: bool = False
+
+
+class _ToolError(Exception):
+    """The model's mistake with a tool: its message is the tool's output."""
+
+
+def head_tail(text: str, cap: int) -> str:
+    """``text`` if it fits in ``cap`` characters, else its first and last ``cap / 2`` with a note between."""
+    if len(text) <= cap:
+        return text
+    half = cap // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters omitted ...]\n{text[-half:]}"
+
+
+def workspace_path(path: str) -> str:
+    """``path`` (relative to /workspace or absolute under it) as a path relative to the workspace
+    (``.`` for itself); anything that leaves the workspace is a :class:`_ToolError`. Symlinks are the
+    sandbox's to refuse (``SandboxSession`` does not follow one out)."""
+    if not path or not path.strip():
+        raise _ToolError("Error: `path` is empty; give a path under /workspace")
+    full = posixpath.normpath(path if path.startswith("/") else posixpath.join(WORKSPACE, path))
+    if full == WORKSPACE:
+        return "."
+    if not full.startswith(WORKSPACE + "/"):
+        raise _ToolError(
+            f"Error: the path {path!r} is outside /workspace; this tool only works on files under /workspace"
+        )
+    return full[len(WORKSPACE) + 1 :]
+
+
+def _shown(rel: str) -> str:
+    return WORKSPACE if rel == "." else f"{WORKSPACE}/{rel}"
+
+
+def _numbered(lines: list[str], first: int) -> str:
+    return "\n".join(f"{i:6}\t{line}" for i, line in enumerate(lines, start=first))
+
+
+# The hidden-test runner: reads {"token", "source", "tests", "timeout"} on stdin, runs each test with an
+# alarm, and prints one token-prefixed JSON line per test and a last one when it is done.
+_RUNNER = r"""
+import contextlib, io, json, os, signal, sys, traceback
+req = json.loads(sys.stdin.read())
+token, out = req["token"], sys.__stdout__
+os.chdir("/workspace")
+sys.path.append("/workspace")
+class TestTimeout(BaseException):
+    pass
+def alarm(*_):
+    raise TestTimeout("the test took longer than %d s" % req["timeout"])
+signal.signal(signal.SIGALRM, alarm)
+ns = {"__name__": "hidden_tests"}
+exec(compile(req["source"], "<hidden tests>", "exec"), ns)
+for name in req["tests"]:
+    error = ""
+    signal.alarm(req["timeout"])
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            ns[name]()
+    except BaseException as exc:
+        error = "".join(traceback.format_exception_only(type(exc), exc)).strip() or type(exc).__name__
+    finally:
+        signal.alarm(0)
+    out.write(token + json.dumps({"test": name, "ok": not error, "error": error[:500]}) + "\n")
+    out.flush()
+out.write(token + json.dumps({"done": True}) + "\n")
+out.flush()
+"""
+
+
+class HiddenTestResult(BaseModel):
+    passed: list[str]
+    failed: dict[str, str]
+    complete: bool  # the runner reported every test (False: the agent's code killed it)
+
+    @property
+    def total(self) -> int:
+        return len(self.passed) + len(self.failed)
+
+
+class VerifyInfraError(Exception):
+    """The hidden tests could not be run (not the agent's doing): a 503."""
+
+
+async def run_hidden_tests(
+    session: SandboxSession, task: Task, test_timeout_s: int, timeout_s: float
+) -> HiddenTestResult:
+    """Run ``task``'s hidden tests in ``session`` (its workspace as it is): see the module docstring."""
+    token = "\x00hidden-" + secrets.token_hex(8) + "\x00"
+    names = task.test_names
+    request = {
+        "token": token,
+        "source": PRELUDE + "\n" + task.hidden_tests,
+        "tests": names,
+        "timeout": test_timeout_s,
+    }
+    try:
+        run = await session.exec(
+            ["python3", "-I", "-c", _RUNNER], stdin=json.dumps(request), timeout=timeout_s
+        )
+    except SandboxError as exc:
+        raise VerifyInfraError(f"the hidden tests of {task.task_id} could not run: {exc}") from exc
+    if run.timed_out:
+        raise VerifyInfraError(f"the hidden tests of {task.task_id} took longer than {timeout_s:g} s")
+    reported: dict[str, str | None] = {}
+    complete = False
+    for line in run.stdout.split("\n"):
+        cut = line.find(token)
+        if cut < 0:
+            continue
+        try:
+            item = json.loads(line[cut + len(token) :])
+        except json.JSONDecodeError:
+            continue
+        if item.get("done"):
+            complete = True
+        elif item.get("test") in names and item["test"] not in reported:
+            reported[item["test"]] = None if item.get("ok") else str(item.get("error") or "failed")
+    if not reported and not complete and run.return_code != 0 and "<hidden tests>" in run.stderr:
+        raise VerifyInfraError(f"the hidden tests of {task.task_id} do not load: {run.stderr[-500:]}")
+    why_missing = f"not run: the test runner stopped (exit code {run.return_code}{', out of memory' if run.oom_killed else ''})"
+    passed = [n for n in names if n in reported and reported[n] is None]
+    failed = {n: (reported[n] or "") if n in reported else why_missing for n in names if n not in passed}
+    return HiddenTestResult(passed=passed, failed=failed, complete=complete)
+
+
+class WorkspaceTasksServer(SimpleResourcesServer):
+    config: WorkspaceTasksConfig
+
+    _rollouts: RolloutSandboxes = PrivateAttr()
+    _workspaces: Path | None = PrivateAttr(default=None)
+    _prepared: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def model_post_init(self, context: Any) -> None:
+        super().model_post_init(context)
+        check_sandbox_available(self.config.sandbox)  # refuse to start without bubblewrap
+        self._rollouts = RolloutSandboxes(self.config.max_rollouts)
+
+    def setup_webserver(self) -> FastAPI:
+        app = super().setup_webserver()
+        app.post("/bash")(self.bash)
+        app.post("/str_replace_based_edit_tool")(self.str_replace_based_edit_tool)
+        app.post("/end_session")(self.end_session)
+        return app
+
+    async def on_startup(self) -> None:
+        await super().on_startup()
+        root = Path(tempfile.mkdtemp(prefix="nemo-gym-workspace-tasks-"))
+
+        def build_all() -> None:
+            for task in TASKS:
+                build_workspace(task, root / task.task_id)
+
+        await asyncio.to_thread(build_all)
+        self._workspaces = root
+
+    async def on_shutdown(self) -> None:
+        """Nothing outlives the server: close every rollout's sandbox, remove the built workspaces."""
+        await self._rollouts.close_all()
+        if self._workspaces is not None:
+            await asyncio.to_thread(shutil.rmtree, self._workspaces, True)
+        await super().on_shutdown()
+
+    # -- sandboxes ---------------------------------------------------------------------------------
+
+    def _limits(self, *, for_verify: bool = False) -> SessionLimits:
+        wall = self.config.verify_timeout_s if for_verify else self.config.command_timeout_s
+        return SessionLimits(
+            memory_mib=self.config.memory_mib,
+            disk_quota_mib=self.config.disk_quota_mib,
+            command_wall_time_s=wall,
+            command_cpu_time_s=wall,
+            output_limit_bytes=max(1_000_000, self.config.max_output_chars * 4),
+            idle_timeout_s=self.config.idle_timeout_s,
+            lifetime_s=self.config.lifetime_s,
+            max_sessions=self.config.max_sandboxes,
+            queue_timeout_s=self.config.sandbox.queue_timeout_s,
+        )
+
+    async def _workspace_id(self, task_id: str) -> str:
+        if task_id not in self._prepared:
+            if self._workspaces is None:
+                raise HTTPException(status_code=503, detail="the task workspaces are not built yet")
+            self._prepared[task_id] = await prepare_workspace(
+                self._workspaces / task_id, workdir_root=self.config.sandbox.workdir_root
+            )
+        return self._prepared[task_id]
+
+    async def _start(self, task_id: str) -> SandboxSession:
+        try:
+            return await SandboxSession.start(
+                workspace=await self._workspace_id(task_id),
+                limits=self._limits(),
+                provider=self.config.sandbox,
+            )
+        except SandboxError as exc:
+            raise HTTPException(
+                status_code=503, detail=f"the workspace sandbox could not start: {exc}"
+            ) from exc
+
+    def _rollout(self, request: Request) -> RolloutSandbox:
+        entry = self._rollouts.get(get_session_id(request))
+        if entry is None:
+            raise HTTPException(
+                status_code=400,
+                detail="no task is set up for this session: call /seed_session with the task row first",
+            )
+        return entry
+
+    async def seed_session(
+        self, request: Request, body: WorkspaceSeedSessionRequest
+    ) -> BaseSeedSessionResponse:
+        self._rollouts.put(get_session_id(request), body.task_id)
+        return BaseSeedSessionResponse()
+
+    async def end_session(self, request: Request) -> dict[str, bool]:
+        entry = self._rollouts.pop(get_session_id(request))
+        if entry is not None:
+            await entry.close("its rollout session ended")
+        return {"ended": entry is not None}
+
+    # -- tools -------------------------------------------------------------------------------------
+
+    async def bash(self, request: Request, body: BashRequest) -> BashResponse:
+        entry = self._rollout(request)
+        cap = self.config.max_output_chars
+        if not body.command.strip():
+            return BashResponse(output="Error: `command` is empty", exit_code=None)
+        async with entry.lock:
+            sandbox, restarted = await entry.ensure(lambda: self._start(entry.data))
+            note = (
+                "[the previous sandbox had closed; the workspace was reset to the task's start]\n"
+                if restarted
+                else ""
+            )
+            try:
+                # bash with stderr on stdout (one interleaved stream, as a terminal shows it).
+                run = await sandbox.exec(
+                    ["/bin/sh", "-c", 'exec /bin/bash -c "$1" 2>&1', "bash", body.command]
+                )
+            except SessionClosedError as exc:
+                # The command took the sandbox down with it (e.g. ran it out of memory): the model's doing.
+                await entry.close("its sandbox died")
+                reason = str(exc).split(" is closed: ", 1)[-1]
+                text = f"[the sandbox died under this command: {reason}; the next command starts from the task's workspace again]"
+                return BashResponse(output=note + text, exit_code=None)
+            except SandboxError as exc:
+                raise HTTPException(status_code=503, detail=f"the workspace sandbox failed: {exc}") from exc
+        output = run.stdout + run.stderr  # stderr: the sandbox's own notes (output cap, disk quota)
+        if run.timed_out:
+            output += f"\n[the command was killed: it ran longer than {self.config.command_timeout_s:g} s]"
+        elif run.oom_killed:
+            output += f"\n[the command was killed: out of memory ({self.config.memory_mib} MiB)]"
+        return BashResponse(
+            output=note + head_tail(output, cap),
+            exit_code=None if run.timed_out else run.return_code,
+            timed_out=run.timed_out,
+        )
+
+    async def str_replace_based_edit_tool(self, request: Request, body: EditRequest) -> EditResponse:
+        entry = self._rollout(request)
+        async with entry.lock:
+            sandbox, _ = await entry.ensure(lambda: self._start(entry.data))
+            try:
+                output = await self._edit(sandbox, body)
+            except _ToolError as exc:
+                return EditResponse(output=str(exc), is_error=True)
+            except SessionClosedError as exc:
+                await entry.close("its sandbox died")
+                return EditResponse(output=f"Error: the sandbox closed: {exc}", is_error=True)
+            except SandboxError as exc:
+                raise HTTPException(status_code=503, detail=f"the workspace sandbox failed: {exc}") from exc
+        return EditResponse(output=head_tail(output, self.config.max_output_chars))
+
+    async def _read_text(self, sandbox: SandboxSession, rel: str) -> str:
+        try:
+            data = await sandbox.read_file(rel, max_bytes=2_000_000)
+        except ValueError as exc:
+            raise _ToolError(f"Error: cannot read {_shown(rel)}: {_sandbox_reason(exc)}") from None
+        try:
+            return data.decode()
+        except UnicodeDecodeError:
+            raise _ToolError(f"Error: {_shown(rel)} is not a UTF-8 text file") from None
+
+    async def _write_text(self, sandbox: SandboxSession, rel: str, text: str) -> None:
+        try:
+            await sandbox.write_file(rel, text)
+        except ValueError as exc:
+            raise _ToolError(f"Error: cannot write {_shown(rel)}: {_sandbox_reason(exc)}") from None
+
+    async def _edit(self, sandbox: SandboxSession, body: EditRequest) -> str:
+        rel = workspace_path(body.path)
+        shown = _shown(rel)
+        if body.command == "view":
+            return await self._view(sandbox, rel, body.view_range)
+        if body.command == "create":
+            if body.file_text is None:
+                raise _ToolError("Error: `file_text` is required for command create")
+            if rel == ".":
+                raise _ToolError("Error: cannot create /workspace itself; give a file path")
+            await self._write_text(sandbox, rel, body.file_text)
+            return f"File created successfully at: {shown}"
+        if body.command == "str_replace":
+            if not body.old_str:
+                raise _ToolError("Error: `old_str` is required (and not empty) for command str_replace")
+            text = await self._read_text(sandbox, rel)
+            count = text.count(body.old_str)
+            if count == 0:
+                raise _ToolError(
+                    f"Error: No replacement was performed, old_str `{body.old_str}` did not appear verbatim in {shown}."
+                )
+            if count > 1:
+                lines = [
+                    i + 1 for i, line in enumerate(text.split("\n")) if body.old_str.split("\n")[0] in line
+                ]
+                raise _ToolError(
+                    f"Error: No replacement was performed. Multiple occurrences of old_str `{body.old_str}` in "
+                    f"lines {lines}. Please ensure it is unique"
+                )
+            new = body.new_str or ""
+            start = text.index(body.old_str)
+            await self._write_text(sandbox, rel, text.replace(body.old_str, new, 1))
+            first = text[:start].count("\n") + 1
+            lines = text.replace(body.old_str, new, 1).split("\n")
+            lo, hi = max(1, first - 4), min(len(lines), first + new.count("\n") + 4)
+            return (
+                f"The file {shown} has been edited. Here's the result of running `cat -n` on a snippet of {shown}:\n"
+                f"{_numbered(lines[lo - 1 : hi], lo)}\nReview the changes and make sure they are as expected."
+            )
+        # insert
+        if body.insert_line is None or body.new_str is None:
+            raise _ToolError("Error: `insert_line` and `new_str` are required for command insert")
+        text = await self._read_text(sandbox, rel)
+        lines = text.split("\n")
+        if text.endswith("\n"):
+            lines = lines[:-1]
+        if not 0 <= body.insert_line <= len(lines):
+            raise _ToolError(
+                f"Error: Invalid `insert_line` parameter: {body.insert_line}. It should be within the range of "
+                f"lines of the file: [0, {len(lines)}]"
+            )
+        new_lines = body.new_str.split("\n")
+        if body.new_str.endswith("\n"):
+            new_lines = new_lines[:-1]
+        result = lines[: body.insert_line] + new_lines + lines[body.insert_line :]
+        await self._write_text(
+            sandbox, rel, "\n".join(result) + ("\n" if text.endswith("\n") or not text else "")
+        )
+        lo = max(1, body.insert_line - 3)
+        hi = min(len(result), body.insert_line + len(new_lines) + 4)
+        return (
+            f"The file {shown} has been edited. Here's the result of running `cat -n` on a snippet of the edited "
+            f"file:\n{_numbered(result[lo - 1 : hi], lo)}\nReview the changes and make sure they are as expected."
+        )
+
+    async def _view(self, sandbox: SandboxSession, rel: str, view_range: list[int] | None) -> str:
+        try:
+            entries = await sandbox.list_dir(rel)
+        except ValueError:
+            entries = None
+        if entries is not None:
+            if view_range is not None:
+                raise _ToolError("Error: `view_range` is not allowed when `path` is a directory")
+            shown = _shown(rel)
+            out = [
+                f"Here are the files and directories up to 2 levels deep in {shown}, excluding hidden items:",
+                shown,
+            ]
+            for e in entries:
+                if e.name.startswith("."):
+                    continue
+                child = e.name if rel == "." else f"{rel}/{e.name}"
+                out.append(_shown(child) + ("/" if e.kind == "dir" else ""))
+                if e.kind == "dir":
+                    try:
+                        inner = await sandbox.list_dir(child)
+                    except ValueError:
+                        inner = []
+                    out += [
+                        f"{_shown(child)}/{i.name}" + ("/" if i.kind == "dir" else "")
+                        for i in inner
+                        if not i.name.startswith(".")
+                    ]
+            return "\n".join(out)
+        text = await self._read_text(sandbox, rel)
+        lines = text.split("\n")
+        if text.endswith("\n"):
+            lines = lines[:-1]
+        first = 1
+        if view_range is not None:
+            if len(view_range) != 2:
+                raise _ToolError("Error: `view_range` must be two integers [start, end] (end -1: to the end)")
+            start, end = view_range
+            if not 1 <= start <= max(1, len(lines)) or (end != -1 and not start <= end <= len(lines)):
+                raise _ToolError(
+                    f"Error: Invalid `view_range` {view_range}: the file has {len(lines)} lines "
+                    "(start in [1, lines], end in [start, lines] or -1)"
+                )
+            lines = lines[start - 1 :] if end == -1 else lines[start - 1 : end]
+            first = start
+        return f"Here's the result of running `cat -n` on {_shown(rel)}:\n{_numbered(lines, first)}"
+
+    # -- verify ------------------------------------------------------------------------------------
+
+    async def verify(self, request: Request, body: WorkspaceVerifyRequest) -> WorkspaceVerifyResponse:
+        task = TASKS_BY_ID[body.task_id]
+        entry = self._rollouts.pop(get_session_id(request))
+        try:
+            async with asyncio.timeout(self.config.verify_timeout_s + 60):
+                result = await self._check(task, entry)
+        except VerifyInfraError as exc:
+            raise HTTPException(status_code=503, detail=str(exc)) from exc
+        except TimeoutError as exc:
+            raise HTTPException(status_code=503, detail=f"verifying {task.task_id} took too long") from exc
+        finally:
+            if entry is not None:
+                await entry.close("its rollout was verified")
+        fraction = len(result.passed) / result.total if result.total else 0.0
+        return WorkspaceVerifyResponse.from_request(
+            body,
+            reward=1.0 if result.total and not result.failed else 0.0,
+            kind=task.kind,
+            tests_passed=fraction,
+            passed_count=len(result.passed),
+            test_count=result.total,
+            failed_tests=result.failed,
+            commands_run=len(function_calls(body.response, "bash")),
+            edits_made=sum(_is_edit(c) for c in function_calls(body.response, "str_replace_based_edit_tool")),
+        )
+
+    async def _check(self, task: Task, entry: RolloutSandbox | None) -> HiddenTestResult:
+        """Fork the rollout's final workspace (or start the untouched one) and run the hidden tests there."""
+        limits = self._limits(for_verify=True)
+        try:
+            if entry is not None and entry.sandbox is not None:
+                if not entry.live:
+                    raise VerifyInfraError(
+                        f"the rollout's workspace was lost: its sandbox closed ({entry.sandbox.closed})"
+                    )
+                async with entry.lock:
+                    snapshot = await entry.sandbox.snapshot()
+                    checker = await entry.sandbox.fork(snapshot, limits=limits)
+            else:
+                checker = await SandboxSession.start(
+                    workspace=await self._workspace_id(task.task_id),
+                    limits=limits,
+                    provider=self.config.sandbox,
+                )
+        except SandboxError as exc:
+            raise VerifyInfraError(f"the checking sandbox could not start: {exc}") from exc
+        try:
+            return await run_hidden_tests(
+                checker, task, self.config.test_timeout_s, self.config.verify_timeout_s
+            )
+        finally:
+            await checker.close("the hidden tests ran")
+
+
+def _sandbox_reason(exc: ValueError) -> str:
+    """The sandbox's reason without the repeated ``read_file 'path':`` prefix."""
+    text = str(exc)
+    return text.split(": ", 1)[1] if ": " in text else text
+
+
+def _is_edit(call: Any) -> bool:
+    try:
+        return json.loads(call.arguments).get("command") in ("create", "str_replace", "insert")
+    except (json.JSONDecodeError, AttributeError, TypeError):
+        return False
+
+
+if __name__ == "__main__":
+    WorkspaceTasksServer.run_webserver()
