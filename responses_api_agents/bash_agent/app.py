@@ -14,7 +14,8 @@ mini-swe-agent's idea, written here: no tool calling at all. One ``POST /run`` i
 4. The loop stops when a command's output starts with ``submit_marker`` and it exited 0
    (mini-swe-agent's convention: ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``), after ``max_steps``
    model turns, once the turns used ``max_total_tokens`` tokens, or after
-   ``max_consecutive_format_errors`` format errors in a row.
+   ``max_consecutive_format_errors`` format errors in a row, or when the model answers ``incomplete``
+   with nothing at all (its context is full).
 5. ``POST /verify`` with the row and the trajectory, as simple_agent does; the answer is the verify
    response laid over the row plus ``stop_reason``, ``num_steps``, ``num_commands``,
    ``num_format_errors`` and ``submitted`` (numbers the collector averages as metrics).
@@ -51,6 +52,7 @@ SUBMITTED = "submitted"
 MAX_STEPS = "max_steps"
 MAX_TOTAL_TOKENS = "max_total_tokens"
 FORMAT_ERRORS = "format_errors"
+INCOMPLETE = "incomplete"
 
 DEFAULT_SYSTEM_PROMPT = """\
 You act only through shell commands: there are no tool calls here, whatever an earlier message says. \
@@ -257,6 +259,11 @@ class BashAgent(SimpleResponsesAPIAgent):
             turn = response.get("output") or []
             outputs.extend(turn)
             add_usage(usage, response.get("usage"))
+            if response.get("status") == "incomplete" and not turn:
+                # Nothing at all (local_model's answer when the context is full): the conversation only
+                # grows, so no later turn can do better.
+                stop_reason = INCOMPLETE
+                break
             problem = self._format_problem(turn, response, outputs)
             if problem is not None:
                 format_errors += 1

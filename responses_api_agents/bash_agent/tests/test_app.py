@@ -84,6 +84,13 @@ SCRIPTS = [
     _case("crash", say("crash"), SUBMIT),
     _case("garble", say("garble"), SUBMIT),
     _case("model_down", {"http_error": 503}),
+    _case("context_full", say("echo 42 > answer.txt"), {"incomplete": True}, SUBMIT),
+    _case(
+        "cut_off",
+        {"incomplete": True, "text": f"Let me write it:\n{FENCE}bash\necho 4"},
+        say("echo 42 > answer.txt"),
+        SUBMIT,
+    ),
 ]
 
 EXTRA_CONFIG = {"policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": SCRIPTS}}}}
@@ -241,6 +248,17 @@ def test_the_token_budget_stops_the_rollout(urls: dict[str, str]) -> None:
     result = run(urls, "loop", agent="budget_bash_agent")
     assert loop_numbers(result) == ("max_total_tokens", 1, 1, 0)
     assert result["response"]["usage"]["total_tokens"] >= 1
+
+
+def test_an_incomplete_answer_is_a_format_error_and_an_empty_one_ends_the_rollout(
+    urls: dict[str, str],
+) -> None:
+    cut = run(urls, "cut_off")  # the output budget ran out mid-block: the model can be shorter next turn
+    assert user_texts(cut)[0].startswith("Format error: your answer was cut off")
+    assert loop_numbers(cut) == ("submitted", 3, 2, 1) and cut["reward"] == 1.0
+    full = run(urls, "context_full")  # nothing at all: the context is full, no later turn can do better
+    assert loop_numbers(full) == ("incomplete", 2, 1, 0) and full["reward"] == 1.0
+    assert full["commands_run"] == ["echo 42 > answer.txt"]
 
 
 def test_only_a_successful_command_whose_output_starts_with_the_marker_submits(urls: dict[str, str]) -> None:
