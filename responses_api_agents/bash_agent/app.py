@@ -213,7 +213,7 @@ class BashAgent(SimpleResponsesAPIAgent):
     # ------------------------------------------------------------------------------------------------
     def _model_params(self, params: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """The request parameters without the input (tools dropped), and the input as items with the
-        system prompt first."""
+        system prompt in the first message (the row's own system message, else one of its own)."""
         raw = params.get("input", [])
         items = [_user(raw)] if isinstance(raw, str) else list(raw)
         if self.config.system_prompt:
