@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import json
 import posixpath
+import re
 import secrets
 import shutil
 import tempfile
@@ -184,6 +185,12 @@ def workspace_path(path: str) -> str:
 
 def _shown(rel: str) -> str:
     return WORKSPACE if rel == "." else f"{WORKSPACE}/{rel}"
+
+
+def _lines(text: str) -> list[str]:
+    """A file's lines without their newlines (an empty file has none; a last newline ends a line)."""
+    lines = text.split("\n")
+    return lines[:-1] if text.endswith("\n") or not text else lines
 
 
 def _numbered(lines: list[str], first: int) -> str:
@@ -485,9 +492,7 @@ class WorkspaceTasksServer(SimpleResourcesServer):
         if body.insert_line is None or body.new_str is None:
             raise _ToolError("Error: `insert_line` and `new_str` are required for command insert")
         text = await self._read_text(sandbox, rel)
-        lines = text.split("\n")
-        if text.endswith("\n"):
-            lines = lines[:-1]
+        lines = _lines(text)
         if not 0 <= body.insert_line <= len(lines):
             raise _ToolError(
                 f"Error: Invalid `insert_line` parameter: {body.insert_line}. It should be within the range of "
@@ -537,9 +542,7 @@ class WorkspaceTasksServer(SimpleResourcesServer):
                     ]
             return "\n".join(out)
         text = await self._read_text(sandbox, rel)
-        lines = text.split("\n")
-        if text.endswith("\n"):
-            lines = lines[:-1]
+        lines = _lines(text)
         first = 1
         if view_range is not None:
             if len(view_range) != 2:
@@ -611,9 +614,11 @@ class WorkspaceTasksServer(SimpleResourcesServer):
 
 
 def _sandbox_reason(exc: ValueError) -> str:
-    """The sandbox's reason without the repeated ``read_file 'path':`` prefix."""
+    """The sandbox's reason without the repeated ``read_file 'path':`` prefix and an exception's name
+    (``read_file '.': ValueError: '.' is not a file in the workspace`` -> ``'.' is not a file ...``)."""
     text = str(exc)
-    return text.split(": ", 1)[1] if ": " in text else text
+    text = text.split(": ", 1)[1] if ": " in text else text
+    return re.sub(r"^[A-Za-z]*(Error|Exception): ", "", text)
 
 
 def _is_edit(call: Any) -> bool:

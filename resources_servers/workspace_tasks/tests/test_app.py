@@ -120,6 +120,9 @@ def _variants(row: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
             ),
             _bash("sleep 100"),
             _bash("yes | head -c 50000"),
+            _bash("yes"),  # endless output: stopped at the sandbox's output cap
+            _bash("sleep 60 & echo started"),
+            _bash("jobs -l; ps -e -o comm= | grep -c sleep"),  # a background process dies with its command
             DONE,
         ]
     return variants
@@ -249,6 +252,7 @@ def test_tool_mistakes_and_escapes_are_tool_errors_and_hidden_tests_stay_hidden(
     assert edits[3]["output"].startswith(
         "Error: cannot read /workspace/link"
     )  # a symlink out is not followed
+    assert "ValueError" not in edits[3]["output"]
     assert edits[4]["output"].startswith("Error: cannot write /workspace/rootlink/tmp/x")
     assert "did not appear verbatim" in edits[5]["output"]
     assert "Multiple occurrences" in edits[6]["output"] and "lines [2, 4, 5, 6, 7]" in edits[6]["output"]
@@ -268,6 +272,11 @@ def test_tool_mistakes_and_escapes_are_tool_errors_and_hidden_tests_stay_hidden(
     assert slow["timed_out"] is True and slow["exit_code"] is None and "killed" in slow["output"]
     loud = orjson.loads(out[14])
     assert loud["exit_code"] == 0 and "characters omitted" in loud["output"] and len(loud["output"]) < 10_200
+    endless = orjson.loads(out[15])
+    assert "characters omitted" in endless["output"] and "[output truncated" in endless["output"]
+    assert len(endless["output"]) < 10_200
+    assert orjson.loads(out[16])["output"] == "started\n"
+    assert orjson.loads(out[17])["output"].strip() == "0"
     assert result["reward"] == 0.0  # nothing was resolved; the escapes changed nothing outside
 
 
@@ -319,3 +328,21 @@ def test_a_lost_workspace_is_a_503_in_the_failures_sidecar_not_a_zero(
     assert len(failures) == 1 and failures[0]["_ng_task_index"] == 1
     assert (failures[0]["path"], failures[0]["status"]) == ("/verify", 503)
     assert "workspace was lost" in failures[0]["error"] and "idle for 1 s" in failures[0]["error"]
+
+
+def test_verify_and_end_session_close_the_rollouts_sandbox(helper: RunHelper) -> None:
+    url = server_url(helper, ENV)
+    row = _row("sh_unique_ips")
+    for end in ("/verify", "/end_session"):
+        cookies = dict(post_json(url + "/seed_session", row).cookies)
+        fixed = post_json(
+            url + "/bash", {"command": "sed -i 's/| uniq |/| sort -u |/' unique_ips.sh"}, cookies
+        )
+        assert fixed.json()["exit_code"] == 0
+        body = {**row, "response": {"output": []}} if end == "/verify" else {}
+        resp = post_json(url + end, body, cookies, timeout=120)
+        assert resp.status_code == 200, resp.text
+        if end == "/verify":  # the fork saw the rollout's own edit
+            assert resp.json()["reward"] == 1.0 and resp.json()["commands_run"] == 0
+        after = post_json(url + "/bash", {"command": "ls"}, cookies)
+        assert after.status_code == 400 and "/seed_session" in after.text  # the rollout is gone
