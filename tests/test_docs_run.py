@@ -206,6 +206,10 @@ SKIP: dict[tuple[str, str], str] = {
         "responses_api_agents/simulated_user_agent/README.md",
         'ng_run "+config_paths=[resources_servers/calendar/',
     ): _LOCAL_MODEL,
+    (
+        "responses_api_agents/bash_agent/README.md",
+        'ng_run "+config_paths=[resources_servers/workspace_tasks/',
+    ): _LOCAL_MODEL,
     ("resources_servers/code_gen/README.md", "python -m pytest -q resources_servers/code_gen"): _OWN_SUITE,
     (
         "resources_servers/example_multi_step/README.md",

@@ -14,6 +14,9 @@ A turn is a mapping with any of:
                                     string (sent as is, so invalid JSON can be scripted)
   http_error: 503                   answer this HTTP status instead (to exercise failure handling)
   delay_s: 0.5                      wait first
+  incomplete: true                  status ``incomplete`` (reason ``max_output_tokens``; chat:
+                                    ``finish_reason: length``), as a model whose output budget ran out
+                                    (with no text or calls: whose context was full)
 Past the end of a script the default behaviour applies.
 ``GET /stats`` says how many model requests this process has answered (for tests).
 ``stream: true`` sends the same answer as events, its text and arguments cut into pieces
@@ -69,6 +72,7 @@ class ScriptedTurn(BaseModel):
     tool_calls: list[ScriptedToolCall] | None = None
     http_error: int | None = Field(default=None, ge=400, le=599)
     delay_s: float = Field(default=0.0, ge=0.0, le=600.0)
+    incomplete: bool = False
 
 
 class ScriptRule(BaseModel):
@@ -317,7 +321,7 @@ class ScriptedModel(SimpleResponsesAPIModel):
             "object": "response",
             "created_at": float(int(time.time())),
             "model": params.get("model") or self.config.model_name,
-            "status": "completed",
+            "status": "incomplete" if turn.incomplete else "completed",
             "output": output,
             "usage": {
                 "input_tokens": usage_in,
@@ -334,7 +338,7 @@ class ScriptedModel(SimpleResponsesAPIModel):
             "max_output_tokens": params.get("max_output_tokens"),
             "instructions": params.get("instructions"),
             "metadata": params.get("metadata"),
-            "incomplete_details": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if turn.incomplete else None,
             "error": None,
         }
         return ModelAnswer(response)
@@ -420,7 +424,11 @@ class ScriptedModel(SimpleResponsesAPIModel):
                 {
                     "index": 0,
                     "message": message,
-                    "finish_reason": "tool_calls" if turn.tool_calls else "stop",
+                    "finish_reason": "length"
+                    if turn.incomplete
+                    else "tool_calls"
+                    if turn.tool_calls
+                    else "stop",
                     "logprobs": None,
                 }
             ],

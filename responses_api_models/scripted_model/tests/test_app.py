@@ -50,6 +50,7 @@ SCRIPTS = [
         ],
     },
     {"contains": "[script:fail]", "turns": [{"http_error": 503}]},
+    {"contains": "[script:cut]", "turns": [{"incomplete": True, "text": "Half an ans"}]},
 ]
 
 EXTRA_CONFIG = {
@@ -206,6 +207,16 @@ def test_scripted_http_error(urls: dict[str, str]) -> None:
     resp = post_json(urls["policy_model"] + "/v1/responses", {"input": "[script:fail] hi"})
     assert resp.status_code == 503
     assert resp.json()["error"]["message"] == "scripted HTTP 503"
+
+
+def test_scripted_incomplete_answer_in_both_apis(client: openai.OpenAI) -> None:
+    response = client.responses.create(model="m", input="[script:cut] go")
+    assert response.status == "incomplete" and response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens" and response.output_text == "Half an ans"
+    chat = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "[script:cut] go"}]
+    )
+    assert chat.choices[0].finish_reason == "length" and chat.choices[0].message.content == "Half an ans"
 
 
 def test_partial_token_ids_in_input_are_rejected(urls: dict[str, str]) -> None:
