@@ -16,16 +16,18 @@ Contract
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any, ClassVar
 
-from fastapi import FastAPI, Request
+import orjson
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import Field, PrivateAttr
 
 from nemo_gym.config.types import AnyDatasetConfig, BaseRunServerInstanceConfig
 from nemo_gym.kit.reward_profile import AggregateMetricsMixin
 from nemo_gym.server.base import SimpleServer
+from nemo_gym.server.disconnect import ClientDisconnected, disconnected_response, run_until_disconnected
 from nemo_gym.server.metrics.install import observe_agent_loop
 from nemo_gym.server.rollout_prefix import (
     InvalidRolloutId,
@@ -85,6 +87,15 @@ class SimpleResponsesAPIAgent(SimpleServer, AggregateMetricsMixin):
     def observe_loop(self, turns: int, tool_calls: int) -> None:
         """Record one agent loop's model turns and tool calls in this server's metrics (nemo_gym.server.metrics)."""
         observe_agent_loop(self._metrics, turns, tool_calls)
+
+    async def answer_until_disconnected(self, request: Request, work: Coroutine[Any, Any, Any]) -> Response:
+        """``work``'s result as the JSON answer; when the caller goes away first, ``work`` is cancelled at
+        once (no more model turns, tools or verify) and the answer is the 499 nobody reads."""
+        try:
+            result = await run_until_disconnected(request, work)
+        except ClientDisconnected as e:
+            return disconnected_response(self.config.name, e)
+        return Response(orjson.dumps(result), media_type="application/json")
 
     def timeout(self, setting: str) -> dict[str, Any]:
         """Keyword arguments for a ``ServerClient`` call bounded by this agent's ``setting`` (e.g.

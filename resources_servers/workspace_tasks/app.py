@@ -51,6 +51,7 @@ import re
 import secrets
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -76,7 +77,6 @@ from nemo_gym.server.resources import (
     BaseVerifyResponse,
     ReverifyMode,
     SimpleResourcesServer,
-    function_calls,
 )
 from resources_servers.workspace_tasks.tasks import PRELUDE, TASKS, TASKS_BY_ID, Task, build_workspace
 
@@ -127,6 +127,15 @@ class WorkspaceVerifyResponse(BaseVerifyResponse):
     test_count: int = 0
     failed_tests: dict[str, str] = Field(default_factory=dict)
     commands_run: int = 0
+    edits_made: int = 0
+
+
+@dataclass
+class _Task:
+    """What the server keeps per rollout besides its sandbox (``RolloutSandbox.data``)."""
+
+    task_id: str
+    commands_run: int = 0  # counted here, not from the response: any agent (tool calls or bash_agent)
     edits_made: int = 0
 
 
@@ -371,7 +380,7 @@ class WorkspaceTasksServer(SimpleResourcesServer):
     async def seed_session(
         self, request: Request, body: WorkspaceSeedSessionRequest
     ) -> BaseSeedSessionResponse:
-        self._rollouts.put(get_session_id(request), body.task_id)
+        self._rollouts.put(get_session_id(request), _Task(body.task_id))
         return BaseSeedSessionResponse()
 
     async def end_session(self, request: Request) -> dict[str, bool]:
@@ -388,7 +397,8 @@ class WorkspaceTasksServer(SimpleResourcesServer):
         if not body.command.strip():
             return BashResponse(output="Error: `command` is empty", exit_code=None)
         async with entry.lock:
-            sandbox, restarted = await entry.ensure(lambda: self._start(entry.data))
+            entry.data.commands_run += 1
+            sandbox, restarted = await entry.ensure(lambda: self._start(entry.data.task_id))
             note = (
                 "[the previous sandbox had closed; the workspace was reset to the task's start]\n"
                 if restarted
@@ -421,7 +431,7 @@ class WorkspaceTasksServer(SimpleResourcesServer):
     async def str_replace_based_edit_tool(self, request: Request, body: EditRequest) -> EditResponse:
         entry = self._rollout(request)
         async with entry.lock:
-            sandbox, _ = await entry.ensure(lambda: self._start(entry.data))
+            sandbox, _ = await entry.ensure(lambda: self._start(entry.data.task_id))
             try:
                 output = await self._edit(sandbox, body)
             except _ToolError as exc:
@@ -431,6 +441,7 @@ class WorkspaceTasksServer(SimpleResourcesServer):
                 return EditResponse(output=f"Error: the sandbox closed: {exc}", is_error=True)
             except SandboxError as exc:
                 raise HTTPException(status_code=503, detail=f"the workspace sandbox failed: {exc}") from exc
+            entry.data.edits_made += body.command in ("create", "str_replace", "insert")
         return EditResponse(output=head_tail(output, self.config.max_output_chars))
 
     async def _read_text(self, sandbox: SandboxSession, rel: str) -> str:
@@ -581,8 +592,8 @@ class WorkspaceTasksServer(SimpleResourcesServer):
             passed_count=len(result.passed),
             test_count=result.total,
             failed_tests=result.failed,
-            commands_run=len(function_calls(body.response, "bash")),
-            edits_made=sum(_is_edit(c) for c in function_calls(body.response, "str_replace_based_edit_tool")),
+            commands_run=entry.data.commands_run if entry is not None else 0,
+            edits_made=entry.data.edits_made if entry is not None else 0,
         )
 
     async def _check(self, task: Task, entry: RolloutSandbox | None) -> HiddenTestResult:
@@ -619,13 +630,6 @@ def _sandbox_reason(exc: ValueError) -> str:
     text = str(exc)
     text = text.split(": ", 1)[1] if ": " in text else text
     return re.sub(r"^[A-Za-z]*(Error|Exception): ", "", text)
-
-
-def _is_edit(call: Any) -> bool:
-    try:
-        return json.loads(call.arguments).get("command") in ("create", "str_replace", "insert")
-    except (json.JSONDecodeError, AttributeError, TypeError):
-        return False
 
 
 if __name__ == "__main__":

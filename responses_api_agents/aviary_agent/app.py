@@ -49,10 +49,7 @@ from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.server.agent import USAGE_KEYS, add_usage
 from nemo_gym.server.base import validated_body
 from nemo_gym.server.disconnect import (
-    ClientDisconnected,
     cancel_reason,
-    disconnected_response,
-    run_until_disconnected,
 )
 from nemo_gym.tools.export_transitions import render_step_context
 
@@ -155,11 +152,7 @@ class AviaryAgent(SimpleResponsesAPIAgent):
     async def run(self, request: Request) -> Response:
         row = await validated_body(request, AviaryAgentRunRequest)
         row.setdefault("responses_create_params", {"input": []})
-        try:
-            verify = await run_until_disconnected(request, self._rollout(row))
-        except ClientDisconnected as e:
-            return disconnected_response(self.config.name, e)
-        return Response(orjson.dumps(verify), media_type="application/json")
+        return await self.answer_until_disconnected(request, self._rollout(row))
 
     async def _rollout(self, row: dict[str, Any]) -> dict[str, Any]:
         cookies: dict[str, str] = {}

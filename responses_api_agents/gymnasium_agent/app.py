@@ -39,10 +39,7 @@ from nemo_gym.openai_utils import new_id
 from nemo_gym.server.agent import add_usage, empty_usage
 from nemo_gym.server.base import validated_body
 from nemo_gym.server.disconnect import (
-    ClientDisconnected,
     cancel_reason,
-    disconnected_response,
-    run_until_disconnected,
 )
 
 _LOGGER = logging.getLogger(__name__)
@@ -71,11 +68,7 @@ class GymnasiumAgent(SimpleResponsesAPIAgent):
 
     async def run(self, request: Request) -> Response:
         row = await validated_body(request, BaseRunRequest)
-        try:
-            result = await run_until_disconnected(request, self._rollout(row, dict(request.cookies)))
-        except ClientDisconnected as e:
-            return disconnected_response(self.config.name, e)
-        return Response(orjson.dumps(result), media_type="application/json")
+        return await self.answer_until_disconnected(request, self._rollout(row, dict(request.cookies)))
 
     async def _rollout(self, row: dict[str, Any], cookies: dict[str, str]) -> dict[str, Any]:
         env = self.config.resources_server.name

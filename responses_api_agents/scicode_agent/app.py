@@ -117,11 +117,7 @@ class SciCodeAgent(SimpleResponsesAPIAgent):
 
     async def run(self, request: Request) -> Response:
         row = await validated_body(request, BaseRunRequest)
-        try:
-            result = await run_until_disconnected(request, self._rollout(row, dict(request.cookies)))
-        except ClientDisconnected as e:
-            return disconnected_response(self.config.name, e)
-        return Response(orjson.dumps(result), media_type="application/json")
+        return await self.answer_until_disconnected(request, self._rollout(row, dict(request.cookies)))
 
     async def _rollout(self, row: dict[str, Any], cookies: dict[str, str]) -> dict[str, Any]:
         resources = self.config.resources_server.name

@@ -63,11 +63,7 @@ class SimpleAgent(SimpleResponsesAPIAgent):
         """
         row = await validated_body(request, BaseRunRequest)
         # A caller that goes away stops the rollout at once: no more model turns, tools or verify.
-        try:
-            result = await run_until_disconnected(request, self._rollout(row, dict(request.cookies)))
-        except ClientDisconnected as e:
-            return disconnected_response(self.config.name, e)
-        return Response(orjson.dumps(result), media_type="application/json")
+        return await self.answer_until_disconnected(request, self._rollout(row, dict(request.cookies)))
 
     async def _rollout(self, row: dict[str, Any], cookies: dict[str, str]) -> dict[str, Any]:
         """Seed, loop, verify; the verify response laid over the row."""

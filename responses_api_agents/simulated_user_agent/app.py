@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from fastapi import Request
 from fastapi.responses import Response
 from pydantic import Field
@@ -42,7 +41,6 @@ from nemo_gym.errors import UpstreamError
 from nemo_gym.openai_utils import text_of_message
 from nemo_gym.server.agent import add_usage, empty_usage
 from nemo_gym.server.base import validated_body
-from nemo_gym.server.disconnect import ClientDisconnected, disconnected_response, run_until_disconnected
 from responses_api_agents.simple_agent.app import SimpleAgent, SimpleAgentConfig
 
 DEFAULT_DONE_MARKER = "###DONE###"
@@ -81,11 +79,7 @@ class SimulatedUserAgent(SimpleAgent):
 
     async def run(self, request: Request) -> Response:
         row = await validated_body(request, SimulatedUserRunRequest)
-        try:
-            result = await run_until_disconnected(request, self._conversation(row, dict(request.cookies)))
-        except ClientDisconnected as e:
-            return disconnected_response(self.config.name, e)
-        return Response(orjson.dumps(result), media_type="application/json")
+        return await self.answer_until_disconnected(request, self._conversation(row, dict(request.cookies)))
 
     async def _conversation(self, row: dict[str, Any], cookies: dict[str, str]) -> dict[str, Any]:
         resources = self.config.resources_server.name

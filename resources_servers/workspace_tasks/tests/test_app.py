@@ -14,8 +14,10 @@ from typing import Any
 
 import orjson
 import pytest
+import yaml
 
 from nemo_gym.cli import RunHelper
+from nemo_gym.config.keys import PACKAGE_PARENT_DIR
 from nemo_gym.sandbox import SandboxSession
 from nemo_gym.tools.testing import (
     collect_rollouts,
@@ -343,6 +345,20 @@ def test_verify_and_end_session_close_the_rollouts_sandbox(helper: RunHelper) ->
         resp = post_json(url + end, body, cookies, timeout=120)
         assert resp.status_code == 200, resp.text
         if end == "/verify":  # the fork saw the rollout's own edit
-            assert resp.json()["reward"] == 1.0 and resp.json()["commands_run"] == 0
+            assert resp.json()["reward"] == 1.0 and resp.json()["commands_run"] == 1
         after = post_json(url + "/bash", {"command": "ls"}, cookies)
         assert after.status_code == 400 and "/seed_session" in after.text  # the rollout is gone
+
+
+def test_the_dry_run_config_plays_each_example_rows_reference_solution() -> None:
+    """The README's dry run (no model) plays the same turns as the right trajectories scored 1 above."""
+    path = (
+        PACKAGE_PARENT_DIR / "responses_api_models/scripted_model/configs/scripted_model_workspace_tasks.yaml"
+    )
+    rules = yaml.safe_load(path.read_text())["policy_model"]["responses_api_models"]["scripted_model"]
+    examples = [row["task_id"] for row in generated_examples()]
+    assert len(rules["scripts_by_input"]) == len(examples) == 5
+    for rule, task_id in zip(rules["scripts_by_input"], examples, strict=True):
+        task = TASKS_BY_ID[task_id]
+        assert rule["contains"] == task.prompt, task_id
+        assert rule["turns"] == [*_solution_turns(task), DONE], task_id

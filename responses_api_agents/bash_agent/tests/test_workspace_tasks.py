@@ -136,6 +136,8 @@ def test_the_same_fix_scores_the_same_with_commands_and_with_tool_calls(
         steps,
         0,
     )
+    # The server counts what ran, whichever agent drove it: every step was one command here.
+    assert by_bash["commands_run"] == by_bash["num_steps"] and by_bash["edits_made"] == 0
     # Every command ran and exited 0: each observation before the submission says so.
     observations = [
         item["content"]
