@@ -13,9 +13,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 
+from nemo_gym.config.keys import PACKAGE_PARENT_DIR
 from nemo_gym.run.cli import RunHelper
 from nemo_gym.tools.testing import run_rollout, running_servers, tagged_row, variant_rules
+from resources_servers.workspace_tasks.scripts.generate_dataset import example_rows
 from resources_servers.workspace_tasks.scripts.generate_dataset import rows as generated_rows
 from resources_servers.workspace_tasks.tasks import TASKS_BY_ID, Task
 
@@ -146,3 +149,17 @@ def test_the_same_fix_scores_the_same_with_commands_and_with_tool_calls(
     ]
     assert len(observations) == steps - 1
     assert all(o.startswith("<returncode>0</returncode>") for o in observations), observations
+
+
+def test_the_dry_run_config_writes_each_example_rows_reference_solution_by_commands() -> None:
+    """The README's dry run (no model) plays the same turns as the bash-right trajectories scored 1 above."""
+    path = PACKAGE_PARENT_DIR / (
+        "responses_api_models/scripted_model/configs/scripted_model_workspace_tasks_bash_agent.yaml"
+    )
+    rules = yaml.safe_load(path.read_text())["policy_model"]["responses_api_models"]["scripted_model"]
+    examples = [row["task_id"] for row in example_rows()]
+    assert len(rules["scripts_by_input"]) == len(examples) == 5
+    for rule, task_id in zip(rules["scripts_by_input"], examples, strict=True):
+        task = TASKS_BY_ID[task_id]
+        assert rule["contains"] == task.prompt, task_id
+        assert rule["turns"] == [*(say(as_command(s)) for s in task.solution), say(f"echo {MARKER}")], task_id
