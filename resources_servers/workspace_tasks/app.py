@@ -58,6 +58,7 @@ from typing import Any, ClassVar, Literal
 from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, Field, PrivateAttr, field_validator
 
+from nemo_gym.kit.text import head_tail
 from nemo_gym.sandbox import (
     SandboxError,
     SandboxProviderConfig,
@@ -166,14 +167,6 @@ class EditResponse(BaseModel):
 
 class _ToolError(Exception):
     """The model's mistake with a tool: its message is the tool's output."""
-
-
-def head_tail(text: str, cap: int) -> str:
-    """``text`` if it fits in ``cap`` characters, else its first and last ``cap / 2`` with a note between."""
-    if len(text) <= cap:
-        return text
-    half = cap // 2
-    return f"{text[:half]}\n[... {len(text) - 2 * half} characters omitted ...]\n{text[-half:]}"
 
 
 def workspace_path(path: str) -> str:

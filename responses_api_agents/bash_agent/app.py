@@ -40,6 +40,7 @@ from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, Simpl
 from nemo_gym.client.server_client import response_cookies
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
 from nemo_gym.errors import UpstreamError, response_body
+from nemo_gym.kit.text import head_tail
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, new_id, text_of_message
 from nemo_gym.server.agent import add_usage, empty_usage
 from nemo_gym.server.base import validated_body
@@ -90,6 +91,11 @@ When you are done, run `echo {submit_marker}` alone."""
 # HTTP statuses of the bash tool that are the tool refusing this command on purpose (the model reads
 # why); any other non-2xx is the resources server failing and fails the rollout.
 _REFUSALS = {400, 409, 413}
+# What a long output's marker says (nemo_gym.kit.text.head_tail): how much, and how to see the rest.
+_CUT_NOTE = (
+    "{cut} characters cut from the middle of this output ({total} in all); "
+    "use head, tail, grep or sed -n to see a part of it"
+)
 
 
 class BashAgentConfig(BaseResponsesAPIAgentConfig):
@@ -132,29 +138,13 @@ def extract_commands(text: str, action_regex: str) -> list[str]:
     return [m.strip() for m in re.findall(action_regex, text, re.DOTALL)]
 
 
-def truncate_output(output: str, max_chars: int) -> str:
-    """``output`` as is when it fits, else its first and last ``max_chars // 2`` characters around a
-    marker saying how many characters were cut: the model sees how a long output starts and ends (an
-    error is usually at the end) and knows to narrow its command."""
-    if len(output) <= max_chars:
-        return output
-    half = max_chars // 2
-    cut = len(output) - 2 * half
-    return (
-        f"{output[:half]}\n"
-        f"[... {cut} characters cut from the middle of this output ({len(output)} in all); "
-        "use head, tail, grep or sed -n to see a part of it ...]\n"
-        f"{output[-half:]}"
-    )
-
-
 def observation(output: str, exit_code: int | None, timed_out: bool, max_chars: int) -> str:
     """What the model reads after a command (mini-swe-agent's tags)."""
     parts = []
     if timed_out:
         parts.append("<warning>The command ran past its time limit and was killed.</warning>")
     parts.append(f"<returncode>{'none' if exit_code is None else exit_code}</returncode>")
-    parts.append(f"<output>\n{truncate_output(output, max_chars)}\n</output>")
+    parts.append(f"<output>\n{head_tail(output, max_chars, _CUT_NOTE)}\n</output>")
     return "\n".join(parts)
 
 

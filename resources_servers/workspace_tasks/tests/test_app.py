@@ -18,6 +18,7 @@ import yaml
 
 from nemo_gym.cli import RunHelper
 from nemo_gym.config.keys import PACKAGE_PARENT_DIR
+from nemo_gym.kit.text import head_tail
 from nemo_gym.sandbox import SandboxSession
 from nemo_gym.tools.testing import (
     collect_rollouts,
@@ -29,7 +30,7 @@ from nemo_gym.tools.testing import (
     tagged_row,
     variant_rules,
 )
-from resources_servers.workspace_tasks.app import head_tail, run_hidden_tests, workspace_path
+from resources_servers.workspace_tasks.app import run_hidden_tests, workspace_path
 from resources_servers.workspace_tasks.scripts.generate_dataset import EXAMPLE_TASKS
 from resources_servers.workspace_tasks.scripts.generate_dataset import example_rows as generated_examples
 from resources_servers.workspace_tasks.scripts.generate_dataset import rows as generated_rows
