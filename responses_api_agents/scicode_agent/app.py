@@ -28,7 +28,7 @@ from fastapi.responses import Response
 from nemo_gym.base_resources_server import BaseRunRequest
 from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
-from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, text_of_message
 from nemo_gym.server.agent import add_usage, empty_usage
 from nemo_gym.server.base import validated_body
 from nemo_gym.server.disconnect import ClientDisconnected, disconnected_response, run_until_disconnected
@@ -145,7 +145,7 @@ class SciCodeAgent(SimpleResponsesAPIAgent):
                 user = items[last_user]
                 step_items = [
                     *items[:last_user],
-                    {**user, "content": f"{_text(user)}\n\n{prompt}"},
+                    {**user, "content": f"{text_of_message(user)}\n\n{prompt}"},
                     *items[last_user + 1 :],
                 ]
             response, new_cookies = await self.server_client.post_json(
@@ -173,14 +173,6 @@ class SciCodeAgent(SimpleResponsesAPIAgent):
             **self.timeout("verify_timeout_s"),
         )
         return {**row, **verify}
-
-
-def _text(message: dict[str, Any]) -> str:
-    """A message's text, whether its content is a string or a list of text parts."""
-    content = message.get("content", "")
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") or "" for part in content if isinstance(part, dict))
 
 
 if __name__ == "__main__":
