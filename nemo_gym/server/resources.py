@@ -17,6 +17,10 @@ Contract
   run's verify responses through the overridable ``compute_metrics``/``get_key_metrics`` hooks
   (:mod:`nemo_gym.kit.reward_profile`). ``GET /reverify_mode`` answers the config class's
   ``REVERIFY_MODE`` (whether ``/verify`` can be re-run later from a stored rollout alone).
+* An oversized answer is the model's own doing: a ``/verify`` whose response holds more model-written
+  characters (:func:`model_written_chars`) than ``verify_max_model_chars`` answers reward 0 with a
+  ``failure_reason`` and the request's fields, without running the verifier (whose cost could grow with
+  the answer); per-rollout state such an answer leaves is freed as for an abandoned rollout.
 * ``BaseMultiRewardVerifyResponse`` adds ``reward_components``; ``reward`` must equal their sum.
 * Names follow NVIDIA NeMo Gym's ``nemo_gym.server.resources`` (our face at that path imports them
   from here) so its environments import them unchanged. ``expose_tools_over_mcp: true`` also serves the tools over MCP at ``/mcp``
@@ -36,12 +40,18 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any, ClassVar, Self
 
+import orjson
 from fastapi import FastAPI
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from nemo_gym.config.types import BaseRunServerInstanceConfig
 from nemo_gym.kit.reward_profile import AggregateMetricsMixin
-from nemo_gym.openai_utils.responses import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.openai_utils.responses import (
+    NeMoGymResponse,
+    NeMoGymResponseCreateParamsNonStreaming,
+    text_of_message,
+)
 from nemo_gym.server.base import SimpleServer
 from nemo_gym.server.metrics.install import observed_verify
 
@@ -60,6 +70,9 @@ class BaseResourcesServerConfig(BaseRunServerInstanceConfig):
     # An MCP client's ``GET /mcp`` event stream that carries no event for this long is ended (stateless
     # MCP never sends one there; the client may open it again).
     mcp_stream_idle_timeout_s: float = Field(default=60.0, gt=0)
+    # What /verify reads of a model's own writing (message and reasoning text, tool-call arguments, over the
+    # whole response): past it the rollout scores 0 with a failure_reason, and the verifier is not run.
+    verify_max_model_chars: int = Field(default=4_000_000, ge=1)
     # Servers override it on their config class: ``REVERIFY_MODE: ClassVar[ReverifyMode] = ReverifyMode.STATELESS``.
     REVERIFY_MODE: ClassVar[ReverifyMode] = ReverifyMode.UNKNOWN
 
@@ -139,6 +152,13 @@ class BaseMultiRewardVerifyResponse(BaseVerifyResponse):
         return self
 
 
+class _ZeroReward(Response):
+    """A verify answer built here rather than by the verifier (so not checked against its response model);
+    ``reward`` is what the metrics observe."""
+
+    reward = 0.0
+
+
 ROW_SCHEMA_PATH = "/row_schema"
 
 
@@ -207,9 +227,8 @@ class SimpleResourcesServer(BaseResourcesServer, AggregateMetricsMixin):
     def setup_webserver(self) -> FastAPI:
         app = super().setup_webserver()
         app.post("/seed_session")(self.seed_session)
-        app.post("/verify")(
-            observed_verify(self._metrics, self.verify)
-        )  # the reward, for nemo_gym.server.metrics
+        # The reward observed for nemo_gym.server.metrics; an oversized answer scored 0 before the verifier.
+        app.post("/verify")(observed_verify(self._metrics, self._bounded_verify()))
         app.post("/aggregate_metrics")(self.aggregate_metrics)
         app.get("/reverify_mode")(self.get_reverify_mode)
         app.get(ROW_SCHEMA_PATH)(self.row_schema)
@@ -233,6 +252,50 @@ class SimpleResourcesServer(BaseResourcesServer, AggregateMetricsMixin):
 
     @abstractmethod
     async def verify(self, body: BaseVerifyRequest) -> BaseVerifyResponse: ...
+
+    def _bounded_verify(self) -> Callable[..., Any]:
+        """``verify`` behind the ``verify_max_model_chars`` check (its signature kept for FastAPI)."""
+        verify = self.verify
+        limit = self.config.verify_max_model_chars
+
+        @functools.wraps(verify)
+        async def bounded(*args: Any, **kwargs: Any) -> Any:
+            body = next((a for a in (*args, *kwargs.values()) if isinstance(a, BaseVerifyRequest)), None)
+            written = model_written_chars(body.response) if body is not None else 0
+            if written > limit:
+                reason = (
+                    f"the answer is too long: the model wrote {written:,} characters (at most {limit:,} "
+                    "are read; verify_max_model_chars)"
+                )
+                answer = {
+                    **body.model_dump(mode="json", exclude_unset=True),
+                    "reward": 0.0,
+                    "failure_reason": reason,
+                }
+                return _ZeroReward(orjson.dumps(answer), media_type="application/json")
+            return await verify(*args, **kwargs)
+
+        return bounded
+
+
+def model_written_chars(response: NeMoGymResponse | dict[str, Any]) -> int:
+    """How many characters the model wrote in ``response``: its messages' and reasoning items' text and
+    its tool calls' arguments (tool outputs and inputs are not the model's)."""
+    output = response.get("output", []) if isinstance(response, dict) else response.output
+    total = 0
+    for item in output:
+        get = item.get if isinstance(item, dict) else functools.partial(getattr, item)
+        kind = get("type", None)
+        if kind == "function_call":
+            arguments = get("arguments", None)
+            total += len(arguments) if isinstance(arguments, str) else 0
+        elif kind == "message" and get("role", None) == "assistant":
+            total += len(text_of_message(item))
+        elif kind == "reasoning":
+            for part in (get("summary", None) or []) + (get("content", None) or []):
+                text = part.get("text") if isinstance(part, dict) else getattr(part, "text", None)
+                total += len(text) if isinstance(text, str) else 0
+    return total
 
 
 def function_calls(response: NeMoGymResponse | dict[str, Any], name: str | None = None) -> list[Any]:

@@ -6,9 +6,13 @@ tool result when there is one).
 
 A script can replace that. ``script`` is a list of turns played in order; the turn played is the
 number of model turns already in the input, so the server keeps no state and concurrent rollouts
-never interfere. ``scripts_by_input`` picks a script by a substring of the first user message.
+never interfere. ``scripts_by_input`` (and ``scripts_by_input_fpath``, a file of more rules) picks a script by a substring
+of the first user message and/or the rollout id of the request (:mod:`nemo_gym.kit.script`).
 A turn is a mapping with any of:
   text: "..."                       an assistant message
+  echo: prompt | tool_outputs | tool_outputs_plain
+                                    an assistant message repeating the first user message, or every
+                                    tool output so far (``_plain``: without JSON's braces and quotes)
   reasoning: "..."                  a reasoning item (before the rest)
   tool_calls: [{name, arguments}]   function calls; arguments any JSON value (sent as JSON) or a raw
                                     string (sent as is, so invalid JSON can be scripted)
@@ -42,50 +46,22 @@ from typing import Any
 import orjson
 from fastapi import Body, FastAPI, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import PrivateAttr
 
 from nemo_gym.base_responses_api_model import BaseResponsesAPIModelConfig, SimpleResponsesAPIModel
+from nemo_gym.kit.script import ScriptedToolCall, ScriptedTurn, ScriptRule, echoed_text, load_rules
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id, text_of_message
 from nemo_gym.server.model import ModelAnswer
-
-
-class ScriptedToolCall(BaseModel):
-    """One function call of a scripted turn."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    arguments: Any = Field(default_factory=dict)
-
-    def arguments_text(self) -> str:
-        """The ``arguments`` string the model sends: a raw string as is, anything else as JSON."""
-        return self.arguments if isinstance(self.arguments, str) else orjson.dumps(self.arguments).decode()
-
-
-class ScriptedTurn(BaseModel):
-    """One scripted model answer."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    text: str | None = None
-    reasoning: str | None = None
-    tool_calls: list[ScriptedToolCall] | None = None
-    http_error: int | None = Field(default=None, ge=400, le=599)
-    delay_s: float = Field(default=0.0, ge=0.0, le=600.0)
-    incomplete: bool = False
-
-
-class ScriptRule(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    contains: str
-    turns: list[ScriptedTurn]
+from nemo_gym.server.rollout_prefix import current_rollout_id
 
 
 class ScriptedModelConfig(BaseResponsesAPIModelConfig):
     model_name: str = "scripted-model"
     script: list[ScriptedTurn] | None = None
     scripts_by_input: list[ScriptRule] | None = None
+    # More rules, in a JSON or YAML file (a list of rules), checked before ``scripts_by_input``: for scripts
+    # too large or too many for a config (ng_reward_audit writes one).
+    scripts_by_input_fpath: str | None = None
     return_token_id_information: bool = False
 
 
@@ -220,6 +196,7 @@ class ScriptedModel(SimpleResponsesAPIModel):
     config: ScriptedModelConfig
     uses_sessions = False
     _requests: int = PrivateAttr(default=0)
+    _rules: list[ScriptRule] = PrivateAttr(default_factory=list)
 
     def setup_webserver(self) -> FastAPI:
         app = super().setup_webserver()
@@ -230,18 +207,27 @@ class ScriptedModel(SimpleResponsesAPIModel):
         """``GET /stats``: how many model requests (both APIs) this process has answered, for tests."""
         return {"requests": self._requests}
 
+    def model_post_init(self, context: Any) -> None:
+        super().model_post_init(context)
+        path = self.config.scripts_by_input_fpath
+        self._rules = [*(load_rules(path) if path else []), *(self.config.scripts_by_input or [])]
+
     def _pick_turn(self, items: list[dict[str, Any]]) -> ScriptedTurn | None:
         turns = self.config.script
         first_user = next((i for i in items if i.get("role") == "user"), None)
-        if self.config.scripts_by_input and first_user is not None:
-            text = text_of_message(first_user)
-            for rule in self.config.scripts_by_input:
-                if rule.contains in text:
-                    turns = rule.turns
-                    break
+        text = text_of_message(first_user) if first_user is not None else None
+        rollout_id = current_rollout_id()
+        for rule in self._rules:
+            if rule.matches(text, rollout_id):
+                turns = rule.turns
+                break
         index = _count_model_turns(items)
         if turns and index < len(turns):
-            return turns[index]
+            turn = turns[index]
+            if turn.echo is not None:
+                echoed = echoed_text(turn.echo, items, text)
+                turn = turn.model_copy(update={"echo": None, "text": echoed})
+            return turn
         return None
 
     def _default_turn(self, items: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ScriptedTurn:
