@@ -77,3 +77,22 @@ def test_ng_help_lists_every_installed_command(capsys: pytest.CaptureFixture[str
     assert not shown - scripts, (
         f"ng_help lists commands pyproject does not install: {sorted(shown - scripts)}"
     )
+
+
+def test_every_environment_readme_states_its_reward_contract() -> None:
+    """docs/rewards.md: what earns 1, what is a 0 (and its reasons), what is a 503 and why the model
+    cannot cause it, in a section of each environment's README."""
+    missing = []
+    for folder in sorted((ROOT / "resources_servers").iterdir()):
+        if not (folder / "app.py").is_file():
+            continue
+        readme = folder / "README.md"
+        text = readme.read_text(encoding="utf-8") if readme.is_file() else ""
+        m = re.search(r"^## Reward contract\s*$", text, flags=re.M)
+        body = text[m.end() :].split("\n## ", 1)[0] if m else ""
+        if not m or "503" not in body or "ng_reward_audit" not in body:
+            missing.append(folder.name)
+    assert not missing, (
+        "environment READMEs without a '## Reward contract' section that says what a 503 is and names "
+        f"ng_reward_audit (docs/rewards.md): {', '.join(missing)}"
+    )

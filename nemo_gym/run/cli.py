@@ -44,6 +44,7 @@ COMMANDS = {
     "ng_e2e_collect_rollouts": "Start the servers, collect rollouts on a split of every agent's datasets, write metrics, stop.",
     "ng_reward_profile": "Per-task reward statistics of a rollouts file (always / never / sometimes solved).",
     "ng_reverify": "Score a saved rollouts file again with today's verifiers; old and new reward side by side.",
+    "ng_reward_audit": "Play an adversarial battery against environments' verifiers; fail if any exploit earns.",
     "ng_check_upstream_env": "Run upstream NeMo Gym environment folders here: their tests, start-up, recorded rewards.",
     "ng_export_transitions": "Turn multi-step rollouts into one training row per model turn (reward-to-go).",
     "ng_bench": "Benchmark rollouts/s of an environment on the scripted model against the bare HTTP limit.",

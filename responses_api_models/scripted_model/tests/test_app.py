@@ -73,10 +73,33 @@ def _load_app() -> ModuleType:
     return module
 
 
+# Rules from a file (checked before scripts_by_input): by rollout id, by both conditions, echo turns.
+FILE_RULES = [
+    {"rollout_id": "audit-1", "contains": "[both]", "turns": [{"text": "rollout one, both conditions"}]},
+    {"rollout_id": "audit-1", "turns": [{"text": "rollout one"}]},
+    {"contains": "[echo:prompt]", "turns": [{"echo": "prompt"}]},
+    {
+        "contains": "[echo:tools]",
+        "turns": [
+            {"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]},
+            {"echo": "tool_outputs"},
+        ],
+    },
+    {
+        "contains": "[echo:plain]",
+        "turns": [{"tool_calls": [{"name": "get_weather"}]}, {"echo": "tool_outputs_plain"}],
+    },
+]
+
+
 @pytest.fixture(scope="module")
-def urls() -> Iterator[dict[str, str]]:
+def urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """One run for the whole module: the scripted policy_model plus a second instance with token ids."""
-    with running_servers([], EXTRA_CONFIG) as helper:
+    rules = tmp_path_factory.mktemp("rules") / "rules.json"
+    rules.write_text(json.dumps(FILE_RULES))
+    config = json.loads(json.dumps(EXTRA_CONFIG))
+    config["policy_model"]["responses_api_models"]["scripted_model"]["scripts_by_input_fpath"] = str(rules)
+    with running_servers([], config) as helper:
         yield {name: server_url(helper, name) for name in ("policy_model", "token_model")}
 
 
@@ -201,6 +224,58 @@ def test_script_turns_follow_the_number_of_model_turns(urls: dict[str, str]) -> 
     assert calls[0]["arguments"] == '{"city":"Oslo"}'
     assert calls[1]["arguments"] == "{not json"  # a raw string is sent exactly as scripted
     assert history[-1]["content"][0]["text"] == "Done."
+
+
+def _text(resp: Any) -> str:
+    assert resp.status_code == 200, resp.text[:500]
+    return "".join(i["content"][0]["text"] for i in resp.json()["output"] if i["type"] == "message")
+
+
+def test_file_rules_pick_turns_by_rollout_id_and_by_both_conditions(urls: dict[str, str]) -> None:
+    base = urls["policy_model"]
+    rollout = f"{base}/ng-rollout/audit-1/v1/responses"
+    assert _text(post_json(rollout, {"input": "anything"})) == "rollout one"
+    assert _text(post_json(rollout, {"input": "[both] anything"})) == "rollout one, both conditions"
+    # Another rollout, or none: the rule does not apply (the default behaviour answers).
+    for url in (f"{base}/ng-rollout/audit-2/v1/responses", f"{base}/v1/responses"):
+        assert _text(post_json(url, {"input": "[both] anything"})) == "Hello! I am a scripted model."
+    # File rules come before scripts_by_input; scripts_by_input still applies to the rest.
+    assert post_json(f"{base}/v1/responses", {"input": "[script:fail] hi"}).status_code == 503
+
+
+def test_echo_turns_repeat_the_prompt_and_the_tool_outputs(urls: dict[str, str]) -> None:
+    url = urls["policy_model"] + "/v1/responses"
+    assert _text(post_json(url, {"input": "[echo:prompt] Say this back."})) == "[echo:prompt] Say this back."
+    for tag, expected in (
+        ("[echo:tools]", '{"city": "Oslo", "weather": "foggy"}\nsecond'),
+        ("[echo:plain]", "city: Oslo, weather: foggy\nsecond"),
+    ):
+        history: list[dict[str, Any]] = [{"role": "user", "content": f"{tag} weather?"}]
+        history += post_json(url, {"input": history, "tools": TOOLS}).json()["output"]
+        call_id = history[-1]["call_id"]
+        history += [
+            {
+                "type": "function_call_output",
+                "call_id": call_id,
+                "output": '{"city": "Oslo", "weather": "foggy"}',
+            },
+            {"type": "function_call_output", "call_id": call_id, "output": "second"},
+        ]
+        assert _text(post_json(url, {"input": history, "tools": TOOLS})) == expected
+
+
+def test_a_bad_rules_file_is_an_error_naming_the_file_and_the_rule(tmp_path: Path) -> None:
+    from nemo_gym.kit.script import load_rules
+
+    bad = tmp_path / "rules.yaml"
+    bad.write_text("- {contains: a, turns: [{text: x}]}\n- {turns: [{text: y}]}\n")
+    with pytest.raises(ValueError, match=r"rules.yaml: rule 1: .*needs `contains`"):
+        load_rules(bad)
+    bad.write_text("- {contains: a, turns: [{text: x, echo: prompt}]}\n")
+    with pytest.raises(ValueError, match="either `text` or `echo`"):
+        load_rules(bad)
+    with pytest.raises(ValueError, match="cannot read the script rules file"):
+        load_rules(tmp_path / "missing.json")
 
 
 def test_scripted_http_error(urls: dict[str, str]) -> None:
