@@ -7,7 +7,7 @@ The package is in wings by role, each importing only the wings before it in this
 tests/test_architecture.py; each wing's ``__init__`` says what it is for):
 
 * base modules: ``errors`` (error answers and upstream errors), ``redaction`` (secrets kept out of
-  output), ``jsonl``, ``auth`` (the run token);
+  output), ``jsonl``, ``auth`` (the run token), ``launch`` (what ng_run hands a server privately);
 * ``config/`` (loading, validating and holding a config);
 * ``openai_utils/`` (the OpenAI API types, at upstream's path);
 * ``kit/`` (the environment author's helpers; ``sandbox/`` at upstream's path beside it);

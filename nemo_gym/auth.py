@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from nemo_gym.errors import error_envelope
+from nemo_gym.launch import launch_value
 
 logger = logging.getLogger("nemo_gym")
 
@@ -166,7 +167,7 @@ def client_token(port: int | None = None) -> str | None:
     """
     if port is not None and int(port) in _IN_PROCESS_TOKENS:
         return _IN_PROCESS_TOKENS[int(port)]
-    env = os.environ.get(AUTH_TOKEN_ENV_VAR_NAME)
+    env = launch_value(AUTH_TOKEN_ENV_VAR_NAME)
     if env:
         return env
     if port is not None:
@@ -198,9 +199,9 @@ class _suppress_os_error:
 
 
 def server_token_from_env() -> tuple[str | None, bool]:
-    """(token, disabled) for a server process: what ``ng_run`` put in its environment."""
+    """(token, disabled) for a server process: what ``ng_run`` handed it (:mod:`nemo_gym.launch`)."""
     disabled = os.environ.get(AUTH_DISABLED_ENV_VAR_NAME, "") not in ("", "0", "false")
-    return (None if disabled else os.environ.get(AUTH_TOKEN_ENV_VAR_NAME) or None), disabled
+    return (None if disabled else launch_value(AUTH_TOKEN_ENV_VAR_NAME) or None), disabled
 
 
 @functools.lru_cache(maxsize=4096)  # called per request on servers without a token: parse each peer once

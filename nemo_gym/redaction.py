@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import threading
 from collections.abc import Iterable, Mapping
@@ -405,7 +404,9 @@ _PROCESS_SCRUBBER: Scrubber | None = None
 
 
 def _values_from_environ() -> set[str]:
-    raw = os.environ.get(NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME)
+    from nemo_gym.launch import launch_value  # a sibling base module
+
+    raw = launch_value(NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME)
     if not raw:
         return set()
     try:

@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -192,7 +193,8 @@ def _child_environ(run: Any, name: str) -> dict[str, str]:
 
 
 def _child_config(run: Any, name: str) -> dict[str, Any]:
-    return yaml.safe_load(_child_environ(run, name)["NEMO_GYM_CONFIG_DICT"])
+    """The config server ``name`` was handed (in its private launch file, nemo_gym.launch)."""
+    return yaml.safe_load(run.supervisor.launch_values[name]["NEMO_GYM_CONFIG_DICT"])
 
 
 def test_each_child_sees_its_own_secrets_and_no_other_servers_secrets(run: Any) -> None:
@@ -214,13 +216,28 @@ def test_each_child_sees_its_own_secrets_and_no_other_servers_secrets(run: Any) 
     # a secret-looking top-level value and the launcher's exported secret reach no child, another
     # server's key reaches no child, an ordinary value reaches all.
     for name in (AGENT, RESOURCES, "policy_model", "judge_model"):
-        environ = _child_environ(run, name)
-        text = "\n".join(f"{k}={v}" for k, v in environ.items())
+        handed = run.supervisor.launch_values[name]
+        text = "\n".join(f"{k}={v}" for k, v in handed.items())
         assert TOP_LEVEL_SECRET not in text, name
-        assert LAUNCHER_SECRET not in text and LAUNCHER_SECRET_VAR not in environ, name
-        assert "visible-to-every-server" in environ["NEMO_GYM_CONFIG_DICT"], name
+        assert LAUNCHER_SECRET not in text, name
+        assert "visible-to-every-server" in handed["NEMO_GYM_CONFIG_DICT"], name
         assert (JUDGE_KEY in text) == (name == "judge_model"), name
-        assert run.supervisor.auth_token in environ["NEMO_GYM_SECRET_VALUES"], name
+        assert run.supervisor.auth_token in handed["NEMO_GYM_SECRET_VALUES"], name
+        # Its environment holds none of it: nothing the server starts inherits a secret or the config.
+        environ = _child_environ(run, name)
+        whole = "\n".join(f"{k}={v}" for k, v in environ.items())
+        assert LAUNCHER_SECRET_VAR not in environ and LAUNCHER_SECRET not in whole, name
+        assert JUDGE_KEY not in whole and TOP_LEVEL_SECRET not in whole, name
+        assert run.supervisor.auth_token not in whole and "visible-to-every-server" not in whole, name
+        for var in (
+            "NEMO_GYM_CONFIG_DICT",
+            "NEMO_GYM_AUTH_TOKEN",
+            "NEMO_GYM_SESSION_SECRET",
+            "NEMO_GYM_SECRET_VALUES",
+        ):
+            assert var not in environ, (name, var)
+        # The launch file it was started with was read once and removed.
+        assert not Path(environ["NEMO_GYM_LAUNCH_FILE"]).exists(), name
 
 
 def test_a_session_cookie_is_accepted_only_by_the_instance_that_signed_it() -> None:

@@ -352,3 +352,26 @@ def test_the_stop_flag_is_set_by_a_real_signal_and_wakes_a_waiting_main_thread()
         timeout=120,
     )
     assert done.returncode == 0 and done.stdout.strip() == "woke", done.stderr
+
+
+def test_a_large_config_reaches_every_server_in_its_launch_file_not_its_environment() -> None:
+    """A server's config and secrets come in a private file (nemo_gym.launch): a 4 MB value, past the
+    kernel's limit on one environment variable (128 KiB), starts every server, and a process a server
+    starts (a sandbox, a harness) gets a small environment. Before, an 80 KB value killed a sandboxed
+    environment at start (``Argument list too long``) and 3.6 MB crashed ng_run."""
+    from nemo_gym.tools.testing import running_servers, server_url
+
+    big = "n" * 4_000_000
+    with running_servers([EXAMPLE_CONFIG], {"operator_notes": big}) as helper:
+        launch_dir = helper.supervisor._launch_files
+        assert launch_dir is not None and launch_dir.is_dir()
+        resp = post_json(server_url(helper, AGENT) + "/run", example_rows("example_single_tool_call")[0])
+        assert resp.status_code == 200, resp.text[:500]
+        for row in helper.server_instances():
+            handed = yaml.safe_load(helper.supervisor.launch_values[row["name"]]["NEMO_GYM_CONFIG_DICT"])
+            assert handed["operator_notes"] == big, row["name"]
+            environ = psutil.Process(row["pid"]).environ()
+            assert sum(len(k) + len(v) for k, v in environ.items()) < 64_000, row["name"]
+            assert not Path(environ["NEMO_GYM_LAUNCH_FILE"]).exists()  # read by the server, then removed
+        assert not any(launch_dir.iterdir())  # every server has read its file
+    assert not launch_dir.exists()  # the run's launch directory goes at stop

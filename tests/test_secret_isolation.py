@@ -20,7 +20,6 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-import yaml
 
 from nemo_gym.auth import auth_headers
 from nemo_gym.redaction import REDACTED
@@ -145,15 +144,16 @@ def test_a_server_sees_neither_another_servers_key_nor_the_launchers_secret_vari
         whole = "\0".join(f"{k}={v}" for k, v in env.items())
         assert MODEL_KEY not in whole, f"{name} holds the model server's API key"
         assert EXPORTED_KEY not in whole and "OPENAI_API_KEY" not in env, f"{name} got OPENAI_API_KEY"
-        # It still knows where every other server is, and the endpoint's URL is no secret.
-        cfg = yaml.safe_load(env["NEMO_GYM_CONFIG_DICT"])
-        model = cfg["policy_model"]["responses_api_models"]["openai_model"]
-        assert (model["host"], model["port"]) == (rows["policy_model"]["host"], rows["policy_model"]["port"])
-        assert model["openai_api_key"] == REDACTED and model["openai_model"] == MODEL_NAME
-        assert env["NEMO_GYM_AUTH_TOKEN"] == run.token and env["PATH"]
+        # Its config and the run's secrets came in its private launch file (nemo_gym.launch), read once
+        # and removed: none of it is in its environment, so nothing it starts inherits them.
+        assert run.token not in whole and env["PATH"], name
+        for var in ("NEMO_GYM_CONFIG_DICT", "NEMO_GYM_AUTH_TOKEN", "NEMO_GYM_SESSION_SECRET"):
+            assert var not in env, (name, var)
+        assert not Path(env["NEMO_GYM_LAUNCH_FILE"]).exists(), name
     model_env = _environ(rows["policy_model"]["pid"])
-    own = yaml.safe_load(model_env["NEMO_GYM_CONFIG_DICT"])["policy_model"]["responses_api_models"]
-    assert own["openai_model"]["openai_api_key"] == MODEL_KEY
+    assert MODEL_KEY not in "\0".join(
+        model_env.values()
+    )  # its own key too: in its config, not its environment
     assert model_env["OPENAI_API_KEY"] == EXPORTED_KEY  # named in its pass_env
 
 

@@ -142,12 +142,13 @@ def test_a_servers_secret_is_in_its_own_environment_only(forked_run: tuple[Launc
     rows = _rows(run)
     model_env = _environ(rows[MODEL]["pid"])
     assert model_env[SECRET_VAR] == SECRET  # named in its pass_env, given after the fork
-    assert run.token in model_env["NEMO_GYM_SECRET_VALUES"]
+    assert run.token not in "\0".join(model_env.values())  # the run's secrets are in its launch file
     for name in (AGENT, ENV):
         env = _environ(rows[name]["pid"])
         whole = "\0".join(f"{k}={v}" for k, v in env.items())
         assert SECRET not in whole and SECRET_VAR not in env, name
-        assert env["NEMO_GYM_CONFIG_PATH"] == name and "NEMO_GYM_CONFIG_DICT" in env
+        assert env["NEMO_GYM_CONFIG_PATH"] == name and "NEMO_GYM_CONFIG_DICT" not in env
+        assert not Path(env["NEMO_GYM_LAUNCH_FILE"]).exists()  # read by the server, then removed
 
 
 PROBE_SCRIPT = """

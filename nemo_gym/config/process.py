@@ -22,8 +22,8 @@ Contract
   (:mod:`nemo_gym.redaction`).
   A command-line override of a secret key is quoted as ``+key=***`` in messages.
 * Child servers never parse the command line: the launcher passes them the merged config as YAML
-  in ``NEMO_GYM_CONFIG_DICT`` and their own instance name in ``NEMO_GYM_CONFIG_PATH``;
-  ``get_global_config_dict()`` reads it back (interpolations resolve in the child, at its start) and
+  (``NEMO_GYM_CONFIG_DICT``, in their private launch file: :mod:`nemo_gym.launch`) and their own
+  instance name in ``NEMO_GYM_CONFIG_PATH``; ``get_global_config_dict()`` reads it back (interpolations resolve in the child, at its start) and
   holds it for the process (``_GLOBAL_CONFIG``; ``set_global_config_dict`` replaces or forgets it).
 """
 
@@ -40,6 +40,7 @@ from nemo_gym.config.keys import (
     NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME,
 )
 from nemo_gym.config.network import connection_limits_from
+from nemo_gym.launch import launch_value
 from nemo_gym.redaction import redact_config
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ def get_global_config_dict(
     default config: the command line, env.yaml and the files they name) and kept for later calls."""
     global _GLOBAL_CONFIG
     if _GLOBAL_CONFIG is None:
-        raw = os.environ.get(NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME)
+        raw = launch_value(NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME)
         if raw is not None:
             _GLOBAL_CONFIG = OmegaConf.create(yaml.load(raw, Loader=_YAML_LOADER))
         elif global_config_dict_parser_config is not None:
@@ -105,9 +106,14 @@ def current_global_config_dict() -> DictConfig | None:
 
     Unlike :func:`get_global_config_dict`, never parses the command line.
     """
-    if _GLOBAL_CONFIG is None and os.environ.get(NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME) is not None:
+    if _GLOBAL_CONFIG is None and launched_by_ng_run():
         return get_global_config_dict()
     return _GLOBAL_CONFIG
+
+
+def launched_by_ng_run() -> bool:
+    """Whether this process was handed a launcher's config (its launch file, or ``NEMO_GYM_CONFIG_DICT``)."""
+    return launch_value(NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME) is not None
 
 
 def maybe_get_global_config_dict() -> DictConfig | None:

@@ -56,14 +56,14 @@ from nemo_gym.config.keys import (
     DEFAULT_HEAD_SERVER_HOST,
     DEFAULT_HEAD_SERVER_PORT,
     HEAD_SERVER_KEY_NAME,
-    NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME,
     NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME,
     NEMO_GYM_LISTEN_FD_ENV_VAR_NAME,
 )
-from nemo_gym.config.process import current_global_config_dict, get_global_config_dict
+from nemo_gym.config.process import current_global_config_dict, get_global_config_dict, launched_by_ng_run
 from nemo_gym.config.types import BaseRunServerInstanceConfig, BaseServerConfig
 from nemo_gym.errors import UpstreamError, error_envelope
 from nemo_gym.kit.verify_pool.errors import VerifyPoolError
+from nemo_gym.launch import load_launch_values
 from nemo_gym.redaction import (
     add_secret_values,
     collect_secret_values,
@@ -344,7 +344,7 @@ class BaseServer(BaseModel):
         own = getattr(self.config, key, None)
         if own is not None:
             return own
-        if os.environ.get(NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME) is not None:  # under ng_run
+        if launched_by_ng_run():
             top = get_global_config_dict().get(key)
             if top is not None:
                 return top
@@ -447,6 +447,7 @@ class BaseServer(BaseModel):
         from nemo_gym.config.problems import ConfigError
 
         startup_mark("imports")  # the app module and what it imports are loaded
+        load_launch_values()  # the private launch file, read and removed before anything else runs
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
         raise_open_file_limit()
         die_with_parent()

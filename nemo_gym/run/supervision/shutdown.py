@@ -14,6 +14,7 @@ Contract
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -77,3 +78,5 @@ class ShutdownMixin:
             if self.token_file is not None:
                 remove_token_file(self.head_port, self.auth_token)
         self._spawner.stop()
+        if self._launch_files is not None:  # what a child did not read (it died first) goes too
+            shutil.rmtree(self._launch_files, ignore_errors=True)

@@ -6,8 +6,12 @@ Contract
   (interpolations resolved, its own secrets included), every other server's block with secrets
   redacted, and the top-level values that are neither secret-looking nor from env.yaml.
 * A child's environment (:meth:`SpawningMixin._child_env`) is the launcher's without its secret-looking
-  variables (except those its block names in ``pass_env``), plus its own secret values (what its block
-  holds) and the run token in ``NEMO_GYM_SECRET_VALUES``: never another server's secret.
+  variables (except those its block names in ``pass_env``), plus the path of its private launch file
+  (:mod:`nemo_gym.launch`), which holds its config, the cookie-signing secret, the run token and its own
+  secret values (what its block holds; never another server's secret). None of these is in its
+  environment, so nothing it starts inherits them; the file is removed by the child once read, and the
+  run's launch directory at stop. ``launch_values[<label>]`` keeps what each child was handed (the
+  launcher holds every one of these values anyway), for the launcher's own checks and tests.
 * :meth:`SpawningMixin._spawn` forks the child from the fork server (:mod:`nemo_gym.run.zygote`) when
   it runs on this interpreter with the run's import path, else starts it on the supervisor's spawner
   thread; either way as this process's child, in its own process group. It hands the child its
@@ -22,7 +26,9 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
+from pathlib import Path
 from typing import IO, Any
 
 import yaml
@@ -41,6 +47,7 @@ from nemo_gym.config.keys import (
     NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME,
     NEMO_GYM_VALIDATION_FDS_ENV_VAR_NAME,
 )
+from nemo_gym.launch import LAUNCH_FILE_ENV_VAR_NAME, write_launch_file
 from nemo_gym.redaction import (
     NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME,
     PASS_ENV_KEY_NAME,
@@ -139,21 +146,33 @@ class SpawningMixin:
         """The environment ``child`` starts with (see the module docstring)."""
         env = child_environ(os.environ, self._pass_env(child.name))
         root = str(self.loaded.root_dir)
+        private = {
+            NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME: config_yaml,
+            NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME: secret,
+            AUTH_TOKEN_ENV_VAR_NAME: self.auth_token or "",
+            NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME: self._own_secrets_json(child.name, run_scrubber),
+        }
+        for name in private:
+            env.pop(name, None)  # the launcher's own (a run started from a server): never passed on
+        self.launch_values[child.label] = private
         env.update(
             {
-                NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME: config_yaml,
+                LAUNCH_FILE_ENV_VAR_NAME: str(write_launch_file(self._launch_dir(), child.label, private)),
                 NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME: child.name,
-                NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME: secret,
                 NEMO_GYM_PARENT_PID_ENV_VAR_NAME: str(os.getpid()),
-                AUTH_TOKEN_ENV_VAR_NAME: self.auth_token or "",
                 AUTH_DISABLED_ENV_VAR_NAME: "" if self.auth_enabled else "1",
-                NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME: self._own_secrets_json(child.name, run_scrubber),
                 REPLICA_ENV_VAR_NAME: child.identity or "",
                 "PYTHONUNBUFFERED": "1",
                 "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p),
             }
         )
         return env
+
+    def _launch_dir(self) -> Path:
+        """The run's private directory of launch files (0700; removed at stop)."""
+        if self._launch_files is None:
+            self._launch_files = Path(tempfile.mkdtemp(prefix="nemo-gym-launch-"))
+        return self._launch_files
 
     def _spawn(self, child: ChildServer, config_yaml: str, secret: str, run_scrubber: Scrubber) -> None:
         assert child.sock is not None

@@ -22,6 +22,7 @@ import uuid
 from typing import Any
 
 from nemo_gym.config.keys import NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME
+from nemo_gym.launch import launch_value
 
 SESSION_ID_KEY = "session_id"
 _COOKIE_ATTRIBUTES = b"; Path=/; HttpOnly; SameSite=Lax"
@@ -32,7 +33,7 @@ _PROCESS_SECRET: bytes | None = None
 def session_secret() -> bytes:
     """The cookie-signing secret (see the module docstring)."""
     global _PROCESS_SECRET
-    secret = os.environ.get(NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME)
+    secret = launch_value(NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME)
     if secret:
         return secret.encode()
     if _PROCESS_SECRET is None:
