@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,12 @@ from nemo_gym.tools.testing import (
     tagged_row,
     variant_rules,
 )
-from resources_servers.workspace_tasks.app import run_hidden_tests, workspace_path
+from resources_servers.workspace_tasks.app import (
+    HiddenTestResult,
+    VerifyInfraError,
+    run_hidden_tests,
+    workspace_path,
+)
 from resources_servers.workspace_tasks.scripts.generate_dataset import EXAMPLE_TASKS
 from resources_servers.workspace_tasks.scripts.generate_dataset import example_rows as generated_examples
 from resources_servers.workspace_tasks.scripts.generate_dataset import rows as generated_rows
@@ -79,12 +85,15 @@ os._exit(0)
 PROC_FORGER = """import json, os, re
 
 names = ["test_example", "test_other_input"]
+log = open("/workspace/forge.log", "a")
 pid = os.getpid()
 while True:
     with open(f"/proc/{pid}/stat") as f:
         pid = int(f.read().rsplit(")", 1)[1].split()[1])
     if pid <= 1:
         break
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        seen = [f.read().split(b"\\0")[0].decode()]
     token = ""
     try:
         with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
@@ -101,15 +110,18 @@ while True:
                 if found:
                     token = found.group().decode()
                     break
+        seen.append("mem: " + ("token" if token else "read"))
     except OSError as exc:
-        print("no memory of", pid, exc)
+        seen.append(f"mem: {exc.strerror}")
     lines = [json.dumps({"test": n, "ok": True, "error": ""}) for n in names] + [json.dumps({"done": True})]
     for fd in (1, 2):
         try:
             with open(f"/proc/{pid}/fd/{fd}", "w") as out:
                 out.write("".join(token + line + "\\n" for line in lines))
+            seen.append(f"fd {fd}: written")
         except OSError as exc:
-            print("no fd of", pid, exc)
+            seen.append(f"fd {fd}: {exc.strerror}")
+    print(*seen, sep="; ", file=log)
 """
 # Ignores SIGALRM (the old per-test alarm) and every catchable signal, and never returns on an even list.
 HANGING_MEDIAN = """import signal
@@ -120,7 +132,7 @@ for sig in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal
 
 def median(values):
     ordered = sorted(values)
-    while len(ordered) % 2 == 0:
+    while ordered and len(ordered) % 2 == 0:
         pass
     return ordered[len(ordered) // 2]
 """
@@ -344,6 +356,51 @@ def test_every_task_fails_untouched_and_passes_after_its_reference_solution(tmp_
     asyncio.run(main())
 
 
+def test_the_runner_and_its_tests_are_out_of_the_workspaces_reach(tmp_path: Path) -> None:
+    """On run_hidden_tests itself: top_words.sh runs the /proc forger, which logs what it reached. The
+    python3 ancestors (the test's process, the runner) and the sandbox's agent refuse their memory and fds;
+    only the shells between them (whose stdout is the test's own capture) are open. And hidden tests that do
+    not load are the runner not starting, infrastructure: VerifyInfraError (a 503), never a 0."""
+    task = TASKS_BY_ID["sh_top_words"]
+    build_workspace(task, tmp_path / task.task_id)
+
+    async def main() -> tuple[HiddenTestResult, str]:
+        session = await SandboxSession.start(workspace=tmp_path / task.task_id)
+        try:
+            await session.write_file("forge.py", PROC_FORGER)
+            run = await session.exec(["sed", "-i", "3i python3 /workspace/forge.py", "top_words.sh"])
+            assert run.return_code == 0, run.stderr
+            result = await run_hidden_tests(session, task, 20, 60)
+            log = (await session.read_file("forge.log")).decode()
+            broken = dataclasses.replace(
+                task, hidden_tests=task.hidden_tests + "\nraise ImportError('oops')\n"
+            )
+            with pytest.raises(
+                VerifyInfraError, match="(?s)did not start: the hidden tests do not load: .*ImportError: oops"
+            ):
+                await run_hidden_tests(session, broken, 20, 60)
+        finally:
+            await session.close()
+        return result, log
+
+    result, log = asyncio.run(main())
+    assert result.complete and result.passed == [] and set(result.failed) == set(task.test_names)
+    assert result.failure_reason == "2 of 2 hidden tests failed"
+    lines = log.splitlines()
+    assert len(lines) >= 2 * 4, (
+        log
+    )  # per test: sh -c, sh top_words.sh, the test's process, the runner, the agent
+    for line in lines:
+        name = line.split(";")[0]
+        if "python3" in name:
+            assert line.endswith(
+                "mem: Permission denied; fd 1: Permission denied; fd 2: Permission denied"
+            ), line
+        else:
+            assert name in ("/bin/sh", "sh") and "mem: read; fd 1: written; fd 2: written" in line, line
+    assert sum("python3" in line for line in lines) >= 3 * 2, log
+
+
 def test_right_trajectories_of_every_kind_score_one(helper: RunHelper) -> None:
     assert {TASKS_BY_ID[t].kind for t in RIGHT} == set(KINDS)
     for task_id in RIGHT:
@@ -388,7 +445,15 @@ def test_workspace_code_cannot_forge_results_from_the_runners_process(helper: Ru
     result = _verified(helper, "pyfix_median", "forged")
     assert result["reward"] == 0.0 and result["passed_count"] == 0, result["failed_tests"]
     assert set(result["failed_tests"]) == {"test_odd", "test_even", "test_even_unsorted", "test_empty"}
-    assert "exited with code 0 before it returned" in result["failed_tests"]["test_odd"]
+    # What it wrote reached only its own call's answer (as if median returned it), which is no value.
+    for name, reason in result["failed_tests"].items():
+        assert (
+            reason.startswith("RuntimeError: the call stats.median.median(")
+            and "not a Python literal" in reason
+        ), (
+            name,
+            reason,
+        )
     assert result["failure_reason"] == "4 of 4 hidden tests failed"
 
 
@@ -410,7 +475,7 @@ def test_a_hanging_test_is_killed_from_outside_and_fails(helper: RunHelper) -> N
     assert set(result["failed_tests"]) == {"test_even", "test_even_unsorted", "test_empty"}
     for name in ("test_even", "test_even_unsorted"):
         assert result["failed_tests"][name] == "the test took longer than 5 s: killed"
-    assert result["failed_tests"]["test_empty"] == "AssertionError: no ValueError"
+    assert result["failed_tests"]["test_empty"] == "IndexError: list index out of range"
 
 
 def test_monkeypatching_the_runner_changes_nothing(helper: RunHelper) -> None:
@@ -418,8 +483,9 @@ def test_monkeypatching_the_runner_changes_nothing(helper: RunHelper) -> None:
     an object equal to everything: the hidden tests compare plain values outside its process."""
     result = _verified(helper, "pyfix_median", "patching")
     assert result["reward"] == 0.0 and result["passed_count"] == 0, result["failed_tests"]
-    assert "not a Python literal" in result["failed_tests"]["test_odd"]
-    assert result["failed_tests"]["test_empty"] == "AssertionError: no ValueError"
+    assert all(
+        "_Anything object" in r and "not a Python literal" in r for r in result["failed_tests"].values()
+    )
 
 
 def test_killing_the_runner_and_the_sandbox_is_a_zero_not_a_503(helper: RunHelper) -> None:
