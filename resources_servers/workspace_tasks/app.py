@@ -30,16 +30,31 @@ Contract
     ``is_error: true`` with a sentence saying what, never an HTTP error.
 * ``POST /verify``: the rollout's workspace is snapshotted and forked into a fresh sandbox (or, when no
   tool ran, a fresh one starts from the task's workspace); the hidden tests (``tasks.PRELUDE`` + the
-  task's ``hidden_tests``) are sent on the runner's stdin (never written to the workspace) and each
-  ``test_*`` function runs with a per-test alarm (``test_timeout_s``: past it the test fails). Reward 1.0
-  iff every test passes; ``tests_passed`` is the fraction passed, with ``passed_count``, ``test_count``
-  and ``failed_tests`` (name: first line of the error). The runner's lines carry a random token, so
-  nothing the agent's code prints can pass as a result; a test whose process the agent's code killed
-  counts as failed. The rollout's sandbox is closed afterwards.
+  task's ``hidden_tests``) are sent on the runner's stdin (never written to the workspace). Reward 1.0
+  iff every test passes; ``tests_passed`` is the fraction passed, with ``passed_count``, ``test_count``,
+  ``failed_tests`` (name: first line of the error) and ``failure_reason`` (None, ``"N of M hidden tests
+  failed"``, or why the tests stopped). The rollout's sandbox is closed afterwards.
+* Verdicts come from where the workspace's code cannot write (:data:`_RUNNER`). The runner is
+  non-dumpable (no process of the sandbox's uid can ptrace it, read its memory or open its fds through
+  /proc), ignores every signal it may ignore, never runs a test or the workspace's code itself, and is
+  the only process holding the stdout the server reads. Each test runs in a child of its own (its own
+  session, stdio on /dev/null, its verdict on a pipe only it holds, non-dumpable too); the workspace's
+  code runs only in that child's subprocesses: commands through ``sh`` and, through ``load(m).f(...)``,
+  a fresh process that imports ``m``, calls ``f`` and hands back the result or exception as a Python
+  literal the child parses (``ast.literal_eval``). So printing, exiting, monkeypatching, an object equal
+  to everything, forking, or writing to any fd it has changes only what its own calls return and its
+  commands print, which is what the tests judge.
+* Bounds: a test still running at ``test_timeout_s`` is SIGKILLed by the runner, with its process group
+  and every process started since the runner (so is whatever a finished test left), and fails; tests
+  not started by the runner's budget (``verify_timeout_s`` less a margin) fail as not run.
+* The model's doing is a 0, never a 503: the runner prints ``ready`` before any of the workspace's code
+  can run, so from then on a killed or stopped runner (past ``verify_timeout_s``), a sandbox whose agent
+  died or stopped answering, and out of memory are failed tests with that reason.
 * Infrastructure is never a reward: a sandbox that cannot start (SandboxUnavailableError, the session
   bound: SandboxBusyError) or fails, a rollout whose workspace was lost (its sandbox closed at its idle
-  timeout or lifetime), or a runner that outlives ``verify_timeout_s`` answer 503 (the collector files
-  the rollout in its failures sidecar). The server refuses to start if bubblewrap is missing.
+  timeout or lifetime), or a runner that does not get ready (hidden tests that do not load, a missing
+  ``python3`` or ``prctl``) answer 503 (the collector files the rollout in its failures sidecar). The
+  server refuses to start if bubblewrap is missing.
 """
 
 from __future__ import annotations
