@@ -39,15 +39,36 @@ def sh(cmd, stdin=None, timeout=20):
 
 # Runs in the call's own process: imports the module (/workspace last on sys.path), calls the function,
 # and writes repr(("return", value)) or repr(("raise", [builtin classes of the exception], message)) on
-# its stdout, which it first takes away from the workspace's code (whose prints go nowhere).
+# its stdout, which it first takes away from the workspace's code (whose prints go nowhere). Numbers of
+# other types (Fraction, Decimal, numpy's, subclasses) become int or float, containers plain ones; any
+# other object's repr is no literal, and the call fails.
 _CALL = r"""
-import ast, importlib, os, sys
+import ast, decimal, importlib, numbers, os, sys
 out = os.fdopen(os.dup(1), "w", errors="backslashreplace")
 os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
 module, name, args, kwargs = ast.literal_eval(sys.stdin.read())
 sys.path.append("/workspace")
+
+def plain(v, depth=0):
+    if v is None or type(v) in (bool, int, float, complex, str, bytes) or depth > 50:
+        return v
+    if isinstance(v, (list, tuple, set, frozenset)):
+        items = [plain(x, depth + 1) for x in v]
+        return items if isinstance(v, list) else tuple(items) if isinstance(v, tuple) else set(items)
+    if isinstance(v, dict):
+        return {plain(k, depth + 1): plain(x, depth + 1) for k, x in v.items()}
+    if isinstance(v, bool):
+        return bool(v)
+    if isinstance(v, numbers.Integral):
+        return int(v)
+    if isinstance(v, (numbers.Real, decimal.Decimal)):
+        return float(v)
+    if isinstance(v, str):
+        return str.__str__(v)
+    return v
+
 try:
-    value = ("return", getattr(importlib.import_module(module), name)(*args, **kwargs))
+    value = ("return", plain(getattr(importlib.import_module(module), name)(*args, **kwargs)))
 except BaseException as exc:
     try:
         message = str(exc)[:1000]

@@ -401,6 +401,49 @@ def test_the_runner_and_its_tests_are_out_of_the_workspaces_reach(tmp_path: Path
     assert sum("python3" in line for line in lines) >= 3 * 2, log
 
 
+# Right medians whose values are not plain ints and floats (they compared equal in the runner's process
+# before calls ran in their own), and a float whose __eq__ lies: only its real value counts.
+OTHER_MEDIANS = {
+    "fraction": "from fractions import Fraction\n\n\ndef median(v):\n    if not v:\n        raise ValueError('empty')\n"
+    "    o = sorted(v)\n    m = len(o) // 2\n    return o[m] if len(o) % 2 else Fraction(o[m - 1] + o[m], 2)\n",
+    "numpy": "import numpy\n\n\ndef median(v):\n    if not v:\n        raise ValueError('empty')\n"
+    "    return numpy.median(numpy.array(v))\n",
+    "decimal, a ValueError subclass": "import decimal\n\n\nclass Empty(ValueError):\n    pass\n\n\n"
+    "def median(v):\n    if not v:\n        raise Empty('empty')\n    o = sorted(v)\n    m = len(o) // 2\n"
+    "    return decimal.Decimal(o[m]) if len(o) % 2 else decimal.Decimal(o[m - 1] + o[m]) / 2\n",
+    "lying float": "class Yes(float):\n    def __eq__(self, other):\n        return True\n\n"
+    "    __hash__ = float.__hash__\n\n\ndef median(v):\n    if not v:\n        raise ValueError('empty')\n"
+    "    return Yes(sorted(v)[len(v) // 2])\n",
+}
+
+
+def test_a_call_hands_back_plain_values(tmp_path: Path) -> None:
+    """load(...).f(...) runs in its own process: a Fraction, numpy or Decimal median and a ValueError
+    subclass still pass (as they did when the module was imported into the runner); a float subclass
+    that says it equals everything is compared by its value, and fails where that value is wrong."""
+    task = TASKS_BY_ID["pyfix_median"]
+    build_workspace(task, tmp_path / task.task_id)
+
+    async def main() -> dict[str, HiddenTestResult]:
+        session = await SandboxSession.start(workspace=tmp_path / task.task_id)
+        results = {}
+        try:
+            for name, text in OTHER_MEDIANS.items():
+                await session.write_file("stats/median.py", text)
+                results[name] = await run_hidden_tests(session, task, 20, 60)
+        finally:
+            await session.close()
+        return results
+
+    results = asyncio.run(main())
+    for name in ("fraction", "numpy", "decimal, a ValueError subclass"):
+        assert results[name].passed == task.test_names, (name, results[name].failed)
+    assert results["lying float"].failed == {
+        "test_even": "AssertionError",
+        "test_even_unsorted": "AssertionError",
+    }
+
+
 def test_right_trajectories_of_every_kind_score_one(helper: RunHelper) -> None:
     assert {TASKS_BY_ID[t].kind for t in RIGHT} == set(KINDS)
     for task_id in RIGHT:
