@@ -57,8 +57,6 @@ def plain(v, depth=0):
         return items if isinstance(v, list) else tuple(items) if isinstance(v, tuple) else set(items)
     if isinstance(v, dict):
         return {plain(k, depth + 1): plain(x, depth + 1) for k, x in v.items()}
-    if isinstance(v, bool):
-        return bool(v)
     if isinstance(v, numbers.Integral):
         return int(v)
     if isinstance(v, (numbers.Real, decimal.Decimal)):
