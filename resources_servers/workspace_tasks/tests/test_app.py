@@ -387,9 +387,8 @@ def test_the_runner_and_its_tests_are_out_of_the_workspaces_reach(tmp_path: Path
     assert result.complete and result.passed == [] and set(result.failed) == set(task.test_names)
     assert result.failure_reason == "2 of 2 hidden tests failed"
     lines = log.splitlines()
-    assert len(lines) >= 2 * 4, (
-        log
-    )  # per test: sh -c, sh top_words.sh, the test's process, the runner, the agent
+    # Per test: sh top_words.sh, sh -c, the test's process, the runner, the sandbox's agent.
+    assert len(lines) >= 2 * 4, log
     for line in lines:
         name = line.split(";")[0]
         if "python3" in name:
@@ -537,7 +536,7 @@ def test_killing_the_runner_and_the_sandbox_is_a_zero_not_a_503(helper: RunHelpe
     result = _verified(helper, "pyfix_median", "killing")
     assert result["reward"] == 0.0 and result["passed_count"] == 0, result["failed_tests"]
     assert "the sandbox died while the hidden tests ran" in result["failure_reason"]
-    assert all("not run" in reason or "died" in reason for reason in result["failed_tests"].values())
+    assert set(result["failed_tests"].values()) == {f"not run: {result['failure_reason']}"}
 
 
 def test_tool_mistakes_and_escapes_are_tool_errors_and_hidden_tests_stay_hidden(helper: RunHelper) -> None:
