@@ -123,7 +123,7 @@ while True:
             seen.append(f"fd {fd}: {exc.strerror}")
     print(*seen, sep="; ", file=log)
 """
-# Ignores SIGALRM (the old per-test alarm) and every catchable signal, and never returns on an even list.
+# Ignores SIGALRM (the old per-test alarm) and the usual catchable signals, and never returns on 4 values.
 HANGING_MEDIAN = """import signal
 
 for sig in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
@@ -132,7 +132,7 @@ for sig in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal
 
 def median(values):
     ordered = sorted(values)
-    while ordered and len(ordered) % 2 == 0:
+    while len(ordered) == 4:
         pass
     return ordered[len(ordered) // 2]
 """
@@ -282,9 +282,9 @@ def _scripts() -> list[dict[str, Any]]:
 def helper() -> Iterator[RunHelper]:
     extra = {
         "policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": _scripts()}}},
-        # A test past 5 s is killed (the hanging median: two of them), the whole run bounded by 60 s.
+        # A test past 8 s is killed (the hanging median's test_even), the whole run bounded by 60 s.
         ENV: {
-            "resources_servers": {ENV: {"command_timeout_s": 3, "test_timeout_s": 5, "verify_timeout_s": 60}}
+            "resources_servers": {ENV: {"command_timeout_s": 3, "test_timeout_s": 8, "verify_timeout_s": 60}}
         },
     }
     with running_servers([CONFIG], extra) as h:
@@ -510,14 +510,16 @@ def test_a_shell_script_cannot_forge_results_through_proc(helper: RunHelper) -> 
 
 
 def test_a_hanging_test_is_killed_from_outside_and_fails(helper: RunHelper) -> None:
-    """median() loops forever on even lists and ignores SIGALRM and the catchable signals: each of those
-    tests is killed at test_timeout_s (5 s here) and fails; the rest run; reward 0, not a 503."""
+    """median() loops forever on four values and ignores SIGALRM and the usual catchable signals: that
+    test is killed at test_timeout_s (8 s here) and fails; the others run; reward 0, not a 503."""
     result = _verified(helper, "pyfix_median", "hanging")
     assert result["reward"] == 0.0 and result["passed_count"] == 1, result["failed_tests"]
-    assert set(result["failed_tests"]) == {"test_even", "test_even_unsorted", "test_empty"}
-    for name in ("test_even", "test_even_unsorted"):
-        assert result["failed_tests"][name] == "the test took longer than 5 s: killed"
-    assert result["failed_tests"]["test_empty"] == "IndexError: list index out of range"
+    assert result["failed_tests"] == {
+        "test_even": "the test took longer than 8 s: killed",
+        "test_even_unsorted": "AssertionError",
+        "test_empty": "IndexError: list index out of range",
+    }
+    assert result["failure_reason"] == "3 of 4 hidden tests failed"
 
 
 def test_monkeypatching_the_runner_changes_nothing(helper: RunHelper) -> None:
