@@ -30,16 +30,31 @@ Contract
     ``is_error: true`` with a sentence saying what, never an HTTP error.
 * ``POST /verify``: the rollout's workspace is snapshotted and forked into a fresh sandbox (or, when no
   tool ran, a fresh one starts from the task's workspace); the hidden tests (``tasks.PRELUDE`` + the
-  task's ``hidden_tests``) are sent on the runner's stdin (never written to the workspace) and each
-  ``test_*`` function runs with a per-test alarm (``test_timeout_s``: past it the test fails). Reward 1.0
-  iff every test passes; ``tests_passed`` is the fraction passed, with ``passed_count``, ``test_count``
-  and ``failed_tests`` (name: first line of the error). The runner's lines carry a random token, so
-  nothing the agent's code prints can pass as a result; a test whose process the agent's code killed
-  counts as failed. The rollout's sandbox is closed afterwards.
+  task's ``hidden_tests``) are sent on the runner's stdin (never written to the workspace). Reward 1.0
+  iff every test passes; ``tests_passed`` is the fraction passed, with ``passed_count``, ``test_count``,
+  ``failed_tests`` (name: first line of the error) and ``failure_reason`` (None, ``"N of M hidden tests
+  failed"``, or why the tests stopped). The rollout's sandbox is closed afterwards.
+* Verdicts come from where the workspace's code cannot write (:data:`_RUNNER`). The runner is
+  non-dumpable (no process of the sandbox's uid can ptrace it, read its memory or open its fds through
+  /proc), ignores every signal it may ignore, never runs a test or the workspace's code itself, and is
+  the only process holding the stdout the server reads. Each test runs in a child of its own (its own
+  session, stdio on /dev/null, its verdict on a pipe only it holds, non-dumpable too); the workspace's
+  code runs only in that child's subprocesses: commands through ``sh`` and, through ``load(m).f(...)``,
+  a fresh process that imports ``m``, calls ``f`` and hands back the result or exception as a Python
+  literal the child parses (``ast.literal_eval``). So printing, exiting, monkeypatching, an object equal
+  to everything, forking, or writing to any fd it has changes only what its own calls return and its
+  commands print, which is what the tests judge.
+* Bounds: a test still running at ``test_timeout_s`` is SIGKILLed by the runner, with its process group
+  and every process started since the runner (so is whatever a finished test left), and fails; tests
+  not started by the runner's budget (``verify_timeout_s`` less a margin) fail as not run.
+* The model's doing is a 0, never a 503: the runner prints ``ready`` before any of the workspace's code
+  can run, so from then on a killed or stopped runner (past ``verify_timeout_s``), a sandbox whose agent
+  died or stopped answering, and out of memory are failed tests with that reason.
 * Infrastructure is never a reward: a sandbox that cannot start (SandboxUnavailableError, the session
   bound: SandboxBusyError) or fails, a rollout whose workspace was lost (its sandbox closed at its idle
-  timeout or lifetime), or a runner that outlives ``verify_timeout_s`` answer 503 (the collector files
-  the rollout in its failures sidecar). The server refuses to start if bubblewrap is missing.
+  timeout or lifetime), or a runner that does not get ready (hidden tests that do not load, a missing
+  ``python3`` or ``prctl``) answer 503 (the collector files the rollout in its failures sidecar). The
+  server refuses to start if bubblewrap is missing.
 """
 
 from __future__ import annotations
@@ -48,7 +63,6 @@ import asyncio
 import json
 import posixpath
 import re
-import secrets
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -127,6 +141,7 @@ class WorkspaceVerifyResponse(BaseVerifyResponse):
     passed_count: int = 0
     test_count: int = 0
     failed_tests: dict[str, str] = Field(default_factory=dict)
+    failure_reason: str | None = None  # None when every test passed
     commands_run: int = 0
     edits_made: int = 0
 
@@ -199,46 +214,230 @@ def _numbered(lines: list[str], first: int) -> str:
     return "\n".join(f"{i:6}\t{line}" for i, line in enumerate(lines, start=first))
 
 
-# The hidden-test runner: reads {"token", "source", "tests", "timeout"} on stdin, runs each test with an
-# alarm, and prints one token-prefixed JSON line per test and a last one when it is done.
+# The hidden-test runner (``python3 -I -c _RUNNER`` in the checking sandbox): reads {"source", "tests",
+# "timeout", "budget"} on stdin and writes JSON lines on its stdout: {"ready": true} once it is set up,
+# {"test", "ok", "error"} per test, {"done": true} at the end ({"infra": why} if it cannot set up). It
+# never runs a test or the workspace's code itself, and it is the only process that holds its stdout: each
+# test runs in a child (forked, its own session and process group) whose stdin/stdout/stderr are /dev/null
+# and whose verdict comes back on a pipe of its own; the workspace's code runs only in that child's
+# subprocesses (``sh``, ``load``), which inherit none of those pipes. The runner, and so every test child,
+# is non-dumpable: a process of the same uid can neither ptrace it, read its memory nor open its fds through
+# /proc. A test still running at its bound is SIGKILLed from here, its process group and every process
+# started since the runner with it (whatever group it moved to); so is whatever a finished test left
+# behind. The signals a process may ignore are ignored here (a test child gets the defaults back).
 _RUNNER = r"""
-import contextlib, io, json, os, signal, sys, traceback
-req = json.loads(sys.stdin.read())
-token, out = req["token"], sys.__stdout__
-os.chdir("/workspace")
-sys.path.append("/workspace")
-class TestTimeout(BaseException):
-    pass
-def alarm(*_):
-    raise TestTimeout("the test took longer than %d s" % req["timeout"])
-signal.signal(signal.SIGALRM, alarm)
-ns = {"__name__": "hidden_tests"}
-exec(compile(req["source"], "<hidden tests>", "exec"), ns)
-for name in req["tests"]:
-    error = ""
-    signal.alarm(req["timeout"])
+import ctypes, json, os, select, signal, sys, time, traceback
+
+
+def say(**item):
+    data = (json.dumps(item) + "\n").encode()
+    while data:
+        data = data[os.write(1, data):]
+
+
+def refuse(why):
+    say(infra=why)
+    os._exit(3)
+
+
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(4, 0, 0, 0, 0) != 0 or libc.prctl(3, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE 0, then check
+    refuse("the runner cannot make itself non-dumpable (prctl errno %d)" % ctypes.get_errno())
+KEEP_DEFAULT = {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD}
+for sig in signal.valid_signals():
+    if sig not in KEEP_DEFAULT:
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except (OSError, ValueError, RuntimeError):
+            pass
+try:
+    req = json.loads(sys.stdin.buffer.read())
+    ns = {"__name__": "hidden_tests"}
+    exec(compile(req["source"], "<hidden tests>", "exec"), ns)
+    missing = [name for name in req["tests"] if not callable(ns.get(name))]
+    if missing:
+        raise NameError("no test function %s" % ", ".join(missing))
+except BaseException:
+    refuse("the hidden tests do not load: " + traceback.format_exc()[-1500:])
+
+
+def stat(pid):
+    with open("/proc/%d/stat" % pid, "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()  # [state, ppid, ..., starttime at 19]
+
+
+ME = os.getpid()
+KEEP = {ME}  # this runner and its ancestors (the sandbox's agent and init)
+pid = ME
+while pid > 1:
+    pid = int(stat(pid)[1])
+    KEEP.add(pid)
+BORN = int(stat(ME)[19])
+
+
+def reap():
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+
+
+def sweep():
+    # SIGKILL every live process started since this runner but this runner, until none is left.
+    end = time.monotonic() + 5
+    while time.monotonic() < end:
+        found = False
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) in KEEP:
+                continue
+            try:
+                st = stat(int(name))
+                if st[0] in (b"Z", b"X") or int(st[19]) < BORN:
+                    continue
+                os.kill(int(name), signal.SIGKILL)
+                found = True
+            except (OSError, IndexError, ValueError):
+                pass
+        reap()
+        if not found:
+            return
+        time.sleep(0.005)
+
+
+def child(name, w):
+    # One test, in a new session: no stdio, no fd but the verdict pipe, the default signal handlers.
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.closerange(3, w)
+        os.closerange(w + 1, 1 << 16)
+        try:  # out of memory, the kernel kills the test's processes (they inherit it), not the runner
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("1000")
+        except OSError:
+            pass
+        for sig in signal.valid_signals():
+            if sig not in KEEP_DEFAULT:
+                try:
+                    signal.signal(sig, signal.SIG_DFL)
+                except (OSError, ValueError, RuntimeError):
+                    pass
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as Python starts (subprocess restores them)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        ok, error = True, ""
+        try:
             ns[name]()
-    except BaseException as exc:
-        error = "".join(traceback.format_exception_only(type(exc), exc)).strip() or type(exc).__name__
+        except BaseException as exc:
+            ok = False
+            error = "".join(traceback.format_exception_only(type(exc), exc)).strip() or type(exc).__name__
+        verdict = (json.dumps({"ok": ok, "error": error[:500]}) + "\n").encode()
+        while verdict:
+            verdict = verdict[os.write(w, verdict):]
     finally:
-        signal.alarm(0)
-    out.write(token + json.dumps({"test": name, "ok": not error, "error": error[:500]}) + "\n")
-    out.flush()
-out.write(token + json.dumps({"done": True}) + "\n")
-out.flush()
+        os._exit(0)
+
+
+def run(name, seconds, why_killed):
+    # The test's error (None: it passed).
+    r, w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        os.close(r)
+        os.close(w)
+        return "the test could not start: %s" % exc
+    if pid == 0:
+        child(name, w)
+    os.close(w)
+    pidfd = os.pidfd_open(pid)
+    poller = select.poll()
+    poller.register(r, select.POLLIN)
+    poller.register(pidfd, select.POLLIN)
+    data = b""
+    end = time.monotonic() + seconds
+    exited = killed = False
+    while not exited:
+        left = end - time.monotonic()
+        if left <= 0:
+            killed = True
+            break
+        for fd, _ in poller.poll(left * 1000):
+            if fd == pidfd:
+                exited = True
+            elif len(data) < 65536:
+                chunk = os.read(r, 65536)
+                data += chunk
+                if not chunk:
+                    poller.unregister(r)
+            else:
+                poller.unregister(r)
+    if killed:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    os.set_blocking(r, False)
+    try:
+        while len(data) < 65536:
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            data += chunk
+    except BlockingIOError:
+        pass
+    _, status = os.waitpid(pid, 0)
+    os.close(r)
+    os.close(pidfd)
+    sweep()
+    if killed:
+        return why_killed
+    try:
+        verdict = json.loads(data.decode())
+        return None if verdict["ok"] is True else str(verdict["error"]) or "failed"
+    except (ValueError, KeyError, TypeError):
+        if os.WIFSIGNALED(status):
+            return "the test's process was killed by signal %d before it reported" % os.WTERMSIG(status)
+        return "the test's process exited with code %d before it reported" % os.WEXITSTATUS(status)
+
+
+say(ready=True)
+budget_end = time.monotonic() + req["budget"]
+for name in req["tests"]:
+    left = budget_end - time.monotonic()
+    if left <= 0.05:
+        error = "not run: the hidden tests used up their %g s" % req["budget"]
+    elif left < req["timeout"]:
+        error = run(name, left, "killed: the hidden tests used up their %g s" % req["budget"])
+    else:
+        error = run(name, req["timeout"], "the test took longer than %g s: killed" % req["timeout"])
+    say(test=name, ok=error is None, error=(error or "")[:500])
+say(done=True)
 """
 
 
 class HiddenTestResult(BaseModel):
     passed: list[str]
     failed: dict[str, str]
-    complete: bool  # the runner reported every test (False: the agent's code killed it)
+    complete: bool  # the runner reported every test (False: the agent's code killed it or the sandbox)
+    stopped: str | None = None  # why the runner did not report every test
 
     @property
     def total(self) -> int:
         return len(self.passed) + len(self.failed)
+
+    @property
+    def failure_reason(self) -> str | None:
+        if not self.failed:
+            return None
+        if self.stopped:
+            return self.stopped
+        return f"{len(self.failed)} of {self.total} hidden tests failed"
 
 
 class VerifyInfraError(Exception):
@@ -246,45 +445,69 @@ class VerifyInfraError(Exception):
 
 
 async def run_hidden_tests(
-    session: SandboxSession, task: Task, test_timeout_s: int, timeout_s: float
+    session: SandboxSession, task: Task, test_timeout_s: float, timeout_s: float
 ) -> HiddenTestResult:
-    """Run ``task``'s hidden tests in ``session`` (its workspace as it is): see the module docstring."""
-    token = "\x00hidden-" + secrets.token_hex(8) + "\x00"
+    """Run ``task``'s hidden tests in ``session`` (its workspace as it is): see the module docstring.
+    Raises :class:`VerifyInfraError` when the runner did not get ready (nothing of the workspace's had run
+    yet); anything after that (tests failed, killed, the runner or the whole sandbox killed or stopped)
+    is the workspace's doing: a result whose unreported tests failed."""
     names = task.test_names
+    wall = min(timeout_s, session.limits.command_wall_time_s)
     request = {
-        "token": token,
         "source": PRELUDE + "\n" + task.hidden_tests,
         "tests": names,
         "timeout": test_timeout_s,
+        "budget": wall - min(10.0, wall / 4),  # the runner's own end, before the sandbox's
     }
     try:
-        run = await session.exec(
-            ["python3", "-I", "-c", _RUNNER], stdin=json.dumps(request), timeout=timeout_s
-        )
+        run = await session.exec(["python3", "-I", "-c", _RUNNER], stdin=json.dumps(request), timeout=wall)
+    except SessionClosedError as exc:
+        # The sandbox's own processes died or stopped answering (its agent killed, out of memory): only the
+        # runner, and through it the workspace's code, ran in it. Closed from here (its lifetime): infra.
+        if session.closed is None or not session.closed.startswith("its sandbox"):
+            raise VerifyInfraError(f"the hidden tests of {task.task_id} could not run: {exc}") from exc
+        return _result(names, {}, f"the sandbox died while the hidden tests ran ({session.closed})")
     except SandboxError as exc:
         raise VerifyInfraError(f"the hidden tests of {task.task_id} could not run: {exc}") from exc
-    if run.timed_out:
-        raise VerifyInfraError(f"the hidden tests of {task.task_id} took longer than {timeout_s:g} s")
+    ready = complete = False
+    infra: str | None = None
     reported: dict[str, str | None] = {}
-    complete = False
     for line in run.stdout.split("\n"):
-        cut = line.find(token)
-        if cut < 0:
-            continue
         try:
-            item = json.loads(line[cut + len(token) :])
-        except json.JSONDecodeError:
+            item = json.loads(line)
+        except ValueError:
             continue
-        if item.get("done"):
+        if not isinstance(item, dict):
+            continue
+        if item.get("ready") is True:
+            ready = True
+        elif item.get("done") is True:
             complete = True
+        elif "infra" in item:
+            infra = str(item["infra"])
         elif item.get("test") in names and item["test"] not in reported:
-            reported[item["test"]] = None if item.get("ok") else str(item.get("error") or "failed")
-    if not reported and not complete and run.return_code != 0 and "<hidden tests>" in run.stderr:
-        raise VerifyInfraError(f"the hidden tests of {task.task_id} do not load: {run.stderr[-500:]}")
-    why_missing = f"not run: the test runner stopped (exit code {run.return_code}{', out of memory' if run.oom_killed else ''})"
+            reported[item["test"]] = None if item.get("ok") is True else str(item.get("error") or "failed")
+    if not ready:
+        detail = infra or f"exit code {run.return_code}: {run.stderr[-500:]}"
+        raise VerifyInfraError(f"the hidden-test runner of {task.task_id} did not start: {detail}")
+    if complete and len(reported) == len(names):
+        return _result(names, reported, None)
+    if run.timed_out:
+        why = f"the test runner was stopped: still running after {wall:g} s"
+    elif run.oom_killed:
+        why = "the test runner was killed: out of memory"
+    elif run.error_type == "disk_quota":
+        why = "the test runner was stopped: the workspace passed its disk quota"
+    else:
+        why = f"the test runner was killed (exit code {run.return_code})"
+    return _result(names, reported, why)
+
+
+def _result(names: list[str], reported: dict[str, str | None], stopped: str | None) -> HiddenTestResult:
+    """The tests reported (name -> error, None: passed); the others failed, not run because ``stopped``."""
     passed = [n for n in names if n in reported and reported[n] is None]
-    failed = {n: (reported[n] or "") if n in reported else why_missing for n in names if n not in passed}
-    return HiddenTestResult(passed=passed, failed=failed, complete=complete)
+    failed = {n: reported.get(n) or f"not run: {stopped}" for n in names if n not in passed}
+    return HiddenTestResult(passed=passed, failed=failed, complete=stopped is None, stopped=stopped)
 
 
 class WorkspaceTasksServer(SimpleResourcesServer):
@@ -585,6 +808,7 @@ class WorkspaceTasksServer(SimpleResourcesServer):
             passed_count=len(result.passed),
             test_count=result.total,
             failed_tests=result.failed,
+            failure_reason=result.failure_reason,
             commands_run=entry.data.commands_run if entry is not None else 0,
             edits_made=entry.data.edits_made if entry is not None else 0,
         )

@@ -23,9 +23,13 @@ from pathlib import Path
 
 KINDS = ("python_fix", "cli_flag", "shell_pipeline", "csv_clean", "git_merge", "makefile")
 
-# Defined before every task's hidden tests (in the runner's namespace, cwd /workspace).
+# Defined before every task's hidden tests, in the process that runs one test (cwd /workspace). That process
+# never runs the workspace's code itself: `sh` runs a command, and `load(module).function(*args)` imports the
+# module and calls the function in a process of its own, which hands back the result (or the exception) as
+# a Python literal that is parsed here (ast.literal_eval: data, never code). So the workspace's code can
+# change only what its functions return and its commands print, never how a test is judged.
 PRELUDE = '''
-import csv, importlib, io, os, subprocess, sys
+import ast, builtins, csv, io, os, subprocess, sys
 
 def sh(cmd, stdin=None, timeout=20):
     """Run a shell command in /workspace: (exit code, stdout, stderr)."""
@@ -33,11 +37,102 @@ def sh(cmd, stdin=None, timeout=20):
                        timeout=timeout)
     return p.returncode, p.stdout, p.stderr
 
+# Runs in the call's own process: imports the module (/workspace last on sys.path), calls the function,
+# and writes repr(("return", value)) or repr(("raise", [builtin classes of the exception], message)) on
+# its stdout, which it first takes away from the workspace's code (whose prints go nowhere). Numbers of
+# other types (Fraction, Decimal, numpy's, subclasses) become int or float, containers plain ones; any
+# other object's repr is no literal, and the call fails.
+_CALL = r"""
+import ast, decimal, importlib, numbers, os, sys
+out = os.fdopen(os.dup(1), "w", errors="backslashreplace")
+os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+module, name, args, kwargs = ast.literal_eval(sys.stdin.read())
+sys.path.append("/workspace")
+
+def plain(v, depth=0):
+    if v is None or type(v) in (bool, int, float, complex, str, bytes) or depth > 50:
+        return v
+    if isinstance(v, (list, tuple, set, frozenset)):
+        items = [plain(x, depth + 1) for x in v]
+        return items if isinstance(v, list) else tuple(items) if isinstance(v, tuple) else set(items)
+    if isinstance(v, dict):
+        return {plain(k, depth + 1): plain(x, depth + 1) for k, x in v.items()}
+    if isinstance(v, numbers.Integral):
+        return int(v)
+    if isinstance(v, (numbers.Real, decimal.Decimal)):
+        return float(v)
+    if isinstance(v, str):
+        return str.__str__(v)
+    return v
+
+try:
+    value = ("return", plain(getattr(importlib.import_module(module), name)(*args, **kwargs)))
+except BaseException as exc:
+    try:
+        message = str(exc)[:1000]
+    except BaseException:
+        message = "(its message could not be shown)"
+    value = ("raise", [c.__name__ for c in type(exc).__mro__ if c.__module__ == "builtins"], message)
+try:
+    text = repr(value)
+except BaseException:
+    text = repr(("raise", ["Exception"], "its result could not be shown"))
+out.write(text)
+out.flush()
+"""
+_CALL_MAX_BYTES = 1 << 20
+
+def _call(module, name, args, kwargs):
+    shown = "%s.%s(%s)" % (module, name, ", ".join([repr(a) for a in args] + ["%s=%r" % kv for kv in kwargs.items()]))
+    p = subprocess.Popen([sys.executable, "-I", "-c", _CALL], cwd="/workspace", stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        p.stdin.write(repr((module, name, tuple(args), dict(kwargs))).encode())
+        p.stdin.close()
+    except OSError:
+        pass
+    data = p.stdout.read(_CALL_MAX_BYTES + 1)
+    p.stdout.close()
+    p.kill()
+    code = p.wait()
+    if not data:
+        raise RuntimeError("the call %s exited with code %s before it returned" % (shown, code))
+    if len(data) > _CALL_MAX_BYTES:
+        raise RuntimeError("the call %s returned more than %d bytes" % (shown, _CALL_MAX_BYTES))
+    try:
+        answer = ast.literal_eval(data.decode("utf-8", "replace"))
+    except Exception:
+        answer = None
+    if isinstance(answer, tuple) and len(answer) == 2 and answer[0] == "return":
+        return answer[1]
+    if not (isinstance(answer, tuple) and len(answer) == 3 and answer[0] == "raise"):
+        raise RuntimeError("the call %s returned a value that is not a Python literal: %.200s"
+                           % (shown, data.decode("utf-8", "replace")))
+    names = [n for n in answer[1] if isinstance(n, str)] if isinstance(answer[1], list) else []
+    for class_name in names:
+        cls = getattr(builtins, class_name, None)
+        if isinstance(cls, type) and issubclass(cls, Exception):
+            try:
+                error = cls(str(answer[2]))
+            except Exception:
+                continue
+            raise error
+    raise RuntimeError("the call %s raised %s: %s" % (shown, "/".join(names) or "an exception", answer[2]))
+
+class _Module:
+    def __init__(self, name):
+        self._name = name
+
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return lambda *args, **kwargs: _call(self._name, attr, args, kwargs)
+
 def load(name):
-    """Import (or re-import) a workspace module."""
-    if name in sys.modules:
-        return importlib.reload(sys.modules[name])
-    return importlib.import_module(name)
+    """A workspace module whose functions run in a process of their own, freshly imported at each call:
+    load(name).f(*args) returns f's result or raises its exception (the first builtin class of its type);
+    arguments and results are Python literals."""
+    return _Module(name)
 
 def read(path):
     with open(os.path.join("/workspace", path)) as f:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,12 @@ from nemo_gym.tools.testing import (
     tagged_row,
     variant_rules,
 )
-from resources_servers.workspace_tasks.app import run_hidden_tests, workspace_path
+from resources_servers.workspace_tasks.app import (
+    HiddenTestResult,
+    VerifyInfraError,
+    run_hidden_tests,
+    workspace_path,
+)
 from resources_servers.workspace_tasks.scripts.generate_dataset import EXAMPLE_TASKS
 from resources_servers.workspace_tasks.scripts.generate_dataset import example_rows as generated_examples
 from resources_servers.workspace_tasks.scripts.generate_dataset import rows as generated_rows
@@ -44,6 +50,125 @@ INDEX = {row["task_id"]: i for i, row in enumerate(ROWS)}
 DONE = {"text": "Done."}
 # One task of each kind, solved through the tools by its reference solution.
 RIGHT = ("pyfix_median", "cli_limit", "sh_top_words", "csv_people", "git_discount", "make_stats")
+
+# Reward-gaming attempts a policy can write (tests/test_app.py::test_..._cannot_forge_...). Each leaves the
+# task unsolved (the median stays wrong), and each scored 1.0 or a 503 on the runner that ran the hidden
+# tests in the process that reported them.
+_MEDIAN = "\ndef median(values):\n    ordered = sorted(values)\n    return ordered[len(ordered) // 2]\n"
+# Prints the four pass lines (with the result token of the runner's __main__, when it finds one) on every
+# stream it has, then leaves before anything else can report.
+FORGED_MEDIAN = (
+    """import json, os, sys
+import __main__
+
+token = getattr(__main__, "token", "")
+names = getattr(__main__, "req", {}).get("tests") or ["test_odd", "test_even", "test_even_unsorted", "test_empty"]
+lines = [json.dumps({"test": n, "ok": True, "error": ""}) for n in names] + [json.dumps({"done": True})]
+text = "".join(token + line + "\\n" for line in lines)
+for stream in (sys.__stdout__, sys.stdout, sys.__stderr__):
+    try:
+        stream.write(text)
+        stream.flush()
+    except Exception:
+        pass
+for fd in (1, 2, 3, 4, 5):
+    try:
+        os.write(fd, text.encode())
+    except OSError:
+        pass
+os._exit(0)
+"""
+    + _MEDIAN
+)
+# Run by top_words.sh: up its ancestors, each one's result token from /proc/PID/mem (any 16 hex digits
+# between NULs after "hidden-"), then forged pass lines written to /proc/PID/fd/1 and fd/2.
+PROC_FORGER = """import json, os, re
+
+names = ["test_example", "test_other_input"]
+log = open("/workspace/forge.log", "a")
+pid = os.getpid()
+while True:
+    with open(f"/proc/{pid}/stat") as f:
+        pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    if pid <= 1:
+        break
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        seen = [f.read().split(b"\\0")[0].decode()]
+    token = ""
+    try:
+        with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
+            for line in maps:
+                span, perms = line.split()[:2]
+                if not perms.startswith("rw"):
+                    continue
+                lo, hi = (int(x, 16) for x in span.split("-"))
+                try:
+                    mem.seek(lo)
+                    found = re.search(rb"\\x00hidden-[0-9a-f]{16}\\x00", mem.read(hi - lo))
+                except (OSError, ValueError, OverflowError):
+                    continue
+                if found:
+                    token = found.group().decode()
+                    break
+        seen.append("mem: " + ("token" if token else "read"))
+    except OSError as exc:
+        seen.append(f"mem: {exc.strerror}")
+    lines = [json.dumps({"test": n, "ok": True, "error": ""}) for n in names] + [json.dumps({"done": True})]
+    for fd in (1, 2):
+        try:
+            with open(f"/proc/{pid}/fd/{fd}", "w") as out:
+                out.write("".join(token + line + "\\n" for line in lines))
+            seen.append(f"fd {fd}: written")
+        except OSError as exc:
+            seen.append(f"fd {fd}: {exc.strerror}")
+    print(*seen, sep="; ", file=log)
+"""
+# Ignores SIGALRM (the old per-test alarm) and the usual catchable signals, and never returns on 4 values.
+HANGING_MEDIAN = """import signal
+
+for sig in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+    signal.signal(sig, signal.SIG_IGN)
+
+
+def median(values):
+    ordered = sorted(values)
+    while len(ordered) == 4:
+        pass
+    return ordered[len(ordered) // 2]
+"""
+# Monkeypatches what a test runner in its process would use: the error text of a failure, the name the
+# hidden tests raise (AssertionError), unittest's assertions, sys.exit and os._exit; and returns a value
+# equal to everything.
+PATCHING_MEDIAN = """import builtins, os, sys, traceback, unittest
+
+
+class _Anything:
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = object.__hash__
+
+
+class _Quiet(Exception):
+    pass
+
+
+_Quiet.__name__ = _Quiet.__qualname__ = ""
+traceback.format_exception_only = lambda *args, **kwargs: []
+builtins.AssertionError = _Quiet
+for name in ("assertEqual", "assertTrue", "assertRaises", "fail"):
+    setattr(unittest.TestCase, name, lambda *args, **kwargs: None)
+sys.exit = os._exit = lambda *args: None
+
+
+def median(values):
+    return _Anything()
+"""
+# Kills every process it may signal (the runner, the sandbox's agent), then is the broken median.
+KILLING_MEDIAN = "import os, signal\n\nos.kill(-1, signal.SIGKILL)\n" + _MEDIAN
 
 
 def _call(name: str, **arguments: Any) -> dict[str, Any]:
@@ -77,6 +202,20 @@ def _variants(row: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
                 new_str="    mid = len(ordered) // 2\n    return ordered[mid] if len(ordered) % 2 else "
                 "(ordered[mid - 1] + ordered[mid]) / 2",
             ),
+            DONE,
+        ]
+    if task.task_id == "pyfix_median":  # reward-gaming attempts: each leaves the median wrong
+        for name, text in (
+            ("forged", FORGED_MEDIAN),
+            ("hanging", HANGING_MEDIAN),
+            ("patching", PATCHING_MEDIAN),
+            ("killing", KILLING_MEDIAN),
+        ):
+            variants[name] = [_edit("create", "stats/median.py", file_text=text), DONE]
+    if task.task_id == "sh_top_words":  # the pipeline stays broken; a script forges through /proc
+        variants["proc"] = [
+            _edit("create", "forge.py", file_text=PROC_FORGER),
+            _bash("sed -i '3i python3 /workspace/forge.py' top_words.sh && cat top_words.sh"),
             DONE,
         ]
     if task.task_id == "pyfix_slugify":  # the editor's view / str_replace / insert, then a check
@@ -143,7 +282,10 @@ def _scripts() -> list[dict[str, Any]]:
 def helper() -> Iterator[RunHelper]:
     extra = {
         "policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": _scripts()}}},
-        ENV: {"resources_servers": {ENV: {"command_timeout_s": 3}}},
+        # A test past 8 s is killed (the hanging median's test_even), the whole run bounded by 60 s.
+        ENV: {
+            "resources_servers": {ENV: {"command_timeout_s": 3, "test_timeout_s": 8, "verify_timeout_s": 60}}
+        },
     }
     with running_servers([CONFIG], extra) as h:
         yield h
@@ -214,6 +356,93 @@ def test_every_task_fails_untouched_and_passes_after_its_reference_solution(tmp_
     asyncio.run(main())
 
 
+def test_the_runner_and_its_tests_are_out_of_the_workspaces_reach(tmp_path: Path) -> None:
+    """On run_hidden_tests itself: top_words.sh runs the /proc forger, which logs what it reached. The
+    python3 ancestors (the test's process, the runner) and the sandbox's agent refuse their memory and fds;
+    only the shells between them (whose stdout is the test's own capture) are open. And hidden tests that do
+    not load are the runner not starting, infrastructure: VerifyInfraError (a 503), never a 0."""
+    task = TASKS_BY_ID["sh_top_words"]
+    build_workspace(task, tmp_path / task.task_id)
+
+    async def main() -> tuple[HiddenTestResult, str]:
+        session = await SandboxSession.start(workspace=tmp_path / task.task_id)
+        try:
+            await session.write_file("forge.py", PROC_FORGER)
+            run = await session.exec(["sed", "-i", "3i python3 /workspace/forge.py", "top_words.sh"])
+            assert run.return_code == 0, run.stderr
+            result = await run_hidden_tests(session, task, 20, 60)
+            log = (await session.read_file("forge.log")).decode()
+            broken = dataclasses.replace(
+                task, hidden_tests=task.hidden_tests + "\nraise ImportError('oops')\n"
+            )
+            with pytest.raises(
+                VerifyInfraError, match="(?s)did not start: the hidden tests do not load: .*ImportError: oops"
+            ):
+                await run_hidden_tests(session, broken, 20, 60)
+        finally:
+            await session.close()
+        return result, log
+
+    result, log = asyncio.run(main())
+    assert result.complete and result.passed == [] and set(result.failed) == set(task.test_names)
+    assert result.failure_reason == "2 of 2 hidden tests failed"
+    lines = log.splitlines()
+    # Per test: sh top_words.sh, sh -c, the test's process, the runner, the sandbox's agent.
+    assert len(lines) >= 2 * 4, log
+    for line in lines:
+        name = line.split(";")[0]
+        if "python3" in name:
+            assert line.endswith(
+                "mem: Permission denied; fd 1: Permission denied; fd 2: Permission denied"
+            ), line
+        else:
+            assert name in ("/bin/sh", "sh") and "mem: read; fd 1: written; fd 2: written" in line, line
+    assert sum("python3" in line for line in lines) >= 3 * 2, log
+
+
+# Right medians whose values are not plain ints and floats (they compared equal in the runner's process
+# before calls ran in their own), and a float whose __eq__ lies: only its real value counts.
+OTHER_MEDIANS = {
+    "fraction": "from fractions import Fraction\n\n\ndef median(v):\n    if not v:\n        raise ValueError('empty')\n"
+    "    o = sorted(v)\n    m = len(o) // 2\n    return o[m] if len(o) % 2 else Fraction(o[m - 1] + o[m], 2)\n",
+    "numpy": "import numpy\n\n\ndef median(v):\n    if not v:\n        raise ValueError('empty')\n"
+    "    return numpy.median(numpy.array(v))\n",
+    "decimal, a ValueError subclass": "import decimal\n\n\nclass Empty(ValueError):\n    pass\n\n\n"
+    "def median(v):\n    if not v:\n        raise Empty('empty')\n    o = sorted(v)\n    m = len(o) // 2\n"
+    "    return decimal.Decimal(o[m]) if len(o) % 2 else decimal.Decimal(o[m - 1] + o[m]) / 2\n",
+    "lying float": "class Yes(float):\n    def __eq__(self, other):\n        return True\n\n"
+    "    __hash__ = float.__hash__\n\n\ndef median(v):\n    if not v:\n        raise ValueError('empty')\n"
+    "    return Yes(sorted(v)[len(v) // 2])\n",
+}
+
+
+def test_a_call_hands_back_plain_values(tmp_path: Path) -> None:
+    """load(...).f(...) runs in its own process: a Fraction, numpy or Decimal median and a ValueError
+    subclass still pass (as they did when the module was imported into the runner); a float subclass
+    that says it equals everything is compared by its value, and fails where that value is wrong."""
+    task = TASKS_BY_ID["pyfix_median"]
+    build_workspace(task, tmp_path / task.task_id)
+
+    async def main() -> dict[str, HiddenTestResult]:
+        session = await SandboxSession.start(workspace=tmp_path / task.task_id)
+        results = {}
+        try:
+            for name, text in OTHER_MEDIANS.items():
+                await session.write_file("stats/median.py", text)
+                results[name] = await run_hidden_tests(session, task, 20, 60)
+        finally:
+            await session.close()
+        return results
+
+    results = asyncio.run(main())
+    for name in ("fraction", "numpy", "decimal, a ValueError subclass"):
+        assert results[name].passed == task.test_names, (name, results[name].failed)
+    assert results["lying float"].failed == {
+        "test_even": "AssertionError",
+        "test_even_unsorted": "AssertionError",
+    }
+
+
 def test_right_trajectories_of_every_kind_score_one(helper: RunHelper) -> None:
     assert {TASKS_BY_ID[t].kind for t in RIGHT} == set(KINDS)
     for task_id in RIGHT:
@@ -242,6 +471,74 @@ def test_wrong_trajectories_score_zero(helper: RunHelper) -> None:
     for task_id in ("git_settings", "make_clean", "csv_emails"):
         result = run_rollout(helper, AGENT, _row(task_id, "nothing"), timeout=120)
         assert result["reward"] == 0.0 and result["tests_passed"] < 1.0, task_id
+
+
+def _verified(helper: RunHelper, task_id: str, variant: str) -> dict[str, Any]:
+    """One rollout through the agent; its /verify must answer 200 (a 503 would be the model's doing
+    passed off as infrastructure)."""
+    resp = post_json(server_url(helper, AGENT) + "/run", _row(task_id, variant), timeout=180)
+    assert resp.status_code == 200, f"/run answered {resp.status_code}: {resp.text[:2000]}"
+    return resp.json()
+
+
+def test_workspace_code_cannot_forge_results_from_the_runners_process(helper: RunHelper) -> None:
+    """A broken stats/median.py that, when imported, prints pass lines with the token it finds in the
+    runner's __main__ (on stdout, stderr, fds 1-5) and leaves with os._exit(0): every test fails."""
+    result = _verified(helper, "pyfix_median", "forged")
+    assert result["reward"] == 0.0 and result["passed_count"] == 0, result["failed_tests"]
+    assert set(result["failed_tests"]) == {"test_odd", "test_even", "test_even_unsorted", "test_empty"}
+    # What it wrote reached only its own call's answer (as if median returned it), which is no value.
+    for name, reason in result["failed_tests"].items():
+        assert (
+            reason.startswith("RuntimeError: the call stats.median.median(")
+            and "not a Python literal" in reason
+        ), (
+            name,
+            reason,
+        )
+    assert result["failure_reason"] == "4 of 4 hidden tests failed"
+
+
+def test_a_shell_script_cannot_forge_results_through_proc(helper: RunHelper) -> None:
+    """top_words.sh (run by the hidden tests through sh()) runs a script that reads each ancestor's memory
+    for the result token and writes pass lines to its /proc/PID/fd/1 and fd/2: nothing it writes counts."""
+    result = _verified(helper, "sh_top_words", "proc")
+    assert orjson.loads(_outputs(result)[1])["exit_code"] == 0
+    assert result["reward"] == 0.0 and result["passed_count"] == 0, result["failed_tests"]
+    assert set(result["failed_tests"]) == {"test_example", "test_other_input"}
+    assert all(reason.startswith("AssertionError") for reason in result["failed_tests"].values())
+
+
+def test_a_hanging_test_is_killed_from_outside_and_fails(helper: RunHelper) -> None:
+    """median() loops forever on four values and ignores SIGALRM and the usual catchable signals: that
+    test is killed at test_timeout_s (8 s here) and fails; the others run; reward 0, not a 503."""
+    result = _verified(helper, "pyfix_median", "hanging")
+    assert result["reward"] == 0.0 and result["passed_count"] == 1, result["failed_tests"]
+    assert result["failed_tests"] == {
+        "test_even": "the test took longer than 8 s: killed",
+        "test_even_unsorted": "AssertionError",
+        "test_empty": "IndexError: list index out of range",
+    }
+    assert result["failure_reason"] == "3 of 4 hidden tests failed"
+
+
+def test_monkeypatching_the_runner_changes_nothing(helper: RunHelper) -> None:
+    """median.py patches traceback, builtins.AssertionError, unittest, sys.exit and os._exit, and returns
+    an object equal to everything: the hidden tests compare plain values outside its process."""
+    result = _verified(helper, "pyfix_median", "patching")
+    assert result["reward"] == 0.0 and result["passed_count"] == 0, result["failed_tests"]
+    assert all(
+        "_Anything object" in r and "not a Python literal" in r for r in result["failed_tests"].values()
+    )
+
+
+def test_killing_the_runner_and_the_sandbox_is_a_zero_not_a_503(helper: RunHelper) -> None:
+    """median.py kills every process it may signal (kill -9 -1: the runner and the sandbox's agent with it)
+    when imported: the model's doing, so reward 0 with the reason, not infrastructure."""
+    result = _verified(helper, "pyfix_median", "killing")
+    assert result["reward"] == 0.0 and result["passed_count"] == 0, result["failed_tests"]
+    assert "the sandbox died while the hidden tests ran" in result["failure_reason"]
+    assert set(result["failed_tests"].values()) == {f"not run: {result['failure_reason']}"}
 
 
 def test_tool_mistakes_and_escapes_are_tool_errors_and_hidden_tests_stay_hidden(helper: RunHelper) -> None:
