@@ -64,7 +64,7 @@ _OWN_SUITE = "runs that folder's own tests, which the suite runs anyway"
 SKIP: dict[tuple[str, str], str] = {
     (
         "README.md",
-        'python3 -m venv .venv && . .venv/bin/activate && CMAKE_ARGS="-DLLAVA_BUILD=OFF" pip install -e ".[local]" && ng_quickstart',
+        'python3 -m venv .venv && . .venv/bin/activate && CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" pip install -e ".[local]" && ng_quickstart',
     ): (
         "creates a venv and compiles llama-cpp-python (6-9 minutes); ng_quickstart itself is run by "
         "responses_api_models/local_model/tests/test_quickstart.py"
