@@ -27,11 +27,13 @@ Contract
   salt, a solvent, a second molecule), a net charge or unpaired electrons are refused (``mixture``,
   ``charged``, ``radical``, the parts / charge / electrons in ``reason``), on every task type and on the
   row's own reference.
-* The answer is the text inside the last ``<answer>...</answer>`` (ASCII case-insensitive) of the
+* The answer is the text inside the ``<answer>...</answer>`` tags (ASCII case-insensitive) of the
   assistant's messages (never a reasoning item), stripped of whitespace and of backticks around it, read
-  in one pass. No tools: one model turn. Past ``MAX_ANSWER_CHARS`` it is refused unparsed.
+  in one pass: ONE answer (written once or the same way each time; empty tags ignored). Two or more
+  different answers are ``several_answers`` (0). No tools: one model turn. Past ``MAX_ANSWER_CHARS`` the
+  answer is refused unparsed.
 * ``/verify`` (stateless) runs rdkit in the verify pool. Reward 1.0 iff ``failure_reason`` is ``pass``;
-  else 0.0 with the reason: ``no_answer``, ``invalid_smiles`` (``reason`` has rdkit's complaint: syntax,
+  else 0.0 with the reason: ``no_answer``, ``several_answers``, ``invalid_smiles`` (``reason`` has rdkit's complaint: syntax,
   valence, kekulization), ``mixture``, ``charged``, ``radical``, ``missing_fragment``,
   ``constraint_failed``, ``wrong_formula``,
   ``missing_group``, ``wrong_product``, ``wrong_molecule``, ``unchanged``, ``too_little_change``,
@@ -60,7 +62,14 @@ from nemo_gym.base_resources_server import (
     SimpleResourcesServer,
 )
 from nemo_gym.kit.verify_pool import get_verify_pool, run_in_verify_pool
-from resources_servers.chemistry.chem import MAX_ANSWER_CHARS, check_task, judge, no_answer, warm_up_worker
+from resources_servers.chemistry.chem import (
+    MAX_ANSWER_CHARS,
+    check_task,
+    judge,
+    no_answer,
+    several_answers,
+    warm_up_worker,
+)
 
 Descriptor = Literal[
     "mol_weight", "heavy_atoms", "rings", "aromatic_rings", "hbd", "hba", "logp", "rotatable_bonds", "tpsa"
@@ -161,20 +170,29 @@ class ChemistryVerifyResponse(ChemistryVerifyRequest, BaseVerifyResponse):
     measured: dict[str, float]
 
 
-def extract_answer(text: str) -> str | None:
-    """The last ``<answer>...</answer>`` of ``text`` (the tag in any ASCII case), stripped of whitespace and
-    backticks (None if none): the last opening tag that a closing tag follows, up to the first closing tag
-    after it. One pass over the text from each end, so a reply of any length costs its length (a regex
-    rescanning the rest of the text at each opening tag took hours on 10 MB of them)."""
+def extract_answers(text: str, limit: int = 3) -> list[str] | None:
+    """The different answers of ``text``: the content of each ``<answer>...</answer>`` (the tag in any ASCII
+    case), stripped of whitespace and backticks, in order, each once, empty ones left out (``[""]`` when
+    every tag is empty); None when there is no tag. Stops at ``limit`` different answers. One pass from
+    left to right, so a reply of any length costs its length (a regex that rescanned the rest of the text
+    at each opening tag took hours on megabytes of them)."""
     low = text.translate(_ASCII_LOWER)  # ASCII only: the same length, so the indices hold for ``text``
-    close = low.rfind("</answer>")
-    if close < 0:
+    found: dict[str, None] = {}
+    tagged, position = False, 0
+    while len(found) < limit:
+        start = low.find("<answer>", position)
+        if start < 0:
+            break
+        end = low.find("</answer>", start + len("<answer>"))
+        if end < 0:
+            break
+        tagged, position = True, end + len("</answer>")
+        answer = text[start + len("<answer>") : end].strip().strip("`").strip()
+        if answer:
+            found[answer] = None
+    if not tagged:
         return None
-    start = low.rfind("<answer>", 0, close)
-    if start < 0:
-        return None
-    start += len("<answer>")
-    return text[start : low.find("</answer>", start)].strip().strip("`").strip()
+    return list(found) or [""]
 
 
 def metrics_by_type(rollouts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -230,9 +248,12 @@ class ChemistryServer(SimpleResourcesServer):
             for part in item.content
             if part.type == "output_text"
         )
-        answer = extract_answer(text)
-        if answer is None:
+        answers = extract_answers(text)
+        answer = answers[0] if answers and len(answers) == 1 else None
+        if answers is None:
             outcome = no_answer()
+        elif answer is None:
+            outcome = several_answers(answers)
         else:
             # An answer past the length bound is refused unparsed, so its first bound+1 characters are
             # enough to refuse it (and a 10 MB answer never goes through the pool's pipe).

@@ -302,6 +302,13 @@ def no_answer() -> dict[str, Any]:
     return _result("no_answer", "no <answer>...</answer> in the response", None)
 
 
+def several_answers(answers: list[str]) -> dict[str, Any]:
+    """The outcome of a reply with two or more different answers in its tags (no rdkit needed): a hedge is
+    no answer, whichever of them is right."""
+    shown = ", ".join(repr(a[:40]) for a in answers[:3]) + (", ..." if len(answers) > 2 else "")
+    return _result("several_answers", f"different answers in <answer> tags ({shown}): give one", None)
+
+
 def judge(task: dict[str, Any], answer: str | None, row_checked: bool = False) -> dict[str, Any]:
     """The outcome of ``answer`` (the extracted text, None when there was none) on ``task``:
     ``{"failure_reason", "reason", "valid_smiles", "measured"}``, or ``{"bad_row": ...}``.

@@ -28,9 +28,9 @@ from nemo_gym.tools.testing import (
     variant_tag,
 )
 from resources_servers.chemistry import tasks
-from resources_servers.chemistry.app import TASK_TYPES, extract_answer, metrics_by_type
+from resources_servers.chemistry.app import TASK_TYPES, extract_answers, metrics_by_type
 from resources_servers.chemistry.chem import MAX_ANSWER_CHARS, check_task, judge
-from resources_servers.chemistry.scripts.generate_dataset import EXAMPLE_SEED, EXAMPLE_TASKS
+from resources_servers.chemistry.scripts.generate_dataset import AUDIT_TASKS, EXAMPLE_SEED, EXAMPLE_TASKS
 from resources_servers.chemistry.scripts.generate_dataset import rows as generated_rows
 
 ENV = "chemistry"
@@ -80,6 +80,12 @@ def _variants(row: dict[str, Any]) -> dict[str, list[dict[str, str]]]:
         "fenced_last": [
             {
                 "text": f"<answer>{wrong_answer(row)}</answer> no, rather <ANSWER> `{right_answer(row)}` </ANSWER>"
+            }
+        ],
+        "said_twice": [
+            {
+                "text": f"<answer></answer> then <answer>{right_answer(row)}</answer>, "
+                f"<ANSWER> `{right_answer(row)}` </ANSWER>"
             }
         ],
     }
@@ -145,6 +151,10 @@ def _with_answer(index: int, answer: str) -> dict[str, Any]:
 def test_the_example_rows_are_the_generators_and_the_pool_is_sound() -> None:
     assert len(EXAMPLES) == 5 and {r["task_id"] for r in EXAMPLES} == set(EXAMPLE_TASKS)
     assert generated_rows(EXAMPLE_SEED, EXAMPLE_TASKS) == EXAMPLES  # the shipped rows are reproducible
+    audit = Path(__file__).resolve().parents[1] / "data" / "audit.jsonl"  # the rows exploits.yaml plays
+    assert [orjson.loads(line) for line in audit.read_text().splitlines()] == generated_rows(
+        EXAMPLE_SEED, AUDIT_TASKS
+    )
     every = generated_rows(0)
     assert len(every) == tasks.pool_size() >= 40
     assert {r["task"]["task_type"] for r in every} == set(TASK_TYPES)
@@ -194,8 +204,15 @@ def test_wrong_and_malformed_answers_score_zero_with_the_reason(helper: RunHelpe
             assert "valence" in valence["reason"].lower()
         missing = run_rollout(helper, AGENT, tagged_row(row, "no_answer", i))
         assert (missing["reward"], missing["failure_reason"], missing["answer"]) == (0.0, "no_answer", None)
-        last = run_rollout(helper, AGENT, tagged_row(row, "fenced_last", i))  # the last tag counts, unfenced
-        assert (last["reward"], last["answer"]) == (1.0, right_answer(row)), row["task_id"]
+        # A wrong answer, then the right one: a hedge, no answer (it used to be the last that counted).
+        hedge = run_rollout(helper, AGENT, tagged_row(row, "fenced_last", i))
+        assert (hedge["reward"], hedge["failure_reason"], hedge["answer"]) == (0.0, "several_answers", None)
+        assert (
+            "different answers in <answer> tags" in hedge["reason"] and right_answer(row) in hedge["reason"]
+        )
+        # The same answer twice (fenced, another case) and an empty tag: one answer.
+        twice = run_rollout(helper, AGENT, tagged_row(row, "said_twice", i))
+        assert (twice["reward"], twice["answer"]) == (1.0, right_answer(row)), row["task_id"]
 
 
 def test_each_check_tells_its_failures_apart(helper: RunHelper) -> None:
@@ -264,10 +281,11 @@ def test_a_huge_reply_or_an_answer_only_in_reasoning_scores_zero(helper: RunHelp
     url = server_url(helper, ENV) + "/verify"
     row = BY_ID["name_to_smiles_00"]  # ethanol
     for text, reason, says in (
-        # 10 MB of opening tags: the old tag regex rescanned to the end of the text for each one (hours on
-        # the event loop); now the text is read once.
-        ("<answer>" * 1_250_000, "no_answer", "no <answer>"),
-        ("<answer>" + "C" * 10_000_000 + "</answer>", "invalid_smiles", f"longer than {MAX_ANSWER_CHARS}"),
+        # 3.2 MB of opening tags (under verify_max_model_chars): the old tag regex rescanned to the end of
+        # the text for each one (over an hour on the event loop); now the text is read once.
+        ("<answer>" * 400_000, "no_answer", "no <answer>"),
+        # 3 MB of SMILES: refused unparsed; it went to the verify pool whole (a 503: the pipe's EAGAIN)
+        ("<answer>" + "C" * 3_000_000 + "</answer>", "invalid_smiles", f"longer than {MAX_ANSWER_CHARS}"),
     ):
         resp = post_json(url, {**row, "response": text_response(text)})
         assert resp.status_code == 200, resp.text[:2000]
@@ -287,11 +305,12 @@ def test_a_huge_reply_or_an_answer_only_in_reasoning_scores_zero(helper: RunHelp
     )
     result = post_json(url, {**row, "response": response}).json()
     assert (result["reward"], result["failure_reason"]) == (0.0, "no_answer")
-    # Look-alike letters in the tag (Cyrillic a, e) are not the tag; several answers: the last one counts.
+    # Look-alike letters in the tag (Cyrillic a, e) are not the tag; several different answers are none.
     for text, reason in (
-        ("<аnswer>CCO</аnswer>", "no_answer"),
-        ("<answеr>CCO</answеr>", "no_answer"),
-        ("<answer>CCO</answer> or rather <answer>CCN</answer>", "wrong_molecule"),
+        ("<\u0430nswer>CCO</\u0430nswer>", "no_answer"),
+        ("<answ\u0435r>CCO</answ\u0435r>", "no_answer"),
+        ("<answer>CCN</answer> or rather <answer>CCO</answer>", "several_answers"),
+        ("<answer>CCO</answer> or <answer>CCN</answer> or <answer>CO</answer> ...", "several_answers"),
         ("<answer>CCO.CCN</answer>", "mixture"),
     ):
         result = post_json(url, {**row, "response": text_response(text)}).json()
@@ -345,9 +364,11 @@ def test_a_broken_row_is_refused_not_scored(helper: RunHelper, tmp_path: Path) -
 
 
 def test_answer_extraction_and_the_checks_without_servers() -> None:
-    assert extract_answer("no tag") is None
-    assert extract_answer("<answer>A</answer> then <Answer>\n `CCO`\n</Answer>") == "CCO"
-    assert extract_answer("<answer></answer>") == ""
+    assert extract_answers("no tag") is None and extract_answers("<answer>CCO") is None
+    assert extract_answers("<answer>A</answer> then <Answer>\n `CCO`\n</Answer>") == ["A", "CCO"]
+    assert extract_answers("<answer></answer>") == [""]
+    assert extract_answers("<answer></answer> <answer> CCO</answer><ANSWER>`CCO`</ANSWER>") == ["CCO"]
+    assert extract_answers("".join(f"<answer>C{i}</answer>" for i in range(9))) == ["C0", "C1", "C2"]
     name = next(r for r in ALL if r["task"].get("name") == "ethanol")["task"]
     assert judge(name, "OCC")["failure_reason"] == "pass"
     assert judge(name, None)["failure_reason"] == "no_answer"
