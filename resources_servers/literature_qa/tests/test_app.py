@@ -251,7 +251,7 @@ _NUMBER_EXPLOITS = {
     ("q02", "412 or maybe 400 mg/L"): ("several_numbers", "412, 400"),
     ("q02", "412 or \u0664\u0660\u0660"): ("several_numbers", "412, 400"),  # Arabic-Indic digits
     ("q26", "1,490 m (or 1,400 m)"): ("several_numbers", "1490, 1400"),
-    ("q02", "412 " + "mg/L " * 2_000_000): ("unreadable_answer", "longer than"),  # 10 MB
+    ("q02", "412 " + "mg/L " * 600_000): ("unreadable_answer", "longer than"),  # 3 MB
 }
 
 # What a right answer may look like: units (with digits in them), the number repeated, a thousands
