@@ -169,7 +169,7 @@ _WEATHER_EXPLOITS = [
     ),
     ("It is snowy in Paris right now, -7 degrees Celsius.", "wrong_reading", "temperature 7"),
     (
-        "It is snowy in Paris right now, 7 degrees Celsius. " + "It is snowy. " * 800_000,
+        "It is snowy in Paris right now, 7 degrees Celsius. " + "It is snowy. " * 230_000,
         "not_prose",
         "longer than",
     ),
