@@ -33,11 +33,11 @@ Contract
   different answers are ``several_answers`` (0). No tools: one model turn. Past ``MAX_ANSWER_CHARS`` the
   answer is refused unparsed.
 * ``/verify`` (stateless) runs rdkit in the verify pool. Reward 1.0 iff ``failure_reason`` is ``pass``;
-  else 0.0 with the reason: ``no_answer``, ``several_answers``, ``invalid_smiles`` (``reason`` has rdkit's complaint: syntax,
-  valence, kekulization), ``mixture``, ``charged``, ``radical``, ``missing_fragment``,
-  ``constraint_failed``, ``wrong_formula``,
-  ``missing_group``, ``wrong_product``, ``wrong_molecule``, ``unchanged``, ``too_little_change``,
-  ``too_dissimilar``, ``not_a_choice``, ``wrong_choice``. Metrics: ``task_type``, ``valid_smiles``
+  else 0.0 with the reason: ``no_answer``, ``several_answers``, ``invalid_smiles`` (``reason`` has
+  rdkit's complaint: syntax, valence, kekulization), ``mixture``, ``charged``, ``radical``,
+  ``missing_fragment``, ``constraint_failed``, ``wrong_formula``, ``missing_group``, ``wrong_product``,
+  ``wrong_molecule``, ``unchanged``, ``too_little_change``, ``too_dissimilar``, ``not_a_choice``,
+  ``wrong_choice``. Metrics: ``task_type``, ``valid_smiles``
   (None for an MCQ or a missing answer), ``answer``, ``reason``, ``measured`` (descriptor values,
   ``logp_change``, ``similarity``); ``POST /aggregate_metrics`` (``compute_metrics``) gives the reward and the valid-SMILES
   rate per type.

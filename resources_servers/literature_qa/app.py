@@ -30,10 +30,11 @@ Contract
   question's own numbers restated, are not candidates; a number written twice is one), right within
   ``tolerance`` of the expected value; two or more different numbers are ``several_numbers`` (0). A
   multiple-choice answer is one option letter. An answer longer than ``max_answer_chars`` is not read
-  (``unreadable_answer``; ``submit_answer`` refuses it so the model can submit again). The citation is right when the cited ids are exactly the row's ``citations`` (order
-  and repeats ignored). Reward 1.0 for a right answer with the right citation, ``partial_credit``
-  (0.5) with a wrong or missing one, 0.0 for a wrong answer or an abstention. Unanswerable question:
-  ``abstention_reward`` (1.0) for an abstention, 0.0 for any answer. ``failure_reason``: ``pass``,
+  (``unreadable_answer``; ``submit_answer`` refuses it so the model can submit again). The citation is
+  right when the cited ids are exactly the row's ``citations`` (order and repeats ignored). Reward 1.0
+  for a right answer with the right citation, ``partial_credit`` (0.5) with a wrong or missing one, 0.0
+  for a wrong answer or an abstention. Unanswerable question: ``abstention_reward`` (1.0) for an
+  abstention, 0.0 for any answer. ``failure_reason``: ``pass``,
   ``wrong_citation``, ``wrong_answer``, ``unreadable_answer``, ``abstained`` (on an answerable
   question), ``hallucinated`` (an answer to an unanswerable one), ``no_answer``, ``several_numbers``;
   ``reason`` says what was read and why, for a person.
@@ -259,7 +260,9 @@ _DASHES = str.maketrans(dict.fromkeys("\u2010\u2011\u2012\u2013\u2014\u2212", "-
 # ("LQA-009", "Kessler-88", "GX-417"). Any script's decimal digits count (a number in Arabic-Indic digits
 # is still a number); full-width digits are folded to ASCII first (NFKC).
 _NUMBER = re.compile(
-    r"(?<![\w.])(?<![^\W\d_]-)(?P<sign>[-+])?(?P<digits>(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|\.\d+)"
+    r"(?<![\w.])(?<![^\W\d_]-)"  # not glued to a word, a number or an id
+    r"(?P<sign>[-+])?"
+    r"(?P<digits>(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|\.\d+)"
 )
 _LETTER = re.compile(r"^\(?([A-Z])\)?(?:[.:)]|\s|$)")
 
@@ -432,7 +435,7 @@ class LiteratureQAServer(SimpleResourcesServer):
         submissions = function_calls(body.response, "submit_answer")
         answer, cited = _arguments(submissions[-1]) if submissions else (None, None)
         readable = answer is not None and len(answer) <= self.config.max_answer_chars
-        abstained = readable and is_abstention(answer, self.config.abstention_answer)  # type: ignore[arg-type]
+        abstained = readable and is_abstention(str(answer), self.config.abstention_answer)
         right_answer = False
         citation_right = False
         if answer is None or not answer.strip():

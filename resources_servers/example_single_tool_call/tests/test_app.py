@@ -138,7 +138,8 @@ _EVERY_TEMPERATURE = ", ".join(str(n) for n in range(35))
 # these scored 1.0 before (answer, failure_reason, words of the reason).
 _WEATHER_EXPLOITS = [
     (
-        f"It may be sunny, cloudy, rainy, windy, snowy or foggy in Paris, at {_EVERY_TEMPERATURE} degrees Celsius.",
+        "It may be sunny, cloudy, rainy, windy, snowy or foggy in Paris, "
+        f"at {_EVERY_TEMPERATURE} degrees Celsius.",
         "several_readings",
         "more than one condition",
     ),
