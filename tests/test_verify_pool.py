@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import operator
 import os
 import signal
 import subprocess
@@ -171,3 +172,21 @@ async def test_warm_up_runs_once_per_worker_and_a_failing_one_is_only_logged(
         assert "verify pool warm-up failed" in caplog.text
     finally:
         pool.close()
+
+
+def test_a_large_argument_or_result_passes_after_the_first_call_under_uvloop() -> None:
+    # The servers run on uvloop, whose add_reader leaves the worker's pipe non-blocking: a call or a result
+    # larger than the pipe's buffer then failed with EAGAIN (a 503 for a model's 10 MB answer).
+    uvloop = pytest.importorskip("uvloop")
+
+    async def calls() -> None:
+        pool = VerifyPool(max_workers=1)
+        try:
+            assert await pool.run(len, "a", timeout=30) == 1  # the worker's pipe has been polled once
+            assert await pool.run(len, "C" * 10_000_000, timeout=30) == 10_000_000
+            assert len(await pool.run(operator.mul, "x", 10_000_000, timeout=30)) == 10_000_000
+            assert await pool.run(len, "b", timeout=30) == 1  # and the worker is still the pool's
+        finally:
+            pool.close()
+
+    uvloop.run(calls())

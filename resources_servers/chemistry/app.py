@@ -7,7 +7,8 @@ Contract
   the reference):
 
   - ``fragment_completion``: ``fragment`` (SMILES), ``constraints`` ({descriptor: {min, max}}),
-    ``reference_answer``. Any molecule containing the fragment (substructure) within the bounds passes.
+    ``reference_answer``. Any molecule containing the fragment (substructure), with more heavy atoms than
+    the fragment, within the bounds passes (the fragment itself is ``unchanged``).
   - ``formula_design``: ``formula`` (neutral, e.g. ``C3H6O2``), ``groups`` ({name: SMARTS}),
     ``reference_answer``. The molecule's formula (hydrogens included) equals it and every SMARTS matches.
   - ``reaction_product``: ``reactants``, ``conditions``, ``product``. The answer is the same molecule as
@@ -22,13 +23,21 @@ Contract
   A row with a broken reference (a SMILES/SMARTS/formula that does not parse, a stored MCQ answer that
   is not the extreme option, a reference answer that fails its own task) is refused with a 422 naming the
   field, at ``/seed_session`` (before the model runs) and at ``/verify``: never a reward.
-* The answer is the text inside the last ``<answer>...</answer>`` (case-insensitive) of the assistant's
-  messages, stripped of whitespace and of backticks around it. No tools: one model turn.
+  Every SMILES answer must first be ONE connected, neutral, closed-shell molecule: disconnected parts (a
+  salt, a solvent, a second molecule), a net charge or unpaired electrons are refused (``mixture``,
+  ``charged``, ``radical``, the parts / charge / electrons in ``reason``), on every task type and on the
+  row's own reference.
+* The answer is the text inside the ``<answer>...</answer>`` tags (ASCII case-insensitive) of the
+  assistant's messages (never a reasoning item), stripped of whitespace and of backticks around it, read
+  in one pass: ONE answer (written once or the same way each time; empty tags ignored). Two or more
+  different answers are ``several_answers`` (0). No tools: one model turn. Past ``MAX_ANSWER_CHARS`` the
+  answer is refused unparsed.
 * ``/verify`` (stateless) runs rdkit in the verify pool. Reward 1.0 iff ``failure_reason`` is ``pass``;
-  else 0.0 with the reason: ``no_answer``, ``invalid_smiles`` (``reason`` has rdkit's complaint: syntax,
-  valence, kekulization), ``missing_fragment``, ``constraint_failed``, ``wrong_formula``,
-  ``missing_group``, ``wrong_product``, ``wrong_molecule``, ``unchanged``, ``too_little_change``,
-  ``too_dissimilar``, ``not_a_choice``, ``wrong_choice``. Metrics: ``task_type``, ``valid_smiles``
+  else 0.0 with the reason: ``no_answer``, ``several_answers``, ``invalid_smiles`` (``reason`` has
+  rdkit's complaint: syntax, valence, kekulization), ``mixture``, ``charged``, ``radical``,
+  ``missing_fragment``, ``constraint_failed``, ``wrong_formula``, ``missing_group``, ``wrong_product``,
+  ``wrong_molecule``, ``unchanged``, ``too_little_change``, ``too_dissimilar``, ``not_a_choice``,
+  ``wrong_choice``. Metrics: ``task_type``, ``valid_smiles``
   (None for an MCQ or a missing answer), ``answer``, ``reason``, ``measured`` (descriptor values,
   ``logp_change``, ``similarity``); ``POST /aggregate_metrics`` (``compute_metrics``) gives the reward and the valid-SMILES
   rate per type.
@@ -38,7 +47,6 @@ Contract
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, ClassVar, Literal
 
 from fastapi import HTTPException
@@ -54,7 +62,14 @@ from nemo_gym.base_resources_server import (
     SimpleResourcesServer,
 )
 from nemo_gym.kit.verify_pool import get_verify_pool, run_in_verify_pool
-from resources_servers.chemistry.chem import check_task, judge, no_answer, warm_up_worker
+from resources_servers.chemistry.chem import (
+    MAX_ANSWER_CHARS,
+    check_task,
+    judge,
+    no_answer,
+    several_answers,
+    warm_up_worker,
+)
 
 Descriptor = Literal[
     "mol_weight", "heavy_atoms", "rings", "aromatic_rings", "hbd", "hba", "logp", "rotatable_bonds", "tpsa"
@@ -67,7 +82,7 @@ TASK_TYPES = (
     "logp_edit",
     "property_mcq",
 )
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
 class ChemistryConfig(BaseResourcesServerConfig):
@@ -155,12 +170,29 @@ class ChemistryVerifyResponse(ChemistryVerifyRequest, BaseVerifyResponse):
     measured: dict[str, float]
 
 
-def extract_answer(text: str) -> str | None:
-    """The last ``<answer>...</answer>`` of ``text``, stripped of whitespace and backticks (None if none)."""
-    found = _ANSWER.findall(text)
-    if not found:
+def extract_answers(text: str, limit: int = 3) -> list[str] | None:
+    """The different answers of ``text``: the content of each ``<answer>...</answer>`` (the tag in any ASCII
+    case), stripped of whitespace and backticks, in order, each once, empty ones left out (``[""]`` when
+    every tag is empty); None when there is no tag. Stops at ``limit`` different answers. One pass from
+    left to right, so a reply of any length costs its length (a regex that rescanned the rest of the text
+    at each opening tag took hours on megabytes of them)."""
+    low = text.translate(_ASCII_LOWER)  # ASCII only: the same length, so the indices hold for ``text``
+    found: dict[str, None] = {}
+    tagged, position = False, 0
+    while len(found) < limit:
+        start = low.find("<answer>", position)
+        if start < 0:
+            break
+        end = low.find("</answer>", start + len("<answer>"))
+        if end < 0:
+            break
+        tagged, position = True, end + len("</answer>")
+        answer = text[start + len("<answer>") : end].strip().strip("`").strip()
+        if answer:
+            found[answer] = None
+    if not tagged:
         return None
-    return found[-1].strip().strip("`").strip()
+    return list(found) or [""]
 
 
 def metrics_by_type(rollouts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -216,12 +248,21 @@ class ChemistryServer(SimpleResourcesServer):
             for part in item.content
             if part.type == "output_text"
         )
-        answer = extract_answer(text)
-        if answer is None:
+        answers = extract_answers(text)
+        answer = answers[0] if answers and len(answers) == 1 else None
+        if answers is None:
             outcome = no_answer()
+        elif answer is None:
+            outcome = several_answers(answers)
         else:
+            # An answer past the length bound is refused unparsed, so its first bound+1 characters are
+            # enough to refuse it (and a 10 MB answer never goes through the pool's pipe).
             outcome = await run_in_verify_pool(
-                judge, body.task.model_dump(), answer, True, timeout=self.config.verify_timeout_seconds
+                judge,
+                body.task.model_dump(),
+                answer[: MAX_ANSWER_CHARS + 1],
+                True,
+                timeout=self.config.verify_timeout_seconds,
             )
         if "bad_row" in outcome:
             raise HTTPException(422, f"bad row: {outcome['bad_row']}")

@@ -142,6 +142,9 @@ def _fragment(task: dict[str, Any], mol: Chem.Mol) -> dict[str, Any]:
     broken, measured = _in_range(task, mol)
     if not mol.HasSubstructMatch(query):
         return _result("missing_fragment", f"does not contain {task['fragment']}", True, **measured)
+    if mol.GetNumHeavyAtoms() <= query.GetNumHeavyAtoms():  # it contains the fragment and nothing more
+        why = f"the answer is the fragment {task['fragment']} itself: complete it by adding atoms"
+        return _result("unchanged", why, True, **measured)
     if broken:
         return _result("constraint_failed", broken, True, **measured)
     return _result("pass", "contains the fragment and meets the constraints", True, **measured)
@@ -227,6 +230,34 @@ def _choice(task: dict[str, Any], answer: str) -> dict[str, Any]:
     return _result("pass", f"{letter} has the {task['extreme']} {task['property']}", None, **values)
 
 
+def _not_one_molecule(mol: Chem.Mol) -> dict[str, Any] | None:
+    """The outcome refusing ``mol`` when it is not one connected, neutral, closed-shell molecule (a
+    mixture, a salt, a solvent added, an ion, a radical), else None. Every task asks for one molecule: a
+    second part would add its atoms to the formula, its bits to the fingerprint and its logP to the sum."""
+    parts = Chem.GetMolFrags(mol, asMols=True, sanitizeFrags=False)
+    if len(parts) > 1:
+        shown = ", ".join(canonical(p) for p in parts[:4]) + (", ..." if len(parts) > 4 else "")
+        why = (
+            f"{len(parts)} disconnected parts ({shown}): the answer is one connected molecule, "
+            "without salts, solvents or counter-ions"
+        )
+        return _result("mixture", why, True)
+    charge = Chem.GetFormalCharge(mol)
+    if charge:
+        why = f"net charge {charge:+d}: the answer is a neutral molecule, not an ion or a protonation state"
+        return _result("charged", why, True)
+    unpaired = sum(atom.GetNumRadicalElectrons() for atom in mol.GetAtoms())
+    if unpaired:
+        why = f"{unpaired} unpaired electron(s): the answer is a closed-shell molecule, not a radical"
+        return _result("radical", why, True)
+    return None
+
+
+def _judge_molecule(task: dict[str, Any], mol: Chem.Mol) -> dict[str, Any]:
+    """The outcome of a parsed molecule on a SMILES task: first its form, then the task's own check."""
+    return _not_one_molecule(mol) or _SMILES_CHECKS[task["task_type"]](task, mol)
+
+
 _SMILES_CHECKS: dict[str, Callable[[dict[str, Any], Chem.Mol], dict[str, Any]]] = {
     "fragment_completion": _fragment,
     "formula_design": _formula,
@@ -252,7 +283,7 @@ def _check_row(task: dict[str, Any]) -> None:
         _reference(task, f"reactants[{i}]", reactant)
     field = {"reaction_product": "product", "name_to_smiles": "smiles"}.get(kind, "reference_answer")
     reference = _reference(task, field, task[field])
-    outcome = _SMILES_CHECKS[kind](task, reference)
+    outcome = _judge_molecule(task, reference)
     if outcome["failure_reason"] != "pass":
         raise _BadRow(f"task.{field} does not solve its own task: {outcome['reason']}")
 
@@ -271,6 +302,13 @@ def no_answer() -> dict[str, Any]:
     return _result("no_answer", "no <answer>...</answer> in the response", None)
 
 
+def several_answers(answers: list[str]) -> dict[str, Any]:
+    """The outcome of a reply with two or more different answers in its tags (no rdkit needed): a hedge is
+    no answer, whichever of them is right."""
+    shown = ", ".join(repr(a[:40]) for a in answers[:3]) + (", ..." if len(answers) > 2 else "")
+    return _result("several_answers", f"different answers in <answer> tags ({shown}): give one", None)
+
+
 def judge(task: dict[str, Any], answer: str | None, row_checked: bool = False) -> dict[str, Any]:
     """The outcome of ``answer`` (the extracted text, None when there was none) on ``task``:
     ``{"failure_reason", "reason", "valid_smiles", "measured"}``, or ``{"bad_row": ...}``.
@@ -287,7 +325,7 @@ def judge(task: dict[str, Any], answer: str | None, row_checked: bool = False) -
             mol = parse_smiles(answer)
         except SmilesError as e:
             return _result("invalid_smiles", f"{answer[:80]!r}: {e}", False)
-        return _SMILES_CHECKS[task["task_type"]](task, mol)
+        return _judge_molecule(task, mol)
     except _BadRow as e:
         return {"bad_row": str(e)}
 

@@ -25,16 +25,22 @@ Contract
 
 * ``/verify`` judges the last ``submit_answer`` call of the response (stateless: a stored rollout
   re-verifies). The answer is an abstention when it reads ``abstention_answer`` ("insufficient
-  information", case and end punctuation ignored). Answerable question: a numeric answer's first
-  number is right within ``tolerance`` of the expected magnitude; a multiple-choice answer is one
-  option letter. The citation is right when the cited ids are exactly the row's ``citations`` (order
-  and repeats ignored). Reward 1.0 for a right answer with the right citation, ``partial_credit``
-  (0.5) with a wrong or missing one, 0.0 for a wrong answer or an abstention. Unanswerable question:
-  ``abstention_reward`` (1.0) for an abstention, 0.0 for any answer. ``failure_reason``: ``pass``,
+  information", case and end punctuation ignored). Answerable question: a numeric answer is the ONE
+  number it commits to, sign included (``committed_number``: digits glued to a word or an id, and the
+  question's own numbers restated, are not candidates; a number written twice is one), right within
+  ``tolerance`` of the expected value; two or more different numbers are ``several_numbers`` (0). A
+  multiple-choice answer is one option letter. An answer longer than ``max_answer_chars`` is not read
+  (``unreadable_answer``; ``submit_answer`` refuses it so the model can submit again). The citation is
+  right when the cited ids are exactly the row's ``citations`` (order and repeats ignored). Reward 1.0
+  for a right answer with the right citation, ``partial_credit`` (0.5) with a wrong or missing one, 0.0
+  for a wrong answer or an abstention. Unanswerable question: ``abstention_reward`` (1.0) for an
+  abstention, 0.0 for any answer. ``failure_reason``: ``pass``,
   ``wrong_citation``, ``wrong_answer``, ``unreadable_answer``, ``abstained`` (on an answerable
-  question), ``hallucinated`` (an answer to an unanswerable one), ``no_answer``.
+  question), ``hallucinated`` (an answer to an unanswerable one), ``no_answer``, ``several_numbers``;
+  ``reason`` says what was read and why, for a person.
 * Each rollout also carries upstream's abstention verdicts (NeMo Gym's ``abstention`` server):
-  ``is_correct`` (a right answer, whatever its citation), ``is_incorrect`` (a wrong or unreadable answer,
+  ``is_correct`` (a right answer, whatever its citation), ``is_incorrect`` (a wrong, unreadable or
+  several-number answer,
   or any answer to an unanswerable question), ``is_abstain`` (an abstention) as 0/1, and
   ``omniscience_index`` = ``is_correct - is_incorrect``; a rollout with no submission is none of them.
 * Aggregate metrics over a run (``compute_metrics``, ``POST /aggregate_metrics``): ``precision`` (right
@@ -47,6 +53,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections import Counter
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -64,6 +71,7 @@ from nemo_gym.base_resources_server import (
     ReverifyMode,
     SimpleResourcesServer,
 )
+from nemo_gym.openai_utils.responses import text_of_message
 from nemo_gym.server.resources import function_calls
 
 HERE = Path(__file__).resolve().parent
@@ -79,6 +87,8 @@ class LiteratureQAConfig(BaseResourcesServerConfig):
     abstention_reward: float = Field(default=1.0, ge=0, le=1)
     abstention_answer: str = "insufficient information"
     max_query_chars: int = Field(default=500, ge=10)
+    # A longer answer is not read (submit_answer refuses it; /verify scores it unreadable_answer).
+    max_answer_chars: int = Field(default=1000, ge=10)
 
 
 class Paper(BaseModel):
@@ -214,6 +224,7 @@ class QAVerifyRequest(QARow, BaseVerifyRequest):
 
 class QAVerifyResponse(QAVerifyRequest, BaseVerifyResponse):
     failure_reason: str
+    reason: str  # for a person: what was read and why it scored so
     answerable: bool
     abstained: bool
     answer_correct: bool
@@ -242,13 +253,38 @@ class SubmitAnswerRequest(BaseModel):
     citations: Any = None
 
 
-_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+")
+# Minus signs and dashes as papers and models type them: read as "-" (a sign only before a number that
+# does not follow a digit: "200-500" is a range, "-412" is negative).
+_DASHES = str.maketrans(dict.fromkeys("\u2010\u2011\u2012\u2013\u2014\u2212", "-"))
+# A number standing on its own: not glued to the word before it ("log10", "pCO2", "CA1") nor to an id
+# ("LQA-009", "Kessler-88", "GX-417"). Any script's decimal digits count (a number in Arabic-Indic digits
+# is still a number); full-width digits are folded to ASCII first (NFKC).
+_NUMBER = re.compile(
+    r"(?<![\w.])(?<![^\W\d_]-)"  # not glued to a word, a number or an id
+    r"(?P<sign>[-+])?"
+    r"(?P<digits>(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|\.\d+)"
+)
 _LETTER = re.compile(r"^\(?([A-Z])\)?(?:[.:)]|\s|$)")
 
 
-def first_number(text: str) -> float | None:
-    match = _NUMBER.search(text)
-    return float(match.group().replace(",", "")) if match else None
+def answer_numbers(text: str) -> list[float]:
+    """The distinct numbers of ``text`` in the order written, signs included (``1,490`` is 1490; a number
+    written twice is one number)."""
+    out: dict[float, None] = {}
+    for match in _NUMBER.finditer(unicodedata.normalize("NFKC", text).translate(_DASHES)):
+        value = float(match["digits"].replace(",", ""))
+        out[-value if match["sign"] == "-" else value] = None
+    return list(out)
+
+
+def committed_number(answer: str, question: str) -> tuple[float | None, list[float]]:
+    """(the one number ``answer`` commits to or None, the numbers it was chosen from). The question's own
+    numbers restated as context ("10.7 hours at 36 weeks") are not candidates, unless the answer gives no
+    other number. Several different candidates commit to none."""
+    found = answer_numbers(answer)
+    asked = set(answer_numbers(question))
+    candidates = [v for v in found if v not in asked] or found
+    return (candidates[0] if len(candidates) == 1 else None), candidates
 
 
 def option_letter(text: str) -> str | None:
@@ -263,16 +299,38 @@ def is_abstention(answer: str, phrase: str) -> bool:
     return norm(answer) == norm(phrase)
 
 
-def judge_answer(row: QARow, answer: str) -> bool | None:
-    """Whether ``answer`` is right for an answerable row (None: no number / no option letter in it)."""
+def judge_answer(row: QARow, answer: str, question: str = "") -> tuple[str, str]:
+    """(``pass``, ``wrong_answer``, ``unreadable_answer`` or ``several_numbers``; the reason for a person)
+    of ``answer`` on an answerable row; ``question`` is the text the model was asked."""
     if row.kind == "multiple_choice":
         letter = option_letter(answer)
-        return None if letter is None else letter == row.expected_answer
-    value = first_number(answer)
+        if letter is None:
+            return "unreadable_answer", f"no option letter at the start of {answer[:60]!r}"
+        if letter != row.expected_answer:
+            return "wrong_answer", f"{letter}, not {row.expected_answer}"
+        return "pass", f"{letter} is the right option"
+    value, candidates = committed_number(answer, question)
+    if not candidates:
+        return "unreadable_answer", f"no number in {answer[:60]!r}"
     if value is None:
-        return None
-    expected = abs(float(row.expected_answer))  # type: ignore[arg-type]
-    return abs(abs(value) - expected) <= row.tolerance * expected + 1e-12
+        shown = ", ".join(f"{v:g}" for v in candidates[:6]) + (", ..." if len(candidates) > 6 else "")
+        return "several_numbers", f"several different numbers ({shown}): a numeric answer is one number"
+    expected = float(row.expected_answer)  # type: ignore[arg-type]
+    if abs(value - expected) <= row.tolerance * abs(expected) + 1e-12:
+        return "pass", f"{value:g} is {expected:g} within {row.tolerance:.0%}"
+    return "wrong_answer", f"{value:g} is not {expected:g} (within {row.tolerance:.0%}, sign included)"
+
+
+def question_text(body: BaseVerifyRequest) -> str:
+    """The user's messages of the row (what the model was asked)."""
+    items = body.responses_create_params.input
+    if isinstance(items, str):
+        return items
+    return "\n".join(
+        text_of_message(m)
+        for m in items
+        if (m.get("role") if isinstance(m, dict) else getattr(m, "role", None)) == "user"
+    )
 
 
 def _arguments(call: Any) -> tuple[str | None, list[str] | None]:
@@ -357,6 +415,11 @@ class LiteratureQAServer(SimpleResourcesServer):
         answer = str(body.answer) if isinstance(body.answer, (int, float)) else body.answer
         if not isinstance(answer, str) or not answer.strip():
             return {"error": "answer must be a non-empty string; submit again"}
+        if len(answer) > self.config.max_answer_chars:
+            return {
+                "error": f"answer is longer than {self.config.max_answer_chars} characters: submit the "
+                "number, letter or 'insufficient information' alone"
+            }
         if not isinstance(body.citations, list) or not all(isinstance(c, str) for c in body.citations):
             return {"error": "citations must be a list of paper ids (empty for insufficient information)"}
         unknown = [c for c in body.citations if c not in self._corpus]
@@ -371,34 +434,37 @@ class LiteratureQAServer(SimpleResourcesServer):
         answerable = body.expected_answer is not None
         submissions = function_calls(body.response, "submit_answer")
         answer, cited = _arguments(submissions[-1]) if submissions else (None, None)
-        abstained = answer is not None and is_abstention(answer, self.config.abstention_answer)
-        right_answer: bool | None = False
+        readable = answer is not None and len(answer) <= self.config.max_answer_chars
+        abstained = readable and is_abstention(str(answer), self.config.abstention_answer)
+        right_answer = False
         citation_right = False
         if answer is None or not answer.strip():
-            reason = "no_answer"
+            reason, why = "no_answer", "no submit_answer call with a string answer"
+        elif len(answer) > self.config.max_answer_chars:
+            reason, why = "unreadable_answer", f"longer than {self.config.max_answer_chars} characters"
         elif not answerable:
             reason = "pass" if abstained else "hallucinated"
+            why = "abstained: the papers do not say" if abstained else "answered what the papers do not say"
         elif abstained:
-            reason = "abstained"
+            reason, why = "abstained", "abstained, but the papers answer it"
         else:
-            right_answer = judge_answer(body, answer)
+            reason, why = judge_answer(body, answer, question_text(body))
+            right_answer = reason == "pass"
             citation_right = cited is not None and set(cited) == set(body.citations)
-            if right_answer is None:
-                reason = "unreadable_answer"
-            elif not right_answer:
-                reason = "wrong_answer"
-            else:
-                reason = "pass" if citation_right else "wrong_citation"
+            if right_answer and not citation_right:
+                reason = "wrong_citation"
+                why += f"; cited {sorted(set(cited or []))}, the sources are {sorted(set(body.citations))}"
         reward = {
             "pass": self.config.abstention_reward if not answerable else 1.0,
             "wrong_citation": self.config.partial_credit,
         }.get(reason, 0.0)
         correct = float(bool(right_answer) and answerable)
-        incorrect = float(reason in ("wrong_answer", "unreadable_answer", "hallucinated"))
+        incorrect = float(reason in ("wrong_answer", "unreadable_answer", "several_numbers", "hallucinated"))
         return QAVerifyResponse.from_request(
             body,
             reward=reward,
             failure_reason=reason,
+            reason=why,
             answerable=answerable,
             abstained=abstained,
             answer_correct=bool(right_answer) and answerable,

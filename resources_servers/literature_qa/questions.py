@@ -4,7 +4,9 @@ Each :class:`Question` is answered by the paper(s) in ``citations`` (``evidence`
 checks each of them holds, so a corpus edit cannot silently orphan a question), or, with ``answer``
 None, by no paper: the corpus does not report it (another dose, another site, another quantity, a
 number that was measured but not given), and the right answer is "insufficient information".
-Numeric answers are magnitudes (a question asks "by how much", so the sign is not asked).
+Numeric answers are positive: a question that could have a signed answer asks for a magnitude ("by how
+much", "by what percentage did it fall"), and the sign of a submitted number counts (-9.8 is not 9.8). No
+answer is one of its question's own numbers (those are read as context; the generator checks it).
 """
 
 from __future__ import annotations

@@ -281,6 +281,10 @@ class VerifyPool:
         finally:
             loop.remove_reader(conn_fd)
             loop.remove_reader(sentinel)
+            # uvloop's add_reader leaves the pipe non-blocking; the reply below and the next call's send are
+            # whole-message reads and writes, which fail with EAGAIN past the pipe's buffer on such a pipe.
+            with contextlib.suppress(OSError):
+                os.set_blocking(conn_fd, True)
 
         if worker.conn.poll():
             try:

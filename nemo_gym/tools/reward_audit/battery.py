@@ -71,6 +71,8 @@ def hostile_calls(tools: list[dict[str, Any]]) -> list[ScriptedToolCall]:
     that are not a JSON object; for every function tool offered (the 1 MB one for the first three)."""
     calls: list[ScriptedToolCall] = []
     functions = [t for t in tools if t.get("type", "function") == "function" and t.get("name")]
+    # 2**64 - 1: the largest integer JSON writers here (orjson) emit; 10**30 made the audit itself crash on a
+    # tool with a non-string parameter.
     for i, tool in enumerate(functions):
         schema = tool.get("parameters") or {}
         name = tool["name"]
@@ -78,7 +80,9 @@ def hostile_calls(tools: list[dict[str, Any]]) -> list[ScriptedToolCall]:
         calls.append(ScriptedToolCall(name=name, arguments=_string_args(schema, "/proc/self/environ", 1e308)))
         if i < 3:
             calls.append(
-                ScriptedToolCall(name=name, arguments=_string_args(schema, "A" * BIG_ARGUMENT_CHARS, 10**30))
+                ScriptedToolCall(
+                    name=name, arguments=_string_args(schema, "A" * BIG_ARGUMENT_CHARS, 2**64 - 1)
+                )
             )
         wrong = {p: [{"$ne": None}] for p in (schema.get("properties") or {"x": None})}
         calls.append(ScriptedToolCall(name=name, arguments=wrong))

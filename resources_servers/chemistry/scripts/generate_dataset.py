@@ -30,12 +30,22 @@ EXAMPLE_TASKS = (
     "property_mcq_00",
 )
 EXAMPLE_SEED = 2026
+# The rows ng_reward_audit plays (exploits.yaml, data/audit.jsonl = rows(EXAMPLE_SEED, AUDIT_TASKS)): every
+# fragment template, and the formula and logP rows whose exploits need them.
+AUDIT_TASKS = (
+    *(f"fragment_completion_{i:02d}" for i in range(len(tasks.FRAGMENTS))),
+    "formula_design_00",
+    "formula_design_04",
+    "logp_edit_00",
+    "logp_edit_06",
+)
 LETTERS = "ABCD"
 
 SYSTEM = (
     "You are an expert chemist. Think briefly, then end your reply with your final answer inside "
     "<answer></answer> tags: one SMILES string when the question asks for a molecule, or one letter when "
-    "it asks you to choose. Only the last <answer> counts; write nothing else inside it."
+    "it asks you to choose. Give one answer: different answers in several <answer> tags score 0; write "
+    "nothing else inside the tags."
 )
 ASK_SMILES = "End your reply with the molecule's SMILES inside <answer></answer> tags."
 ASK_LETTER = "End your reply with the letter inside <answer></answer> tags."

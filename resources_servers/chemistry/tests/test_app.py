@@ -28,9 +28,9 @@ from nemo_gym.tools.testing import (
     variant_tag,
 )
 from resources_servers.chemistry import tasks
-from resources_servers.chemistry.app import TASK_TYPES, extract_answer, metrics_by_type
+from resources_servers.chemistry.app import TASK_TYPES, extract_answers, metrics_by_type
 from resources_servers.chemistry.chem import MAX_ANSWER_CHARS, check_task, judge
-from resources_servers.chemistry.scripts.generate_dataset import EXAMPLE_SEED, EXAMPLE_TASKS
+from resources_servers.chemistry.scripts.generate_dataset import AUDIT_TASKS, EXAMPLE_SEED, EXAMPLE_TASKS
 from resources_servers.chemistry.scripts.generate_dataset import rows as generated_rows
 
 ENV = "chemistry"
@@ -82,6 +82,12 @@ def _variants(row: dict[str, Any]) -> dict[str, list[dict[str, str]]]:
                 "text": f"<answer>{wrong_answer(row)}</answer> no, rather <ANSWER> `{right_answer(row)}` </ANSWER>"
             }
         ],
+        "said_twice": [
+            {
+                "text": f"<answer></answer> then <answer>{right_answer(row)}</answer>, "
+                f"<ANSWER> `{right_answer(row)}` </ANSWER>"
+            }
+        ],
     }
 
 
@@ -107,8 +113,9 @@ def _index(kind: str) -> int:
 
 # Specific answers per task type: (row index, answer) -> expected failure_reason.
 _SPECIFIC = {
-    # fragment O=Cc1ccccc1 with 10..14 heavy atoms: benzaldehyde itself has 8
-    (_index("fragment_completion"), "O=Cc1ccccc1"): "constraint_failed",
+    # fragment O=Cc1ccccc1 with 10..14 heavy atoms: acetophenone has 9; benzaldehyde is the fragment itself
+    (_index("fragment_completion"), "CC(=O)c1ccccc1"): "constraint_failed",
+    (_index("fragment_completion"), "O=Cc1ccccc1"): "unchanged",
     (_index("fragment_completion"), "CC(=O)c1ccc(CC)cc1"): "pass",
     # formula C7H6O2 with an acid and a benzene ring: phenyl formate has the formula, not the acid
     (_index("formula_design"), "O=COc1ccccc1"): "missing_group",
@@ -144,6 +151,10 @@ def _with_answer(index: int, answer: str) -> dict[str, Any]:
 def test_the_example_rows_are_the_generators_and_the_pool_is_sound() -> None:
     assert len(EXAMPLES) == 5 and {r["task_id"] for r in EXAMPLES} == set(EXAMPLE_TASKS)
     assert generated_rows(EXAMPLE_SEED, EXAMPLE_TASKS) == EXAMPLES  # the shipped rows are reproducible
+    audit = Path(__file__).resolve().parents[1] / "data" / "audit.jsonl"  # the rows exploits.yaml plays
+    assert [orjson.loads(line) for line in audit.read_text().splitlines()] == generated_rows(
+        EXAMPLE_SEED, AUDIT_TASKS
+    )
     every = generated_rows(0)
     assert len(every) == tasks.pool_size() >= 40
     assert {r["task"]["task_type"] for r in every} == set(TASK_TYPES)
@@ -193,8 +204,15 @@ def test_wrong_and_malformed_answers_score_zero_with_the_reason(helper: RunHelpe
             assert "valence" in valence["reason"].lower()
         missing = run_rollout(helper, AGENT, tagged_row(row, "no_answer", i))
         assert (missing["reward"], missing["failure_reason"], missing["answer"]) == (0.0, "no_answer", None)
-        last = run_rollout(helper, AGENT, tagged_row(row, "fenced_last", i))  # the last tag counts, unfenced
-        assert (last["reward"], last["answer"]) == (1.0, right_answer(row)), row["task_id"]
+        # A wrong answer, then the right one: a hedge, no answer (it used to be the last that counted).
+        hedge = run_rollout(helper, AGENT, tagged_row(row, "fenced_last", i))
+        assert (hedge["reward"], hedge["failure_reason"], hedge["answer"]) == (0.0, "several_answers", None)
+        assert (
+            "different answers in <answer> tags" in hedge["reason"] and right_answer(row) in hedge["reason"]
+        )
+        # The same answer twice (fenced, another case) and an empty tag: one answer.
+        twice = run_rollout(helper, AGENT, tagged_row(row, "said_twice", i))
+        assert (twice["reward"], twice["answer"]) == (1.0, right_answer(row)), row["task_id"]
 
 
 def test_each_check_tells_its_failures_apart(helper: RunHelper) -> None:
@@ -204,6 +222,99 @@ def test_each_check_tells_its_failures_apart(helper: RunHelper) -> None:
         assert result["reward"] == (1.0 if reason == "pass" else 0.0)
     logp = run_rollout(helper, AGENT, _with_answer(_index("logp_edit"), "OC(=O)c1ccc(Br)cc1"))
     assert logp["measured"]["logp_change"] >= 0.5 and logp["measured"]["similarity"] >= 0.3
+
+
+BY_ID = {r["task_id"]: r for r in ALL}
+
+# What a policy tries on the form of the answer (task, answer) -> (failure_reason, words of the reason).
+# Before the one-molecule rule, every one of these scored 1.0 except the two marked (already 0, by another
+# reason): a right fragment plus junk that keeps the bounds, the fragment itself, the start molecule plus a
+# solvent or a chlorine atom, a formula split over two molecules, an ion and a radical.
+_FORM_EXPLOITS: dict[tuple[str, str], tuple[str, str]] = {
+    ("fragment_completion_00", "O=Cc1ccccc1.C1CC1"): ("mixture", "2 disconnected parts"),
+    ("fragment_completion_01", "CC(=O)N.c1ccccc1"): ("mixture", "2 disconnected parts"),
+    ("fragment_completion_02", "c1ccncc1.CO"): ("mixture", "2 disconnected parts"),
+    ("fragment_completion_03", "C1CCNCC1.C1CC1"): ("mixture", "2 disconnected parts"),
+    ("fragment_completion_04", "OC(=O).c1ccccc1"): ("mixture", "2 disconnected parts"),
+    ("fragment_completion_05", "NS(=O)=O.CO"): ("mixture", "2 disconnected parts"),
+    ("fragment_completion_06", "C#N.C1CC1"): ("mixture", "2 disconnected parts"),
+    ("fragment_completion_07", "c1ccc2ccccc2c1.OCCO"): ("mixture", "2 disconnected parts"),
+    ("fragment_completion_00", "O=Cc1ccccc1.[Na+].[Cl-]"): ("mixture", "3 disconnected parts"),
+    ("fragment_completion_05", "NS(=O)=O"): ("unchanged", "itself: complete it"),
+    ("fragment_completion_05", "[2H]NS(=O)=O"): ("unchanged", "itself: complete it"),
+    ("fragment_completion_02", "[NH3+]c1ccncc1"): ("charged", "net charge +1"),
+    ("fragment_completion_05", "[CH2]NS(=O)=O"): ("radical", "unpaired electron"),
+    ("logp_edit_00", "OC(=O)c1ccccc1.CCCCCC"): ("mixture", "2 disconnected parts"),
+    ("logp_edit_00", "OC(=O)c1ccccc1.[Cl]"): ("mixture", "2 disconnected parts"),
+    ("logp_edit_01", "CCCCCCO.O"): ("mixture", "2 disconnected parts"),
+    ("logp_edit_06", "CC(C)Cc1ccc(C(C)C(=O)[O-])cc1"): ("charged", "net charge -1"),
+    ("formula_design_00", "OC=O.C=C"): ("mixture", "2 disconnected parts"),
+    ("reaction_product_00", "CCOC(C)=O.O"): ("mixture", "2 disconnected parts"),  # was wrong_product
+    ("name_to_smiles_00", "CCO.[Na+].[Cl-]"): ("mixture", "3 disconnected parts"),  # was wrong_molecule
+}
+
+
+def test_an_answer_is_one_connected_neutral_molecule_that_does_the_task(helper: RunHelper) -> None:
+    url = server_url(helper, ENV) + "/verify"
+    got = {}
+    for (task_id, answer), _ in _FORM_EXPLOITS.items():
+        body = {**BY_ID[task_id], "response": text_response(f"Done.\n<answer>{answer}</answer>")}
+        resp = post_json(url, body)
+        assert resp.status_code == 200, resp.text
+        result = resp.json()
+        got[task_id, answer] = (result["reward"], result["failure_reason"], result["reason"])
+    assert {k: v[:2] for k, v in got.items()} == {k: (0.0, v[0]) for k, v in _FORM_EXPLOITS.items()}
+    for key, (_, words) in _FORM_EXPLOITS.items():
+        assert words in got[key][2], (key, got[key])
+    # Every fragment template is covered, and a real completion of each still passes.
+    fragments = [r for r in ALL if r["task"]["task_type"] == "fragment_completion"]
+    assert {r["task_id"] for r in fragments} <= {k[0] for k in _FORM_EXPLOITS}
+    for row in fragments:
+        body = {**row, "response": text_response(f"<answer>{row['task']['reference_answer']}</answer>")}
+        assert post_json(url, body).json()["failure_reason"] == "pass", row["task_id"]
+    # nitrobenzene is charge-separated but neutral: still the right molecule
+    nitro = {**BY_ID["name_to_smiles_19"], "response": text_response("<answer>[O-][N+](=O)c1ccccc1</answer>")}
+    assert post_json(url, nitro).json()["failure_reason"] == "pass"
+
+
+def test_a_huge_reply_or_an_answer_only_in_reasoning_scores_zero(helper: RunHelper) -> None:
+    url = server_url(helper, ENV) + "/verify"
+    row = BY_ID["name_to_smiles_00"]  # ethanol
+    for text, reason, says in (
+        # 3.2 MB of opening tags (under verify_max_model_chars): the old tag regex rescanned to the end of
+        # the text for each one (over an hour on the event loop); now the text is read once.
+        ("<answer>" * 400_000, "no_answer", "no <answer>"),
+        # 3 MB of SMILES: refused unparsed; it went to the verify pool whole (a 503: the pipe's EAGAIN)
+        ("<answer>" + "C" * 3_000_000 + "</answer>", "invalid_smiles", f"longer than {MAX_ANSWER_CHARS}"),
+    ):
+        resp = post_json(url, {**row, "response": text_response(text)})
+        assert resp.status_code == 200, resp.text[:2000]
+        result = resp.json()
+        assert (result["reward"], result["failure_reason"]) == (0.0, reason)
+        assert says in result["reason"]
+    # The answer inside a reasoning item is not an answer: only the assistant's messages count.
+    response = text_response("I have thought about it.")
+    response["output"].insert(
+        0,
+        {
+            "type": "reasoning",
+            "id": "rs_1",
+            "summary": [{"type": "summary_text", "text": "<answer>CCO</answer>"}],
+            "content": [{"type": "reasoning_text", "text": "<answer>CCO</answer>"}],
+        },
+    )
+    result = post_json(url, {**row, "response": response}).json()
+    assert (result["reward"], result["failure_reason"]) == (0.0, "no_answer")
+    # Look-alike letters in the tag (Cyrillic a, e) are not the tag; several different answers are none.
+    for text, reason in (
+        ("<\u0430nswer>CCO</\u0430nswer>", "no_answer"),
+        ("<answ\u0435r>CCO</answ\u0435r>", "no_answer"),
+        ("<answer>CCN</answer> or rather <answer>CCO</answer>", "several_answers"),
+        ("<answer>CCO</answer> or <answer>CCN</answer> or <answer>CO</answer> ...", "several_answers"),
+        ("<answer>CCO.CCN</answer>", "mixture"),
+    ):
+        result = post_json(url, {**row, "response": text_response(text)}).json()
+        assert (result["reward"], result["failure_reason"]) == (0.0, reason), text
 
 
 def test_a_broken_row_is_refused_not_scored(helper: RunHelper, tmp_path: Path) -> None:
@@ -253,9 +364,11 @@ def test_a_broken_row_is_refused_not_scored(helper: RunHelper, tmp_path: Path) -
 
 
 def test_answer_extraction_and_the_checks_without_servers() -> None:
-    assert extract_answer("no tag") is None
-    assert extract_answer("<answer>A</answer> then <Answer>\n `CCO`\n</Answer>") == "CCO"
-    assert extract_answer("<answer></answer>") == ""
+    assert extract_answers("no tag") is None and extract_answers("<answer>CCO") is None
+    assert extract_answers("<answer>A</answer> then <Answer>\n `CCO`\n</Answer>") == ["A", "CCO"]
+    assert extract_answers("<answer></answer>") == [""]
+    assert extract_answers("<answer></answer> <answer> CCO</answer><ANSWER>`CCO`</ANSWER>") == ["CCO"]
+    assert extract_answers("".join(f"<answer>C{i}</answer>" for i in range(9))) == ["C0", "C1", "C2"]
     name = next(r for r in ALL if r["task"].get("name") == "ethanol")["task"]
     assert judge(name, "OCC")["failure_reason"] == "pass"
     assert judge(name, None)["failure_reason"] == "no_answer"

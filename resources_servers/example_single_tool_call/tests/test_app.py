@@ -110,3 +110,104 @@ def test_wrong_city_scores_zero():
 )
 def test_answer_reports_reading(answer, expected):
     assert answer_reports_reading(answer, "rainy, 14 degrees Celsius") is expected
+
+
+def _weather_response(city: str, answer: str) -> dict:
+    """A response in which the model called get_weather for ``city``, got its reading, and said ``answer``."""
+    reading = orjson.dumps({"city": city, "weather": weather_for(city)}).decode()
+    return {
+        "output": [
+            {
+                "type": "function_call",
+                "call_id": "c1",
+                "name": "get_weather",
+                "arguments": f'{{"city": "{city}"}}',
+            },
+            {"type": "function_call_output", "call_id": "c1", "output": reading},
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": answer, "annotations": []}],
+            },
+        ]
+    }
+
+
+_EVERY_TEMPERATURE = ", ".join(str(n) for n in range(35))
+# Paris reads "snowy, 7 degrees Celsius". What a policy tries instead of one plain sentence: every one of
+# these scored 1.0 before (answer, failure_reason, words of the reason).
+_WEATHER_EXPLOITS = [
+    (
+        "It may be sunny, cloudy, rainy, windy, snowy or foggy in Paris, "
+        f"at {_EVERY_TEMPERATURE} degrees Celsius.",
+        "several_readings",
+        "more than one condition",
+    ),
+    (
+        f"It is snowy in Paris right now, {_EVERY_TEMPERATURE} degrees Celsius.",
+        "several_readings",
+        "more than one temperature",
+    ),
+    (
+        "It is snowy or sunny in Paris right now, 7 degrees Celsius.",
+        "several_readings",
+        "more than one condition",
+    ),
+    (
+        "It is snowy in Paris right now, 7 or 8 degrees Celsius.",
+        "several_readings",
+        "more than one temperature",
+    ),
+    ("city:Paris,weather:snowy, 7 degrees Celsius", "not_prose", "keys"),
+    ('"city": "Paris", "weather": "snowy, 7 degrees Celsius"', "not_prose", "keys"),
+    ("city Paris weather snowy 7 degrees Celsius", "not_prose", "words of its own"),
+    ("Paris: snowy, 7 degrees Celsius", "not_prose", "words of its own"),
+    # look-alike letters hide two more conditions from the count (Cyrillic dze and es)
+    (
+        "It is snowy (or \u0455unny, or \u0441loudy) in Paris right now, 7 degrees Celsius.",
+        "not_prose",
+        "look-alike",
+    ),
+    ("It is snowy in Paris right now, -7 degrees Celsius.", "wrong_reading", "temperature 7"),
+    (
+        "It is snowy in Paris right now, 7 degrees Celsius. " + "It is snowy. " * 230_000,
+        "not_prose",
+        "longer than",
+    ),
+]
+# Right answers, as models and this project's scripts write them.
+_WEATHER_RIGHT = [
+    "The current weather in Paris is snowy, with a temperature of 7 degrees Celsius.",  # the quickstart's
+    "Right now in Paris it is snowy, 7 degrees Celsius.",  # the scripted model's config
+    "It is snowy in Paris right now at 7 degrees Celsius",  # tests/test_e2e_collect_rollouts.py
+    "It is snowing in Paris today, 7\u00b0C (45\u00b0F), so wear a warm coat.",  # a Fahrenheit conversion
+    "Expect snow in Paris today, 7 degrees, with no rain and no sunshine.",  # negated conditions
+    "It is snowy in Paris right now, \uff17 degrees Celsius.",  # a full-width digit is that digit
+]
+
+
+def test_one_plain_sentence_with_one_reading_is_the_answer():
+    with running_servers([CONFIG]) as helper:
+        url = server_url(helper, "example_single_tool_call") + "/verify"
+        row = example_rows("example_single_tool_call")[0]
+        assert row["expected_city"] == "Paris" and weather_for("Paris") == "snowy, 7 degrees Celsius"
+        got = {}
+        for answer, _, _ in _WEATHER_EXPLOITS:
+            resp = post_json(url, {**row, "response": _weather_response("Paris", answer)})
+            assert resp.status_code == 200, resp.text[:2000]
+            result = resp.json()
+            assert result["called_for_expected_city"] is True
+            got[answer[:60]] = (result["reward"], result.get("failure_reason"), result.get("reason", ""))
+        assert {k: v[:2] for k, v in got.items()} == {a[:60]: (0.0, r) for a, r, _ in _WEATHER_EXPLOITS}
+        for answer, _, words in _WEATHER_EXPLOITS:
+            assert words in got[answer[:60]][2], (answer[:60], got[answer[:60]])
+        for answer in _WEATHER_RIGHT + [_sentence(row)]:
+            result = post_json(url, {**row, "response": _weather_response("Paris", answer)}).json()
+            assert (result["reward"], result["failure_reason"]) == (1.0, "pass"), (answer, result["reason"])
+        # The answer only in a reasoning item (the last item) is no answer.
+        response = _weather_response("Paris", "Let me see.")
+        response["output"].append(
+            {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": _sentence(row)}]}
+        )
+        result = post_json(url, {**row, "response": response}).json()
+        assert (result["reward"], result["failure_reason"]) == (0.0, "no_answer")

@@ -19,7 +19,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))  # the repository root: run as a plain script
 
 from nemo_gym.kit.dataset_cli import generator_main  # noqa: E402
-from resources_servers.literature_qa.app import Paper, load_corpus  # noqa: E402
+from resources_servers.literature_qa.app import Paper, answer_numbers, load_corpus  # noqa: E402
 from resources_servers.literature_qa.questions import POOL, Question  # noqa: E402
 
 CORPUS = HERE.parent / "data" / "corpus.jsonl"
@@ -30,8 +30,9 @@ SYSTEM = (
     "You answer questions about scientific papers from a local library. Use search_papers to find "
     "papers (it returns ids, titles and a snippet) and read_section to read a paper's abstract, methods "
     "or results. Answer only from what the papers say. When you know the answer, call submit_answer "
-    "once with the answer and the ids of the paper(s) it comes from. For a number, answer with the "
-    "number (units may follow); for a multiple-choice question, answer with the option's letter. If the "
+    "once with the answer and the ids of the paper(s) it comes from. For a number, answer with that one "
+    "number, its sign included (units may follow; no other numbers); for a multiple-choice question, "
+    "answer with the option's letter. If the "
     'papers do not report the answer, submit the answer "insufficient information" with no citations.'
 )
 
@@ -87,6 +88,11 @@ TOOLS: list[dict[str, Any]] = [
 def _check(question: Question, corpus: dict[str, Paper]) -> None:
     if (question.answer is None) != (not question.citations):
         raise ValueError(f"{question.question_id}: citations must be given exactly when there is an answer")
+    if isinstance(question.answer, (int, float)) and float(question.answer) in answer_numbers(
+        question.question
+    ):
+        # the question's own numbers are read as context, not as an answer (app.committed_number)
+        raise ValueError(f"{question.question_id}: the answer {question.answer} is a number of the question")
     if len(question.evidence) != len(question.citations):
         raise ValueError(f"{question.question_id}: one evidence text per cited paper")
     for paper_id, evidence in zip(question.citations, question.evidence, strict=True):

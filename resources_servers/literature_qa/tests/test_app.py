@@ -25,7 +25,13 @@ from nemo_gym.tools.testing import (
     tagged_row,
     variant_rules,
 )
-from resources_servers.literature_qa.app import CORPUS_FIELDS, first_number, load_corpus, option_letter
+from resources_servers.literature_qa.app import (
+    CORPUS_FIELDS,
+    answer_numbers,
+    committed_number,
+    load_corpus,
+    option_letter,
+)
 from resources_servers.literature_qa.questions import POOL
 from resources_servers.literature_qa.scripts.generate_dataset import CORPUS, EXAMPLE_QUESTIONS, EXAMPLE_SEED
 from resources_servers.literature_qa.scripts.generate_dataset import rows as generated_rows
@@ -149,6 +155,8 @@ def test_the_corpus_pool_and_example_rows() -> None:
     ]
     assert letters[0] != letters[1] or letters[0] != letters[2]  # a seed moves the right letter
     assert sum(r["expected_answer"] is None for r in ROWS) >= 1 and any(len(r["citations"]) > 1 for r in ROWS)
+    for q in POOL:  # a number restated from the question is context, so no answer is one of them
+        assert not isinstance(q.answer, (int, float)) or float(q.answer) not in answer_numbers(q.question)
 
 
 def test_right_trajectories_score_one(helper: RunHelper) -> None:
@@ -205,6 +213,111 @@ def test_malformed_and_missing_answers_score_zero_with_the_reason(helper: RunHel
         assert (result["reward"], result["failure_reason"]) == (0.0, reason), variant
     raw = run_rollout(helper, AGENT, tagged_row(row, "raw_arguments", i))
     assert raw["submitted_answer"] is None
+
+
+BY_ID = {r["question_id"]: r for r in generated_rows(0)}
+
+
+def _submitted(*answers: str, citations: list[str] | None = None) -> dict[str, Any]:
+    """A response whose function calls submit each of ``answers`` in turn (``/verify`` reads only these)."""
+    output = [
+        {
+            "type": "function_call",
+            "id": f"fc_{i}",
+            "call_id": f"call_{i}",
+            "name": "submit_answer",
+            "arguments": orjson.dumps({"answer": answer, "citations": citations or []}).decode(),
+        }
+        for i, answer in enumerate(answers)
+    ]
+    return {"output": output}
+
+
+def _verify(helper: RunHelper, qid: str, *answers: str, cite: bool = True) -> dict[str, Any]:
+    row = BY_ID[qid]
+    body = {**row, "response": _submitted(*answers, citations=row["citations"] if cite else [])}
+    resp = post_json(server_url(helper, ENV) + "/verify", body)
+    assert resp.status_code == 200, resp.text[:2000]
+    return resp.json()
+
+
+# A numeric answer is the one number it commits to, sign included. Before this rule every one of these
+# scored 1.0: the sign was dropped and the first number was read.
+_NUMBER_EXPLOITS = {
+    ("q02", "-412 mg/L"): ("wrong_answer", "-412 is not 412"),  # the sign was ignored
+    ("q02", "\u2212412 mg/L"): ("wrong_answer", "-412 is not 412"),  # a typeset minus
+    ("q14", "-9.8 %"): ("wrong_answer", "-9.8 is not 9.8"),  # a magnitude is asked
+    ("q02", "412, 500, 38"): ("several_numbers", "412, 500, 38"),  # first right, then the rest
+    ("q02", "412 or maybe 400 mg/L"): ("several_numbers", "412, 400"),
+    ("q02", "412 or \u0664\u0660\u0660"): ("several_numbers", "412, 400"),  # Arabic-Indic digits
+    ("q26", "1,490 m (or 1,400 m)"): ("several_numbers", "1490, 1400"),
+    ("q02", "412 " + "mg/L " * 600_000): ("unreadable_answer", "longer than"),  # 3 MB
+}
+
+# What a right answer may look like: units (with digits in them), the number repeated, a thousands
+# separator, the question's own numbers restated, a paper id, full-width digits.
+_RIGHT_PHRASINGS = {
+    "q02": [
+        "412 mg/L",
+        "412",
+        "about 412 mg/L (412 mg/L in the paper)",
+        "+412 mg/L",
+        "\uff14\uff11\uff12 mg/L",
+    ],
+    "q26": ["1,490 m", "1490 m", "a median of 1,490 m"],
+    "q14": ["9.8 %", "a 9.8 % loss with 40 mg over 26 weeks (LQA-014)"],
+    "q12": ["3.9 log10 CFU per thigh", "3.9"],
+    "q15": ["10.7 hours at 36 weeks"],
+    "q24": ["46 W/(m K) for the 115 nm wires at 300 K"],
+    "q11": ["26 % at 1,000 micro-atmospheres pCO2", "26%"],
+    "q04": ["186 mAh/g at 0.1C"],
+    "q16": ["Kessler-88 b orbits in 23.71 days"],
+    "q10": ["0.31 C per decade in the 200\u2013500 m layer over 2004-2019"],
+    "q33": ["27 percentage points", "27 points more with 40 mg"],
+    "q05": ["0.46 mm", ".46 mm"],
+    "q21": ["98.6 % ee"],
+}
+
+
+def test_a_numeric_answer_is_the_one_number_it_commits_to_sign_included(helper: RunHelper) -> None:
+    got = {}
+    for (qid, answer), _ in _NUMBER_EXPLOITS.items():
+        result = _verify(helper, qid, answer)
+        got[qid, answer[:40]] = (result["reward"], result["failure_reason"], result["reason"])
+    assert {k: v[:2] for k, v in got.items()} == {
+        (qid, answer[:40]): (0.0, reason) for (qid, answer), (reason, _) in _NUMBER_EXPLOITS.items()
+    }
+    for (qid, answer), (_, words) in _NUMBER_EXPLOITS.items():
+        assert words in got[qid, answer[:40]][2], (qid, answer[:40], got[qid, answer[:40]])
+    for qid, answers in _RIGHT_PHRASINGS.items():
+        for answer in answers:
+            result = _verify(helper, qid, answer)
+            assert (result["reward"], result["failure_reason"]) == (1.0, "pass"), (
+                qid,
+                answer,
+                result["reason"],
+            )
+    # Several submissions: the last counts; a right one earlier does not.
+    last = _verify(helper, "q02", "412 mg/L", "38 mg/L")
+    assert (last["reward"], last["failure_reason"], last["submitted_answer"]) == (
+        0.0,
+        "wrong_answer",
+        "38 mg/L",
+    )
+    # The question echoed back as the answer has no number of its own.
+    echo = _verify(helper, "q02", _question(BY_ID["q02"]))
+    assert (echo["reward"], echo["failure_reason"]) == (0.0, "unreadable_answer")
+    # An answer only in a reasoning item, with no submit_answer call, is no answer.
+    body = {
+        **BY_ID["q02"],
+        "response": {
+            "output": [
+                {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "412 mg/L"}]}
+            ]
+        },
+    }
+    result = post_json(server_url(helper, ENV) + "/verify", body).json()
+    assert (result["reward"], result["failure_reason"]) == (0.0, "no_answer")
 
 
 def test_tools_answer_errors_the_model_can_read(helper: RunHelper) -> None:
@@ -283,8 +396,25 @@ def test_a_broken_row_is_refused_not_scored(helper: RunHelper, tmp_path: Path) -
 
 
 def test_answer_reading_rules() -> None:
-    assert first_number("412 mg/L") == 412 and first_number("about 1,490 m") == 1490
-    assert first_number("-9.8 %") == -9.8 and first_number("3.9e-1") == 0.39 and first_number("none") is None
+    assert answer_numbers("412 mg/L") == [412] and answer_numbers("about 1,490 m (1490 m)") == [1490]
+    assert (
+        answer_numbers("-9.8 %") == [-9.8]
+        and answer_numbers("3.9e-1") == [0.39]
+        and answer_numbers("none") == []
+    )
+    assert answer_numbers("\u22129.8 % (was \u20139.8)") == [-9.8]  # typeset minus signs
+    assert answer_numbers("the 200-500 m layer, 2004\u20132019") == [
+        200,
+        500,
+        2004,
+        2019,
+    ]  # ranges, not signs
+    assert answer_numbers("3.9 log10 CFU, pCO2, CA1, LQA-009, Kessler-88 b, m\u00b2") == [3.9]  # not numbers
+    assert answer_numbers("\uff14\uff11\uff12 or \u0664\u0660\u0660") == [412, 400]  # other digits
+    question = "What thermal conductivity did 115 nm silicon nanowires have at 300 K?"
+    assert committed_number("46 W/(m K) for 115 nm at 300 K", question) == (46, [46])
+    assert committed_number("115 nm", question) == (115, [115])  # only the question's number: it counts
+    assert committed_number("46 or 47", question) == (None, [46, 47])
     for text, letter in (("B", "B"), ("(C)", "C"), ("D) no significant trend", "D"), ("A.", "A")):
         assert option_letter(text) == letter
     for text in ("b", "Both", "the answer is B", ""):
