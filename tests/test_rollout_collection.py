@@ -226,7 +226,7 @@ def passing_turns(env: str, row: dict[str, Any]) -> list[dict[str, Any]]:
         return [
             {"tool_calls": [{"name": "increment_counter", "arguments": {"count": delta}}]},
             get,
-            {"text": "Done."},
+            {"text": f"The counter now reads {row['expected_count']}."},
         ]
     raise ValueError(env)
 

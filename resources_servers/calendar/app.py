@@ -8,16 +8,23 @@ Contract
   assistant turns, the last user turn) and ``exp_cal_state``: ``{"<event_id>": {"event_id", "duration"
   (minutes), "constraint" ("before 1:45pm" | "after 2pm" | "between 10am and 11:45am" | "at 11:15am" |
   null), "min_time", "max_time" (the day's window, "HH:MM")}}`` (NVIDIA NeMo Gym's field names).
-* ``/verify`` reads the text of the last assistant message of ``response`` and takes the last JSON list
-  of objects in it as the calendar (entries ``event_id``, ``event_name``, ``start_time`` "HH:MM" or
-  "2:30pm", ``duration`` minutes). Reward 1.0 iff: no ``<think>`` left in the answer, the calendar has
-  exactly the expected event ids, no two events overlap, and every event has its expected duration,
-  lies inside [min_time, max_time] and satisfies its constraint ("before T": ends at or before T;
-  "after T": starts at or after T; "between A and B": both; "at T": starts at T). An empty
-  ``exp_cal_state`` (nothing to schedule yet) scores 1.0 for any answer, as upstream.
+* ``/verify`` reads the text of the last assistant message of ``response``; the calendar is the JSON
+  list of objects in it (:func:`calendar_lists`; entries ``event_id``, ``event_name``, ``start_time``
+  "HH:MM" or "2:30pm", ``duration`` minutes). The answer must show exactly one such list: several
+  (even equal ones) are a hedge, not a calendar. Reward 1.0 iff: no ``<think>`` left in the answer,
+  the calendar has exactly the expected event ids, no two events overlap, and every event has its
+  expected duration, lies inside [min_time, max_time] and satisfies its constraint ("before T": ends
+  at or before T; "after T": starts at or after T; "between A and B": both; "at T": starts at T).
+  Entries are read strictly: ``event_id`` and ``duration`` are whole numbers (a JSON integer, an
+  integral float such as 30.0, or a string of ASCII digits; never a boolean or 30.5) and times use
+  ASCII digits. An empty ``exp_cal_state`` (nothing scheduled yet) scores 1.0 for an answer that is
+  not blank and shows no event (upstream scores any answer 1.0 there).
+* Reading the answer takes time linear in its length, whatever it holds (no recursive descent into
+  nested brackets, no retry from every bracket), so no answer can crash or stall the verifier.
 * The answer adds ``failure_reason`` (``pass``, ``no_answer``, ``think_found``, ``no_json_list``,
-  ``bad_event`` (an entry without a valid id, start time or duration), ``different_number_of_events``,
-  ``conflicting_events``, ``constraint_violated``) and ``num_events``. Each is the model's doing.
+  ``several_calendars``, ``bad_event`` (an entry without a valid id, start time or duration),
+  ``different_number_of_events``, ``conflicting_events``, ``constraint_violated``) and ``num_events``.
+  Each is the model's doing.
 * A row whose ``exp_cal_state`` cannot be read (an unparseable time or constraint) is a broken row:
   ``/verify`` answers 422 naming the event and the field, never reward 0 (upstream scores 0 then).
 * Stateless: no tools, no session; stored rollouts re-verify (``GET /reverify_mode``: stateless).
@@ -68,7 +75,7 @@ class CalendarVerifyResponse(CalendarVerifyRequest, BaseVerifyResponse):
     num_events: int
 
 
-_TIME = re.compile(r"^(\d{1,2})(?::(\d{2}))?\s*([ap]\.?m\.?)?$", re.I)
+_TIME = re.compile(r"^(\d{1,2})(?::(\d{2}))?\s*([ap]\.?m\.?)?$", re.I | re.ASCII)
 
 
 def minutes(text: str) -> int:
@@ -118,41 +125,73 @@ def last_answer_text(response: NeMoGymResponse) -> str:
     return ""
 
 
-def last_json_list(text: str) -> list[dict[str, Any]] | None:
-    """The last JSON list of objects in ``text`` (None if there is none)."""
-    decoder = json.JSONDecoder()
-    found = None
-    i = text.find("[")
-    while i != -1:
+# A JSON list of objects, found without recursion: each object's values are scalars, strings, or flat
+# lists / objects of those (a calendar entry is flat). Every alternative starts with its own character,
+# so a failed attempt never backtracks more than it read, and the whole search is linear in the text.
+_STR = r'"(?:[^"\\]|\\.)*"'
+_SCALAR = r'[^{}\[\]"]'
+_FLAT = rf"(?:{_SCALAR}|{_STR})*"
+_OBJECT = rf"\{{(?:{_SCALAR}|{_STR}|\[{_FLAT}\]|\{{{_FLAT}\}})*\}}"
+_LIST_OF_OBJECTS = re.compile(rf"\[\s*{_OBJECT}(?:\s*,\s*{_OBJECT})*\s*\]")
+
+
+def calendar_lists(text: str) -> list[list[dict[str, Any]]]:
+    """Every JSON list of objects in ``text``, in order (see ``_LIST_OF_OBJECTS``)."""
+    found = []
+    for match in _LIST_OF_OBJECTS.finditer(text):
         try:
-            value, end = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:
-            i = text.find("[", i + 1)
+            value = json.loads(match.group())
+        except (json.JSONDecodeError, RecursionError):
             continue
         if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            found = value
-        i = text.find("[", end)
+            found.append(value)
     return found
+
+
+def last_json_list(text: str) -> list[dict[str, Any]] | None:
+    """The last JSON list of objects in ``text`` (None if there is none)."""
+    lists = calendar_lists(text)
+    return lists[-1] if lists else None
+
+
+def whole_number(value: Any) -> int:
+    """A JSON integer, an integral float (30.0) or a string of ASCII digits as an int; ValueError for
+    anything else (booleans, 30.5, "30 min")."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a whole number: {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        return int(value.strip())
+    raise ValueError(f"not a whole number: {value!r}")
 
 
 def grade(answer: str, expected: dict[str, ExpectedEvent]) -> tuple[float, str, int]:
     """(reward, failure_reason, number of events in the answer's calendar)."""
-    if not expected:
-        return 1.0, "pass", 0
     if not answer.strip():
         return 0.0, "no_answer", 0
     if "<think>" in answer:
         return 0.0, "think_found", 0
-    calendar = last_json_list(answer)
-    if calendar is None:
+    calendars = calendar_lists(answer)
+    if len(calendars) > 1:
+        return 0.0, "several_calendars", 0
+    if not expected:  # nothing scheduled yet: any answer that shows no event
+        return (0.0, "different_number_of_events", len(calendars[0])) if calendars else (1.0, "pass", 0)
+    if not calendars:
         return 0.0, "no_json_list", 0
+    calendar = calendars[0]
     events: dict[str, tuple[int, int]] = {}  # id -> (start, end)
     durations: dict[str, int] = {}
     for entry in calendar:
         try:
-            event_id = str(int(entry["event_id"]))
-            start = minutes(str(entry["start_time"]))
-            duration = int(entry["duration"])
+            event_id = str(whole_number(entry["event_id"]))
+            start_time = entry["start_time"]
+            if not isinstance(start_time, str):
+                raise TypeError(f"start_time is not a string: {start_time!r}")
+            start = minutes(start_time)
+            duration = whole_number(entry["duration"])
         except (KeyError, TypeError, ValueError):
             return 0.0, "bad_event", len(calendar)
         if event_id in events or duration <= 0:

@@ -11,8 +11,12 @@ Contract
 * Task rows carry ``expected_synonyms`` (the words to look up, in order) and
   ``expected_synonym_values`` (their values, same order).
 * ``POST /verify``: reward 1.0 iff the arguments of the LAST ``extract_synonym_values`` call are
-  exactly ``expected_synonym_values`` (same values, same order, same length); otherwise 0.0. A last
-  call whose arguments are not valid counts as an empty answer. Extra numeric fields, computed on
+  exactly ``expected_synonym_values`` (same values, same order, same length) AND every word of
+  ``expected_synonyms`` was looked up with ``get_synonym_value`` and its answer was in the trajectory
+  before that call (the values must come from the lookups, not from memory: a report made before, or
+  in the same turn as, the lookups scores 0); otherwise 0.0, with ``failure_reason`` saying why
+  (``None`` when the reward is 1). A last call whose arguments are not valid counts as an empty
+  answer. Extra numeric fields, computed on
   the sets of values of that last call (all 0.0 when there is no call or the answer is empty):
     - ``set_overlap``   = |expected ∩ answered| / |expected|   (recall over distinct values)
     - ``set_precision`` = |expected ∩ answered| / |answered|
@@ -25,6 +29,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, ClassVar
 
+import orjson
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
@@ -79,6 +84,7 @@ class MultiStepVerifyRequest(BaseVerifyRequest):
 
 
 class MultiStepVerifyResponse(BaseVerifyResponse):
+    failure_reason: str | None = None
     set_overlap: float
     set_precision: float
     set_jaccard: float
@@ -92,6 +98,32 @@ def parse_extracted_values(arguments: str) -> list[int]:
         return ExtractSynonymValuesRequest.model_validate_json(arguments).synonym_values
     except ValidationError:
         return []
+
+
+def _item_field(item: Any, name: str) -> Any:
+    return item.get(name) if isinstance(item, dict) else getattr(item, name, None)
+
+
+def words_read_before(output: list[Any], stop: int) -> set[str]:
+    """The words (stripped, lower-cased, as the tool reads them) whose ``get_synonym_value`` answer is in
+    ``output`` before item ``stop``: what the model had read when it wrote item ``stop``. An answer counts
+    only if its value is the word's value (tool outputs are the server's, never the model's, but the
+    check costs nothing)."""
+    seen: set[str] = set()
+    for item in output[:stop]:
+        if _item_field(item, "type") != "function_call_output":
+            continue
+        text = _item_field(item, "output")
+        try:
+            value = orjson.loads(text) if isinstance(text, str) else None
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(value, dict):
+            continue
+        word, number = value.get("synonym"), value.get("synonym_value")
+        if isinstance(word, str) and type(number) is int and number == synonym_value(word):
+            seen.add(word.strip().lower())
+    return seen
 
 
 def set_metrics(expected: list[int], answered: list[int]) -> dict[str, float]:
@@ -125,10 +157,27 @@ class ExampleMultiStepServer(SimpleResourcesServer):
         extract_calls = function_calls(body.response, "extract_synonym_values")
         answered = parse_extracted_values(extract_calls[-1].arguments) if extract_calls else []
         metrics: dict[str, Any] = set_metrics(body.expected_synonym_values, answered)
-        reward = 1.0 if extract_calls and answered == body.expected_synonym_values else 0.0
+        reason: str | None = None
+        if not extract_calls:
+            reason = "no extract_synonym_values call"
+        elif not answered:
+            reason = "the last extract_synonym_values call has no valid list of integers"
+        elif answered != body.expected_synonym_values:
+            reason = "the last extract_synonym_values call does not report the expected values in order"
+        else:
+            output = body.response.output
+            last = max(i for i, item in enumerate(output) if item is extract_calls[-1])
+            read = words_read_before(output, last)
+            unread = [w for w in body.expected_synonyms if w.strip().lower() not in read]
+            if unread:
+                reason = (
+                    "values reported without having read their lookup first (get_synonym_value, answered "
+                    f"before the last extract_synonym_values call): {', '.join(unread)}"
+                )
         return MultiStepVerifyResponse.from_request(
             body,
-            reward=reward,
+            reward=0.0 if reason else 1.0,
+            failure_reason=reason,
             **metrics,
             num_synonym_lookups=len(function_calls(body.response, "get_synonym_value")),
             num_extract_calls=len(extract_calls),

@@ -22,7 +22,12 @@ Contract
   data is dropped here. Without a live session (a stored rollout posted again) the response's
   function calls are replayed on a fresh copy instead (``state_source: "replay"``); the tools are
   deterministic, so this gives the same state. A ``ground_truth`` call that fails is a broken row:
-  /verify answers an error naming the call, never reward 0.
+  /verify answers an error naming the call, never reward 0. ``failure_reason`` gives the number of
+  differences and the first of them (``None`` when the reward is 1).
+* A rollout whose tools ran on no session (the agent never seeded it, or it was evicted past
+  ``max_sessions`` before its calls were done: its tool outputs hold the 409 of an unseeded session)
+  is not scored: /verify answers 503. Replaying its calls would score actions that never took effect
+  and that the model saw fail; the harness lost the state, not the model.
 * Seeded but never verified sessions are bounded by ``max_sessions`` (oldest dropped first).
 * With ``expose_tools_over_mcp: true`` the same tools are served over MCP, bound to the session
   (see ``nemo_gym/server/mcp``); :meth:`WorkbenchResourcesServer.call_session_tool` is the one entry point
@@ -101,15 +106,33 @@ class WorkbenchVerifyResponse(WorkbenchVerifyRequest, BaseVerifyResponse):
     state_source: str
     state_differences: list[str]
     num_state_differences: int
+    failure_reason: str | None = None
+
+
+UNSEEDED_DETAIL = "This session has no workplace data"
 
 
 class UnseededSessionError(HTTPException):
     def __init__(self) -> None:
         super().__init__(
             status_code=409,
-            detail="This session has no workplace data: call /seed_session first (and send the cookie it "
+            detail=f"{UNSEEDED_DETAIL}: call /seed_session first (and send the cookie it "
             "returns), or the session already ended with /verify.",
         )
+
+
+def ran_without_session(output: list[Any]) -> bool:
+    """Whether a tool call of this trajectory was refused for want of a session: an agent's tool output
+    reporting this server's 409 (``Error: tool '<name>' answered HTTP 409: This session has no ...``).
+    A tool output is the agent's, never the model's; this server's own outputs are JSON (``{"output":``),
+    so a model's text echoed by a tool cannot start like this."""
+    for item in output:
+        if getattr(item, "type", None) != "function_call_output" or not isinstance(item.output, str):
+            continue
+        text = item.output
+        if text.startswith("Error: tool ") and " answered HTTP 409: " in text and UNSEEDED_DETAIL in text:
+            return True
+    return False
 
 
 def ground_truth_calls(ground_truth: list[dict[str, Any]] | str) -> list[dict[str, Any]]:
@@ -223,6 +246,12 @@ class WorkbenchResourcesServer(SimpleResourcesServer):
             raise HTTPException(422, f"row id {body.id}: ground_truth cannot be applied: {e}") from None
         actual = self._worlds.pop(get_session_id(request), None)
         source = "session"
+        if actual is None and ran_without_session(body.response.output):
+            raise HTTPException(
+                503,
+                f"row id {body.id}: this rollout's tool calls ran on no session (answered 409: never seeded, "
+                "or evicted past max_sessions): its actions never took effect, so it is not scored",
+            )
         if actual is None:
             source = "replay"
             actual = new_world()
@@ -233,9 +262,13 @@ class WorkbenchResourcesServer(SimpleResourcesServer):
             ]
             apply_calls(actual, calls, strict=False)
         diffs = state_differences(actual, expected)
+        reason = (
+            f"{len(diffs)} difference(s) from the expected final data, first: {diffs[0]}" if diffs else None
+        )
         return WorkbenchVerifyResponse.from_request(
             body,
             reward=0.0 if diffs else 1.0,
+            failure_reason=reason,
             state_source=source,
             state_differences=diffs,
             num_state_differences=len(diffs),

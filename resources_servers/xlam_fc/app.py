@@ -14,10 +14,19 @@ Contract
   upstream grades; with ``exact_arguments: true`` a paired call's arguments must equal the expected
   ones exactly (no extras). Reward 1.0 iff every expected call is paired and the model made exactly
   as many calls as expected; else 0.0. ``expected_answers == []``: 1.0 iff no call was made.
+* Only a valid call of an offered tool can pair (:func:`call_problem`): its arguments must be one JSON
+  object with unique keys (text that is not JSON, a non-object or a key given twice can be read two
+  ways), and, when the row's tool declares its ``properties`` with ``additionalProperties: false`` (as
+  every upstream xLAM row does), name only declared arguments: an undeclared one is not an argument
+  of that function, however the expected call reads (so "extra arguments" are declared optional ones).
+  A call to a tool the row does not offer never pairs either. Values compare as JSON: same type
+  (``true`` is not ``1``, ``"250"`` is not ``250``; ``250`` and ``250.0`` are one number), same keys,
+  same list lengths.
 * The response states the rule and what it let through: ``extra_arguments_allowed`` (the rule in
   force) and ``num_extra_arguments`` (arguments the model added beyond those of the expected call its
-  call pairs with under upstream's rule, counted under either rule; aggregate metrics carry the means), besides ``num_expected``, ``num_predicted``, ``num_correct`` and ``predicted_calls``
-  (arguments that are not a JSON object count as ``{}``).
+  call pairs with under upstream's rule, counted under either rule; aggregate metrics carry the means), besides ``num_expected``, ``num_predicted``, ``num_correct``, ``num_invalid_calls``,
+  ``predicted_calls`` (arguments that are not a JSON object count as ``{}`` there) and
+  ``failure_reason`` (why the reward is 0; ``None`` when it is 1).
 """
 
 from __future__ import annotations
@@ -70,6 +79,86 @@ class XlamFcVerifyResponse(BaseVerifyResponse):
     predicted_calls: list[dict[str, Any]] = Field(default_factory=list)
     extra_arguments_allowed: bool = True
     num_extra_arguments: int = 0
+    num_invalid_calls: int = 0
+    failure_reason: str | None = None
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object that gives one key twice."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(f"argument {key!r} is given twice")
+        out[key] = value
+    return out
+
+
+def parse_call_arguments(arguments: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """(the arguments of a model's call, None) or (None, why they cannot be read as one JSON object)."""
+    if isinstance(arguments, dict):
+        return arguments, None
+    if not isinstance(arguments, str):
+        return None, "the arguments are not JSON text"
+    try:
+        value = json.loads(arguments or "{}", object_pairs_hook=_unique_keys)
+    except DuplicateKeyError as e:
+        return None, str(e)
+    except (json.JSONDecodeError, RecursionError):
+        return None, "the arguments are not valid JSON"
+    if not isinstance(value, dict):
+        return None, "the arguments are not a JSON object"
+    return value, None
+
+
+def offered_tools(tools: list[Any]) -> dict[str, dict[str, Any]]:
+    """Name -> parameters schema of each function tool a row offers."""
+    out: dict[str, dict[str, Any]] = {}
+    for tool in tools:
+        if isinstance(tool, dict) and tool.get("type", "function") == "function" and tool.get("name"):
+            params = tool.get("parameters")
+            out[str(tool["name"])] = params if isinstance(params, dict) else {}
+    return out
+
+
+def call_problem(name: str, arguments: dict[str, Any], tools: dict[str, dict[str, Any]]) -> str | None:
+    """Why a call (arguments already read) is not a valid call of a tool in ``tools``; None if it is.
+    A row that offers no tools at all leaves calls unchecked."""
+    if not tools:
+        return None
+    if name not in tools:
+        return f"{name!r} is not a tool the row offers"
+    params = tools[name]
+    declared = params.get("properties")
+    if isinstance(declared, dict) and params.get("additionalProperties") is False:
+        undeclared = sorted(set(arguments) - set(declared))
+        if undeclared:
+            return f"{name}: argument(s) {', '.join(map(repr, undeclared))} are not parameters of the tool"
+    return None
+
+
+def json_equal(got: Any, want: Any) -> bool:
+    """Equal as JSON values: booleans are not numbers, ints and floats are one number type, objects need
+    the same keys, lists the same length (recursively)."""
+    if isinstance(want, bool) or isinstance(got, bool):
+        return type(got) is type(want) and got == want
+    if isinstance(want, (int, float)):
+        return isinstance(got, (int, float)) and got == want
+    if isinstance(want, dict):
+        return (
+            isinstance(got, dict)
+            and got.keys() == want.keys()
+            and all(json_equal(got[k], want[k]) for k in want)
+        )
+    if isinstance(want, list):
+        return (
+            isinstance(got, list)
+            and len(got) == len(want)
+            and all(json_equal(g, w) for g, w in zip(got, want, strict=True))
+        )
+    return type(got) is type(want) and got == want
 
 
 def as_arguments(arguments: Any) -> dict[str, Any]:
@@ -84,13 +173,13 @@ def as_arguments(arguments: Any) -> dict[str, Any]:
 
 def call_matches(predicted: dict[str, Any], expected: dict[str, Any], exact: bool = False) -> bool:
     """Same name, and the predicted arguments contain every expected one with an equal value (``exact``:
-    and no others)."""
-    if predicted.get("name") != expected.get("name"):
+    and no others). A predicted call marked ``invalid`` (see :func:`call_problem`) never matches."""
+    if predicted.get("invalid") or predicted.get("name") != expected.get("name"):
         return False
     got, want = as_arguments(predicted.get("arguments")), as_arguments(expected.get("arguments"))
     if exact and got.keys() != want.keys():
         return False
-    return all(key in got and got[key] == value for key, value in want.items())
+    return all(key in got and json_equal(got[key], value) for key, value in want.items())
 
 
 def pair_calls(
@@ -129,6 +218,21 @@ def count_extra_arguments(predicted: list[dict[str, Any]], expected: list[dict[s
     )
 
 
+def failure_reason(
+    reward: float, correct: int, n_predicted: int, n_expected: int, problems: list[str]
+) -> str | None:
+    """Why the calls earn nothing (None when they earn 1.0)."""
+    if reward > 0:
+        return None
+    if not n_expected:
+        return f"no call was expected, {n_predicted} made"
+    if problems:
+        return f"{len(problems)} call(s) are not valid calls of the offered tools: {problems[0]}"
+    if n_predicted != n_expected:
+        return f"{n_predicted} call(s) made, {n_expected} expected ({correct} matched)"
+    return f"{correct} of {n_expected} expected call(s) matched (name and argument values)"
+
+
 class XlamFcResourcesServer(SimpleResourcesServer):
     config: XlamFcResourcesServerConfig
 
@@ -145,14 +249,27 @@ class XlamFcResourcesServer(SimpleResourcesServer):
         }
 
     async def verify(self, body: XlamFcVerifyRequest) -> XlamFcVerifyResponse:
-        predicted = [
-            {"name": item.name, "arguments": as_arguments(item.arguments)}
-            for item in body.response.output
-            if item.type == "function_call"
-        ]
+        tools = offered_tools(body.responses_create_params.tools)
+        predicted: list[dict[str, Any]] = []
+        problems: list[str] = []
+        for item in body.response.output:
+            if item.type != "function_call":
+                continue
+            arguments, problem = parse_call_arguments(item.arguments)
+            problem = problem and f"{item.name}: {problem}"
+            problem = problem or call_problem(item.name, arguments or {}, tools)
+            call: dict[str, Any] = {"name": item.name, "arguments": arguments or {}}
+            if problem:
+                call["invalid"] = True
+                problems.append(problem)
+            predicted.append(call)
         expected = [call.model_dump() for call in body.expected_answers]
         exact = self.config.exact_arguments
         reward, correct = grade_calls(predicted, expected, exact)
+        reason = failure_reason(reward, correct, len(predicted), len(expected), problems)
+        extra = count_extra_arguments(predicted, expected)
+        for call in predicted:
+            call.pop("invalid", None)
         fields = body.model_dump(
             exclude=set(XlamFcVerifyResponse.model_fields) - set(XlamFcVerifyRequest.model_fields)
         )
@@ -164,7 +281,9 @@ class XlamFcResourcesServer(SimpleResourcesServer):
             num_correct=correct,
             predicted_calls=predicted,
             extra_arguments_allowed=not exact,
-            num_extra_arguments=count_extra_arguments(predicted, expected),
+            num_extra_arguments=extra,
+            num_invalid_calls=len(problems),
+            failure_reason=reason,
         )
 
 

@@ -7,6 +7,7 @@ answer, tools in the row, a judge) is left out, and the table says why.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,11 +80,9 @@ def hostile_calls(tools: list[dict[str, Any]]) -> list[ScriptedToolCall]:
         calls.append(ScriptedToolCall(name=name, arguments=_string_args(schema, TRAVERSAL, -1)))
         calls.append(ScriptedToolCall(name=name, arguments=_string_args(schema, "/proc/self/environ", 1e308)))
         if i < 3:
-            calls.append(
-                ScriptedToolCall(
-                    name=name, arguments=_string_args(schema, "A" * BIG_ARGUMENT_CHARS, 2**64 - 1)
-                )
-            )
+            # As JSON text: 10**30 is past the 64-bit integers the rules file (orjson) can hold.
+            big = _string_args(schema, "A" * BIG_ARGUMENT_CHARS, 10**30)
+            calls.append(ScriptedToolCall(name=name, arguments=json.dumps(big)))
         wrong = {p: [{"$ne": None}] for p in (schema.get("properties") or {"x": None})}
         calls.append(ScriptedToolCall(name=name, arguments=wrong))
         calls.append(ScriptedToolCall(name=name, arguments="[1, 2"))

@@ -12,7 +12,7 @@ import pytest
 
 from nemo_gym.cli import RunHelper
 from nemo_gym.tools.testing import example_rows, post_json, run_rollout, running_servers, server_url
-from resources_servers.calendar.app import ExpectedEvent, grade, last_json_list, minutes
+from resources_servers.calendar.app import ExpectedEvent, calendar_lists, grade, last_json_list, minutes
 
 ENV = "calendar"
 CONFIG = f"resources_servers/{ENV}/configs/{ENV}.yaml"
@@ -134,21 +134,53 @@ def test_grading_rules() -> None:
     assert grade(cal((0, "10:00", 60)), exp)[1] == "different_number_of_events"
     assert grade(cal((0, "10:00", 60), (1, "15:45", 30)), exp)[1] == "constraint_violated"  # past 16:00
     assert grade('[{"event_id": 0}]', exp)[1] == "bad_event"
-    assert grade("", exp)[1] == "no_answer" and grade("anything", {})[0] == 1.0
-    # The last list in the text is the calendar; 12-hour start times are read too.
-    text = (
-        "Before: "
-        + cal((0, "10:00", 60))
-        + " After: "
-        + json.dumps(
-            [
-                {"event_id": 0, "start_time": "2pm", "duration": 60},
-                {"event_id": 1, "start_time": "10:00", "duration": 30},
-            ]
-        )
+    assert grade("", exp)[1] == "no_answer"
+    # Nothing scheduled yet: an answer that is not blank and shows no event.
+    assert grade("anything", {})[0] == 1.0 and grade("Nothing yet: []", {})[0] == 1.0
+    assert (
+        grade(" ", {})[1] == "no_answer"
+        and grade(cal((0, "10:00", 60)), {})[1] == "different_number_of_events"
     )
-    assert last_json_list(text)[0]["start_time"] == "2pm"
-    assert grade(text, _exp(**{"0": (60, "after 1pm"), "1": (30, None)}))[0] == 1.0
+    # The one calendar of the answer is graded; 12-hour start times are read too.
+    after = json.dumps(
+        [
+            {"event_id": 0, "start_time": "2pm", "duration": 60},
+            {"event_id": 1, "start_time": "10:00", "duration": 30},
+        ]
+    )
+    exp_after = _exp(**{"0": (60, "after 1pm"), "1": (30, None)})
+    assert last_json_list("Done: " + after)[0]["start_time"] == "2pm"
+    assert grade("Done: " + after, exp_after)[0] == 1.0
+    # Several calendars in one answer (even "before" and "after", or one shown twice) are a hedge.
+    assert grade("Before: " + cal((0, "10:00", 60)) + " After: " + after, exp_after) == (
+        0.0,
+        "several_calendars",
+        0,
+    )
+    assert grade(after + "\n" + after, exp_after)[1] == "several_calendars"
+    # Entries are read strictly: whole numbers for ids and durations, ASCII digits in times.
+    good = {"event_id": 0, "event_name": "x", "start_time": "14:00", "duration": 60}
+    assert (
+        grade(
+            json.dumps([good, {**good, "event_id": "1", "start_time": "10:00", "duration": 30.0}]), exp_after
+        )[0]
+        == 1.0
+    )
+    for bad in (
+        {"event_id": False},
+        {"event_id": 0.4},
+        {"duration": 60.5},
+        {"duration": True},
+        {"start_time": "１４:００"},
+        {"start_time": 14},
+        {"duration": "60 min"},
+    ):
+        answer = json.dumps([{**good, **bad}, {**good, "event_id": 1, "start_time": "10:00", "duration": 30}])
+        assert grade(answer, exp_after)[1] == "bad_event", bad
+    # Reading is linear and never recursive: floods of brackets find nothing, nested values are read.
+    assert calendar_lists("[" * 200_000 + '[{"event_id": ' * 20_000) == []
+    nested = '[{"event_id": 0, "tags": ["a", "b"], "where": {"room": "[3] {b}"}}]'
+    assert calendar_lists("x " + "[" * 5000 + nested) == [json.loads(nested)]
     assert [minutes(t) for t in ("12am", "12pm", "9:05 a.m.", "16:00")] == [0, 720, 545, 960]
     with pytest.raises(ValueError):
         minutes("13pm")

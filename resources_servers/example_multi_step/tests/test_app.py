@@ -67,6 +67,16 @@ def _variants(row: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
         "last_bad": [_lookups(row), _extract(expected), _extract(expected[:-1]), DONE],
         "no_extract": [_lookups(row), DONE],
         "string_values": [_lookups(row), _extract([str(v) for v in expected]), DONE],
+        "other_case": [
+            {
+                "tool_calls": [
+                    {"name": "get_synonym_value", "arguments": {"synonym": f"  {w.upper()} "}} for w in words
+                ]
+            },
+            _extract(expected),
+            DONE,
+        ],
+        "same_turn": [{"tool_calls": _lookups(row)["tool_calls"] + _extract(expected)["tool_calls"]}, DONE],
         "one_per_turn": [
             *({"tool_calls": [{"name": "get_synonym_value", "arguments": {"synonym": w}}]} for w in words),
             _extract(expected),
@@ -214,3 +224,14 @@ def test_lookups_over_several_turns(helper: RunHelper) -> None:
     assert types == ["function_call", "function_call_output"] * (len(row["expected_synonyms"]) + 1) + [
         "message"
     ]
+
+
+def test_the_values_must_come_from_lookups_read_before_the_report(helper: RunHelper) -> None:
+    # A lookup of the word in another case or with spaces is the same lookup (the tool reads it so).
+    other_case = run_rollout(helper, AGENT, _tagged(ROWS[1], "other_case", 1))
+    assert other_case["reward"] == 1.0 and other_case["failure_reason"] is None
+    # The report written in the lookups' own turn, before any of them answered: not read, so memorised.
+    same_turn = run_rollout(helper, AGENT, _tagged(ROWS[1], "same_turn", 1))
+    assert same_turn["reward"] == 0.0 and same_turn["set_jaccard"] == 1.0
+    assert same_turn["failure_reason"].startswith("values reported without having read their lookup first")
+    assert all(w in same_turn["failure_reason"] for w in ROWS[1]["expected_synonyms"])

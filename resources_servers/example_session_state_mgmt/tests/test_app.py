@@ -31,20 +31,38 @@ ROWS = example_rows(ENV)
 VERIFY_STUB = {"responses_create_params": {"input": "direct call"}, "response": {"output": []}}
 
 
+def _answered(value: int) -> dict[str, Any]:
+    """A verify body whose response read the counter (``value``) and told it, as a right rollout does."""
+    output = [
+        {"type": "function_call", "call_id": "r", "name": "get_counter_value", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "r", "output": orjson.dumps({"count": value}).decode()},
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": f"It is {value}."}],
+        },
+    ]
+    return {**VERIFY_STUB, "response": {"output": output}}
+
+
 def _inc(*counts: int) -> dict[str, Any]:
     return {"tool_calls": [{"name": "increment_counter", "arguments": {"count": c}} for c in counts]}
 
 
 GET = {"tool_calls": [{"name": "get_counter_value", "arguments": {}}]}
-DONE = {"text": "Done: the counter shows the value above."}
+
+
+def _done(value: int) -> dict[str, Any]:
+    return {"text": f"Done: the counter now reads {value}."}
+
 
 # The correct trajectory per example row (same order as data/example.jsonl).
 CORRECT_TURNS: list[list[dict[str, Any]]] = [
-    [_inc(5, 12), GET, DONE],  # 0 -> 17, both increments in one turn
-    [_inc(3), _inc(3), _inc(3), GET, DONE],  # 10 -> 19, one per turn
-    [_inc(-25, 7), GET, DONE],  # 100 -> 82
-    [GET, _inc(10), GET, DONE],  # -4 -> 6
-    [GET, DONE],  # 42 -> 42, nothing to change
+    [_inc(5, 12), GET, _done(17)],  # 0 -> 17, both increments in one turn
+    [_inc(3), _inc(3), _inc(3), GET, _done(19)],  # 10 -> 19, one per turn
+    [_inc(-25, 7), GET, {"text": "It went from 100 to 82 (-25, then +7)."}],  # 100 -> 82
+    [GET, _inc(10), GET, {"text": "It was -4; after adding 10 it is 6."}],  # -4 -> 6
+    [GET, _done(42)],  # 42 -> 42, nothing to change
 ]
 
 
@@ -70,11 +88,21 @@ def _scripts() -> list[dict[str, Any]]:
         {"contains": _tag("off_by_one", i), "turns": [*turns[:-1], _inc(1), turns[-1]]}
         for i, turns in enumerate(CORRECT_TURNS)
     ]
-    partial = [{"contains": _tag("partial", 0), "turns": [_inc(5), GET, DONE]}]  # forgets the +12
+    partial = [{"contains": _tag("partial", 0), "turns": [_inc(5), GET, _done(17)]}]  # forgets the +12
+    # Row 4 changes nothing: doing and saying nothing, or reading and not telling, must not pay.
+    silent = [
+        {"contains": _tag("silent", 4), "turns": [{"text": ""}]},
+        {"contains": _tag("untold", 4), "turns": [GET, {"text": "Done: the counter shows the value above."}]},
+        {"contains": _tag("unread", 0), "turns": [_inc(5, 12), _done(17)]},
+        # Read before the change only, the new value worked out: a right answer.
+        {"contains": _tag("read_first", 3), "turns": [GET, _inc(10), _done(6)]},
+    ]
     correct = [
         {"contains": _user_text(row), "turns": turns} for row, turns in zip(ROWS, CORRECT_TURNS, strict=True)
     ]
-    return wrong + partial + correct  # tagged rules first: a tagged message also contains the plain text
+    return (
+        wrong + partial + silent + correct
+    )  # tagged rules first: a tagged message also contains the plain text
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +164,22 @@ def test_partial_answer_metrics(helper: RunHelper) -> None:
     assert result["reward"] == 0.0
     assert result["final_count"] == 5 and result["abs_count_error"] == 12
     assert _counter_reads(result) == [5]
+
+
+def test_the_value_must_be_read_and_told(helper: RunHelper) -> None:
+    reasons = {
+        "silent": "the counter was never read with get_counter_value",
+        "untold": "the final answer does not state the counter's value (42)",
+        "unread": "the counter was never read with get_counter_value",
+    }
+    for variant, reason in reasons.items():
+        row_index = 0 if variant == "unread" else 4
+        result = run_rollout(helper, AGENT, _tagged(ROWS[row_index], variant, row_index))
+        assert result["final_count"] == ROWS[row_index]["expected_count"]  # the right state ...
+        assert result["reward"] == 0.0 and result["failure_reason"].startswith(reason), result  # ... untold
+    for row_index, right in ((4, ROWS[4]), (3, _tagged(ROWS[3], "read_first", 3))):
+        result = run_rollout(helper, AGENT, right)
+        assert result["reward"] == 1.0 and result["failure_reason"] is None, (row_index, result)
 
 
 def test_concurrent_rollouts_each_score_one(helper: RunHelper) -> None:
@@ -213,7 +257,9 @@ def test_two_concurrent_sessions_never_see_each_others_state(helper: RunHelper) 
     # Verify scores each session on its own counter only, then drops it.
     for name, other in (("a", "b"), ("b", "a")):
         final = start[name] + n * step[name]
-        resp = post_json(base + "/verify", {**VERIFY_STUB, "expected_count": final}, cookies=cookies[name])
+        resp = post_json(
+            base + "/verify", {**_answered(final), "expected_count": final}, cookies=cookies[name]
+        )
         assert resp.status_code == 200, resp.text
         assert resp.json()["reward"] == 1.0 and resp.json()["final_count"] == final
         assert _read(base, cookies[name]).status_code == 500  # gone after verify
@@ -250,7 +296,7 @@ def test_missing_or_forged_cookie_sees_no_other_session(helper: RunHelper) -> No
         assert _session_id(new) != sid
         assert _read(base, new).json() == {"count": -1}
         assert (
-            post_json(base + "/verify", {**VERIFY_STUB, "expected_count": -1}, cookies=new).json()["reward"]
+            post_json(base + "/verify", {**_answered(-1), "expected_count": -1}, cookies=new).json()["reward"]
             == 1.0
         )
     assert _read(base, owner).json() == {"count": 777}
@@ -265,7 +311,7 @@ def test_reseeding_resets_and_bad_rows_are_rejected(helper: RunHelper) -> None:
     assert _seed(base, 10, cookies) == cookies  # same session, reset
     assert _read(base, cookies).json() == {"count": 10}
     assert (
-        post_json(base + "/verify", {**VERIFY_STUB, "expected_count": 10}, cookies=cookies).json()["reward"]
+        post_json(base + "/verify", {**_answered(10), "expected_count": 10}, cookies=cookies).json()["reward"]
         == 1.0
     )
     missing = post_json(base + "/seed_session", VERIFY_STUB)

@@ -13,14 +13,17 @@ from resources_servers.single_step_tool_use_with_argument_comparison.common.veri
 
 def extract_action(response: NeMoGymResponse) -> Action | None:
     """Tool calls win over text: one call is a ``function_call``, several a ``function_call_batch``;
-    without calls, the first assistant message's first text is a ``message``; nothing: None."""
+    without calls, the first text of the assistant messages that is not blank is a ``message`` (an
+    empty or whitespace-only message says nothing); nothing: None."""
     calls: list[FunctionCallAction] = []
     text: str | None = None
     for item in response.output:
         if item.type == "function_call":
             calls.append(FunctionCallAction(type="function_call", name=item.name, arguments=item.arguments))
         elif item.type == "message" and getattr(item, "role", "assistant") == "assistant" and text is None:
-            text = next((p.text for p in item.content if p.type == "output_text"), None)
+            text = next(
+                (p.text for p in item.content if p.type == "output_text" and p.text and p.text.strip()), None
+            )
     if len(calls) == 1:
         return calls[0]
     if calls:

@@ -4,18 +4,23 @@ Contract (names, categories and config keys as upstream NeMo Gym's module of the
 --------
 * An action is a chat ``message``, one ``function_call`` (``name`` + ``arguments`` as JSON text), or a
   ``function_call_batch`` of calls. ``ExpectedAction`` is their discriminated union (by ``type``).
-* A message is matched by any message (reward 1.0); a call expected but a message given scores 0.
-* One call vs one call: same name, arguments parse as a JSON object, and the values compare equal
-  recursively: same JSON type (an int where a float is expected differs), same object keys, same list
-  lengths, floats within ``floating_point_comparison_threshold``, and strings: exactly equal when
-  either has fewer than two words, otherwise their lower-cased word multisets must overlap with
+* A message is matched by any message (reward 1.0; :func:`..response_utils.extract_action` reads a
+  blank message as no action); a call expected but a message given scores 0.
+* One call vs one call: same name, arguments parse as one JSON object with unique keys (a key given
+  twice, text nested past the parser's depth or anything else unreadable is ``ARGUMENTS_DECODE_ERROR``),
+  and the values compare equal recursively: same JSON type (an int where a float is expected differs,
+  and a boolean is never a number), same object keys, same list lengths, floats within
+  ``floating_point_comparison_threshold``, and strings: exactly equal when either has fewer than two
+  words, otherwise their lower-cased word multisets must overlap with
   ``|A ∩ B| / (|A| + |B|) >= word_count_similarity_threshold``.
 * Several calls: expected and actual calls are paired by a maximum bipartite matching (order free).
-  With ``parallel_tool_call_rewarding: false`` (default) surplus calls are ignored and the reward is
-  1.0 iff every expected call is matched. With it on, ``allow_subset`` / ``allow_superset`` decide
-  whether fewer / more calls are admissible at all, and ``parallel_tool_call_reward_mode`` scores the
-  admissible: ``binary_strict`` (all required matched), ``fractional`` (matched / required) or
-  ``f1`` (2 * matched / (expected + actual)).
+  With ``parallel_tool_call_rewarding: false`` (default) the model must make exactly as many calls as
+  expected (a surplus call is a hedge, never free) and the reward is 1.0 iff every expected call is
+  matched. With it on, ``allow_subset`` / ``allow_superset`` decide whether fewer / more calls are
+  admissible at all, and ``parallel_tool_call_reward_mode`` scores the admissible: ``binary_strict``
+  (all required matched), ``fractional`` (matched / required) or ``f1`` (2 * matched / (expected +
+  actual)); ``allow_superset`` with ``binary_strict`` or ``fractional`` lets surplus calls through
+  unpaid-for (use ``f1`` to charge them).
 * Every result carries a :class:`StepRewardCategory` saying why.
 """
 
@@ -68,6 +73,19 @@ ExpectedAction = Annotated[
     MessageAction | ExpectedFunctionCallAction | ExpectedFunctionCallBatchAction, Field(discriminator="type")
 ]
 Action = MessageAction | FunctionCallAction | FunctionCallBatchAction
+
+
+class DuplicateKeyError(ValueError):
+    """A model's call arguments give one key twice: two parsers may read two different calls."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(key)
+        out[key] = value
+    return out
 
 
 def get_tool_calls(action: Action) -> list[FunctionCallAction]:
@@ -190,8 +208,10 @@ class ActionComparator(BaseModel):
         return ActionComparisonResult(reward=reward, category=category)
 
     def _admissible(self, n_expected: int, n_actual: int) -> bool:
-        if n_actual == n_expected or not self.config.parallel_tool_call_rewarding:
+        if n_actual == n_expected:
             return True
+        if not self.config.parallel_tool_call_rewarding:
+            return False  # surplus or missing calls: a hedge is never free
         return self.config.allow_subset if n_actual < n_expected else self.config.allow_superset
 
     def _score(self, n_matched: int, n_expected: int, n_actual: int) -> float:
@@ -212,8 +232,8 @@ class ActionComparator(BaseModel):
             return ActionComparisonResult(reward=0.0, category=StepRewardCategory.UNEXPECTED_TOOL)
         want = json.loads(expected.arguments)
         try:
-            got = json.loads(actual.arguments)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            got = json.loads(actual.arguments, object_pairs_hook=_unique_keys)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, DuplicateKeyError):
             return ActionComparisonResult(reward=0.0, category=StepRewardCategory.ARGUMENTS_DECODE_ERROR)
         problem = self.argument_difference(want, got)
         if problem is None:
@@ -222,7 +242,7 @@ class ActionComparator(BaseModel):
 
     def argument_difference(self, want: Any, got: Any) -> StepRewardCategory | None:
         """None when ``got`` matches ``want`` (rules in the module docstring), else why not."""
-        if not isinstance(got, type(want)):
+        if not isinstance(got, type(want)) or isinstance(got, bool) != isinstance(want, bool):
             return StepRewardCategory.ARGUMENT_VALUE_TYPE_DIFFERENT
         if isinstance(want, dict):
             if set(want) != set(got):

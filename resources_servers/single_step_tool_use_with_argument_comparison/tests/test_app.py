@@ -6,7 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from nemo_gym.openai_utils import NeMoGymResponse
 from nemo_gym.tools.testing import collect_rollouts, example_rows, running_servers
+from resources_servers.single_step_tool_use_with_argument_comparison.common.response_utils import (
+    extract_action,
+)
 from resources_servers.single_step_tool_use_with_argument_comparison.common.verification_utils import (
     ActionComparator,
     FunctionCallAction,
@@ -112,12 +116,38 @@ def test_argument_rules() -> None:
         (_fc("f", a=1.0, s="one", t="two words here", o={"k": [1]}), C.ARGUMENT_LIST_LENGTH_DIFFERENT),
         (_fc("f", a=1.0, s="one", t="two words here", o={"j": [1, 2]}), C.ARGUMENT_OBJECT_KEYS_DIFFERENT),
         (FunctionCallAction(type="function_call", name="f", arguments="{oops"), C.ARGUMENTS_DECODE_ERROR),
-    ]
+        # A key given twice (two parsers may read two calls) and nesting past the parser's depth.
+        (FunctionCallAction(type="function_call", name="f", arguments='{"s": "x", "s": "one"}'),
+         C.ARGUMENTS_DECODE_ERROR),
+        (FunctionCallAction(type="function_call", name="f", arguments='{"s": ' + "[" * 3000 + "]" * 3000 + "}"),
+         C.ARGUMENTS_DECODE_ERROR),
+    ]  # fmt: skip
     for actual, category in cases:
         assert (c.compare_action(want, actual).reward, c.compare_action(want, actual).category) == (
             0.0,
             category,
         )
+
+
+def test_a_boolean_is_no_number_and_a_blank_message_is_no_message() -> None:
+    c = _cmp()
+    assert c.compare_action(_fc("f", n=1), _fc("f", n=True)).category == C.ARGUMENT_VALUE_TYPE_DIFFERENT
+    assert c.compare_action(_fc("f", n=[0]), _fc("f", n=[False])).reward == 0.0
+    assert c.compare_action(_fc("f", b=True), _fc("f", b=True)).reward == 1.0
+    assert c.compare_action(_fc("f", b=False), _fc("f", b=0)).reward == 0.0
+
+    def said(*texts: str) -> NeMoGymResponse:
+        content = [{"type": "output_text", "text": t} for t in texts]
+        return NeMoGymResponse.model_validate(
+            {"id": "r", "created_at": 0, "model": "m", "object": "response", "parallel_tool_calls": True,
+             "tool_choice": "auto", "tools": [], "output": [{"type": "message", "role": "assistant",
+             "id": "m", "status": "completed", "content": content}]}
+        )  # fmt: skip
+
+    assert extract_action(said("")) is None and extract_action(said(" \n\t ")) is None
+    assert extract_action(said(" ", "Please verify first.")) == MessageAction(
+        type="message", content="Please verify first."
+    )
 
 
 def test_parallel_modes() -> None:
@@ -126,9 +156,12 @@ def test_parallel_modes() -> None:
     three = FunctionCallBatchAction(
         type="function_call_batch", calls=[_fc("g", x=2), _fc("g", x=1), _fc("g", x=3)]
     )
-    # Default: surplus calls are free; a missing one fails.
-    assert _cmp().compare_action(want, three).reward == 1.0
+    # Default: the count must match; a surplus call (a hedge) fails as a missing one does.
+    assert _cmp().compare_action(want, three).category == C.FUNCTION_CALL_BATCH_LENGTH_DIFFERENT
+    assert _cmp().compare_action(want, three).reward == 0.0
     assert _cmp().compare_action(want, one).category == C.FUNCTION_CALL_BATCH_LENGTH_DIFFERENT
+    hedged = FunctionCallBatchAction(type="function_call_batch", calls=[_fc("g", x=1), _fc("g", x=9)])
+    assert _cmp().compare_action(_fc("g", x=1), hedged).reward == 0.0  # one call expected, two made
     strict = _cmp(parallel_tool_call_rewarding=True)
     assert strict.compare_action(want, three).reward == 0.0
     assert _cmp(

@@ -149,6 +149,8 @@ def _scripts() -> list[dict[str, Any]]:
             "turns": [call("email_reply_email", email_id="00000010", body="i will DECIDE by thursday.")],
         }
     )
+    # The right actions, for a rollout that is run without a session (see the test using it).
+    scripts.append({"contains": _tag("unseeded", 2), "turns": [*_gt_turns(ROWS[2]), DONE]})
     for i, row in enumerate(ROWS):  # untagged last: a tagged message also contains the plain text
         scripts.append(
             {
@@ -315,6 +317,28 @@ def test_tool_errors_reach_the_model_and_unseeded_sessions_are_refused(helper: R
         resp = post_json(f"{base}/{tool}", args, cookies=cookies)
         assert resp.status_code == 200 and message in resp.json()["output"], resp.text
     assert post_json(base + "/email_search_emails", {"query": "churn"}).status_code == 409  # no cookie
+
+
+def test_tools_run_on_no_session_are_not_scored(helper: RunHelper) -> None:
+    """A harness that never seeded the session (or lost it): every tool call answered 409 and changed
+    nothing. Replaying those calls at /verify would score actions that never took effect: a 503."""
+    row = _tagged(ROWS[2], "unseeded", 2)
+    # The agent's /v1/responses runs the model/tool loop without /seed_session.
+    loop = post_json(server_url(helper, AGENT) + "/v1/responses", row["responses_create_params"])
+    assert loop.status_code == 200, loop.text[:2000]
+    outputs = [o["output"] for o in loop.json()["output"] if o["type"] == "function_call_output"]
+    assert len(outputs) == 4 and all("answered HTTP 409" in o for o in outputs), outputs
+    resp = post_json(server_url(helper, ENV) + "/verify", {**row, "response": loop.json()})
+    assert resp.status_code == 503, resp.text[:2000]
+    assert "ran on no session" in resp.text and "not scored" in resp.text
+    # The same calls in a live session are scored, with failure_reason only when something differs.
+    right = run_rollout(helper, AGENT, row)
+    assert right["reward"] == 1.0 and right["failure_reason"] is None
+    wrong = run_rollout(helper, AGENT, _tagged(ROWS[2], "wrong", 2))
+    assert wrong["reward"] == 0.0
+    assert wrong["failure_reason"].startswith(
+        "1 difference(s) from the expected final data, first: customers"
+    )
 
 
 # ------------------------------------------------------------------------------------------------
