@@ -13,6 +13,18 @@ Contract
   launcher writes it to a ``0600`` file in a ``0700`` directory keyed by the head server's port
   and removes it at shutdown. A process elsewhere sets ``NEMO_GYM_AUTH_TOKEN`` itself.
 * ``+server_auth=false`` switches the check off for a run; the launcher says so loudly.
+* Two narrower credentials sit beside the run token (docs/security.md has the table of who holds what):
+
+  - a **rollout credential** (:func:`rollout_credential`: ``ngr.<rollout id>.<HMAC of the id under the
+    run token>``) opens exactly one rollout's model calls, ``/ng-rollout/<id>/v1/*`` (with or without the
+    token-capture segment), on any server of the run, and nothing else: a harness holds it instead of the
+    run token. Every server checks it from the run token alone (no shared state).
+  - the **trainer credential** (:func:`trainer_token`): a second random token, held by the process that
+    started the run (in process, and in a 0600 file beside the run token's) and by no server. Servers get
+    only its SHA-256 (:data:`TRAINER_TOKEN_SHA256_ENV_VAR_NAME`, in their launch file); a request carries
+    it in ``X-NeMo-Gym-Trainer-Token`` next to the run token. ``POST /policy_version`` needs it
+    (:mod:`nemo_gym.server.policy_version`); :class:`nemo_gym.client.server_client.ServerClient` adds it
+    to that call by itself when its process has it.
 * A server hosted outside ``ng_run`` with no token configured (a resources server class a trainer
   builds in its own process) answers **loopback clients only**, with no token, as before.
 * The same guard refuses bodies larger than the server's ``max_request_body_bytes`` with a 413 naming
@@ -24,7 +36,9 @@ token in constant time, so it costs a few microseconds on the hot path.
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 import hmac
 import ipaddress
 import logging
@@ -50,8 +64,14 @@ TOKEN_HEADER_NAME = "X-NeMo-Gym-Token"
 MAX_REQUEST_BODY_BYTES_KEY_NAME = "max_request_body_bytes"
 DEFAULT_MAX_REQUEST_BODY_BYTES = 32 * 1024 * 1024
 
+TRAINER_TOKEN_ENV_VAR_NAME = "NEMO_GYM_TRAINER_TOKEN"
+TRAINER_TOKEN_SHA256_ENV_VAR_NAME = "NEMO_GYM_TRAINER_TOKEN_SHA256"
+TRAINER_TOKEN_HEADER_NAME = "X-NeMo-Gym-Trainer-Token"
+ROLLOUT_CREDENTIAL_PREFIX = "ngr."
+
 # Tokens of runs started in this process (RunHelper), by head-server port.
 _IN_PROCESS_TOKENS: dict[int, str] = {}
+_IN_PROCESS_TRAINER_TOKENS: dict[int, str] = {}
 
 
 def new_run_token() -> str:
@@ -80,6 +100,11 @@ def token_file_for(head_port: int) -> Path:
     return run_dir() / f"head-{int(head_port)}.token"
 
 
+def trainer_token_file_for(head_port: int) -> Path:
+    """The trainer credential's file of the run whose head server listens on ``head_port``."""
+    return run_dir() / f"head-{int(head_port)}.trainer-token"
+
+
 def read_token_file(path: Path) -> str | None:
     """The token in a token file (the whole file: ``TOKEN=$(cat FILE)`` works)."""
     with _suppress_os_error():
@@ -105,6 +130,8 @@ def _prune_stale_token_files(directory: Path) -> None:
             with _suppress_os_error():
                 pid_path.with_suffix(".token").unlink()
             with _suppress_os_error():
+                pid_path.with_suffix(".trainer-token").unlink()
+            with _suppress_os_error():
                 pid_path.unlink()
         except PermissionError:  # alive: another user's process
             pass
@@ -122,8 +149,9 @@ def _write_private(directory: Path, path: Path, text: str) -> None:
         raise
 
 
-def write_token_file(head_port: int, token: str) -> Path:
-    """Write ``token`` for ``head_port`` atomically, readable by this user only; returns the path.
+def write_token_file(head_port: int, token: str, trainer_token: str | None = None) -> Path:
+    """Write ``token`` (and the run's ``trainer_token``) for ``head_port`` atomically, readable by this
+    user only; returns the run token's path.
 
     A ``.pid`` file beside it names this process, so a later run can remove the files of runs that
     are gone."""
@@ -133,28 +161,77 @@ def write_token_file(head_port: int, token: str) -> Path:
     _prune_stale_token_files(directory)
     path = token_file_for(head_port)
     _write_private(directory, _pid_file_for(path), f"{os.getpid()}\n")
+    if trainer_token is not None:
+        _write_private(directory, trainer_token_file_for(head_port), trainer_token + "\n")
     _write_private(directory, path, token + "\n")
     return path
 
 
 def remove_token_file(head_port: int, token: str) -> None:
-    """Remove the token file of ``head_port`` if it still holds ``token`` (a newer run's file stays)."""
+    """Remove the token files of ``head_port`` if they still hold ``token`` (a newer run's stay)."""
     path = token_file_for(head_port)
     if read_token_file(path) == token:
+        with _suppress_os_error():
+            trainer_token_file_for(head_port).unlink()
         with _suppress_os_error():
             path.unlink()
         with _suppress_os_error():
             _pid_file_for(path).unlink()
 
 
-def register_in_process(ports: list[int], token: str | None) -> None:
-    """Remember the token of a run this process started, for the run's head-server and server ports
-    (``token=None`` forgets them)."""
+def register_in_process(ports: list[int], token: str | None, trainer_token: str | None = None) -> None:
+    """Remember the token (and the trainer credential) of a run this process started, for the run's
+    head-server and server ports (``token=None`` forgets them)."""
     for port in ports:
         if token is None:
             _IN_PROCESS_TOKENS.pop(int(port), None)
+            _IN_PROCESS_TRAINER_TOKENS.pop(int(port), None)
         else:
             _IN_PROCESS_TOKENS[int(port)] = token
+            if trainer_token is not None:
+                _IN_PROCESS_TRAINER_TOKENS[int(port)] = trainer_token
+
+
+def trainer_token(port: int | None = None) -> str | None:
+    """The trainer credential of the run whose head server (or one of whose servers) listens on
+    ``port``: a run this process started; ``NEMO_GYM_TRAINER_TOKEN``; the run's trainer-token file."""
+    if port is not None and int(port) in _IN_PROCESS_TRAINER_TOKENS:
+        return _IN_PROCESS_TRAINER_TOKENS[int(port)]
+    env = os.environ.get(TRAINER_TOKEN_ENV_VAR_NAME)
+    if env:
+        return env
+    if port is not None:
+        return read_token_file(trainer_token_file_for(port))
+    return None
+
+
+def token_sha256(token: str) -> str:
+    """What a server keeps of the trainer credential: enough to check it, not to use it."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def rollout_credential(run_token: str, rollout_id: str) -> str:
+    """The credential that opens only rollout ``rollout_id``'s model calls (see the module docstring)."""
+    return (
+        ROLLOUT_CREDENTIAL_PREFIX + rollout_id + "." + _rollout_mac(run_token.encode(), rollout_id.encode())
+    )
+
+
+def _rollout_mac(run_token: bytes, rollout_id: bytes) -> str:
+    digest = hmac.new(run_token, b"nemo-gym-rollout\0" + rollout_id, hashlib.sha256).digest()[:24]
+    return base64.urlsafe_b64encode(digest).decode()
+
+
+def rollout_of_credential(run_token: bytes, presented: bytes) -> str | None:
+    """The rollout id a presented rollout credential opens, or ``None`` when it is not a valid one."""
+    if not presented.startswith(ROLLOUT_CREDENTIAL_PREFIX.encode()):
+        return None
+    rollout_id, dot, mac = presented[len(ROLLOUT_CREDENTIAL_PREFIX) :].rpartition(b".")
+    if not dot or not rollout_id:
+        return None
+    if not hmac.compare_digest(mac, _rollout_mac(run_token, rollout_id).encode()):
+        return None
+    return rollout_id.decode(errors="replace")
 
 
 def client_token(port: int | None = None) -> str | None:
@@ -247,8 +324,12 @@ class RequestGuard:
         disabled: bool = False,
         max_body_bytes: int | None = DEFAULT_MAX_REQUEST_BODY_BYTES,
         setting: str = MAX_REQUEST_BODY_BYTES_KEY_NAME,
+        rollout_paths: tuple[str, str] | None = None,
     ):
+        """``rollout_paths``: (``"/ng-rollout/"``, the token-capture segment) when rollout credentials are
+        accepted here (servers: yes; the head server: no)."""
         self.app = app
+        self.rollout_paths = rollout_paths
         self.server_name = server_name
         self.disabled = disabled
         self.bearer = b"Bearer " + token.encode() if token else None
@@ -279,12 +360,45 @@ class RequestGuard:
                 # x-api-key: how Anthropic's clients send their key (ANTHROPIC_API_KEY), e.g. a harness
                 # trained through /v1/messages with the run token as its key.
                 return None
+        scoped = self._rollout_credential(scope, headers)
+        if scoped is not None:
+            return scoped or None
         return (
             f"missing or wrong run token for server '{self.server_name}'. Send 'Authorization: Bearer <token>' "
             f"(or '{TOKEN_HEADER_NAME}: <token>', or 'x-api-key: <token>'); ng_collect_rollouts, RunHelper and RolloutCollectionHelper find "
             f"it themselves on this machine; elsewhere set {AUTH_TOKEN_ENV_VAR_NAME} to the token in the file "
             f"ng_run printed."
         )
+
+    def _rollout_credential(self, scope: dict, headers: list[tuple[bytes, bytes]]) -> str | None:
+        """``None``: no rollout credential presented; ``""``: one that opens this request's path; else why
+        the presented one does not."""
+        if self.rollout_paths is None or self.raw_token is None:
+            return None
+        marker = ROLLOUT_CREDENTIAL_PREFIX.encode()
+        for k, v in headers:
+            if k == b"authorization" and v.startswith(b"Bearer " + marker):
+                value = v[7:]
+            elif k == b"x-api-key" and v.startswith(marker):
+                value = v
+            else:
+                continue
+            rollout_id = rollout_of_credential(self.raw_token, value)
+            if rollout_id is None:
+                return f"a rollout credential that is not valid for this run (server '{self.server_name}')"
+            prefix, capture = self.rollout_paths
+            path = scope.get("path", "")
+            start = f"{prefix}{rollout_id}/"
+            rest = path[len(start) :] if path.startswith(start) else None
+            if rest is not None and rest.startswith(capture + "/"):
+                rest = rest[len(capture) + 1 :]
+            if rest is not None and rest.startswith("v1/"):
+                return ""
+            return (
+                f"a rollout credential opens only its own rollout's model calls ({start}v1/...) on server "
+                f"'{self.server_name}', not {path!r}"
+            )
+        return None
 
     def trusts(self, scope: dict) -> bool:
         """Whether a request head (its ASGI scope) passes the check; its connection is then trusted with a

@@ -19,7 +19,13 @@ import psutil
 import pytest
 import yaml
 
-from nemo_gym.auth import AUTH_TOKEN_ENV_VAR_NAME, TOKEN_HEADER_NAME, RequestGuard, token_file_for
+from nemo_gym.auth import (
+    AUTH_TOKEN_ENV_VAR_NAME,
+    TOKEN_HEADER_NAME,
+    RequestGuard,
+    rollout_credential,
+    token_file_for,
+)
 from nemo_gym.redaction import REDACTED
 from nemo_gym.tools.testing import example_rows, post_json, running_servers, server_url
 from resources_servers.example_single_tool_call.app import weather_for, weather_report
@@ -466,3 +472,48 @@ def test_a_new_run_removes_token_files_of_runs_that_are_gone(
         "head-4444.pid",
         "head-4444.token",
     ]
+
+
+def test_a_rollout_credential_opens_its_own_rollouts_model_calls_and_nothing_else(run: Any) -> None:
+    """What a harness holds instead of the run token (nemo_gym.auth.rollout_credential)."""
+    token = run.supervisor.auth_token
+    model, resources = server_url(run, "policy_model"), server_url(run, RESOURCES)
+    head = f"http://127.0.0.1:{run.head_server_config.port}"
+    body = orjson.dumps({"input": "hello"})
+
+    def post(url: str, credential: str, header: str = "authorization") -> int:
+        value = f"Bearer {credential}" if header == "authorization" else credential
+        headers = {header: value, "content-type": "application/json"}
+        return httpx.post(url, content=body, headers=headers, timeout=30, trust_env=False).status_code
+
+    mine = rollout_credential(token, "r-1.a")
+    assert post(f"{model}/ng-rollout/r-1.a/v1/responses", mine) == 200
+    assert post(f"{model}/ng-rollout/r-1.a/v1/responses", mine, header="x-api-key") == 200  # Anthropic's way
+    # Through the token-capture segment too: past the door (this run does not serve the capture path: 404).
+    assert post(f"{model}/ng-rollout/r-1.a/training-token-capture/v1/responses", mine) == 404
+    for url in (
+        f"{model}/ng-rollout/r-2/v1/responses",  # another rollout's calls
+        f"{model}/v1/responses",  # calls of no rollout
+        f"{model}/ng-rollout/r-1.a/policy_version",  # not a model call
+        f"{model}/ng-rollout/r-1.a/ng_model_calls/pop",  # the recorded calls of the rollout
+        f"{resources}/ng-rollout/r-1.a/seed_session",  # the environment
+        f"{resources}/ng-rollout/r-1.a/verify",
+        f"{head}/ng-rollout/r-1.a/v1/responses",  # the head server takes no rollout credential at all
+        f"{head}/server_instances",
+    ):
+        assert post(url, mine) == 401, url
+    forged = mine[:-4] + ("AAAA" if not mine.endswith("AAAA") else "BBBB")
+    assert post(f"{model}/ng-rollout/r-1.a/v1/responses", forged) == 401
+    other_run = rollout_credential("another run's token", "r-1.a")
+    assert post(f"{model}/ng-rollout/r-1.a/v1/responses", other_run) == 401
+    refused = httpx.post(
+        f"{model}/v1/responses",
+        content=body,
+        headers={"authorization": f"Bearer {mine}"},
+        timeout=30,
+        trust_env=False,
+    )
+    assert (
+        "opens only its own rollout's model calls (/ng-rollout/r-1.a/v1/...)"
+        in refused.json()["error"]["message"]
+    )

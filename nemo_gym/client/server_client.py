@@ -27,7 +27,7 @@ import orjson
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel
 
-from nemo_gym.auth import auth_headers, client_token
+from nemo_gym.auth import TRAINER_TOKEN_HEADER_NAME, auth_headers, client_token, trainer_token
 from nemo_gym.client import tracing as client_tracing
 from nemo_gym.client.fd_limits import client_socket_budget
 from nemo_gym.client.http_transport import (
@@ -51,7 +51,7 @@ from nemo_gym.config.process import (
     current_global_config_dict,
     get_global_config_dict,
 )
-from nemo_gym.config.types import BaseServerConfig
+from nemo_gym.config.types import POLICY_VERSION_PATH, BaseServerConfig
 from nemo_gym.errors import UpstreamError as UpstreamError
 from nemo_gym.errors import raise_for_status as raise_for_status
 from nemo_gym.errors import response_body as response_body
@@ -270,6 +270,15 @@ class ServerClient:
             self._auth_headers = auth_headers(client_token(port))
         return self._auth_headers
 
+    def _trainer_headers(self) -> dict[str, str]:
+        """The trainer credential, when this process has the run's (only ``POST /policy_version`` needs it)."""
+        port = self.head_server_config.port if self.head_server_config is not None else None
+        if port is None:
+            head = self.global_config_dict.get(HEAD_SERVER_KEY_NAME)
+            port = head.get("port") if head is not None else None
+        token = trainer_token(port)
+        return {TRAINER_TOKEN_HEADER_NAME: token} if token else {}
+
     # -- transport -------------------------------------------------------------------------------
     def _session(self) -> HttpTransport:
         limits = self._limits
@@ -330,6 +339,8 @@ class ServerClient:
                 replica = replicas.next_index()
             host, port = replicas.endpoints[replica]
         headers = {**self.auth_headers(), **(kwargs.pop("headers", None) or {})}
+        if url_path == POLICY_VERSION_PATH and method == "POST":
+            headers.update(self._trainer_headers())
         if cookies:
             headers["Cookie"] = "; ".join(f"{k}={getattr(v, 'value', v)}" for k, v in cookies.items())
         data = kwargs.pop("data", None)

@@ -25,9 +25,9 @@ from typing import Any, Literal
 
 import orjson
 
+from nemo_gym.config.types import POLICY_VERSION_PATH
 from nemo_gym.server.policy_version import (
     POLICY_VERSION_KEY,
-    POLICY_VERSION_PATH,
     POLICY_VERSIONS_KEY,
     PolicyVersionValue,
     policy_lag,

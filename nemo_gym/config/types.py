@@ -25,6 +25,8 @@ AGENT_REF_KEY = "agent_ref"
 # Request paths that carry a rollout id: /ng-rollout/<id>/... (see nemo_gym.server.rollout_prefix).
 ROLLOUT_PATH_PREFIX = "ng-rollout"
 TOKEN_CAPTURE_PATH_SEGMENT = "training-token-capture"
+# A model server's policy version (nemo_gym.server.policy_version); setting it takes the trainer credential.
+POLICY_VERSION_PATH = "/policy_version"
 
 
 class BaseServerConfig(BaseModel):

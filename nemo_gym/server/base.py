@@ -60,7 +60,12 @@ from nemo_gym.config.keys import (
     NEMO_GYM_LISTEN_FD_ENV_VAR_NAME,
 )
 from nemo_gym.config.process import current_global_config_dict, get_global_config_dict, launched_by_ng_run
-from nemo_gym.config.types import BaseRunServerInstanceConfig, BaseServerConfig
+from nemo_gym.config.types import (
+    ROLLOUT_PATH_PREFIX,
+    TOKEN_CAPTURE_PATH_SEGMENT,
+    BaseRunServerInstanceConfig,
+    BaseServerConfig,
+)
 from nemo_gym.errors import UpstreamError, error_envelope
 from nemo_gym.kit.verify_pool.errors import VerifyPoolError
 from nemo_gym.launch import load_launch_values
@@ -282,6 +287,7 @@ class BaseServer(BaseModel):
             token=token,
             disabled=disabled,
             max_body_bytes=self._max_request_body_bytes(),
+            rollout_paths=(f"/{ROLLOUT_PATH_PREFIX}/", TOKEN_CAPTURE_PATH_SEGMENT),
         )
         app.state.nemo_gym_request_guard = guard  # its ``trusts`` gives token bearers reserved connections
         # GET /metrics; the request counts are taken by the layer (refused requests too).

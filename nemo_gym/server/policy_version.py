@@ -5,8 +5,15 @@ Contract
 * Every model server (:class:`nemo_gym.server.model.SimpleResponsesAPIModel`) serves
   ``POST /policy_version`` with ``{"policy_version": <int or non-empty string>}`` (a trainer calls it
   after each weight update) and ``GET /policy_version`` (``{"policy_version": ..., "updated_at": ...}``,
-  ``null`` until set). Both sit behind the run token like every route. A bad body is a 400 whose
-  message names ``policy_version``.
+  ``null`` until set). Both sit behind the run token like every route; ``POST`` also needs the
+  **trainer credential** (``X-NeMo-Gym-Trainer-Token``, :func:`nemo_gym.auth.trainer_token`; the server
+  holds only its hash): without it a 403 naming it, so no environment, agent or harness (which hold the
+  run token or a rollout credential, never the trainer's) can move the version. With authentication off
+  (``+server_auth=false``, or a server started without a run token) it is open like every route.
+  A bad body is a 400 whose message names ``policy_version``.
+* The version only moves forward: a new version equal to the current one, or lower when both are
+  integers (or strings holding integers), is a 409 naming the current one. Other strings may follow one
+  another freely (they carry no order), but never repeat the current one.
 * While no version is set nothing is changed on the request path. Once one is set, each JSON answer of
   a model endpoint (``/v1/responses``, ``/v1/chat/completions``, ``/v1/completions``, ``/v1/messages``)
   carries the version that was current **when the call started** (a weight update during the call
@@ -33,6 +40,7 @@ Contract
 
 from __future__ import annotations
 
+import hmac
 import time
 from typing import Any
 
@@ -40,9 +48,16 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from nemo_gym.auth import (
+    TRAINER_TOKEN_HEADER_NAME,
+    TRAINER_TOKEN_SHA256_ENV_VAR_NAME,
+    server_token_from_env,
+    token_sha256,
+)
+from nemo_gym.config.types import POLICY_VERSION_PATH
 from nemo_gym.errors import error_envelope
+from nemo_gym.launch import launch_value
 
-POLICY_VERSION_PATH = "/policy_version"
 POLICY_VERSION_KEY = "policy_version"
 POLICY_VERSIONS_KEY = "policy_versions"  # on a rollout line: the versions its model calls used
 STAMPED_PATHS = frozenset({"/v1/responses", "/v1/chat/completions", "/v1/completions", "/v1/messages"})
@@ -93,11 +108,26 @@ class PolicyVersion:
 
     def install(self, app: FastAPI, server_name: str) -> None:
         """``GET`` / ``POST /policy_version`` on ``app``, and the middleware that stamps answers."""
+        token, disabled = server_token_from_env()
+        trainer_sha256 = (
+            None if disabled or token is None else launch_value(TRAINER_TOKEN_SHA256_ENV_VAR_NAME) or ""
+        )
 
         async def read_policy_version() -> dict[str, Any]:
             return self.answer()
 
         async def set_policy_version(request: Request) -> Response:
+            if trainer_sha256 is not None:
+                presented = request.headers.get(TRAINER_TOKEN_HEADER_NAME, "")
+                if not trainer_sha256 or not hmac.compare_digest(token_sha256(presented), trainer_sha256):
+                    return _refused(
+                        server_name,
+                        403,
+                        "forbidden",
+                        f"setting the policy version needs the run's trainer credential in {TRAINER_TOKEN_HEADER_NAME} "
+                        "(nemo_gym.auth.trainer_token: the process that started the run has it, and the run's "
+                        "trainer-token file); the run token alone does not move it",
+                    )
             raw = await request.body()
             try:
                 value = parse_policy_version(orjson.loads(raw) if raw else None)
@@ -107,6 +137,15 @@ class PolicyVersion:
                 )
             except ValueError as e:
                 return _bad_request(server_name, str(e))
+            current = self.value
+            if current is not None and not moves_forward(current, value):
+                return _refused(
+                    server_name,
+                    409,
+                    "conflict",
+                    f"the policy version only moves forward: it is {current!r}, and {value!r} is "
+                    + ("the same" if value == current else "lower"),
+                )
             self.set(value)
             return Response(orjson.dumps(self.answer()), media_type="application/json")
 
@@ -123,6 +162,21 @@ class PolicyVersion:
         from starlette.middleware import Middleware
 
         app.user_middleware.append(Middleware(PolicyVersionStreamStampMiddleware, version=self))
+
+
+def moves_forward(current: PolicyVersionValue, new: PolicyVersionValue) -> bool:
+    """Whether ``new`` may follow ``current`` (see the module docstring)."""
+    if new == current:
+        return False
+    old, now = _as_int(current), _as_int(new)
+    return old is None or now is None or now > old
+
+
+def _refused(server_name: str, status: int, kind: str, message: str) -> Response:
+    body = error_envelope(
+        kind, server=server_name, path=POLICY_VERSION_PATH, message=message, field=POLICY_VERSION_KEY
+    )
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
 
 
 def _bad_request(server_name: str, message: str) -> Response:

@@ -12,13 +12,15 @@ import copy
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
 
-from nemo_gym.auth import auth_headers, client_token_for_url
+from nemo_gym.auth import TRAINER_TOKEN_HEADER_NAME, auth_headers, client_token_for_url, trainer_token
 from nemo_gym.config.keys import PACKAGE_PARENT_DIR
 from nemo_gym.config.parser import GlobalConfigDictParserConfig
+from nemo_gym.config.types import POLICY_VERSION_PATH
 from nemo_gym.run.cli import RunHelper
 
 SCRIPTED_MODEL_CONFIG = "responses_api_models/scripted_model/configs/scripted_model.yaml"
@@ -95,8 +97,13 @@ def post_json(
     url: str, body: Any, cookies: dict[str, str] | None = None, timeout: float = 60, token: str | None = None
 ) -> httpx.Response:
     """POST ``body`` as JSON with the run ``token`` (default: that of the run this process started
-    that serves ``url``)."""
+    that serves ``url``); to ``/policy_version``, with the run's trainer credential as well, as
+    :class:`nemo_gym.client.server_client.ServerClient` sends it."""
     headers = {"content-type": "application/json", **auth_headers(token or client_token_for_url(url))}
+    if urlsplit(url).path.endswith(POLICY_VERSION_PATH):
+        trainer = trainer_token(urlsplit(url).port)
+        if trainer:
+            headers[TRAINER_TOKEN_HEADER_NAME] = trainer
     return httpx.post(
         url, content=orjson.dumps(body), headers=headers, cookies=cookies, timeout=timeout, trust_env=False
     )

@@ -8,7 +8,9 @@ One ``POST /run`` is one rollout:
    the file ``TASK.md`` (``task_input: file``), and the whole ``responses_create_params`` in
    ``$NG_TASK_JSON``. Its model is the configured model server, reached through a URL scoped to this
    rollout (``/ng-rollout/<id>/``): ``OPENAI_BASE_URL`` (``.../v1``), ``ANTHROPIC_BASE_URL``, the
-   run token as ``OPENAI_API_KEY`` / ``ANTHROPIC_API_KEY``, and the model's name as ``NG_MODEL``. The
+   rollout's own credential as ``OPENAI_API_KEY`` / ``ANTHROPIC_API_KEY`` (:func:`nemo_gym.auth.rollout_credential`:
+   it opens ``/ng-rollout/<id>/v1/*`` and nothing else; the harness never holds the run token), and the
+   model's name as ``NG_MODEL``. The
    agent's Python environment's ``bin`` comes first on ``PATH`` (a CLI harness installed beside
    nemo-gym, such as mini-swe-agent's ``mini``, is found by name).
 3. The harness ends (or is killed with its whole process group at ``timeout_s``); its final answer is
@@ -45,7 +47,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import Field, model_validator
 
-from nemo_gym.auth import server_token_from_env
+from nemo_gym.auth import rollout_credential, server_token_from_env
 from nemo_gym.base_resources_server import BaseRunRequest
 from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
@@ -272,7 +274,9 @@ class HarnessAgent(SimpleResponsesAPIAgent):
             (workdir / "TASK.md").write_text(text)
         model = self.config.model_server.name
         base = self.resolve_model_base_url(model, rollout_id)  # .../ng-rollout/<id>/v1
-        token = server_token_from_env()[0] or "no-token"
+        # The harness's key opens this rollout's model calls and nothing else (nemo_gym.auth): never the run token.
+        run_token = server_token_from_env()[0]
+        token = rollout_credential(run_token, rollout_id) if run_token else "no-token"
         env = {
             **os.environ,
             # The agent's Python environment first, as an activated venv would: its console scripts

@@ -154,10 +154,13 @@ class ServerSupervisor(
             0,
         )
         self.auth_token: str | None = new_run_token() if self.auth_enabled else None
+        # The trainer credential (POST /policy_version): this process's and the token file's, no server's.
+        self.trainer_token: str | None = new_run_token() if self.auth_enabled else None
         self.token_file: Path | None = None
         # The run token is a secret too: scrubbed from every log line and error body, in every process.
         self.env_secret_values = sorted(
-            env_yaml_secret_values(loaded.env_yaml_data) | {self.auth_token or ""} - {""}
+            env_yaml_secret_values(loaded.env_yaml_data)
+            | {self.auth_token or "", self.trainer_token or ""} - {""}
         )
         add_secret_values(config_secret_values(self.cfg, loaded.env_yaml_data) | set(self.env_secret_values))
         atexit.register(self.shutdown)

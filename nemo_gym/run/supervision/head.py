@@ -34,9 +34,9 @@ class HeadMixin:
                 "server's API key. Never do this on a shared machine or off loopback."
             )
             return
-        register_in_process(self._run_ports(), self.auth_token)
+        register_in_process(self._run_ports(), self.auth_token, self.trainer_token)
         try:
-            self.token_file = write_token_file(self.head_port, self.auth_token)
+            self.token_file = write_token_file(self.head_port, self.auth_token, self.trainer_token)
         except OSError as e:
             self.echo(
                 f"WARNING: could not write the run token file ({e}); clients in other processes need "

@@ -18,7 +18,12 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from nemo_gym.auth import AUTH_DISABLED_ENV_VAR_NAME, AUTH_TOKEN_ENV_VAR_NAME
+from nemo_gym.auth import (
+    AUTH_DISABLED_ENV_VAR_NAME,
+    AUTH_TOKEN_ENV_VAR_NAME,
+    TRAINER_TOKEN_SHA256_ENV_VAR_NAME,
+    token_sha256,
+)
 from nemo_gym.client.replicas import REPLICAS_KEY_NAME, new_replica_identity
 from nemo_gym.config.instances import ServerInstance, find_server_dir
 from nemo_gym.config.keys import NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME
@@ -98,6 +103,9 @@ class RayGroupsMixin:
             secrets_env = {
                 NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME: secret,
                 AUTH_TOKEN_ENV_VAR_NAME: self.auth_token or "",
+                TRAINER_TOKEN_SHA256_ENV_VAR_NAME: token_sha256(self.trainer_token)
+                if self.trainer_token
+                else "",
                 AUTH_DISABLED_ENV_VAR_NAME: "" if self.auth_enabled else "1",
                 NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME: self._own_secrets_json(inst.name, run_scrubber),
             }

@@ -34,7 +34,12 @@ from typing import IO, Any
 import yaml
 from omegaconf import OmegaConf
 
-from nemo_gym.auth import AUTH_DISABLED_ENV_VAR_NAME, AUTH_TOKEN_ENV_VAR_NAME
+from nemo_gym.auth import (
+    AUTH_DISABLED_ENV_VAR_NAME,
+    AUTH_TOKEN_ENV_VAR_NAME,
+    TRAINER_TOKEN_SHA256_ENV_VAR_NAME,
+    token_sha256,
+)
 from nemo_gym.client.replicas import REPLICA_ENV_VAR_NAME, REPLICAS_KEY_NAME
 from nemo_gym.config.flags import config_flag
 from nemo_gym.config.keys import (
@@ -150,6 +155,7 @@ class SpawningMixin:
             NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME: config_yaml,
             NEMO_GYM_SESSION_SECRET_ENV_VAR_NAME: secret,
             AUTH_TOKEN_ENV_VAR_NAME: self.auth_token or "",
+            TRAINER_TOKEN_SHA256_ENV_VAR_NAME: token_sha256(self.trainer_token) if self.trainer_token else "",
             NEMO_GYM_SECRET_VALUES_ENV_VAR_NAME: self._own_secrets_json(child.name, run_scrubber),
         }
         for name in private:
