@@ -7,7 +7,9 @@ Contract
   ``data/notebook_files/``). The answer is a number (checked with relative tolerance ``rel_tol``,
   default 1e-3) or a string (checked case- and space-insensitively).
 * Tools: Aviary's ``edit_cell`` (write a code cell; it runs at once) and ``list_workdir``, plus
-  ``submit_answer(answer)``, which ends the episode: reward 1.0 if right, 0.0 if not. Every
+  ``submit_answer(answer)``, which ends the episode: reward 1.0 if right, 0.0 if not. Aviary runs every
+  call of a model turn; once one has ended the episode, the later ones (a second answer, a cell) are not
+  run and say so (:data:`EPISODE_ENDED`): one answer per episode, whatever the turn holds. Every
   observation ends with Aviary's Markdown view of the notebook, marked as environment state
   (``is_env_state``), which ``aviary_agent``'s ``collapse_old_env_states`` can collapse.
 * The kernel (an ipykernel of this interpreter) runs model-written code in its own process, never
@@ -197,6 +199,13 @@ def _kernel_env(work_dir: Path) -> dict[str, str]:
     return env
 
 
+# What a call gets once the episode has ended (Aviary runs every call of a model turn, in order): only the
+# first submit_answer counts, so a turn of several answers cannot collect a reward for each, or for any.
+EPISODE_ENDED = (
+    "Error: the episode has already ended (an earlier call of this turn ended it); this call was not run."
+)
+
+
 class CSVAnalysisEnv(NBEnvironment[LimitedNBEnvironmentState]):
     """Answer a question about CSV files by writing and running notebook cells, then submit."""
 
@@ -240,12 +249,21 @@ class CSVAnalysisEnv(NBEnvironment[LimitedNBEnvironmentState]):
         )
         return [intro, self.get_env_state_msg()], self.tools
 
+    async def edit_cell(self, contents: str, idx: int | None = None) -> str:
+        if self.state.done:
+            return EPISODE_ENDED
+        return await super().edit_cell(contents, idx)
+
+    edit_cell.__doc__ = NBEnvironment.edit_cell.__doc__  # the tool's description: Aviary's, unchanged
+
     async def submit_answer(self, answer: str) -> str:
         """Submit the final answer to the question. This ends the episode.
 
         Args:
             answer: The answer only (a number or a short text), without explanation.
         """
+        if self.state.done:  # one answer per episode: a second call of the same turn changes nothing
+            return EPISODE_ENDED
         self.state.done = True
         self.state.answer = answer
         correct = answers_match(answer, self.answer, self.rel_tol)

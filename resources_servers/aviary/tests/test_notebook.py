@@ -80,6 +80,18 @@ SCRIPTS = [
         "turns": [_cell("print(1)"), {"delay_s": 60.0, **_cell("print(2)")}, _cell("print(3)")],
     },
     {"contains": "[wrong]", "turns": [_cell(REVENUE), _submit("11100")]},
+    {  # one turn, a right answer twice and a cell after it: only the first call is run
+        "contains": "[twice]",
+        "turns": [
+            {
+                "tool_calls": [
+                    {"name": "submit_answer", "arguments": {"answer": "11046"}},
+                    {"name": "submit_answer", "arguments": {"answer": "11046"}},
+                    {"name": "edit_cell", "arguments": {"contents": "print(1)"}},
+                ]
+            }
+        ],
+    },
     {
         "contains": "total revenue",
         "turns": [
@@ -175,6 +187,9 @@ def test_rollout_runs_a_cell_and_submits(helper: RunHelper) -> None:
     assert {t["name"] for t in result["response"]["tools"]} == {"edit_cell", "list_workdir", "submit_answer"}
     wrong = run_rollout(helper, NB_AGENT, _row(0, "[wrong]"), timeout=180)
     assert wrong["reward"] == 0.0 and _outputs(wrong)[-1] == "Incorrect."
+    twice = run_rollout(helper, NB_AGENT, _row(0, "[twice]"), timeout=180)  # one answer per episode
+    assert twice["reward"] == 1.0 and twice["step_rewards"] == [1.0]
+    assert _outputs(twice)[0] == "Correct." and all("already ended" in o for o in _outputs(twice)[1:])
     assert _wait_until(lambda: not _kernels(_pid(helper, NB)), 30)
 
 
