@@ -1,8 +1,11 @@
-"""nemo_gym.kit.text.head_tail: what a model reads of a long tool output."""
+"""nemo_gym.kit.text: what a model reads of a long tool output; the code blocks of a model's answer."""
 
 from __future__ import annotations
 
-from nemo_gym.kit.text import head_tail
+import random
+import re
+
+from nemo_gym.kit.text import FENCE_PATTERN, fenced_blocks, head_tail, last_code_block
 
 
 def test_short_text_is_unchanged_and_a_long_one_keeps_its_head_and_tail_with_a_marker() -> None:
@@ -15,3 +18,19 @@ def test_short_text_is_unchanged_and_a_long_one_keeps_its_head_and_tail_with_a_m
 def test_a_bound_below_two_keeps_no_text_but_still_says_what_was_cut() -> None:
     # text[-0:] would be the whole text: the tail is taken by index so nothing leaks past the bound.
     assert head_tail("abcdef", 1) == "\n[... 6 characters omitted ...]\n"
+
+
+def test_fenced_blocks_are_the_patterns_blocks_in_linear_time() -> None:
+    pattern = re.compile(FENCE_PATTERN, re.S)
+    rng = random.Random(0)
+    pieces = ["`", "``", "```", "\n", " ", "\t", "py", "python", "x", "+#.-", "a b"]
+    for _ in range(20_000):  # the same blocks as the expression, on every shape of text
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 14)))
+        assert fenced_blocks(text) == pattern.findall(text), repr(text)
+    answer = "Here:\n```text\nnot code\n```\n```python\nx = 1\n```\n```sh\nls\n```\n"
+    assert last_code_block(answer) == "x = 1\n"  # python-tagged first
+    assert last_code_block("```\n   \n```") is None and last_code_block(None) is None
+    # A model's answer of unclosed fences: the expression backtracks quadratically on it (hours for
+    # 3 MB); the scan is linear.
+    assert fenced_blocks("```" * 1_000_000) == []
+    assert fenced_blocks("```py\n" + "```" * 1_000_000) == [("py", "")]

@@ -9,7 +9,8 @@ off the event loop, in processes or as Ray tasks (:mod:`~nemo_gym.kit.verify_poo
 (:mod:`~nemo_gym.kit.ray_quiet`); an external sort and a lookup table on disk, for statistics whose
 memory must not grow with the rows (:mod:`~nemo_gym.kit.spill`); the command line of an environment's
 seeded dataset generator (:mod:`~nemo_gym.kit.dataset_cli`); a long tool output cut to
-its head and tail for the model (:mod:`~nemo_gym.kit.text`). The sandbox for untrusted code is on
+its head and tail for the model, and the fenced code blocks of a model's answer found in linear time
+(:mod:`~nemo_gym.kit.text`). The sandbox for untrusted code is on
 this layer at upstream's path, ``nemo_gym.sandbox``; ``nemo_gym.judge``, ``nemo_gym.prompt``,
 ``nemo_gym.reward_profile`` and ``nemo_gym.responses_converter`` are upstream's paths, thin faces.
 

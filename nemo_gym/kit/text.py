@@ -1,10 +1,20 @@
-"""Text a model reads: a long tool output cut to its head and tail.
+"""Text a model reads or writes: a long tool output cut to its head and tail; code blocks of an answer.
 
-The model sees how a long output starts and ends (an error is usually at the end) and a marker saying
-how much was cut, so it knows to narrow its command; the cut never happens silently.
+* :func:`head_tail`: the model sees how a long output starts and ends (an error is usually at the end)
+  and a marker saying how much was cut, so it knows to narrow its command; the cut never happens silently.
+* :func:`fenced_blocks` / :func:`last_code_block`: the fenced code blocks of a model's answer, in linear
+  time whatever the text (an answer is hostile input: a regular expression that backtracks on unclosed
+  fences would hold the event loop for minutes).
 """
 
 from __future__ import annotations
+
+import re
+
+_LANG = re.compile(r"[ \t]*([\w+#.-]*)")
+PYTHON_TAGS = frozenset({"python", "py", "python3"})
+# The regular expression fenced_blocks replaces (it backtracks quadratically on unclosed fences).
+FENCE_PATTERN = r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```"
 
 
 def head_tail(text: str, max_chars: int, note: str = "{cut} characters omitted") -> str:
@@ -16,3 +26,29 @@ def head_tail(text: str, max_chars: int, note: str = "{cut} characters omitted")
     half = max_chars // 2
     marker = note.format(cut=len(text) - 2 * half, total=len(text))
     return f"{text[:half]}\n[... {marker} ...]\n{text[len(text) - half :]}"
+
+
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """(language, body) of each fenced block of ``text``, left to right: three backticks, the language
+    (letters, digits and ``+#.-``) and the rest of that line, then the body up to the next three
+    backticks. The blocks :data:`FENCE_PATTERN` finds (``re.S``), without its quadratic backtracking."""
+    blocks = []
+    pos = 0
+    while (start := text.find("```", pos)) >= 0:
+        newline = text.find("\n", start + 3)
+        end = text.find("```", newline + 1) if newline >= 0 else -1
+        if end < 0:  # nothing closes a block after this fence (nor after any later one)
+            break
+        match = _LANG.match(text, start + 3, newline)
+        blocks.append((match.group(1) if match else "", text[newline + 1 : end]))
+        pos = end + 3
+    return blocks
+
+
+def last_code_block(text: str | None) -> str | None:
+    """The last fenced block of ``text`` (python-tagged ones first); None when there is none or it is
+    blank."""
+    blocks = [(lang.lower(), body) for lang, body in fenced_blocks(text or "")]
+    python = [body for lang, body in blocks if lang in PYTHON_TAGS]
+    chosen = python or [body for _, body in blocks]
+    return chosen[-1] if chosen and chosen[-1].strip() else None

@@ -7,16 +7,21 @@ Contract
   ``data/notebook_files/``). The answer is a number (checked with relative tolerance ``rel_tol``,
   default 1e-3) or a string (checked case- and space-insensitively).
 * Tools: Aviary's ``edit_cell`` (write a code cell; it runs at once) and ``list_workdir``, plus
-  ``submit_answer(answer)``, which ends the episode: reward 1.0 if right, 0.0 if not. Every
+  ``submit_answer(answer)``, which ends the episode: reward 1.0 if right, 0.0 if not. Aviary runs every
+  call of a model turn; once one has ended the episode, the later ones (a second answer, a cell) are not
+  run and say so (:data:`EPISODE_ENDED`): one answer per episode, whatever the turn holds. Every
   observation ends with Aviary's Markdown view of the notebook, marked as environment state
   (``is_env_state``), which ``aviary_agent``'s ``collapse_old_env_states`` can collapse.
 * The kernel (an ipykernel of this interpreter) runs model-written code in its own process, never
   in the server: inside bubblewrap when available (``kernel_sandbox``; no network, read-only system,
   private /tmp), in a throw-away working directory (a fresh copy of ``files_dir``, removed on close),
   in its own process group, with rlimits (address space, CPU seconds, file size, open files) and
-  ``PR_SET_PDEATHSIG`` so it dies with the server process however that dies. Closing the env (or
-  the server's idle reaper, or server shutdown) shuts the kernel down and then kills its process
-  group. A cell running longer than ``cell_timeout_s`` becomes a tool error.
+  ``PR_SET_PDEATHSIG`` so it dies with the server process however that dies, and (where the machine
+  gives the server one) in a pids cgroup of its whole tree (``KernelLimits.processes``). Closing the env
+  (or the server's idle reaper, or server shutdown) shuts the kernel down, then kills its process group
+  and everything left in its cgroup (a cell's children that left the group). A cell running longer than
+  ``cell_timeout_s`` becomes a tool error. The server keeps at most ``KernelLimits.output_chars`` of one
+  cell run's output (:class:`BoundedOutputClient`).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from typing import Any, Literal, Self
 
 from jupyter_client.kernelspec import NATIVE_KERNEL_NAME
 from jupyter_client.manager import AsyncKernelManager
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from aviary.core import Message, Messages, TaskDataset, Tool
 from aviary.envs.notebook import NBEnvironment
@@ -57,7 +62,13 @@ _KERNEL_LAUNCHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernel-
 
 
 class SandboxedKernelManager(AsyncKernelManager):
-    """A kernel manager whose kernel command can be wrapped (in bubblewrap)."""
+    """A kernel manager whose kernel command can be wrapped (in bubblewrap), and whose clients keep a
+    bounded part of a cell's output (``output_chars``, :class:`BoundedOutputClient`)."""
+
+    def client(self, **kwargs: Any) -> Any:
+        client = super().client(**kwargs)
+        limit = getattr(self, "output_chars", None)
+        return BoundedOutputClient(client, limit) if limit else client
 
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
         cmd = super().format_kernel_cmd(extra_arguments)
@@ -115,16 +126,29 @@ def bwrap_argv(work_dir: Path, ipc_dir: Path) -> list[str]:
 
 
 class KernelLimits(BaseModel):
-    """Limits applied to each kernel process (``setrlimit`` before it starts)."""
+    """Limits applied to each kernel (``setrlimit`` before it starts; the process count by a pids cgroup
+    of its whole tree; the output by what the server keeps of it)."""
 
     address_space_bytes: int = Field(default=2 * 1024**3, gt=0)
     cpu_seconds: int = Field(default=600, gt=0)
     file_size_bytes: int = Field(default=256 * 1024**2, gt=0)
     open_files: int = Field(default=512, gt=0)
+    processes: int = Field(
+        default=512,
+        gt=0,
+        description="Processes and threads of the kernel's tree at once (a pids cgroup, where the machine has one)",
+    )
+    output_chars: int = Field(
+        default=1_000_000,
+        gt=0,
+        description="What the server keeps of one cell run's output (each output counts 200 more); the rest "
+        "is dropped with a note",
+    )
 
 
-def _kernel_preexec(limits: KernelLimits) -> Any:
-    """A ``preexec_fn`` for the kernel: die with the server, then apply the rlimits."""
+def _kernel_preexec(limits: KernelLimits, procs_files: list[str] | None = None) -> Any:
+    """A ``preexec_fn`` for the kernel: die with the server, join the kernel's cgroups (``procs_files``),
+    then apply the rlimits."""
 
     def apply() -> None:
         try:
@@ -133,12 +157,81 @@ def _kernel_preexec(limits: KernelLimits) -> Any:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         except OSError:
             pass
+        for path in procs_files or []:  # checked after the start (LimitedNBEnvironmentState.start_kernel)
+            try:
+                with open(path, "w") as f:
+                    f.write(str(os.getpid()))
+            except OSError:
+                pass
         resource.setrlimit(resource.RLIMIT_AS, (limits.address_space_bytes,) * 2)
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds,) * 2)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_bytes,) * 2)
         resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files,) * 2)
 
     return apply
+
+
+def _kernel_cgroup(limits: KernelLimits) -> Any:
+    """Fresh cgroups for one kernel's process tree, ``pids.max`` = ``limits.processes`` (the sandbox's
+    cgroup driver: :mod:`nemo_gym.sandbox.cgroups`); None where this machine gives no pids cgroup (then
+    only the process group bounds the tree). A model's cell can fork (a fork bomb would take the host's
+    process table) and its children can leave the kernel's process group (``setsid``): the cgroup holds
+    the count, and closing the kernel kills everything in it."""
+    from nemo_gym.sandbox.backend_base import _BackendBase
+    from nemo_gym.sandbox.errors import SandboxError
+    from nemo_gym.sandbox.spec import SandboxResources
+
+    driver = _BackendBase.cgroup_driver()
+    if "pids" not in driver.roots:
+        return None
+    try:
+        return driver.create(SandboxResources(memory_mib=None, processes=limits.processes))
+    except SandboxError as e:
+        logger.warning("the kernel runs without a pids cgroup: %s", e)
+        return None
+
+
+_OUTPUT_TYPES = frozenset({"stream", "execute_result", "display_data", "error"})
+_OUTPUT_OVERHEAD = 200  # what one output costs the server beyond its text (a NotebookNode)
+
+
+class BoundedOutputClient:
+    """A kernel client that keeps at most ``limit`` characters of one cell run's output (Aviary's
+    notebook runner stores every output message of a cell in the server's memory, and a cell can print
+    gigabytes): once past it, the run's further outputs are dropped and one note says so. Everything else
+    is the wrapped client's."""
+
+    def __init__(self, client: Any, limit: int) -> None:
+        self._client, self._limit = client, limit
+        self._used, self._msg_id, self._noted = 0, None, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def execute(self, *args: Any, **kwargs: Any) -> str:
+        self._msg_id = self._client.execute(*args, **kwargs)
+        self._used, self._noted = 0, False
+        return self._msg_id
+
+    async def get_iopub_msg(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        while True:
+            msg = await self._client.get_iopub_msg(*args, **kwargs)
+            if msg["msg_type"] not in _OUTPUT_TYPES or msg["parent_header"].get("msg_id") != self._msg_id:
+                return msg
+            self._used += _OUTPUT_OVERHEAD + _output_chars(msg["content"])
+            if self._used <= self._limit:
+                return msg
+            if not self._noted:  # once: the note in place of this output; later ones are dropped
+                self._noted = True
+                note = f"\n[... the output past {self._limit} characters was not kept ...]\n"
+                return {**msg, "msg_type": "stream", "content": {"name": "stderr", "text": note}}
+
+
+def _output_chars(content: dict[str, Any]) -> int:
+    if "text" in content:
+        return len(str(content["text"]))
+    parts = [*(content.get("data") or {}).values(), *(content.get("traceback") or [])]
+    return sum(len(str(p)) for p in parts) + len(str(content.get("evalue", "")))
 
 
 class LimitedNBEnvironmentState(NBEnvironmentState):
@@ -148,6 +241,7 @@ class LimitedNBEnvironmentState(NBEnvironmentState):
     sandbox: bool = True
     kernel_pid: int | None = None
     ipc_dir: Path | None = None
+    _cgroup: Any = PrivateAttr(default=None)  # the kernel tree's cgroups (nemo_gym.sandbox.cgroups), or None
 
     async def start_kernel(self) -> None:
         km = SandboxedKernelManager(kernel_name=NATIVE_KERNEL_NAME)
@@ -157,12 +251,24 @@ class LimitedNBEnvironmentState(NBEnvironmentState):
             km.ip = str(self.ipc_dir / "k")
             km.connection_file = str(self.ipc_dir / "kernel.json")  # visible inside (/tmp is private there)
             km.wrapper_argv = bwrap_argv(self.work_dir, self.ipc_dir)
+        km.output_chars = self.limits.output_chars
         self._kernel_manager = km
+        self._cgroup = _kernel_cgroup(self.limits)
+        procs_files = self._cgroup.procs_files() if self._cgroup is not None else []
         await km.start_kernel(
-            cwd=str(self.work_dir), preexec_fn=_kernel_preexec(self.limits), env=_kernel_env(self.work_dir)
+            cwd=str(self.work_dir),
+            preexec_fn=_kernel_preexec(self.limits, procs_files),
+            env=_kernel_env(self.work_dir),
         )
         provisioner = self._kernel_manager.provisioner
         self.kernel_pid = getattr(provisioner, "pid", None)
+        if procs_files and self.kernel_pid is not None:
+            joined = all(str(self.kernel_pid) in Path(f).read_text().split() for f in procs_files)
+            if not joined:
+                logger.warning(
+                    "kernel %s did not join its pids cgroup: its process count is not bounded",
+                    self.kernel_pid,
+                )
 
     async def close(self) -> None:
         try:
@@ -174,15 +280,18 @@ class LimitedNBEnvironmentState(NBEnvironmentState):
             self.kill_kernel()
 
     def kill_kernel(self) -> None:
-        """Kill the kernel's process group (it runs in its own session), whatever state it is in."""
+        """Kill the kernel's process group (it runs in its own session) and everything left in its cgroup
+        (children that left the group), whatever state it is in."""
         if self.ipc_dir is not None:
             shutil.rmtree(self.ipc_dir, ignore_errors=True)
-        if self.kernel_pid is None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.kernel_pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(self.kernel_pid, signal.SIGKILL)
+        if self.kernel_pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.kernel_pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.kernel_pid, signal.SIGKILL)
+        cgroup, self._cgroup = self._cgroup, None
+        if cgroup is not None:
+            cgroup.destroy()
 
 
 def _kernel_env(work_dir: Path) -> dict[str, str]:
@@ -195,6 +304,13 @@ def _kernel_env(work_dir: Path) -> dict[str, str]:
         HOME=str(home), MPLBACKEND="Agg", MPLCONFIGDIR=str(home / ".mpl"), IPYTHONDIR=str(home / ".ipython")
     )
     return env
+
+
+# What a call gets once the episode has ended (Aviary runs every call of a model turn, in order): only the
+# first submit_answer counts, so a turn of several answers cannot collect a reward for each, or for any.
+EPISODE_ENDED = (
+    "Error: the episode has already ended (an earlier call of this turn ended it); this call was not run."
+)
 
 
 class CSVAnalysisEnv(NBEnvironment[LimitedNBEnvironmentState]):
@@ -240,12 +356,21 @@ class CSVAnalysisEnv(NBEnvironment[LimitedNBEnvironmentState]):
         )
         return [intro, self.get_env_state_msg()], self.tools
 
+    async def edit_cell(self, contents: str, idx: int | None = None) -> str:
+        if self.state.done:
+            return EPISODE_ENDED
+        return await super().edit_cell(contents, idx)
+
+    edit_cell.__doc__ = NBEnvironment.edit_cell.__doc__  # the tool's description: Aviary's, unchanged
+
     async def submit_answer(self, answer: str) -> str:
         """Submit the final answer to the question. This ends the episode.
 
         Args:
             answer: The answer only (a number or a short text), without explanation.
         """
+        if self.state.done:  # one answer per episode: a second call of the same turn changes nothing
+            return EPISODE_ENDED
         self.state.done = True
         self.state.answer = answer
         correct = answers_match(answer, self.answer, self.rel_tol)

@@ -18,11 +18,16 @@ Contract
 * Reward (at ``submit_answer``, which ends the episode): 1.0 when the answer is within tolerance (a
   number: exactly one number in the answer text) or is the right option (its letter, or its text);
   else 0.0. ``/verify`` answers the reward and ``failure_reason`` (``pass``, ``wrong_answer``,
-  ``unparseable``, ``no_answer``) with ``reason`` (why, in words), ``answer_parse_status`` (``parsed``,
-  ``unparseable``, ``no_answer``), ``submitted_answer`` and ``cells_run`` (``edit_cell`` calls).
-* Infrastructure trouble is never a 0: a kernel that cannot start is a 503 at ``/seed_session``; a
-  kernel that dies while a cell runs ends the episode and ``/verify`` answers 503 naming it (a cell
-  that merely runs past ``cell_timeout_s`` is the model's: a tool error it reads).
+  ``unparseable``, ``kernel_died``, ``no_answer``) with ``reason`` (why, in words),
+  ``answer_parse_status`` (``parsed``, ``unparseable``, ``no_answer``), ``submitted_answer`` and
+  ``cells_run`` (``edit_cell`` calls). One answer per episode: once a call has ended the episode, the
+  later calls of the same model turn are not run (Aviary runs them all, in order).
+* What the model's code did is its score: a kernel that dies while the model's cell runs, or is found
+  dead at a later cell (an earlier cell's code may still run in it), ends the episode with reward 0,
+  ``kernel_died``. Only what the model cannot have caused is infrastructure, never a 0: a kernel that
+  cannot start is a 503 at ``/seed_session``; one found dead at the model's first cell (none of its
+  code has run there) makes ``/verify`` answer 503 naming it. A cell that merely runs past
+  ``cell_timeout_s`` is the model's: a tool error it reads.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from fastapi import HTTPException, Request
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from resources_servers.aviary.app import AviaryResourcesServer, resolve_data_path
-from resources_servers.aviary.notebook_app import CSVAnalysisEnv, NotebookServerConfig
+from resources_servers.aviary.notebook_app import EPISODE_ENDED, CSVAnalysisEnv, NotebookServerConfig
 from resources_servers.aviary.offline import DatasetFileError
 from resources_servers.aviary.schemas import (
     AviaryAgentVerifyRequest,
@@ -182,7 +187,10 @@ def grade(row: CapsuleRow, answer: str) -> Verdict:
 
 
 class KernelDiedError(RuntimeError):
-    """The notebook kernel process died: infrastructure, never the model's score."""
+    """The notebook kernel died before any of the model's code ran: infrastructure, never a score."""
+
+
+KERNEL_DIED = "kernel_died"
 
 
 class CapsuleEnv(CSVAnalysisEnv):
@@ -197,6 +205,7 @@ class CapsuleEnv(CSVAnalysisEnv):
         self.verdict: Verdict | None = None
         self.submitted: str | None = None
         self.infra_error: str | None = None
+        self.kernel_killed: str | None = None  # why the kernel died of the model's code (its 0)
 
     async def edit_cell(self, contents: str, idx: int | None = None) -> str:
         """Edit the notebook by modifying a specific code cell; the notebook then runs.
@@ -207,20 +216,34 @@ class CapsuleEnv(CSVAnalysisEnv):
             contents: Cell contents to insert. We assume the cell is a code block.
             idx: Index of the cell to edit. If not provided (None default), then appends a new cell.
         """
+        if self.state.done:  # an earlier call of this turn ended the episode
+            return EPISODE_ENDED
+        kernel = self.state._kernel_manager
+        model_code_ran = self.cells_run > 0  # code it started may still run (a thread, a child process)
         self.cells_run += 1
+        if not await kernel.is_alive():
+            if model_code_ran:
+                return self._killed_by_model("the notebook kernel died after the model's earlier cells ran")
+            self.infra_error = "the notebook kernel died before any of the model's code ran"
+            self.state.done = True
+            raise KernelDiedError(
+                self.infra_error + "; the episode ends (an infrastructure error, not a score)"
+            )
         run = asyncio.ensure_future(CSVAnalysisEnv.edit_cell(self, contents, idx))
         while True:
             done, _ = await asyncio.wait({run}, timeout=self.KERNEL_POLL_S)
-            if done:
+            if done and (run.cancelled() or run.exception() is None or await kernel.is_alive()):
                 return run.result()
-            if not await self.state._kernel_manager.is_alive():
+            if done or not await kernel.is_alive():
                 run.cancel()
                 await asyncio.gather(run, return_exceptions=True)
-                self.infra_error = "the notebook kernel died while a cell ran"
-                self.state.done = True
-                raise KernelDiedError(
-                    self.infra_error + "; the episode ends (an infrastructure error, not a score)"
-                )
+                return self._killed_by_model("the notebook kernel died while the model's cell ran")
+
+    def _killed_by_model(self, why: str) -> str:
+        """The kernel died of the model's code: the episode ends, scored 0 (``kernel_died``)."""
+        self.kernel_killed = why + " (the model's code killed or crashed it)"
+        self.state.done = True
+        return f"Error: {self.kernel_killed}. The episode ends without an answer."
 
     async def submit_answer(self, answer: str) -> str:
         """Submit the final answer to the question. This ends the episode.
@@ -228,6 +251,8 @@ class CapsuleEnv(CSVAnalysisEnv):
         Args:
             answer: The answer only: one number, or the letter of the right option.
         """
+        if self.state.done:  # one answer per episode: a second call of the same turn changes nothing
+            return EPISODE_ENDED
         self.state.done = True
         self.state.answer = answer
         self.submitted = str(answer)
@@ -237,12 +262,18 @@ class CapsuleEnv(CSVAnalysisEnv):
 
     def info(self) -> dict[str, Any]:
         verdict = self.verdict
+        if verdict is not None:
+            failure_reason, reason = verdict.failure_reason, verdict.reason
+        elif self.kernel_killed is not None:
+            failure_reason, reason = KERNEL_DIED, self.kernel_killed
+        else:
+            failure_reason, reason = "no_answer", "the episode ended without submit_answer"
         return {
             "cells_run": self.cells_run,
             "submitted_answer": self.submitted,
             "answer_parse_status": verdict.parse_status if verdict else "no_answer",
-            "failure_reason": verdict.failure_reason if verdict else "no_answer",
-            "reason": verdict.reason if verdict else "the episode ended without submit_answer",
+            "failure_reason": failure_reason,
+            "reason": reason,
             "infra_error": self.infra_error,
         }
 

@@ -24,25 +24,30 @@ Contract
 * ``/verify`` judges the last ``submit_law`` call of the response (stateless: a stored rollout
   re-verifies). In the verify pool (sympy is CPU-heavy): the submitted law has the hidden law's *form*
   when both, expanded, match with every number outside an exponent taken as a free constant
-  (``expressions.same_form``); its RMSLE against the hidden law (no noise) over ``held_out_points``
+  (``expressions.form``); its RMSLE against the hidden law (no noise, floats) over ``held_out_points``
   points drawn across the variables' ranges. Reward 1.0 when the form matches and the RMSLE is at most
   ``rmsle_threshold``; ``partial_credit`` (0.5) when only the RMSLE is; else 0.0. ``failure_reason``:
   ``pass``, ``numeric_only``, ``wrong_law``, ``no_law`` (never submitted), ``unparseable``,
-  ``unknown_symbols`` (each the model's doing, scored 0 with the reason). Metrics: ``symbolic_match``,
-  ``rmsle``, ``experiments_used`` (``run_experiment`` calls), ``submitted_law``.
-* A verify-pool timeout or crash is an HTTP 503 (never a 0). Sessions are bounded by ``max_sessions``
-  and dropped at ``/verify``.
+  ``unknown_symbols``, ``too costly to compare`` (the law passes a static cost bound of
+  :func:`expressions.parse_law`, or its check ran past ``form_budget_seconds`` of CPU inside the worker,
+  which aborts it); each is the model's doing, scored 0 with the reason, ``failure_detail`` in words.
+  Metrics: ``symbolic_match``, ``rmsle``, ``experiments_used`` (``run_experiment`` calls),
+  ``submitted_law``.
+* Only what the model cannot cause is an HTTP 503 (never a 0): the verify pool's own timeout
+  (``verify_timeout_seconds``, wall clock, far above the CPU budget) or a crashed worker. Sessions are
+  bounded by ``max_sessions`` and dropped at ``/verify``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from typing import Any, ClassVar
 
 import orjson
 from fastapi import FastAPI, HTTPException, Request
-from pydantic import BaseModel, Field, PrivateAttr, field_validator
+from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
 
 from nemo_gym.base_resources_server import (
     BaseResourcesServerConfig,
@@ -57,10 +62,16 @@ from nemo_gym.kit.verify_pool import get_verify_pool, run_in_verify_pool
 from nemo_gym.server.base import get_session_id
 from nemo_gym.server.resources import function_calls
 from resources_servers.law_discovery.expressions import (
+    TOO_COSTLY,
     Law,
     LawSyntaxError,
+    OutOfBudget,
+    TooCostlyError,
     UnknownSymbolsError,
+    cpu_budget,
     evaluate,
+    forget_cached_forms,
+    form,
     parse_law,
     parse_row_law,
     rmsle,
@@ -76,7 +87,17 @@ class LawDiscoveryConfig(BaseResourcesServerConfig):
     held_out_points: int = Field(default=200, ge=10, le=10_000)
     held_out_seed: int = 20261126
     verify_timeout_seconds: float = Field(default=30, gt=0)
+    form_budget_seconds: float = Field(default=3, gt=0)
     max_sessions: int = Field(default=100_000, ge=1)
+
+    @model_validator(mode="after")
+    def _budget_within_timeout(self) -> LawDiscoveryConfig:
+        if self.form_budget_seconds >= self.verify_timeout_seconds:
+            raise ValueError(
+                f"form_budget_seconds ({self.form_budget_seconds:g}) must be below verify_timeout_seconds "
+                f"({self.verify_timeout_seconds:g}): a law past its budget is the model's 0, a pool timeout a 503"
+            )
+        return self
 
 
 class VariableSpec(BaseModel):
@@ -137,6 +158,7 @@ class LawVerifyResponse(LawVerifyRequest, BaseVerifyResponse):
     rmsle: float | None
     experiments_used: int
     submitted_law: str | None
+    failure_detail: str | None = None
 
 
 class _Session:
@@ -195,24 +217,54 @@ def held_out(spec: LawSpec, count: int, seed: int) -> list[dict[str, float]]:
     return points
 
 
+Judgement = tuple[str, bool, float | None, str | None]  # (failure_reason, form matches, RMSLE, detail)
+
+
+@functools.lru_cache(maxsize=256)
+def _truth_form(expression: str, variables: tuple[str, ...]) -> Any:
+    """The form of a row's law (the rows of a group share it; computed outside the model's budget)."""
+    return form(parse_law(expression, variables))
+
+
 def judge_law(
-    submitted: str, spec_json: bytes, threshold: float, held_out_count: int, seed: int
-) -> tuple[str, bool, float | None]:
-    """(failure_reason, form matches, RMSLE) of ``submitted`` against the row's law. Runs in a
-    verify-pool worker (sympy); arguments are plain bytes and numbers so they pickle cheaply."""
+    submitted: str, spec_json: bytes, threshold: float, held_out_count: int, seed: int, budget_seconds: float
+) -> Judgement:
+    """(failure_reason, form matches, RMSLE, detail) of ``submitted`` against the row's law. Runs in a
+    verify-pool worker (sympy); arguments are plain bytes and numbers so they pickle cheaply. The
+    submission's numeric check and form run under a CPU budget of ``budget_seconds``: past it (or past the
+    static bounds of :func:`parse_law`) the law is ``too costly to compare``, the model's 0, and the
+    worker is free again at once."""
     spec = LawSpec.model_validate_json(spec_json)
-    truth = parse_law(spec.expression, spec.variables, spec.target)
+    variables = tuple(spec.variables)
+    truth = parse_law(spec.expression, variables, spec.target)
     try:
-        law = parse_law(submitted, spec.variables, spec.target)
-    except UnknownSymbolsError:
-        return "unknown_symbols", False, None
-    except LawSyntaxError:
-        return "unparseable", False, None
-    error = rmsle(law, truth, held_out(spec, held_out_count, seed))
-    matches = same_form(law.text, truth.text, list(spec.variables))
+        law = parse_law(submitted, variables, spec.target)
+    except UnknownSymbolsError as e:
+        return "unknown_symbols", False, None, str(e)
+    except TooCostlyError as e:
+        return TOO_COSTLY, False, None, str(e)
+    except LawSyntaxError as e:
+        return "unparseable", False, None, str(e)
+    truth_form = _truth_form(spec.expression, variables)
+    detail = None
+    try:
+        with cpu_budget(budget_seconds):
+            error = rmsle(law, truth, held_out(spec, held_out_count, seed))
+            try:
+                matches = bool(form(law) == truth_form)
+            except Exception as e:  # noqa: BLE001 - sympy failing on the model's law: no form to match
+                matches, detail = False, f"the form could not be worked out ({type(e).__name__})"
+    except OutOfBudget:
+        forget_cached_forms()
+        return (
+            TOO_COSTLY,
+            False,
+            None,
+            f"{TOO_COSTLY}: the check ran past its {budget_seconds:g} s CPU budget",
+        )
     if error <= threshold:
-        return ("pass" if matches else "numeric_only"), matches, error
-    return "wrong_law", matches, (error if math.isfinite(error) else None)
+        return ("pass" if matches else "numeric_only"), matches, error, detail
+    return "wrong_law", matches, (error if math.isfinite(error) else None), detail
 
 
 def warm_up_worker() -> None:
@@ -290,15 +342,16 @@ class LawDiscoveryServer(SimpleResourcesServer):
         experiments = len(function_calls(body.response, "run_experiment"))
         submitted = _expression_of(submissions[-1]) if submissions else None
         if submitted is None:
-            reason, matches, error = "no_law", False, None
+            reason, matches, error, detail = "no_law", False, None, None
         else:
-            reason, matches, error = await run_in_verify_pool(
+            reason, matches, error, detail = await run_in_verify_pool(
                 judge_law,
                 submitted,
                 body.law.model_dump_json().encode(),
                 self.config.rmsle_threshold,
                 self.config.held_out_points,
                 self.config.held_out_seed,
+                self.config.form_budget_seconds,
                 timeout=self.config.verify_timeout_seconds,
             )
         reward = {"pass": 1.0, "numeric_only": self.config.partial_credit}.get(reason, 0.0)
@@ -310,6 +363,7 @@ class LawDiscoveryServer(SimpleResourcesServer):
             rmsle=error,
             experiments_used=experiments,
             submitted_law=submitted,
+            failure_detail=detail,
         )
 
 

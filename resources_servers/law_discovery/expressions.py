@@ -16,19 +16,38 @@ Two uses, two evaluators:
   other number (coefficients, additive constants, ``pi``) replaced by one placeholder, so
   ``6.1e-3*m1*m2/r**3`` and ``G*m1*m2/r**3`` with any ``G`` have the same form and ``r**2`` does not.
   Whether the constants are right is the numeric check's business (:func:`rmsle`).
+
+What may reach sympy is bounded before any simplification, because its exact arithmetic and expansion
+are costly on purpose-built input (``m1*10**10**10`` is an exact integer of ten billion digits,
+``(m1+m2+r+1)**30*(m1+r)**30`` an expansion of hundreds of thousands of terms). :func:`parse_law` refuses
+a law (:class:`TooCostlyError`, "too costly to compare") that nests deeper than :data:`MAX_DEPTH`, holds
+a number beyond the float range, raises anything to a numeric power beyond :data:`MAX_EXPONENT` (or to
+powers whose product along a nesting passes :data:`MAX_POWER_PRODUCT`), or whose expansion is estimated
+past :data:`MAX_TERMS` terms or :data:`MAX_WORK` products. What passes these bounds is still run under a
+CPU-time budget (:func:`cpu_budget`, a ``SIGPROF`` timer that aborts the computation in its own process),
+so a form check never holds its worker for long.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import math
 import operator
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import signal
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 MAX_EXPRESSION_CHARS = 500
 MAX_NODES = 200
+# Bounds on what reaches sympy (see the module docstring); physical laws stay far inside them.
+MAX_DEPTH = 32  # nesting of the expression tree
+MAX_EXPONENT = 100  # |p| of a numeric exponent
+MAX_POWER_PRODUCT = 1000  # product of the |p| > 1 of numeric exponents nested in one another
+MAX_TERMS = 1000  # estimated terms of the expanded law (or of any part of it)
+MAX_WORK = 10_000  # estimated term products the expansion computes
+TOO_COSTLY = "too costly to compare"
 FUNCTIONS: dict[str, Callable[[float], float]] = {
     "exp": math.exp,
     "log": math.log,
@@ -64,6 +83,13 @@ class UnknownSymbolsError(LawSyntaxError):
         )
 
 
+class TooCostlyError(LawSyntaxError):
+    """The law is too costly to compare (the message starts with :data:`TOO_COSTLY` and says why)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(f"{TOO_COSTLY}: {why}; write the law in a simpler form")
+
+
 class Law:
     """A checked expression tree (from :func:`parse_law`); never mutated, so parsed laws can be shared."""
 
@@ -80,8 +106,8 @@ class Law:
 
 
 def parse_law(text: str, variables: Iterable[str], target: str | None = None) -> Law:
-    """The law in ``text`` over ``variables``; :class:`LawSyntaxError` (or :class:`UnknownSymbolsError`)
-    naming what is wrong."""
+    """The law in ``text`` over ``variables``; :class:`LawSyntaxError` (or :class:`UnknownSymbolsError`,
+    or :class:`TooCostlyError` past a cost bound) naming what is wrong."""
     if not isinstance(text, str) or not text.strip():
         raise LawSyntaxError("the law is empty: write an expression such as 2.5*x**2/y")
     if len(text) > MAX_EXPRESSION_CHARS:
@@ -104,6 +130,7 @@ def parse_law(text: str, variables: Iterable[str], target: str | None = None) ->
     _check(tree, allowed, unknown)
     if unknown:
         raise UnknownSymbolsError(sorted(set(unknown)), allowed)
+    check_cost(tree)
     return Law(tree)
 
 
@@ -143,6 +170,89 @@ def _check(node: ast.expr, allowed: set[str], unknown: list[str]) -> None:
     raise LawSyntaxError(
         f"{ast.unparse(node)!r} is not allowed in a law (numbers, variables, + - * / **, functions)"
     )
+
+
+def check_cost(tree: ast.expr) -> None:
+    """:class:`TooCostlyError` when ``tree`` (checked by :func:`_check`) passes a bound of the module
+    docstring: what sympy's exact arithmetic and expansion could not do in bounded time."""
+    _cost(tree, 1.0, 1)
+
+
+def _numeric(node: ast.expr) -> float | None:
+    """The value of a subtree made of numbers only (floats), None when it holds a variable;
+    :class:`TooCostlyError` when it has no finite float value (sympy would compute it exactly)."""
+    if any(isinstance(n, ast.Name) and n.id not in CONSTANTS for n in ast.walk(node)):
+        return None
+    try:
+        value = _eval(node, {})
+    except (ZeroDivisionError, OverflowError, ValueError):
+        value = math.nan
+    if isinstance(value, complex) or not math.isfinite(value):
+        raise TooCostlyError(f"{ast.unparse(node)[:60]} is not a finite number")
+    return value
+
+
+def _bounded(terms: int, work: int) -> tuple[int, int]:
+    if terms > MAX_TERMS or work > MAX_WORK:
+        raise TooCostlyError(
+            f"expanded, the law would have about {terms} terms from {work} products "
+            f"(at most {MAX_TERMS} and {MAX_WORK})"
+        )
+    return terms, work
+
+
+def _cost(node: ast.expr, power: float, depth: int) -> tuple[int, int]:
+    """(terms, products) of ``node`` expanded, estimated from above; ``power`` is the product of the
+    numeric exponents it is nested in. Raises :class:`TooCostlyError` at the first bound passed."""
+    if depth > MAX_DEPTH:
+        raise TooCostlyError(f"the law nests deeper than {MAX_DEPTH} levels")
+    if isinstance(node, ast.Constant):
+        try:
+            finite = math.isfinite(float(node.value))
+        except OverflowError:
+            finite = False
+        if not finite:
+            raise TooCostlyError(f"the number {ast.unparse(node)[:40]} is beyond the float range")
+        return 1, 1
+    if isinstance(node, ast.Name):
+        return 1, 1
+    if isinstance(node, ast.UnaryOp):
+        return _cost(node.operand, power, depth + 1)
+    if isinstance(node, ast.Call):
+        terms, work = _cost(node.args[0], power, depth + 1)
+        assert isinstance(node.func, ast.Name)
+        out = 1
+        if node.func.id == "log":  # log(a*b) expands to log(a) + log(b)
+            out = sum(1 for n in ast.walk(node.args[0]) if isinstance(n, ast.Name | ast.Constant))
+        return _bounded(out, work + terms)
+    assert isinstance(node, ast.BinOp)
+    if isinstance(node.op, ast.Pow):
+        exponent = _numeric(node.right)
+        if exponent is None:  # x**(a + b) expands to x**a * x**b: one term
+            base_terms, base_work = _cost(node.left, power, depth + 1)
+            exp_terms, exp_work = _cost(node.right, power, depth + 1)
+            return _bounded(1, base_work + exp_work + base_terms * exp_terms)
+        if abs(exponent) > MAX_EXPONENT:
+            raise TooCostlyError(f"the exponent {exponent:.6g} is beyond +-{MAX_EXPONENT}")
+        power *= max(1.0, abs(exponent))
+        if power > MAX_POWER_PRODUCT:
+            raise TooCostlyError(
+                f"the powers nested in one another multiply to {power:.6g} (at most {MAX_POWER_PRODUCT})"
+            )
+        base_terms, base_work = _cost(node.left, power, depth + 1)
+        whole = int(abs(exponent))  # (a + b)**2.5 expands to (a**2 + 2*a*b + b**2)*sqrt(a + b)
+        expanded = math.comb(whole + base_terms - 1, base_terms - 1) if whole and base_terms > 1 else 1
+        terms = expanded if exponent > 0 else 1  # a negative power's expansion is in a denominator
+        return _bounded(terms, base_work + expanded * base_terms)
+    left_terms, left_work = _cost(node.left, power, depth + 1)
+    right_terms, right_work = _cost(node.right, power, depth + 1)
+    if isinstance(node.op, ast.Add | ast.Sub):
+        terms = left_terms + right_terms
+    elif isinstance(node.op, ast.Mult):
+        terms = left_terms * right_terms
+    else:  # a/(b + c): the numerator's terms, each over the expanded denominator
+        terms = left_terms
+    return _bounded(terms, left_work + right_work + terms)
 
 
 def evaluate(law: Law, values: Mapping[str, float]) -> float:
@@ -290,6 +400,50 @@ def form(law: Law) -> Any:
         return expr.func(*(scaled(p) for p in parts))
 
     return scaled(blank(sympy.expand(sympy.powsimp(sympy.expand(to_sympy(law)), force=True))))
+
+
+class OutOfBudget(BaseException):
+    """Raised in the thread running under :func:`cpu_budget` when its budget is used up (a
+    ``BaseException``, so library code's ``except Exception`` cannot swallow it)."""
+
+
+_budget_armed = False
+
+
+def _on_budget_signal(signum: int, frame: Any) -> None:
+    if _budget_armed:
+        raise OutOfBudget()
+
+
+@contextlib.contextmanager
+def cpu_budget(seconds: float) -> Iterator[bool]:
+    """Abort the body with :class:`OutOfBudget` once this process has spent ``seconds`` of CPU time in
+    it (``ITIMER_PROF``: CPU time, so a loaded machine does not shorten it; the signal repeats every 50 ms
+    until the body ends, in case code swallows one). Yields whether the budget is enforced: only on the
+    main thread of a process (a verify-pool worker's); elsewhere the body runs unbounded (the pool's
+    own timeout is then the bound). The handler stays installed and does nothing when no budget runs, so
+    a late signal is harmless."""
+    global _budget_armed
+    try:
+        if signal.getsignal(signal.SIGPROF) is not _on_budget_signal:
+            signal.signal(signal.SIGPROF, _on_budget_signal)
+    except ValueError:  # not the main thread
+        yield False
+        return
+    _budget_armed = True
+    signal.setitimer(signal.ITIMER_PROF, seconds, 0.05)
+    try:
+        yield True
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        _budget_armed = False
+
+
+def forget_cached_forms() -> None:
+    """Drop sympy's caches (after an aborted computation: its half-built entries and memory)."""
+    from sympy.core.cache import clear_cache
+
+    clear_cache()
 
 
 def same_form(text: str, truth_text: str, variables: Sequence[str]) -> bool:

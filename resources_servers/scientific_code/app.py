@@ -27,7 +27,10 @@ Contract
   shape off the target), ``not_numeric``/``too_large`` (a value that is not an array of numbers),
   ``timeout`` (a definition or test past ``step_timeout_s``, or the whole run past
   ``run_timeout_s`` after the harness started: the model's code did not finish), ``memory``,
-  ``output_limit``, ``crashed`` (the process ended inside the model's code).
+  ``output_limit``, ``crashed`` (the process ended inside the model's code), ``tampered_output`` (a line
+  with the harness's nonce that the harness did not write: the model's code can read the nonce, so the
+  server reads those lines as the exact sequence and shapes the harness writes, :func:`harness_records`;
+  that step and the later ones fail, never a 500).
 * Infrastructure trouble is never a score: a sandbox that cannot start or whose queue is full
   (:class:`SandboxError`), or a harness that never reached its ``ready`` line (the sandbox's Python
   cannot import the dependencies), answers 503 (the failures sidecar of ``ng_collect_rollouts``).
@@ -37,9 +40,10 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import json
-import re
 import secrets
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, ClassVar
 
@@ -56,6 +60,7 @@ from nemo_gym.base_resources_server import (
     ReverifyMode,
     SimpleResourcesServer,
 )
+from nemo_gym.kit.text import last_code_block
 from nemo_gym.sandbox import (
     SandboxError,
     SandboxExecResult,
@@ -183,15 +188,10 @@ class ScientificCodeVerifyResponse(ScientificCodeVerifyRequest, BaseVerifyRespon
     step_results: list[StepResult]
 
 
-_FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.S)
-
-
 def extract_code(text: str | None) -> str | None:
-    """The last fenced code block of ``text`` (python-tagged ones first); None when there is none."""
-    blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(text or "")]
-    python = [body for lang, body in blocks if lang in ("python", "py", "python3")]
-    chosen = python or [body for _, body in blocks]
-    return chosen[-1] if chosen and chosen[-1].strip() else None
+    """The code of a step's answer: its last fenced block, python-tagged ones first (linear in the text,
+    :func:`nemo_gym.kit.text.last_code_block`); None when there is none."""
+    return last_code_block(text)
 
 
 def answers_of(body: ScientificCodeVerifyRequest) -> list[str]:
@@ -265,7 +265,7 @@ class ScientificCodeServer(SimpleResourcesServer):
             )
         except SandboxError as exc:
             raise HTTPException(503, f"the code sandbox could not run (not scored): {exc}") from exc
-        return harness_records(run, nonce, len(steps))
+        return harness_records(run, nonce, [len(step.test_cases) for step in row.sub_steps])
 
     async def verify(self, body: ScientificCodeVerifyRequest) -> ScientificCodeVerifyResponse:
         answers = answers_of(body)
@@ -279,7 +279,7 @@ class ScientificCodeServer(SimpleResourcesServer):
             records = [{"code": "missing", "tests": {}} for _ in steps]
         results = []
         for k, (step, record) in enumerate(zip(steps, records, strict=True)):
-            if record["code"] == "missing":
+            if record["code"] == "missing" and not record.get("tampered"):
                 reason = "no_answer" if k >= len(answers) else "no_code"
                 results.append(
                     StepResult(
@@ -305,25 +305,96 @@ class ScientificCodeServer(SimpleResourcesServer):
         )
 
 
-def harness_records(run: SandboxExecResult, nonce: str, n_steps: int) -> list[dict[str, Any]]:
-    """Per step: ``{"code": status, "detail", "tests": {index: record}}``; steps the harness never
-    reached get the reason the run ended with. 503 when the harness never became ready."""
-    records: list[dict[str, Any]] = [{"code": None, "detail": "", "tests": {}} for _ in range(n_steps)]
-    ready = False
+# What the harness writes (harness.py): anything else tagged with its nonce was written by the model's code.
+STEP_STATUSES = frozenset({"ok", "missing", "syntax_error", "runtime_error", "timeout", "missing_function"})
+TEST_ERRORS = frozenset({"runtime_error", "timeout", "not_numeric", "too_large"})
+MAX_VALUE_ELEMENTS = 200_000  # the harness's MAX_ELEMENTS: a bigger value is its too_large error
+
+
+class _Tampered(Exception):
+    """A line with the harness's nonce that the harness did not write where it was read."""
+
+
+class _Ended(Exception):
+    """The harness's lines stop here (the run ended)."""
+
+
+def _parsed(text: str) -> dict[str, Any]:
+    try:
+        record = json.loads(text)
+    except (ValueError, RecursionError) as e:  # not JSON, an integer past Python's digit limit, deep nesting
+        raise _Tampered(f"a line that is not a JSON record ({type(e).__name__})") from None
+    if not isinstance(record, dict):
+        raise _Tampered(f"a line that is a JSON {type(record).__name__}, not a record")
+    return record
+
+
+def _index(value: Any) -> bool:
+    return type(value) is int  # not a bool, not a float
+
+
+def _step_record(record: dict[str, Any], k: int) -> dict[str, Any]:
+    if (
+        record.keys() != {"step", "code", "detail"}
+        or not _index(record["step"])
+        or record["step"] != k
+        or record["code"] not in STEP_STATUSES
+        or not isinstance(record["detail"], str)
+    ):
+        raise _Tampered(f"{_shown(record)} where step {k + 1}'s record was due")
+    return record
+
+
+def _test_record(record: dict[str, Any], k: int, i: int) -> dict[str, Any]:
+    where = f"{_shown(record)} where test {i + 1} of step {k + 1} was due"
+    if not (
+        _index(record.get("step"))
+        and record["step"] == k
+        and _index(record.get("test"))
+        and record["test"] == i
+    ):
+        raise _Tampered(where)
+    if record.keys() == {"step", "test", "error", "detail"}:
+        if record["error"] not in TEST_ERRORS or not isinstance(record["detail"], str):
+            raise _Tampered(where)
+        return record
+    if record.keys() != {"step", "test", "value"}:
+        raise _Tampered(where)
+    try:
+        value = np.asarray(record["value"])
+    except (ValueError, TypeError, OverflowError):  # ragged lists, objects
+        raise _Tampered(where) from None
+    if value.dtype.kind not in "fi" or value.size > MAX_VALUE_ELEMENTS:  # text, None, bools, huge integers
+        raise _Tampered(where)
+    return {**record, "value": value}
+
+
+def _shown(record: dict[str, Any]) -> str:
+    text = json.dumps(record, default=str)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def harness_records(run: SandboxExecResult, nonce: str, test_counts: Sequence[int]) -> list[dict[str, Any]]:
+    """Per step (``test_counts[k]``: step k's number of tests): ``{"code": status, "detail", "tests":
+    {index: record}, "ended": (reason, why), "tampered": None | why}``. Steps the harness never reached get
+    the reason the run ended with. 503 when the harness never became ready.
+
+    The harness's lines are read as the exact sequence it writes: ``ready``, then per step its record and,
+    when the step is ``ok``, one record per test in order, then ``done``. The model's code runs in the
+    harness's process and can read the nonce, so it can write lines too: a nonce line out of that sequence,
+    or not of the harness's shape (types, keys, indices, values that are not arrays of numbers), is
+    ``tampered``: that step and every later one fail (``tampered_output``, the model's 0); the lines after
+    it are not read. Text after the last newline is a line the run ended in the middle of: not read."""
+    n_steps = len(test_counts)
+    records: list[dict[str, Any]] = [
+        {"code": None, "detail": "", "tests": {}, "tampered": None} for _ in range(n_steps)
+    ]
     prefix = nonce + " "
-    for line in run.stdout.splitlines():
-        if not line.startswith(prefix):
-            continue
-        try:
-            record = json.loads(line[len(prefix) :])
-        except json.JSONDecodeError:
-            continue  # a line cut by the output limit
-        if record.get("ready"):
-            ready = True
-        elif "test" in record:
-            records[record["step"]]["tests"][record["test"]] = record
-        elif "step" in record:
-            records[record["step"]].update(code=record["code"], detail=record.get("detail", ""))
+    lines = [line[len(prefix) :] for line in run.stdout.split("\n")[:-1] if line.startswith(prefix)]
+    ready = False
+    if lines:
+        with contextlib.suppress(_Tampered):
+            ready = _parsed(lines[0]) == {"ready": True}  # before it no model code has run
     if not ready:
         tail = run.stderr[-1500:].strip()
         raise HTTPException(
@@ -331,6 +402,36 @@ def harness_records(run: SandboxExecResult, nonce: str, n_steps: int) -> list[di
             "the sandbox's Python did not start the test harness (not scored): "
             f"return code {run.return_code}, timed out {run.timed_out}: {tail}",
         )
+    remaining = iter(lines[1:])
+
+    def next_record() -> dict[str, Any]:
+        line = next(remaining, None)
+        if line is None:
+            raise _Ended
+        return _parsed(line)
+
+    k = 0
+    try:
+        for k in range(n_steps):
+            step = _step_record(next_record(), k)
+            records[k].update(code=step["code"], detail=step["detail"])
+            if step["code"] != "ok":
+                continue
+            for i in range(test_counts[k]):
+                records[k]["tests"][i] = _test_record(next_record(), k, i)
+        if next_record() != {"done": True}:
+            raise _Tampered("a line where the harness's last line was due")
+        next_record()
+        raise _Tampered("a line after the harness's last line")
+    except _Ended:
+        pass
+    except _Tampered as e:
+        for j in range(k, n_steps):
+            records[j]["tampered"] = (
+                f"the harness's output was tampered with: {e} (the model's code wrote it with the nonce)"
+                if j == k
+                else f"not judged: the harness's output was tampered with in step {k + 1}"
+            )
     if run.timed_out:
         ended, why = "timeout", f"the whole run passed its limit ({run.wall_time_s:.1f} s)"
     elif run.oom_killed or "MemoryError" in run.stderr[-2000:]:
@@ -359,6 +460,8 @@ def judge_step(step: SubStep, record: dict[str, Any]) -> StepResult:
             detail=detail[:500],
         )
 
+    if record["tampered"]:
+        return failed("tampered_output", record["tampered"])
     if record["code"] is None:
         return failed(ended, why)
     if record["code"] != "ok":

@@ -18,7 +18,6 @@ There are no tools and no retries: each step is exactly one model turn, as in Sc
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import orjson
@@ -28,6 +27,7 @@ from fastapi.responses import Response
 from nemo_gym.base_resources_server import BaseRunRequest
 from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
+from nemo_gym.kit.text import last_code_block
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, text_of_message
 from nemo_gym.server.agent import add_usage, empty_usage
 from nemo_gym.server.base import validated_body
@@ -39,15 +39,10 @@ class SciCodeAgentConfig(BaseResponsesAPIAgentConfig):
     model_server: ModelServerRef
 
 
-_FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.S)
-
-
 def extract_code(text: str) -> str | None:
-    """The last fenced code block (python-tagged ones first), the rule the verifier applies too."""
-    blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(text or "")]
-    python = [body for lang, body in blocks if lang in ("python", "py", "python3")]
-    chosen = python or [body for _, body in blocks]
-    return chosen[-1] if chosen and chosen[-1].strip() else None
+    """The last fenced code block (python-tagged ones first), the rule the verifier applies too (linear in
+    the answer's length: :func:`nemo_gym.kit.text.last_code_block`)."""
+    return last_code_block(text)
 
 
 def step_prompt(steps: list[dict[str, Any]], k: int, codes: list[str | None]) -> str:

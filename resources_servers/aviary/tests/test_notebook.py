@@ -9,6 +9,7 @@ client mid-rollout, or orphaned by a server killed with SIGKILL.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -22,6 +23,8 @@ import psutil
 import pytest
 
 from nemo_gym.cli import RunHelper
+from nemo_gym.sandbox.backend_base import _BackendBase
+from nemo_gym.sandbox.cgroup_mode import parse_mountinfo
 from nemo_gym.tools.export_transitions import transitions
 from nemo_gym.tools.testing import get, post_json, run_rollout, running_servers, server_url
 
@@ -57,6 +60,31 @@ except OSError as e:
 """
 
 
+# 3 MB of output in 3,000 flushed prints: the server keeps OUTPUT_CHARS of it (and says so).
+OUTPUT_CHARS = 100_000
+FLOOD = "import sys\nfor i in range(3000):\n    print('x' * 1000, flush=True)"
+# A child that leaves the kernel's process group (setsid) and outlives the cell: closing the env kills it.
+DAEMON_MARK = "2345.678"
+DAEMON = f"""import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv("/bin/sleep", ["sleep", "{DAEMON_MARK}"])
+    os._exit(0)
+time.sleep(0.5)
+print("started")
+"""
+
+
+def _marked(mark: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            if mark in p.cmdline() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+    return out
+
+
 def _cell(code: str) -> dict[str, Any]:
     return {"tool_calls": [{"name": "edit_cell", "arguments": {"contents": code}}]}
 
@@ -72,14 +100,28 @@ SCRIPTS = [
             _cell("x = bytearray(3 * 1024**3)"),
             _cell("import os\nprint(sorted(os.environ))"),
             _cell(SANDBOX_PROBE),
+            _cell(FLOOD),
             _submit("0"),
         ],
     },
+    {"contains": "[daemon]", "turns": [_cell(DAEMON), _submit("0")]},
     {
         "contains": "[slow]",
         "turns": [_cell("print(1)"), {"delay_s": 60.0, **_cell("print(2)")}, _cell("print(3)")],
     },
     {"contains": "[wrong]", "turns": [_cell(REVENUE), _submit("11100")]},
+    {  # one turn, a right answer twice and a cell after it: only the first call is run
+        "contains": "[twice]",
+        "turns": [
+            {
+                "tool_calls": [
+                    {"name": "submit_answer", "arguments": {"answer": "11046"}},
+                    {"name": "submit_answer", "arguments": {"answer": "11046"}},
+                    {"name": "edit_cell", "arguments": {"contents": "print(1)"}},
+                ]
+            }
+        ],
+    },
     {
         "contains": "total revenue",
         "turns": [
@@ -110,7 +152,7 @@ def helper() -> Iterator[RunHelper]:
                 "aviary": {
                     "entrypoint": "notebook_app.py",
                     "idle_timeout_s": 300.0,
-                    "kernel_limits": {"address_space_bytes": LIMIT_AS},
+                    "kernel_limits": {"address_space_bytes": LIMIT_AS, "output_chars": OUTPUT_CHARS},
                 }
             }
         },
@@ -175,6 +217,9 @@ def test_rollout_runs_a_cell_and_submits(helper: RunHelper) -> None:
     assert {t["name"] for t in result["response"]["tools"]} == {"edit_cell", "list_workdir", "submit_answer"}
     wrong = run_rollout(helper, NB_AGENT, _row(0, "[wrong]"), timeout=180)
     assert wrong["reward"] == 0.0 and _outputs(wrong)[-1] == "Incorrect."
+    twice = run_rollout(helper, NB_AGENT, _row(0, "[twice]"), timeout=180)  # one answer per episode
+    assert twice["reward"] == 1.0 and twice["step_rewards"] == [1.0]
+    assert _outputs(twice)[0] == "Correct." and all("already ended" in o for o in _outputs(twice)[1:])
     assert _wait_until(lambda: not _kernels(_pid(helper, NB)), 30)
 
 
@@ -211,6 +256,9 @@ def test_kernel_has_rlimits_and_no_server_environment(helper: RunHelper) -> None
         (kernel,) = _kernels(_pid(helper, SHORT))
         assert kernel.rlimit(psutil.RLIMIT_AS) == (LIMIT_AS, LIMIT_AS)
         assert kernel.rlimit(psutil.RLIMIT_CPU)[0] > 0
+        # Its whole tree is in a pids cgroup (where this machine has one): a fork bomb stops at its limit.
+        if "pids" in _BackendBase.cgroup_roots():
+            assert _pids_max(kernel.pid) == "512"
         # Sandboxed: no network, read-only filesystem outside its work dir (checked from inside below).
         assert any(p.name() == "bwrap" for p in kernel.parents())
     finally:
@@ -222,6 +270,37 @@ def test_kernel_has_rlimits_and_no_server_environment(helper: RunHelper) -> None
     # 111 (ECONNREFUSED): the host's listening port is not there; 30 (EROFS): read-only outside the work dir.
     assert "NET blocked 111" in views[3] and "FS blocked 30" in views[3], views[3][-600:]
     assert not (Path(__file__).resolve().parent / "escape.txt").exists()
+    # 3 MB printed: the server kept about OUTPUT_CHARS of it, and the notebook says the rest was dropped.
+    assert f"the output past {OUTPUT_CHARS} characters was not kept" in views[4], views[4][-600:]
+
+
+def _pids_max(pid: int) -> str:
+    """``pids.max`` of the v1 pids cgroup of process ``pid``."""
+    path = next(
+        line.split(":", 2)[2]
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        if ":pids:" in line
+    )
+    mount = next(
+        m.point
+        for m in parse_mountinfo(Path("/proc/self/mountinfo").read_text())
+        if "pids" in m.super_options
+    )
+    limit = mount / path.lstrip("/") / "pids.max"
+    return limit.read_text().strip() if limit.is_file() else "max"  # the root cgroup has no limit file
+
+
+def test_a_child_that_leaves_the_kernels_process_group_dies_with_the_env(helper: RunHelper) -> None:
+    """A cell starts a daemon (double fork, setsid, exec sleep): it is out of the kernel's process group,
+    and outlived the closed env before; the kernel's cgroup takes it down with the kernel."""
+    if "pids" not in _BackendBase.cgroup_roots():
+        pytest.skip(
+            "this machine gives the server no pids cgroup: the kernel tree is bounded by its group only"
+        )
+    result = run_rollout(helper, NB_AGENT, _row(0, "[daemon]"), timeout=180)
+    views = [o["content"] for o in result["response"]["output"] if o.get("is_env_state")]
+    assert "started" in views[1], views[1][-400:]
+    assert _wait_until(lambda: not _marked(DAEMON_MARK), 30), [p.cmdline() for p in _marked(DAEMON_MARK)]
 
 
 def test_closed_abandoned_and_dropped_sessions_leave_no_kernel(helper: RunHelper) -> None:

@@ -9,14 +9,19 @@ a broken one.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
+import os
 import re
+import signal
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import orjson
+import psutil
 import pytest
 
 from nemo_gym.cli import RunHelper
@@ -162,7 +167,43 @@ def _scripts() -> list[dict[str, Any]]:
                 "contains": f"[crash {cid}]",
                 "turns": [_cell("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")],
             },
+            {  # a cell leaves a timer that kills the kernel after it returned; the next cell finds it dead
+                "contains": f"[late crash {cid}]",
+                "turns": [
+                    _cell(
+                        "import os, signal, threading\nthreading.Timer(0.2, os.kill, (os.getpid(), signal.SIGKILL)).start()"
+                    ),
+                    {**_cell("print('still here?')"), "delay_s": 3.0},
+                ],
+            },
         ]
+    # One model turn of several calls (Aviary runs them all, in order): only the first answer counts.
+    mcq = BY_CAPSULE["confounder_choice"]
+    letters = "ABCDEFGHIJ"[: len(mcq["options"])]
+    right = _answer_text(mcq)
+    number = BY_CAPSULE["ttest_pvalue"]["ideal"]
+    several = {
+        "every letter": [*(c for c in letters if c != right), right],  # the right one last
+        "right twice": [repr(number)] * 2,
+        "a sweep": [repr(number * f) for f in (0.5, 0.9, 1.0, 1.1)],
+    }
+    for tag, answers in several.items():
+        calls = [{"name": "submit_answer", "arguments": {"answer": a}} for a in answers]
+        rules.append({"contains": f"[{tag}]", "turns": [{"tool_calls": calls}]})
+    kill = "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"
+    rules.append(
+        {
+            "contains": "[kill and answer]",
+            "turns": [
+                {
+                    "tool_calls": [
+                        {"name": "edit_cell", "arguments": {"contents": kill}},
+                        {"name": "submit_answer", "arguments": {"answer": right}},
+                    ]
+                }
+            ],
+        }
+    )
     for row in ALL:  # untagged rows: the right trajectory (matched on the capsule's question)
         turns = [
             {"tool_calls": [{"name": "list_workdir", "arguments": {}}]},
@@ -230,13 +271,101 @@ def test_rows_missing_fields_are_refused_before_any_rollout(helper: RunHelper, t
     assert code != 0 and out == [] and "ideal" in err, err[-2000:]
 
 
-def test_a_dead_kernel_is_an_infrastructure_error_not_a_zero(helper: RunHelper) -> None:
-    row = _tagged(BY_CAPSULE["anova_diets"], "crash anova_diets")
-    resp = post_json(server_url(helper, AGENT) + "/run", row, timeout=180)
-    assert resp.status_code == 502, resp.text[:2000]
-    inner = resp.json()["error"]["inner"]
-    assert (inner["path"], inner["status"]) == ("/verify", 503)
-    assert "kernel died" in str(inner["detail"]) and "not scored" in str(inner["detail"])
+def test_a_cell_that_kills_its_own_kernel_is_the_models_zero(helper: RunHelper) -> None:
+    """The model's cell kills its kernel (SIGKILL to its own process) before it answers: the model
+    caused it, so the rollout is scored 0 with the reason, never an infrastructure error (503). So is
+    a kernel that a timer of an earlier cell killed after that cell returned (the next cell finds it
+    dead): once the model's code has run in a kernel, its death may be the model's doing."""
+    rows = [
+        _tagged(BY_CAPSULE["anova_diets"], "crash anova_diets"),
+        _tagged(BY_CAPSULE["paired_ldl"], "late crash paired_ldl"),
+    ]
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(
+            pool.map(lambda row: post_json(server_url(helper, AGENT) + "/run", row, timeout=180), rows)
+        )
+    results = []
+    for resp in answers:
+        assert resp.status_code == 200, resp.text[:2000]
+        results.append(resp.json())
+        assert (results[-1]["reward"], results[-1]["failure_reason"]) == (0.0, "kernel_died")
+        assert results[-1]["answer_parse_status"] == "no_answer" and results[-1]["submitted_answer"] is None
+        assert "the model's code killed or crashed it" in results[-1]["reason"]
+    crash, late = results
+    assert "kernel died while the model's cell ran" in crash["reason"] and crash["cells_run"] == 1
+    assert "kernel died after the model's earlier cells ran" in late["reason"] and late["cells_run"] == 2
+
+
+def test_a_turn_of_several_answers_counts_only_the_first(helper: RunHelper) -> None:
+    """Aviary runs every call of a model turn. Once one has ended the episode, the later calls are not
+    run: every option's letter in one turn is the first letter's verdict, a right answer twice is 1 (not
+    2), a sweep of numbers is its first number's verdict, and an answer after a cell that killed the
+    kernel is not taken (the kernel's death is the model's 0)."""
+    cases = {
+        "every letter": (BY_CAPSULE["confounder_choice"], 0.0, "wrong_answer"),
+        "right twice": (BY_CAPSULE["ttest_pvalue"], 1.0, "pass"),
+        "a sweep": (BY_CAPSULE["ttest_pvalue"], 0.0, "wrong_answer"),
+        "kill and answer": (BY_CAPSULE["confounder_choice"], 0.0, "kernel_died"),
+    }
+    rows = [_tagged(row, tag) for tag, (row, _, _) in cases.items()]
+    with ThreadPoolExecutor(len(rows)) as pool:
+        answers = list(
+            pool.map(lambda row: post_json(server_url(helper, AGENT) + "/run", row, timeout=180), rows)
+        )
+    for (tag, (_, reward, reason)), resp in zip(cases.items(), answers, strict=True):
+        assert resp.status_code == 200, (tag, resp.text[:1000])
+        result = resp.json()
+        assert (result["reward"], result["failure_reason"]) == (reward, reason), (tag, result["reason"])
+        outputs = [
+            o["output"] for o in result["response"]["output"] if o.get("type") == "function_call_output"
+        ]
+        assert outputs[1:] and all("episode has already ended" in o for o in outputs[1:]), (tag, outputs)
+        if reason != "kernel_died":
+            assert result["submitted_answer"] is not None and result["answer_parse_status"] == "parsed"
+    mcq = BY_CAPSULE["confounder_choice"]
+    first_wrong = next(c for c in "ABCDEFGHIJ" if c != _answer_text(mcq))
+    assert answers[0].json()["submitted_answer"] == first_wrong  # the first letter, not the right one (last)
+
+
+def _kernel_processes(helper: RunHelper) -> set[int]:
+    """Pids of the capsule server's kernel processes (bubblewrap and the ipykernel in it)."""
+    server_pid = next(r["pid"] for r in helper.server_instances() if r["name"] == ENV)
+    return {
+        p.pid
+        for p in psutil.Process(server_pid).children(recursive=True)
+        if "ipykernel" in " ".join(p.cmdline())
+    }
+
+
+def test_a_kernel_that_dies_before_any_model_code_ran_is_an_infrastructure_error(helper: RunHelper) -> None:
+    """A kernel killed from outside before the model's first cell (the model cannot have caused it): the
+    cell finds it dead, and /verify answers 503 (not scored), never a 0."""
+    base, row = server_url(helper, ENV), ROWS[0]
+    before = _kernel_processes(helper)
+    seeded = post_json(base + "/seed_session", row)
+    assert seeded.status_code == 200, seeded.text[:500]
+    env_id, cookies = seeded.json()["env_id"], dict(seeded.cookies)
+    try:
+        kernel = _kernel_processes(helper) - before
+        assert kernel, "the seeded env's kernel process was not found"
+        for pid in kernel:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        psutil.wait_procs([psutil.Process(pid) for pid in kernel if psutil.pid_exists(pid)], timeout=30)
+        call = {
+            "type": "function_call",
+            "call_id": "c1",
+            "name": "edit_cell",
+            "arguments": '{"contents": "1"}',
+        }
+        step = post_json(base + "/step", {"env_id": env_id, "action": [call]}, cookies=cookies, timeout=120)
+        assert step.status_code == 200 and "before any of the model's code ran" in step.text, step.text[:500]
+        verify = {**row, "response": {"env_id": env_id, "group_id": "0", "output": []}}
+        resp = post_json(base + "/verify", verify, cookies=cookies)
+        assert resp.status_code == 503, resp.text[:500]
+        assert "not scored" in resp.text and "before any of the model's code ran" in resp.text
+    finally:
+        post_json(base + "/close", {"env_id": env_id}, cookies=cookies)
 
 
 def test_the_dry_run_config_plays_the_right_trajectory_on_each_example_row() -> None:

@@ -6,9 +6,11 @@ row's user message (``[variant=... row=...]``); the untagged example rows get th
 
 from __future__ import annotations
 
+import ast
 import copy
 import re
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,16 @@ from nemo_gym.tools.testing import (
     tagged_row,
     variant_rules,
 )
-from resources_servers.law_discovery.expressions import LawSyntaxError, evaluate, parse_law, same_form
+from resources_servers.law_discovery.app import LawSpec, judge_law
+from resources_servers.law_discovery.expressions import (
+    Law,
+    LawSyntaxError,
+    TooCostlyError,
+    evaluate,
+    parse_law,
+    rmsle,
+    same_form,
+)
 from resources_servers.law_discovery.laws import TEMPLATES
 from resources_servers.law_discovery.scripts.generate_dataset import rows as generated_rows
 
@@ -93,9 +104,15 @@ def _scripts() -> list[dict[str, Any]]:
     return rules
 
 
+FORM_BUDGET_S = 1.0  # the form check's CPU budget here (3 s by default); a right law needs milliseconds
+
+
 @pytest.fixture(scope="module")
 def helper() -> Iterator[RunHelper]:
-    extra = {"policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": _scripts()}}}}
+    extra = {
+        "policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": _scripts()}}},
+        ENV: {"resources_servers": {ENV: {"form_budget_seconds": FORM_BUDGET_S}}},
+    }
     with running_servers([CONFIG], extra) as h:
         yield h
 
@@ -257,5 +274,136 @@ def test_expressions_refuse_what_is_not_arithmetic() -> None:
     for bad in ("__import__('os').system('true')", "m1.real", "[m1]", "lambda: 1", "m1 if m2 else r", "'a'"):
         with pytest.raises(LawSyntaxError):
             parse_law(bad, ["m1", "m2", "r"])
-    with pytest.raises(ValueError, match="undefined"):
-        evaluate(parse_law("10.0**10**10", []), {})  # floats overflow at once: no giant integer
+    with pytest.raises(TooCostlyError):  # refused before any evaluation
+        parse_law("10.0**10**10", [])
+    with pytest.raises(ValueError, match="undefined"):  # and evaluated, floats overflow at once
+        evaluate(Law(ast.parse("10**10**10", mode="eval").body), {})
+
+
+def _verify_law(helper: RunHelper, row: dict[str, Any], expression: str) -> httpx.Response:
+    """``/verify`` of a response whose only act is ``submit_law(expression)`` (as a policy would send it)."""
+    call = {
+        "type": "function_call",
+        "call_id": "c1",
+        "name": "submit_law",
+        "arguments": orjson.dumps({"expression": expression}).decode(),
+    }
+    return post_json(
+        server_url(helper, ENV) + "/verify", {**row, "response": {"output": [call]}}, timeout=180
+    )
+
+
+# Laws whose form is costly to work out: sympy's exact integers and expansions would run for minutes.
+COSTLY_LAWS = (
+    "m1*10**10**10",  # an exact 10**10000000000
+    "(m1+m2+r+1)**30*(m1+r)**30",  # an expansion of hundreds of thousands of terms
+    "(1/2)**(10**18)*m1*m2/r**3",  # an exact rational power
+    "m1*m2/r**3*(((10*m1)**99)**99)**99",  # nested exact powers of a coefficient
+    "(m1+m2+r)**64*(m1+m2)**64",
+    "exp(m1)**(10**9)*(m1+m2+r+1)**20",
+    # Within the static bounds, but sympy needs seconds (about 9 s of CPU here): the CPU budget stops it.
+    "sin(m1)**(m1+m2+r)**40*cos(m2)**(m1+m2+r)**40",
+)
+
+
+def test_a_law_too_costly_to_compare_scores_zero_and_frees_its_worker(helper: RunHelper) -> None:
+    """A policy's law that sympy could not compare within its budget is the policy's 0 ("too costly to
+    compare"), never a verify-pool timeout (503); the verify workers are free again for the next answer:
+    more costly laws than the pool has workers, then a right law, all scored within the pool's timeout."""
+    row = ROWS[0]  # gravitation_force: m1, m2, r
+    laws = [*COSTLY_LAWS, row["law"]["expression"]]
+    with ThreadPoolExecutor(len(laws)) as pool:
+        answers = list(pool.map(lambda law: _verify_law(helper, row, law), laws))
+    for law, resp in zip(laws, answers, strict=True):
+        assert resp.status_code == 200, (law, resp.status_code, resp.text[:500])
+    *costly, right = (r.json() for r in answers)
+    for law, result in zip(COSTLY_LAWS, costly, strict=True):
+        assert result["reward"] == 0.0, (law, result)
+        assert result["failure_reason"] == "too costly to compare", (law, result["failure_reason"])
+        assert "too costly to compare" in result["failure_detail"]
+        assert result["symbolic_match"] is False and result["submitted_law"] == law
+    assert "CPU budget" in costly[-1]["failure_detail"]  # the last one was stopped by the budget
+    assert "beyond +-100" in costly[0]["failure_detail"]  # the first never reached sympy
+    assert (right["reward"], right["failure_reason"]) == (1.0, "pass")
+    again = _verify_law(helper, row, row["law"]["expression"])  # after them: a right law, scored
+    assert again.status_code == 200 and again.json()["reward"] == 1.0
+    # The model is told at submit_law, and can simplify its law.
+    told = _Session(helper, row).call("submit_law", {"expression": COSTLY_LAWS[0]})
+    assert "too costly to compare" in told["error"]
+
+
+# Hostile laws a policy might submit, and the reason each must get (never an exception, never a reward).
+HOSTILE_LAWS = {
+    "m1/0": "wrong_law",  # division by zero: undefined everywhere
+    "0**-1*m1": "wrong_law",
+    "1/(m1-m1)": "wrong_law",
+    "log(0)*m1": "wrong_law",
+    "sqrt(-1)*m1": "wrong_law",  # not real
+    "(-m1)**0.5": "wrong_law",
+    "exp(710)*m1": "wrong_law",  # past the float range at every point
+    "exp(exp(exp(exp(exp(m1)))))": "wrong_law",
+    "m1**(m1**(m1**(m1**m1)))": "wrong_law",
+    "tan(pi/2)*m1*m2/r**3": "wrong_law",
+    "m1*1e999": "too costly to compare",  # a literal beyond the float range
+    "10**300*m1*m2/r**3": "too costly to compare",
+    "sin(10**300*pi)*m1": "too costly to compare",
+    "(" * 60 + "m1" + ")" * 60: "wrong_law",  # parentheses only
+    "-(" * 40 + "m1" + ")" * 40: "too costly to compare",  # nested deeper than MAX_DEPTH
+    "exp(sin(" * 9 + "m1" + "))" * 9: "wrong_law",
+    "\uff4d1*m2/r**3": "wrong_law",  # a fullwidth m: Python reads the name as m1
+    "__import__('os').system('true')": "unparseable",
+    "m1.__class__": "unparseable",
+    "eval('m1')": "unparseable",
+    "m1\x00": "unparseable",
+    "lambda: m1": "unparseable",
+    "[m1]": "unparseable",
+    "m1 if m2 else r": "unparseable",
+    "G*m1": "unknown_symbols",
+    "0.00395*m1*m2/r**3 = F": "unparseable",
+}
+
+
+def test_hostile_laws_get_their_reason_never_an_error_or_a_reward() -> None:
+    """Through the verify worker's own function (in-process): what a policy might submit to break the
+    judge (undefined laws, overflow, giant numbers, nesting, unicode, Python that is not arithmetic)."""
+    row = ROWS[0]
+    spec = LawSpec.model_validate(row["law"]).model_dump_json().encode()
+    got = {}
+    for law in HOSTILE_LAWS:
+        reason, matches, error, detail = judge_law(law, spec, 0.05, 200, 20261126, 3.0)
+        got[law] = reason
+        assert reason not in ("pass", "numeric_only") and (error is None or error > 0.05), (law, reason)
+        assert reason == "wrong_law" or detail, (law, reason)
+    assert got == HOSTILE_LAWS
+    # The right law, after them all, in the same process: still 1.
+    assert judge_law(row["law"]["expression"], spec, 0.05, 200, 20261126, 3.0)[:2] == ("pass", True)
+
+
+def test_the_form_check_stops_at_its_cpu_budget_and_the_next_law_is_judged() -> None:
+    """A law within the static bounds whose form sympy needs long for: past its CPU budget (here 0.05 s,
+    SIGPROF in this process) the computation is aborted, and the next check starts afresh."""
+    row = ROWS[0]
+    spec = LawSpec.model_validate(row["law"]).model_dump_json().encode()
+    slow = "(m1+m2+r)**40"  # about a second of CPU for sympy's expansion
+    parse_law(slow, ["m1", "m2", "r"])  # within the static bounds
+    reason, matches, error, detail = judge_law(slow, spec, 0.05, 200, 20261126, 0.05)
+    assert (reason, matches, error) == ("too costly to compare", False, None)
+    assert "CPU budget" in detail
+    assert judge_law(row["law"]["expression"], spec, 0.05, 200, 20261126, 3.0)[:2] == ("pass", True)
+
+
+def test_the_static_bounds_refuse_before_sympy_and_numeric_checks_stay_bounded() -> None:
+    variables = ["m1", "m2", "r"]
+    for costly, says in (
+        ("m1*10**10**10", "exponent"),
+        ("(m1+m2+r+1)**30*(m1+r)**30", "terms"),
+        ("m1*(((10*m1)**30)**30)**30", "multiply"),
+        ("m1*99999" + "9" * 400, "float range"),
+    ):
+        with pytest.raises(TooCostlyError, match=says):
+            parse_law(costly, variables)
+    # Numeric evaluation is in floats: huge powers overflow at once, and the RMSLE is then infinite.
+    point = {"m1": 50.0, "m2": 3.0, "r": 1.5}
+    truth = parse_law("0.00395*m1*m2/r**3", variables)
+    for law in ("m1**100*m2**100*r**100*1e300", "exp(m1)**100", "m1**-100*1e-300", "(m1*1e300)**100"):
+        assert rmsle(parse_law(law, variables), truth, [point]) == float("inf"), law

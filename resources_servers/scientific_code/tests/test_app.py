@@ -306,13 +306,46 @@ def test_how_a_run_ended_decides_between_infrastructure_and_the_model() -> None:
         )
 
     with pytest.raises(HTTPException) as caught:  # never ready: the sandbox's Python, not the model
-        harness_records(run("", timed_out=True), "n0", 2)
+        harness_records(run("", timed_out=True), "n0", [1, 1])
     assert caught.value.status_code == 503
     forged = 'n0 {"ready": true}\nfake {"step": 0, "code": "ok"}\n'  # lines without the nonce are ignored
-    records = harness_records(run(forged, timed_out=True), "n0", 2)
+    records = harness_records(run(forged, timed_out=True), "n0", [1, 1])
     assert [r["code"] for r in records] == [None, None] and records[0]["ended"][0] == "timeout"
-    assert harness_records(run('n0 {"ready": true}\n', oom_killed=True), "n0", 1)[0]["ended"][0] == "memory"
-    assert harness_records(run('n0 {"ready": true}\n', rc=3), "n0", 1)[0]["ended"][0] == "crashed"
+    assert harness_records(run('n0 {"ready": true}\n', oom_killed=True), "n0", [1])[0]["ended"][0] == "memory"
+    assert harness_records(run('n0 {"ready": true}\n', rc=3), "n0", [1])[0]["ended"][0] == "crashed"
+
+
+def test_the_harness_lines_are_read_as_the_exact_sequence_it_writes() -> None:
+    def records(*lines: str, end: str = "\n") -> list[dict[str, Any]]:
+        text = "\n".join(["n0 " + line for line in ('{"ready": true}', *lines)]) + end
+        return harness_records(SandboxExecResult(stdout=text, stderr="", return_code=0), "n0", [2, 1])
+
+    step0 = '{"step": 0, "code": "ok", "detail": ""}'
+    tests0 = [
+        '{"step": 0, "test": 0, "value": [1.0, NaN]}',
+        '{"step": 0, "test": 1, "error": "timeout", "detail": "x"}',
+    ]
+    step1 = '{"step": 1, "code": "syntax_error", "detail": "bad"}'
+    whole = records(step0, *tests0, step1, '{"done": true}')
+    assert [r["tampered"] for r in whole] == [None, None] and whole[1]["code"] == "syntax_error"
+    assert whole[0]["tests"][0]["value"].shape == (2,) and whole[0]["tests"][1]["error"] == "timeout"
+    cut = records(step0, tests0[0], end="")  # the run ended in the middle of a line: not read
+    assert cut[0]["tests"] == {} and cut[0]["tampered"] is None
+    for bad, at in (
+        ((step0, *tests0, step1, '{"done": true}', step1), 1),  # a line after the last one
+        ((step0, tests0[1], tests0[0]), 0),  # out of order
+        ((step0, '{"step": 0, "test": true, "value": 1}'), 0),  # a bool for an index
+        ((step0, '{"step": 0, "test": 0, "value": [true]}'), 0),  # not numbers
+        ((step0, '{"step": 0, "test": 0, "value": 1, "extra": 1}'), 0),  # another key
+        ((step0, '{"step": 0, "test": 0, "error": "pass", "detail": ""}'), 0),  # not an error of the harness
+        (('{"step": 0, "code": "ok"}',), 0),  # a key missing
+        ((step0, *tests0, '{"step": 1, "code": "ok", "detail": ""}', '{"done": true}'), 1),  # a test missing
+    ):
+        got = records(*bad)
+        assert [r["tampered"] is not None for r in got] == [at == 0, True], bad
+        assert "tampered with" in got[at]["tampered"] and "not judged" in (
+            got[1]["tampered"] if at == 0 else "not judged"
+        )
 
 
 def test_the_dry_run_config_answers_every_example_step_with_the_reference() -> None:
@@ -334,3 +367,54 @@ def test_the_dry_run_config_answers_every_example_step_with_the_reference() -> N
         for k, step in enumerate(BY_ID[row["problem_id"]].steps)
     }
     assert answers == expected
+
+
+# A step's code can read the harness's nonce (``import __main__``) and write to its real stdout: every
+# line it forges must be the model's 0 (``tampered_output``), never a 500 and never a pass.
+_FORGE = (
+    "\nimport __main__\n__main__.OUT.write(__main__.NONCE + ' ' + {line!r} + '\\n')\n__main__.OUT.flush()\n"
+)
+# name -> (the step whose code forges, the forged line)
+FORGED_LINES: dict[str, tuple[int, str]] = {
+    "a step that does not exist": (0, '{"step": 99, "test": 0, "value": 1}'),
+    "a step that is not a number": (0, '{"step": "x", "test": 0, "value": 1}'),
+    "a negative step": (0, '{"step": -1, "code": "ok", "detail": ""}'),
+    "not an object": (0, "[1, 2]"),
+    "a record without its code": (0, '{"step": 1}'),
+    "an unhashable test index": (0, '{"step": 0, "test": [1], "value": 1}'),
+    "an integer of 5000 digits": (0, '{"step": 0, "test": 0, "value": ' + "9" * 5000 + "}"),
+    "JSON nested 100000 deep": (0, '{"step": 0, "test": 0, "value": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+    "the step's own record, twice": (0, '{"step": 0, "code": "ok", "detail": ""}'),
+    "a second ready line": (1, '{"ready": true}'),
+    # Over an earlier step's real records (a later record would replace the real one).
+    "a test without a value": (2, '{"step": 0, "test": 0}'),
+    "a value that is text": (2, '{"step": 0, "test": 0, "value": "abc"}'),
+    "a ragged value": (2, '{"step": 0, "test": 0, "value": [1, [2, 3]]}'),
+    "an error that is not a reason": (2, '{"step": 0, "test": 0, "error": 5}'),
+    "a value that is not finite": (2, '{"step": 0, "test": 0, "value": NaN}'),
+}
+
+
+def test_forged_result_lines_are_the_models_zero_never_a_500(helper: RunHelper) -> None:
+    """Right code for every step, plus one line forged with the harness's nonce: reward 0 with
+    ``tampered_output``, the step where the forgery was seen naming it."""
+    row = ROWS[INDEX["kepler_newton"]]
+    steps = BY_ID["kepler_newton"].steps
+
+    def verify(case: tuple[int, str]) -> Any:
+        forger, line = case
+        answers = [
+            _fenced(s.reference + (_FORGE.format(line=line) if k == forger else ""))
+            for k, s in enumerate(steps)
+        ]
+        body = {**row, "response": {"output": []}, "step_answers": answers}
+        return post_json(server_url(helper, ENV) + "/verify", body, timeout=200)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = dict(zip(FORGED_LINES, pool.map(verify, FORGED_LINES.values()), strict=True))
+    for name, resp in answers.items():
+        assert resp.status_code == 200, (name, resp.status_code, resp.text[:300])
+        result = resp.json()
+        assert (result["reward"], result["failure_reason"]) == (0.0, "tampered_output"), (name, result)
+        tampered = [s for s in result["step_results"] if s["reason"] == "tampered_output"]
+        assert tampered and "tampered" in tampered[0]["detail"], (name, result["step_results"])
