@@ -29,6 +29,12 @@ LOOKALIKES = str.maketrans(
     }
 )  # fmt: skip
 _LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
+# Openers of the markup verifiers and agents look for, never closed: a pattern with nested or lazy
+# unbounded parts (``<answer>(.*?)</answer>`` tried at every opener) takes time quadratic in their number.
+PATHOLOGICAL_UNIT = "<answer>```bash\n\\boxed{<action>[{Answer: <think>"
+PATHOLOGICAL_CHARS = 1_000_000
+# A linear scan of a megabyte takes milliseconds; this bounds the play, so a quadratic one fails the audit.
+PATHOLOGICAL_TIMEOUT_S = 60.0
 GENERIC_CANDIDATES = [*"ABCDEFGHIJ", *(str(n) for n in range(-10, 101)), "yes", "no", "true", "false"]
 
 
@@ -43,6 +49,7 @@ class Play:
     row: int
     earn: bool = False
     covers: list[str] = field(default_factory=list)
+    timeout_s: float | None = None  # a bound of its own (else the audit's)
 
 
 def lookalike(text: str) -> str:
@@ -177,6 +184,20 @@ def generic_plays(audit: Audit, row: dict[str, Any]) -> tuple[list[Play], dict[s
         )
     else:
         add("lookalike_answer", "", None, no_answer)
+    pathological = PATHOLOGICAL_UNIT * (PATHOLOGICAL_CHARS // len(PATHOLOGICAL_UNIT))
+    if "pathological_markup" in audit.not_applicable:
+        left_out["pathological_markup"] = audit.not_applicable["pathological_markup"]
+    else:
+        plays.append(
+            Play(
+                "pathological_markup",
+                "1 MB of unclosed answer tags, code fences, \\boxed{ and brackets (a quadratic parser hangs)",
+                "generic",
+                prefix + [ScriptedTurn(text=pathological + (answer or ""))],
+                audit.row,
+                timeout_s=PATHOLOGICAL_TIMEOUT_S,
+            )
+        )
     calls = hostile_calls(tools)
     add(
         "hostile_tool_arguments",

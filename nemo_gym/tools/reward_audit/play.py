@@ -150,11 +150,12 @@ async def _play_all(
     async def one(index: int, play: Play, client: httpx.AsyncClient) -> Outcome:
         row = copy.deepcopy(rows[play.row])
         row[ROLLOUT_ID_KEY_NAME] = _rollout_id(audit, index, play)
+        bound = play.timeout_s or audit.timeout_s
         async with limit:
             try:
-                resp = await client.post(run_url, content=orjson.dumps(row))
+                resp = await client.post(run_url, content=orjson.dumps(row), timeout=bound)
             except httpx.TimeoutException:
-                return _judge(audit, play, None, f"no answer within {audit.timeout_s:g} s (a hang)")
+                return _judge(audit, play, None, f"no answer within {bound:g} s (a hang)")
             except httpx.HTTPError as exc:
                 return _judge(audit, play, None, f"the agent could not be reached: {exc!r}")
         return _judge(audit, play, resp, "")
