@@ -202,6 +202,29 @@ async def test_disk_quota_stops_a_filling_command_with_a_clear_result() -> None:
         await _close_and_check(session)
 
 
+async def test_sparse_files_count_what_they_can_become_and_a_snapshot_keeps_their_holes() -> None:
+    """Before: the quota summed allocated blocks, so eight sparse 255 MB files passed a 256 MiB quota
+    (16 KB used), and snapshot() copied them with their holes filled (2,041 MiB written to the host)."""
+    sparse = "import sys\nwith open(sys.argv[1], 'wb') as f:\n    f.seek({size} - 1)\n    f.write(b'x')\n"
+    session = await SandboxSession.start(limits={**FAST, "disk_quota_mib": 64, "file_size_mib": 48})
+    try:
+        await session.write_file("sparse.py", sparse.format(size=40 << 20))
+        made = await session.exec("python3 sparse.py s1 && du -k s1 && ls -l s1")
+        assert made.ok and made.error_type is None, made
+        allocated_kib = int(made.stdout.split()[0])
+        assert allocated_kib < 1024  # sparse indeed: 40 MB of size, a few KiB on disk
+        usage = await session.usage()
+        assert usage.workspace_bytes >= 40 << 20  # what it can become counts
+        snapshot = await session.snapshot()
+        copied = _LAYERS[snapshot].path / "s1"
+        assert copied.stat().st_size == 40 << 20 and copied.stat().st_blocks * 512 < 1 << 20  # holes kept
+        assert copied.read_bytes()[-1:] == b"x"
+        over = await session.exec("python3 sparse.py s2")  # 80 MB of files against a 64 MiB quota
+        assert over.error_type == "disk_quota", over
+    finally:
+        await _close_and_check(session)
+
+
 async def test_file_operations_stay_inside_the_workspace() -> None:
     session = await SandboxSession.start(limits=FAST)
     try:

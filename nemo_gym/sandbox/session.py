@@ -14,9 +14,12 @@ Contract
 * Limits (:class:`SessionLimits`): the sandbox's memory and process count for the whole session (one
   memory and one pids cgroup, :mod:`nemo_gym.sandbox.cgroups`); per command: wall time, CPU time, file
   size, open files, output cap (past it the command is killed and a marker line added); a disk quota on
-  what the session writes to the workspace (checked every 0.5 s while a command runs, which is then
+  what the session writes to the workspace, counting what each file can become (its size even where it
+  is sparse: eight sparse 255 MB files are 2 GB, not 16 KB) (checked every 0.5 s while a command runs, which is then
   stopped, and after each operation: ``error_type == "disk_quota"`` and a marker line; ``write_file``
   past it raises ``ValueError``); an idle timeout and a lifetime, after which the session is closed.
+* A snapshot copies a changed file with its holes kept (``SEEK_DATA``), so it never writes more to the
+  host than the session's files hold.
 * Processes never outlive a command: when a command (or kernel call) returns, every other process of
   the sandbox but the agent and the kernel is killed. The kernel lives until the session closes, is
   restored, or dies (a call past its wall time is interrupted, then killed: ``[kernel restarted ...]``).
@@ -321,15 +324,43 @@ def _apply_upper(upper: Path, dest: Path) -> None:
                 os.symlink(os.readlink(s), t)
             elif stat.S_ISREG(st.st_mode):
                 _remove(t)
-                shutil.copy2(s, t)
+                _copy_sparse(s, t)
+                shutil.copystat(s, t)
                 if st.st_mode & (stat.S_ISUID | stat.S_ISGID):
                     # The sandbox's uid is root's on the host: never keep a set-id bit it set.
                     os.chmod(t, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
 
 
+def _copy_sparse(source: Path, dest: Path) -> None:
+    """Copy a regular file's data, keeping its holes as holes (``SEEK_DATA`` / ``SEEK_HOLE``): a sparse
+    file of 255 MB written by a session must not become 255 MB on the host's disk in a snapshot."""
+    with open(source, "rb") as src, open(dest, "wb") as dst:
+        fin, fout = src.fileno(), dst.fileno()
+        size = os.fstat(fin).st_size
+        offset = 0
+        while offset < size:
+            try:
+                start = os.lseek(fin, offset, os.SEEK_DATA)
+            except OSError:  # ENXIO: nothing but a hole up to the end
+                break
+            end = os.lseek(fin, start, os.SEEK_HOLE)
+            os.lseek(fin, start, os.SEEK_SET)
+            os.lseek(fout, start, os.SEEK_SET)
+            left = end - start
+            while left > 0:
+                chunk = os.read(fin, min(left, 1 << 20))
+                if not chunk:
+                    break
+                os.write(fout, chunk)
+                left -= len(chunk)
+            offset = end
+        os.ftruncate(fout, size)
+
+
 def _tree_bytes(path: Path, max_entries: int | None = None) -> int | None:
-    """Disk used under ``path`` (blocks of files, dirs and links): what counts to the quota. None when
-    there are more than ``max_entries`` entries (then the caller walks it in a thread)."""
+    """What ``path`` holds for the quota: a regular file counts what it can become (its size, even where
+    it is sparse, or its blocks if more), a dir or link its blocks. None when there are more than
+    ``max_entries`` entries (then the caller walks it in a thread)."""
     total = seen = 0
     stack = [str(path)]
     while stack:
@@ -340,7 +371,8 @@ def _tree_bytes(path: Path, max_entries: int | None = None) -> int | None:
                     return None
                 with contextlib.suppress(OSError):
                     st = entry.stat(follow_symlinks=False)
-                    total += st.st_blocks * 512
+                    blocks = st.st_blocks * 512
+                    total += max(blocks, st.st_size) if stat.S_ISREG(st.st_mode) else blocks
                     if stat.S_ISDIR(st.st_mode):
                         stack.append(entry.path)
     return total
