@@ -285,6 +285,10 @@ def test_count_tokens(server: tuple[str, anthropic.Anthropic]) -> None:
         )
     with_tools = client.messages.count_tokens(model="m", tools=[WEATHER], **prompt).input_tokens
     assert with_tools > counted
+    # A conversation no context holds is refused before any tokenizer runs (30,001 turns: 68 CPU-s before).
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": "hi"} for i in range(30_001)]
+    with pytest.raises(anthropic.BadRequestError, match="too large to count: 30,001 items"):
+        client.messages.count_tokens(model="m", messages=turns)
 
 
 # -- errors ----------------------------------------------------------------------------------------------

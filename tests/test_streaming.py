@@ -11,9 +11,11 @@ streaming helpers, against real servers on 127.0.0.1 (nemo_gym.server.streaming)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -459,6 +461,38 @@ def test_local_client_going_away_stops_the_generation(local_url: str) -> None:
     with _client(local_url) as client:
         answer = client.chat.completions.create(model="local", messages=LONG_PROMPT, max_tokens=4)
     assert answer.choices[0].finish_reason in ("length", "stop") and answer.usage.completion_tokens <= 4
+
+
+def test_local_non_streaming_clients_going_away_stop_their_generations(local_url: str) -> None:
+    """Before: a non-streaming request kept generating after its client left; two abandoned 800-token
+    requests made the next one wait 288 s. Now both stop (one running, one queued behind it)."""
+    stats_url = local_url + "/stats"
+    headers = {"Authorization": f"Bearer {client_token_for_url(local_url)}"}
+    before = httpx.get(stats_url, headers=headers, timeout=WAIT_S, trust_env=False).json()
+    body = {"model": "local", "messages": LONG_PROMPT, "max_tokens": 800, "temperature": 0}
+
+    def abandon() -> None:
+        with contextlib.suppress(httpx.TimeoutException):  # the client gives up and closes its connection
+            httpx.post(
+                local_url + "/v1/chat/completions", json=body, headers=headers, timeout=1.0, trust_env=False
+            )
+
+    threads = [threading.Thread(target=abandon) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_S)
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        stats = httpx.get(stats_url, headers=headers, timeout=WAIT_S, trust_env=False).json()
+        if stats["running"] == 0 and stats["stopped_generations"] > before["stopped_generations"]:
+            break
+        assert time.monotonic() < deadline, f"the generations did not stop: {stats}"
+        time.sleep(0.05)
+    assert stats["last_stopped_after_tokens"] < 800
+    with _client(local_url) as client:  # the model is free again at once
+        answer = client.chat.completions.create(model="local", messages=LONG_PROMPT, max_tokens=4)
+    assert answer.usage.completion_tokens <= 4
 
 
 # -- vllm_model and openai_model, against the repo's fake vLLM / OpenAI backend ------------------------

@@ -157,11 +157,28 @@ async def messages_endpoint_answer(
     return sse_response(encoder, cut_at_stop_sequences(source, call.stop_sequences, encoder), on_end=on_end)
 
 
+# What /v1/messages/count_tokens counts at most: a tokenizer (and its chat template) costs time linear in the
+# conversation, on a worker of the model server; 30,001 turns took local_model 68 CPU-s. Past either bound
+# the answer is a 400 naming it (no model's context holds such a conversation anyway).
+COUNT_TOKENS_MAX_ITEMS = 4096
+COUNT_TOKENS_MAX_TOKENS_ESTIMATE = 1_000_000
+
+
 async def count_tokens_answer(request: Request, counter: TokenCounter) -> dict[str, int] | Response:
-    """``POST /v1/messages/count_tokens``: ``{"input_tokens": n}`` (tokenizer count, else the estimate)."""
+    """``POST /v1/messages/count_tokens``: ``{"input_tokens": n}`` (tokenizer count, else the estimate);
+    a conversation past :data:`COUNT_TOKENS_MAX_ITEMS` items or an estimated
+    :data:`COUNT_TOKENS_MAX_TOKENS_ESTIMATE` tokens is a 400 saying so, never tokenized."""
     call = await _parsed_call(request, count_only=True)
     if isinstance(call, Response):
         return call
+    items = len(call.params.get("input") or [])
+    estimate = estimate_input_tokens(call.params)
+    if items > COUNT_TOKENS_MAX_ITEMS or estimate > COUNT_TOKENS_MAX_TOKENS_ESTIMATE:
+        return messages_error(
+            400,
+            f"the conversation is too large to count: {items:,} items, about {estimate:,} tokens (count_tokens "
+            f"counts at most {COUNT_TOKENS_MAX_ITEMS:,} items and about {COUNT_TOKENS_MAX_TOKENS_ESTIMATE:,} tokens)",
+        )
     try:
         counted = await counter(request, call)
     except UpstreamError as e:
