@@ -27,8 +27,9 @@ Contract
 
 from __future__ import annotations
 
+import functools
 from abc import abstractmethod
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, ClassVar
 
 import orjson
@@ -43,6 +44,7 @@ from nemo_gym.errors import error_envelope
 from nemo_gym.openai_utils.messages import MessagesCall
 from nemo_gym.openai_utils.responses import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming, dump
 from nemo_gym.server.base import SimpleServer
+from nemo_gym.server.disconnect import ClientDisconnected, disconnected_response, run_until_disconnected
 from nemo_gym.server.metrics.install import observed_model_call
 from nemo_gym.server.model_calls import (
     POP_PATH,
@@ -95,6 +97,25 @@ class ModelAnswer(Response):
         self.usage = content.get("usage") if status_code < 400 and isinstance(content, dict) else None
 
 
+def cancelled_with_client(
+    server_name: str, handler: Callable[..., Awaitable[Any]]
+) -> Callable[..., Awaitable[Any]]:
+    """A non-streaming model endpoint (taking ``request``) cancelled when its client disconnects
+    (:func:`nemo_gym.server.disconnect.run_until_disconnected`); its signature is kept for FastAPI."""
+
+    @functools.wraps(handler)
+    async def watched(*args: Any, **kwargs: Any) -> Any:
+        request = kwargs.get("request") or next((a for a in args if isinstance(a, Request)), None)
+        if request is None:
+            return await handler(*args, **kwargs)
+        try:
+            return await run_until_disconnected(request, handler(*args, **kwargs))
+        except ClientDisconnected as error:
+            return disconnected_response(server_name, error)
+
+    return watched
+
+
 class SimpleResponsesAPIModel(SimpleServer):
     config: BaseResponsesAPIModelConfig
     _model_call_store: ModelCallStore | None = PrivateAttr(default=None)
@@ -108,16 +129,30 @@ class SimpleResponsesAPIModel(SimpleServer):
     def setup_webserver(self) -> FastAPI:
         app = super().setup_webserver()
         # Each answer's tokens are counted from the object returned (nemo_gym.server.metrics).
-        app.post("/v1/responses")(observed_model_call(self._metrics, "/v1/responses", self.responses))
+        # A client that goes away cancels its call (a generation queued or running, a backend request), as a
+        # streamed answer's does: nobody is left to read it (an abandoned call held local_model for minutes).
+        app.post("/v1/responses")(
+            observed_model_call(
+                self._metrics, "/v1/responses", cancelled_with_client(self.config.name, self.responses)
+            )
+        )
         app.post("/v1/chat/completions")(
-            observed_model_call(self._metrics, "/v1/chat/completions", self.chat_completions)
+            observed_model_call(
+                self._metrics,
+                "/v1/chat/completions",
+                cancelled_with_client(self.config.name, self.chat_completions),
+            )
         )
         # Anthropic's Messages API, through this server's own Responses handler (nemo_gym.server.model_messages).
         app.post(MESSAGES_PATH)(observed_model_call(self._metrics, MESSAGES_PATH, self.messages))
         app.post(MESSAGES_COUNT_TOKENS_PATH)(
             observed_model_call(self._metrics, MESSAGES_COUNT_TOKENS_PATH, self.messages_count_tokens)
         )
-        app.post("/v1/completions")(observed_model_call(self._metrics, "/v1/completions", self.completions))
+        app.post("/v1/completions")(
+            observed_model_call(
+                self._metrics, "/v1/completions", cancelled_with_client(self.config.name, self.completions)
+            )
+        )
         # Outside the streaming dispatch, so that streamed answers are recorded too.
         self.setup_model_call_capture(app)
         # Streamed answers get the policy version on their final event; outside the streaming dispatch

@@ -56,7 +56,6 @@ from nemo_gym.kit.chat_conversion import (  # noqa: E402
 )
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, dump, new_id  # noqa: E402
 from nemo_gym.openai_utils.messages import MessagesCall, MessagesRequestError  # noqa: E402
-from nemo_gym.server.disconnect import ClientDisconnected, disconnected_response, run_until_disconnected
 from nemo_gym.server.model import ModelAnswer  # noqa: E402
 from nemo_gym.server.rollout_tokens import rollout_for_token_reuse  # noqa: E402
 from nemo_gym.server.streaming import Delta, StreamEnd, TextDelta, ToolCallDelta  # noqa: E402
@@ -349,21 +348,14 @@ class LocalModel(SimpleResponsesAPIModel):
         return message
 
     # -- /v1/responses -------------------------------------------------------------------------------
-    async def _run(
-        self, request: Request, gen: GenerationRequest, watch_disconnect: bool = True
-    ) -> GenerationResult | Response:
+    async def _run(self, request: Request, gen: GenerationRequest) -> GenerationResult | Response:
         """The generation's result, or the error answer (503 queue full, 400 input the model cannot take).
-
-        ``watch_disconnect``: a client that goes away cancels the generation (queued or running) at once,
-        as a streaming client's does; a streamed answer watches its client itself, so it passes False."""
+        A cancelled call (its client went away: nemo_gym.server.model) stops the generation, queued or
+        running (``FairQueue.run``'s ``on_cancel``)."""
         from jinja2.exceptions import TemplateError
 
         try:
-            if not watch_disconnect:
-                return await self._generate(gen)
-            return await run_until_disconnected(request, self._generate(gen))
-        except ClientDisconnected as e:
-            return disconnected_response(self.config.name, e)
+            return await self._generate(gen)
         except QueueFullError as e:
             return self._queue_full(request, e)
         except UnsupportedInputError as e:
@@ -633,7 +625,7 @@ class LocalModel(SimpleResponsesAPIModel):
         loop = asyncio.get_running_loop()
         tokens: asyncio.Queue[bytes | None] = asyncio.Queue()
         gen.on_token = lambda _tid, piece: loop.call_soon_threadsafe(tokens.put_nowait, piece)
-        task = asyncio.ensure_future(self._run(request, gen, watch_disconnect=False))
+        task = asyncio.ensure_future(self._run(request, gen))
         # Runs after every token the worker queued (call_soon_threadsafe keeps order): None ends the stream.
         task.add_done_callback(lambda _t: tokens.put_nowait(None))
         first = await tokens.get()
