@@ -420,6 +420,68 @@ async def test_a_fork_copies_nothing(tmp_path: Path) -> None:
         await _close_and_check(base)
 
 
+# Built in the sandbox with relative names (os.mkdir + os.chdir): 1,500 nested dirs (deeper than any
+# recursive walk: os.walk and shutil.rmtree raise RecursionError in Python 3.11), 30 dirs of 200-byte
+# names (paths of 6,000 bytes, past PATH_MAX: full-path calls fail with ENAMETOOLONG).
+_WILD_TREE = """python3 -c "
+import os
+top = os.getcwd()
+for _ in range(1500):
+    os.mkdir('d'); os.chdir('d')
+open('deep.txt', 'w').write('deep')
+os.chdir(top)
+for _ in range(30):
+    os.mkdir('L' * 200); os.chdir('L' * 200)
+open('far.txt', 'w').write('far')
+print('built')
+" """
+_READ_BACK = """python3 -c "
+import os
+top = os.getcwd()
+for _ in range(30):
+    os.chdir('L' * 200)
+far = open('far.txt').read()
+os.chdir(top)
+print(open('d/' * 1500 + 'deep.txt').read() + far)
+" """
+
+
+async def test_a_tree_past_any_recursion_and_path_max_is_snapshotted_counted_and_removed() -> None:
+    """What the sandbox's code can build, the host walks by directory fds: the snapshot copies it, the
+    disk quota counts what is written under a path past PATH_MAX, and closing removes it all. The walks
+    these replaced raised RecursionError (a 500 from a verifier that snapshots) and ENAMETOOLONG (a 503),
+    skipped the deep data (50 MB under a 10 MiB quota) and left the deep dirs on the host."""
+    limits = {**FAST, "disk_quota_mib": 8, "file_size_mib": 256}
+    session = await SandboxSession.start(limits=limits)
+    assert session._sandbox is not None
+    dirs = session._sandbox.dirs
+    try:
+        built = await session.exec(_WILD_TREE)
+        assert built.stdout == "built\n", built
+        snap = await session.snapshot()
+        layer = _LAYERS[snap].path
+        fork = await session.fork(snap)
+        try:
+            found = await fork.exec(_READ_BACK)
+            assert found.stdout == "deepfar\n", found
+        finally:
+            await _close_and_check(fork)
+        # 12 MB under a path past PATH_MAX: counted, so the command is stopped at the 8 MiB quota.
+        deep_write = (
+            "python3 -c \"import os\nfor _ in range(30):\n    os.chdir('L' * 200)\n"
+            "open('big', 'wb').write(bytes(12000000))\"; sleep 3; echo done"
+        )
+        over = await session.exec(deep_write)
+        assert over.error_type == "disk_quota", over
+    finally:
+        await _close_and_check(session)
+    left = [layer, dirs, dirs.with_name(f".{dirs.name}.removed")]  # a session's dir: renamed, then removed
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(p.exists() for p in left):
+        await asyncio.sleep(0.05)
+    assert not any(p.exists() for p in left), f"left on the host: {[p for p in left if p.exists()]}"
+
+
 async def test_a_bounded_number_of_sessions_with_a_queue() -> None:
     limits = {**FAST, "max_sessions": 2, "queue_timeout_s": 0.5}
     first = await SandboxSession.start(limits=limits)

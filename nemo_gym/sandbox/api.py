@@ -46,7 +46,6 @@ import contextlib
 import logging
 import os
 import shlex
-import shutil
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -75,6 +74,7 @@ from nemo_gym.sandbox.spec import SandboxProviderConfig as SandboxProviderConfig
 from nemo_gym.sandbox.spec import SandboxResources as SandboxResources
 from nemo_gym.sandbox.spec import SandboxSpec as SandboxSpec
 from nemo_gym.sandbox.spec import safe_relative as safe_relative
+from nemo_gym.sandbox.trees import remove_tree
 from nemo_gym.sandbox.workers import remove_dir_later
 
 _safe_relative = safe_relative  # its name here before it became public in spec (still importable)
@@ -496,9 +496,9 @@ class AsyncSandbox:
                     remove_dir_later(trash)
                     return
             if _small_flat_dir(host_dir):
-                shutil.rmtree(host_dir, ignore_errors=True)  # a few files: quicker than a thread hop
+                remove_tree(host_dir)  # a few files: quicker than a thread hop
             else:
-                await asyncio.to_thread(shutil.rmtree, host_dir, True)
+                await asyncio.to_thread(remove_tree, host_dir)
 
     async def __aenter__(self) -> AsyncSandbox:
         await self.start()

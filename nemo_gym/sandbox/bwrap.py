@@ -58,6 +58,7 @@ from nemo_gym.sandbox.errors import SandboxError, SandboxUnavailableError
 from nemo_gym.sandbox.launch import DASH
 from nemo_gym.sandbox.slots import sandbox_pool_size
 from nemo_gym.sandbox.spec import SandboxResources
+from nemo_gym.sandbox.trees import remove_tree
 from nemo_gym.sandbox.warm import _PRESTART_PREFIX, _SWEPT, _sweep_dead_owners_dirs, _WarmSandbox
 
 LOG = logging.getLogger("nemo_gym.sandbox")
@@ -256,7 +257,7 @@ class BubblewrapBackend(_BackendBase):
             try:
                 warm = _WarmSandbox(self, bind_dir, workdir, limits, owns_dir=True)
             except BaseException:
-                shutil.rmtree(bind_dir, ignore_errors=True)
+                remove_tree(bind_dir)
                 raise
         except (OSError, SandboxError) as exc:
             # Runs still work (each starts its own sandbox, and reports a real failure); retry in a minute.

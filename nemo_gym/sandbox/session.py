@@ -57,8 +57,8 @@ import os
 import secrets
 import shutil
 import signal
-import stat
 import struct
+import sys
 import tarfile
 import tempfile
 import time
@@ -69,7 +69,7 @@ from typing import Any
 
 import orjson
 
-from nemo_gym.sandbox import workers
+from nemo_gym.sandbox import trees, workers
 from nemo_gym.sandbox.bwrap import BubblewrapBackend
 from nemo_gym.sandbox.cgroups import RunCgroup
 from nemo_gym.sandbox.errors import SandboxBusyError, SandboxError, SandboxUnavailableError
@@ -268,114 +268,20 @@ def _unpack(source: Path, dest: Path) -> None:
             raise ValueError(f"prepared workspace {str(source)!r}: refused member: {exc}") from exc
 
 
-def _link_tree(src: Path, dest: Path) -> None:
-    """``dest`` = ``src`` with every regular file hard-linked (``src`` is an immutable layer)."""
-    os.mkdir(dest)
-    shutil.copystat(src, dest)
-    for dirpath, dirnames, filenames in os.walk(src):
-        rel = os.path.relpath(dirpath, src)
-        target = dest if rel == "." else dest / rel
-        for name in dirnames:
-            s = os.path.join(dirpath, name)
-            if os.path.islink(s):
-                os.symlink(os.readlink(s), target / name)
-            else:
-                os.mkdir(target / name)
-                shutil.copystat(s, target / name)
-        for name in filenames:
-            s = os.path.join(dirpath, name)
-            mode = os.lstat(s).st_mode
-            if stat.S_ISLNK(mode):
-                os.symlink(os.readlink(s), target / name)
-            elif stat.S_ISREG(mode):
-                os.link(s, target / name)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        path.unlink()
-
-
-def _apply_upper(upper: Path, dest: Path) -> None:
-    """Apply an overlayfs upper dir onto ``dest`` (a link tree of its lower): whiteouts delete, opaque
-    dirs replace, changed files are COPIED (the upper dir stays the live session's)."""
-    for dirpath, dirnames, filenames in os.walk(upper):
-        rel = os.path.relpath(dirpath, upper)
-        target = dest if rel == "." else dest / rel
-        for name in [*dirnames, *filenames]:
-            s = Path(dirpath, name)
-            t = target / name
-            st = os.lstat(s)
-            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:  # a whiteout: deleted in the session
-                _remove(t)
-            elif stat.S_ISDIR(st.st_mode):
-                opaque = False
-                with contextlib.suppress(OSError):
-                    opaque = os.getxattr(s, "trusted.overlay.opaque") == b"y"
-                if opaque or (os.path.lexists(t) and not (t.is_dir() and not t.is_symlink())):
-                    _remove(t)
-                if not t.exists():
-                    os.mkdir(t)
-                shutil.copystat(s, t)
-            elif stat.S_ISLNK(st.st_mode):
-                _remove(t)
-                os.symlink(os.readlink(s), t)
-            elif stat.S_ISREG(st.st_mode):
-                _remove(t)
-                _copy_sparse(s, t)
-                shutil.copystat(s, t)
-                if st.st_mode & (stat.S_ISUID | stat.S_ISGID):
-                    # The sandbox's uid is root's on the host: never keep a set-id bit it set.
-                    os.chmod(t, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
-
-
-def _copy_sparse(source: Path, dest: Path) -> None:
-    """Copy a regular file's data, keeping its holes as holes (``SEEK_DATA`` / ``SEEK_HOLE``): a sparse
-    file of 255 MB written by a session must not become 255 MB on the host's disk in a snapshot."""
-    with open(source, "rb") as src, open(dest, "wb") as dst:
-        fin, fout = src.fileno(), dst.fileno()
-        size = os.fstat(fin).st_size
-        offset = 0
-        while offset < size:
-            try:
-                start = os.lseek(fin, offset, os.SEEK_DATA)
-            except OSError:  # ENXIO: nothing but a hole up to the end
-                break
-            end = os.lseek(fin, start, os.SEEK_HOLE)
-            os.lseek(fin, start, os.SEEK_SET)
-            os.lseek(fout, start, os.SEEK_SET)
-            left = end - start
-            while left > 0:
-                chunk = os.read(fin, min(left, 1 << 20))
-                if not chunk:
-                    break
-                os.write(fout, chunk)
-                left -= len(chunk)
-            offset = end
-        os.ftruncate(fout, size)
-
-
+# A tree the sandbox's code wrote may be deeper than any recursion and its paths past PATH_MAX: the
+# snapshot, the quota's count and the clean-up walk it by directory fds (nemo_gym.sandbox.trees).
 def _tree_bytes(path: Path, max_entries: int | None = None) -> int | None:
-    """What ``path`` holds for the quota: a regular file counts what it can become (its size, even where
-    it is sparse, or its blocks if more), a dir or link its blocks. None when there are more than
-    ``max_entries`` entries (then the caller walks it in a thread)."""
-    total = seen = 0
-    stack = [str(path)]
-    while stack:
-        with contextlib.suppress(OSError), os.scandir(stack.pop()) as it:
-            for entry in it:
-                seen += 1
-                if max_entries is not None and seen > max_entries:
-                    return None
-                with contextlib.suppress(OSError):
-                    st = entry.stat(follow_symlinks=False)
-                    blocks = st.st_blocks * 512
-                    total += max(blocks, st.st_size) if stat.S_ISREG(st.st_mode) else blocks
-                    if stat.S_ISDIR(st.st_mode):
-                        stack.append(entry.path)
-    return total
+    """What ``path`` holds for the quota (:func:`nemo_gym.sandbox.trees.tree_bytes`: a regular file counts
+    what it can become, its size even where it is sparse). None when there are more than ``max_entries``
+    entries (then the caller walks it in a thread). A tree that keeps
+    being moved under the walk (dirs moved between parents while it runs: three walks in a row) counts as
+    past any quota: that is the only way left to write under it unseen."""
+    for _ in range(3):
+        try:
+            return trees.tree_bytes(path, max_entries)
+        except trees.TreeChangedError:
+            continue
+    return sys.maxsize
 
 
 async def _used_bytes(upper: Path) -> int:
@@ -425,7 +331,7 @@ class _Sandbox:
                 os.rename(dirs, path)
             except OSError:
                 path = dirs
-            shutil.rmtree(path, ignore_errors=True)
+            trees.remove_tree(path)
 
         try:
             workers._CLEANUP.submit(clean_up)
@@ -613,7 +519,7 @@ class SandboxSession:
             )
         except OSError as exc:
             cgroups.destroy()
-            shutil.rmtree(dirs, ignore_errors=True)
+            trees.remove_tree(dirs)
             raise SandboxError(f"cannot start the session's sandbox: {exc}") from exc
         finally:
             os.close(null)
@@ -912,8 +818,8 @@ class SandboxSession:
             lower = self._layer.path
 
             def build() -> None:
-                _link_tree(lower, dest)
-                _apply_upper(sandbox.upper, dest)
+                trees.link_tree(lower, dest)
+                trees.apply_upper(sandbox.upper, dest)
 
             try:
                 await asyncio.to_thread(build)
@@ -1029,4 +935,4 @@ def _close_all() -> None:
         session._close_now()
     for root in _ROOT.values():
         if root.name.split("-")[3] == str(os.getpid()):
-            shutil.rmtree(root, ignore_errors=True)
+            trees.remove_tree(root)

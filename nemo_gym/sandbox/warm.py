@@ -25,7 +25,6 @@ import math
 import os
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from nemo_gym.sandbox.cgroups import CgroupDriver, RunCgroup
 from nemo_gym.sandbox.errors import SandboxError
 from nemo_gym.sandbox.launch import _JOIN_FAILED, _READ_CHUNK, DASH, _dash_ulimits, _parse_status, _sh_quote
 from nemo_gym.sandbox.spec import SandboxExecResult, SandboxResources
+from nemo_gym.sandbox.trees import remove_tree
 from nemo_gym.sandbox.workers import remove_dir_later
 
 
@@ -388,7 +388,7 @@ class _WarmSandbox:
                     proc.wait(10)
             cgroups.destroy()
             if bind_dir is not None:
-                shutil.rmtree(bind_dir, ignore_errors=True)
+                remove_tree(bind_dir)
 
         if sync:
             clean_up()

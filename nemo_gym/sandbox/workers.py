@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import shutil
 from pathlib import Path
+
+from nemo_gym.sandbox.trees import remove_tree
 
 # Work kept off the event loop and off a run's critical path, in threads not tied to any loop: removing a
 # finished run's cgroups (an rmdir waits for the kernel: ms) and work dir; starting the next sandbox.
@@ -38,6 +39,6 @@ os.register_at_fork(after_in_child=_new_executors_after_fork)
 def remove_dir_later(path: Path) -> None:
     """Remove a dir nobody uses any more in the clean-up thread (an rmdir can take milliseconds)."""
     try:
-        _CLEANUP.submit(shutil.rmtree, path, True)
+        _CLEANUP.submit(remove_tree, path)
     except RuntimeError:  # interpreter shutting down
-        shutil.rmtree(path, ignore_errors=True)
+        remove_tree(path)

@@ -33,7 +33,10 @@ Contract
   task's ``hidden_tests``) are sent on the runner's stdin (never written to the workspace). Reward 1.0
   iff every test passes; ``tests_passed`` is the fraction passed, with ``passed_count``, ``test_count``,
   ``failed_tests`` (name: first line of the error) and ``failure_reason`` (None, ``"N of M hidden tests
-  failed"``, or why the tests stopped). The rollout's sandbox is closed afterwards.
+  failed"``, or why the tests stopped). The rollout's sandbox is closed afterwards. The hidden tests judge
+  behaviour on inputs they make up at every run (``tasks.PRELUDE``'s ``RANDOM``: second inputs, a unit
+  test planted in tests/, files of random names) and a merge as the repository stores it, so a script
+  that recognises a test's probe and answers just that probe fails.
 * Verdicts come from where the workspace's code cannot write (:data:`_RUNNER`). The runner is
   non-dumpable (no process of the sandbox's uid can ptrace it, read its memory or open its fds through
   /proc), ignores every signal it may ignore, never runs a test or the workspace's code itself, and is
@@ -53,8 +56,10 @@ Contract
 * Infrastructure is never a reward: a sandbox that cannot start (SandboxUnavailableError, the session
   bound: SandboxBusyError) or fails, a rollout whose workspace was lost (its sandbox closed at its idle
   timeout or lifetime), or a runner that does not get ready (hidden tests that do not load, a missing
-  ``python3`` or ``prctl``) answer 503 (the collector files the rollout in its failures sidecar). The
-  server refuses to start if bubblewrap is missing.
+  ``python3`` or ``prctl``) answer 503 (the collector files the rollout in its failures sidecar). A
+  workspace of any shape is snapshotted (``nemo_gym.sandbox.trees``: any depth, paths past PATH_MAX,
+  sparse files), so no tree the model builds turns into one. The server refuses to start if bubblewrap
+  is missing.
 """
 
 from __future__ import annotations

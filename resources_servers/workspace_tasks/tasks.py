@@ -28,8 +28,17 @@ KINDS = ("python_fix", "cli_flag", "shell_pipeline", "csv_clean", "git_merge", "
 # module and calls the function in a process of its own, which hands back the result (or the exception) as
 # a Python literal that is parsed here (ast.literal_eval: data, never code). So the workspace's code can
 # change only what its functions return and its commands print, never how a test is judged.
+# The inputs a test makes up (a second log, a note added to the directory a target archives, a unit test
+# planted in tests/) come from RANDOM, new at every run: the workspace's code never learns them before it
+# runs, so a script that recognises the hidden test's probe and answers just that probe cannot pass.
 PRELUDE = '''
-import ast, builtins, csv, io, os, subprocess, sys
+import ast, builtins, csv, io, os, random, shlex, shutil, subprocess, sys
+
+RANDOM = random.SystemRandom()
+
+def tag():
+    """16 random hex digits, new at every call (names and contents of what a test adds)."""
+    return "%016x" % RANDOM.getrandbits(64)
 
 def sh(cmd, stdin=None, timeout=20):
     """Run a shell command in /workspace: (exit code, stdout, stderr)."""
@@ -141,6 +150,11 @@ def read(path):
 def rows(path):
     with open(os.path.join("/workspace", path), newline="") as f:
         return list(csv.reader(f))
+
+def write(path, text):
+    """Write a file (a path relative to /workspace, or absolute)."""
+    with open(os.path.join("/workspace", path), "w") as f:
+        f.write(text)
 '''
 
 Step = tuple[str, ...]
@@ -464,6 +478,13 @@ _add(
             def test_limit():
                 assert sh("python3 head.py lines.txt --limit 2")[1] == "one\\ntwo\\n"
 
+            def test_limit_other_file():
+                for _ in range(2):  # made-up lines and N, new at every run
+                    lines = ["%s %d\\n" % (tag(), i) for i in range(RANDOM.randint(5, 30))]
+                    n = RANDOM.randint(1, len(lines) - 1)
+                    write("/tmp/l.txt", "".join(lines))
+                    assert sh("python3 head.py /tmp/l.txt --limit %d" % n)[1] == "".join(lines[:n])
+
             def test_limit_is_int():
                 code, _, err = sh("python3 head.py lines.txt --limit two")
                 assert code == 2 and "invalid int" in err
@@ -553,9 +574,14 @@ _add(
                 assert sh("sh top_words.sh words.txt")[1] == "4 a\\n3 b\\n2 c\\n"
 
             def test_other_input():
-                with open("/tmp/w.txt", "w") as f:
-                    f.write("z y\\nz x y z\\nw\\n")
-                assert sh("sh top_words.sh /tmp/w.txt")[1] == "3 z\\n2 y\\n1 w\\n"
+                trees = ["alder", "ash", "beech", "birch", "cedar", "elm", "fir", "oak", "pine", "yew"]
+                for _ in range(2):  # made-up words and counts (ties too), new at every run
+                    words = RANDOM.sample(trees, 5)
+                    tokens = [w for w in words for _ in range(RANDOM.randint(1, 6))]
+                    RANDOM.shuffle(tokens)
+                    write("/tmp/w.txt", "".join(t + RANDOM.choice(" \\n") for t in tokens[:-1]) + tokens[-1] + "\\n")
+                    top = sorted(words, key=lambda w: (-tokens.count(w), w))[:3]
+                    assert sh("sh top_words.sh /tmp/w.txt")[1] == "".join("%d %s\\n" % (tokens.count(w), w) for w in top)
         """),
         [
             (
@@ -588,9 +614,11 @@ _add(
                 assert sh("sh total.sh sales.tsv")[1].strip() == "60"
 
             def test_header_with_number():
-                with open("/tmp/t.tsv", "w") as f:
-                    f.write("name\\t1000\\na b\\t5\\nc\\t7\\n")
-                assert sh("sh total.sh /tmp/t.tsv")[1].strip() == "12"
+                for _ in range(2):  # a made-up file, new at every run: a number in the header, names with spaces
+                    amounts = [RANDOM.randint(0, 999) for _ in range(RANDOM.randint(2, 9))]
+                    body = "".join("item %s\\t%d\\n" % (tag()[:RANDOM.randint(1, 6)], a) for a in amounts)
+                    write("/tmp/t.tsv", "name\\t%d\\n" % RANDOM.randint(1000, 99999) + body)
+                    assert sh("sh total.sh /tmp/t.tsv")[1].strip() == str(sum(amounts))
         """),
         [("write", "total.sh", "#!/bin/sh\ntail -n +2 \"$1\" | cut -f 2 | awk '{s += $1} END {print s}'\n")],
     )
@@ -614,10 +642,18 @@ _add(
             def test_app_log():
                 assert sh("sh errors.sh app.log")[1].strip() == "2"
 
-            def test_none():
-                with open("/tmp/l.log", "w") as f:
-                    f.write("d INFO ok\\nd INFO error seen\\n")
-                assert sh("sh errors.sh /tmp/l.log")[1].strip() == "0"
+            def test_other_log():
+                messages = ["ok", "error seen", "no error", "Error rate high", "disk full", "retry after error"]
+                for _ in range(3):  # made-up logs, new at every run: 0-30 ERROR lines among 0-30 others
+                    levels = ["ERROR"] * RANDOM.randint(0, 30) + [
+                        RANDOM.choice(["INFO", "WARN", "DEBUG"]) for _ in range(RANDOM.randint(0, 30))
+                    ]
+                    RANDOM.shuffle(levels)
+                    write("/tmp/l.log", "".join(
+                        "2024-02-%02d %s %s\\n" % (RANDOM.randint(1, 28), level, RANDOM.choice(messages))
+                        for level in levels
+                    ))
+                    assert sh("sh errors.sh /tmp/l.log")[1].strip() == str(levels.count("ERROR"))
         """),
         [("write", "errors.sh", '#!/bin/sh\nawk \'$2 == "ERROR" {n++} END {print n + 0}\' "$1"\n')],
     )
@@ -641,9 +677,15 @@ _add(
                 assert sh("sh unique_ips.sh access.log")[1].strip() == "4"
 
             def test_interleaved():
-                with open("/tmp/a.log", "w") as f:
-                    f.write("1.1.1.1 x\\n2.2.2.2 x\\n1.1.1.1 x\\n2.2.2.2 x\\n")
-                assert sh("sh unique_ips.sh /tmp/a.log")[1].strip() == "2"
+                for _ in range(3):  # made-up logs, new at every run: 2-40 distinct IPs, repeated, interleaved
+                    ips = set()
+                    wanted = RANDOM.randint(2, 40)
+                    while len(ips) < wanted:
+                        ips.add("10.%d.%d.%d" % (RANDOM.randint(0, 255), RANDOM.randint(0, 255), RANDOM.randint(1, 254)))
+                    clients = sorted(ips) + [RANDOM.choice(sorted(ips)) for _ in range(RANDOM.randint(1, 40))]
+                    RANDOM.shuffle(clients)
+                    write("/tmp/a.log", "".join("%s GET /%s\\n" % (ip, tag()[:4]) for ip in clients))
+                    assert sh("sh unique_ips.sh /tmp/a.log")[1].strip() == str(len(ips))
         """),
         [("bash", "sed -i 's/| uniq |/| sort -u |/' unique_ips.sh")],
     )
@@ -738,6 +780,31 @@ _add(
 
 _GIT_BASE = ["init -q -b main", "config user.name Workspace", "config user.email workspace@example.com"]
 
+# The merge tasks' test_merge_committed: the merge is in the repository, not only in the working tree. git
+# runs without replace refs (a `git replace --graft` would show parents a commit does not have) and without
+# the fsmonitor hook; HEAD's stored commit has two parents, the second `feature`; every file HEAD tracks is
+# in the working tree byte for byte as committed (whatever the index's assume-unchanged / skip-worktree
+# flags hide from `git status`); and nothing is staged or changed.
+_GIT_COMMITTED = _d("""
+
+    def git(args):
+        return sh("GIT_NO_REPLACE_OBJECTS=1 git -c core.fsmonitor=false " + args)
+
+    def test_merge_committed():
+        assert git("status --porcelain --untracked-files=no")[1] == ""
+        code, commit, err = git("cat-file commit HEAD")
+        assert code == 0, err
+        header = commit.split("\\n\\n", 1)[0].splitlines()
+        parents = [line.split()[1] for line in header if line.startswith("parent ")]
+        assert len(parents) == 2, "HEAD has %d parents" % len(parents)
+        assert parents[1] == git("rev-parse --verify -q feature^{commit}")[1].strip(), "not a merge of feature"
+        tracked = [n for n in git("ls-tree -r -z --name-only HEAD")[1].split("\\0") if n]
+        assert tracked
+        for name in tracked:
+            code, blob, err = git("cat-file blob " + shlex.quote("HEAD:" + name))
+            assert code == 0 and blob == read(name), "%s is not as committed" % name
+""")
+
 _add(
     Task(
         "git_settings",
@@ -755,11 +822,8 @@ _add(
                 lines = [l.replace(" ", "") for l in read("settings.ini").splitlines()]
                 assert "timeout=30" in lines and "retries=5" in lines and "port=8080" in lines
 
-            def test_merge_committed():
-                assert sh("git status --porcelain --untracked-files=no")[1] == ""
-                parents = sh("git rev-list --parents -n 1 HEAD")[1].split()
-                assert len(parents) == 3
-        """),
+        """)
+        + _GIT_COMMITTED,
         [
             ("write", "settings.ini", "[server]\nport = 8080\ntimeout = 30\nretries = 5\n"),
             ("bash", "git add settings.ini && git commit -q --no-edit"),
@@ -798,10 +862,8 @@ _add(
                 assert price(10, 2, discount=0.25) == 15.0
                 assert price(3.333, 1, 0.1) == round(3.333 * 0.9, 2)
 
-            def test_merge_committed():
-                assert sh("git status --porcelain --untracked-files=no")[1] == ""
-                assert len(sh("git rev-list --parents -n 1 HEAD")[1].split()) == 3
-        """),
+        """)
+        + _GIT_COMMITTED,
         [
             (
                 "write",
@@ -837,10 +899,8 @@ _add(
             def test_names():
                 assert read("AUTHORS").split() == ["Ada", "Barbara", "Grace", "Katherine", "Linus"]
 
-            def test_merge_committed():
-                assert sh("git status --porcelain --untracked-files=no")[1] == ""
-                assert len(sh("git rev-list --parents -n 1 HEAD")[1].split()) == 3
-        """),
+        """)
+        + _GIT_COMMITTED,
         [
             ("write", "AUTHORS", "Ada\nBarbara\nGrace\nKatherine\nLinus\n"),
             ("bash", "git add AUTHORS && git commit -q -m 'merge feature'"),
@@ -875,8 +935,11 @@ _add(
         },
         _d("""
             def test_build_then_clean():
-                assert sh("make build")[0] == 0 and os.path.exists("/workspace/build/app.txt")
+                assert sh("make build")[0] == 0 and read("build/app.txt") == "alpha\\nbeta\\n"
                 assert sh("make clean")[0] == 0 and not os.path.exists("/workspace/build")
+                # only the build directory goes: the sources stay, and build works again
+                assert read("src/a.txt") == "alpha\\n" and read("src/b.txt") == "beta\\n"
+                assert sh("make build")[0] == 0 and read("build/app.txt") == "alpha\\nbeta\\n"
 
             def test_clean_twice():
                 sh("make clean")
@@ -904,7 +967,21 @@ _add(
                 import tarfile
                 with tarfile.open("/workspace/dist/notes.tar.gz", "r:gz") as t:
                     names = set(t.getnames())
+                    assert t.extractfile("notes/one.md").read() == b"# One\\n"
                 assert {"notes/one.md", "notes/two.md"} <= names
+
+            def test_dist_follows_the_directory():
+                # a note the target has never seen (name and text new at every run) is in the archive
+                note = tag()
+                write("notes/%s.md" % note, "# %s\\n" % note)
+                try:
+                    code, _, err = sh("rm -rf dist && make dist")
+                finally:
+                    os.remove("/workspace/notes/%s.md" % note)
+                assert code == 0, err
+                import tarfile
+                with tarfile.open("/workspace/dist/notes.tar.gz", "r:gz") as t:
+                    assert t.extractfile("notes/%s.md" % note).read() == ("# %s\\n" % note).encode()
         """),
         [
             (
@@ -932,11 +1009,14 @@ _add(
                 assert code == 0 and out == "total: 5\\n"
 
             def test_stats_not_echoed_and_follows_data():
-                with open("/workspace/data/z.txt", "w") as f:
-                    f.write("6\\n7\\n")
-                code, out, _ = sh("make stats")
-                os.remove("/workspace/data/z.txt")
-                assert code == 0 and out == "total: 7\\n"
+                for _ in range(2):  # a data file the target has never seen: its name and length new at every run
+                    path, n = "data/%s.txt" % tag(), RANDOM.randint(1, 60)
+                    write(path, "".join("%d\\n" % RANDOM.randint(0, 999) for _ in range(n)))
+                    try:
+                        code, out, _ = sh("make stats")
+                    finally:
+                        os.remove(os.path.join("/workspace", path))
+                    assert code == 0 and out == "total: %d\\n" % (5 + n), out
         """),
         [("bash", "printf '\\nstats:\\n\\t@echo \"total: $$(cat data/*.txt | wc -l)\"\\n' >> Makefile")],
     )
@@ -965,19 +1045,56 @@ _add(
             """),
         },
         _d("""
-            def test_passes():
-                code, out, err = sh("make test")
-                assert code == 0 and "Ran 1 test" in err
+            # Each run plants a unit test the Makefile has never seen (tests/test_probe_<tag>.py, the tag new at
+            # every run) that records it ran (/tmp/ran-<tag>) and passes or fails as asked (it checks add(x, y),
+            # or x + y alone when calc.py is broken, so that only tests/test_calc.py can fail the suite then);
+            # calc.py may be swapped for a made-up equivalent or broken add. `make test` must exit 0 exactly
+            # when the suite passes, and the planted test must have run: its verdict is not told by its name,
+            # nor by calc.py's text.
+            CALC_SAME = ["return b + a", "return sum((a, b))", "return a - (-b)", "return (a + b) * 1"]
+            CALC_BROKEN = ["return a - b", "return a * b", "return b - a", "return a + b + %d", "return a + b - %d"]
 
-            def test_fails_when_tests_fail():
+            def make_test(passing, calc=None, uses_add=True):
+                probe, x, y = tag(), RANDOM.randint(1, 10**6), RANDOM.randint(1, 10**6)
+                planted = "/workspace/tests/test_probe_%s.py" % probe
+                write(planted, (
+                    "import sys\\nimport unittest\\n\\nsys.path.insert(0, '.')\\nfrom calc import add\\n\\n\\n"
+                    "def sum_of(a, b):\\n    return a + b\\n\\n\\n"
+                    "class Probe(unittest.TestCase):\\n    def test_%s(self):\\n"
+                    "        with open('/tmp/ran-%s', 'w') as f:\\n            f.write('%s')\\n"
+                    "        self.assertEqual(%s(%d, %d), %d)\\n"
+                ) % (probe, probe, probe, "add" if uses_add else "sum_of", x, y,
+                     x + y if passing else x + y + RANDOM.randint(1, 99)))
                 original = read("calc.py")
-                with open("/workspace/calc.py", "w") as f:
-                    f.write("def add(a, b):\\n    return a - b\\n")
+                if calc is not None:
+                    write("calc.py", "def add(a, b):\\n    # %s\\n    %s\\n" % (tag(), calc.replace("%d", str(RANDOM.randint(1, 99)))))
                 try:
-                    assert sh("make test")[0] != 0
+                    for cache in ("__pycache__", "tests/__pycache__"):
+                        shutil.rmtree(os.path.join("/workspace", cache), ignore_errors=True)
+                    code, _, err = sh("make test")
                 finally:
-                    with open("/workspace/calc.py", "w") as f:
-                        f.write(original)
+                    os.remove(planted)
+                    write("calc.py", original)
+                    for cache in ("__pycache__", "tests/__pycache__"):
+                        shutil.rmtree(os.path.join("/workspace", cache), ignore_errors=True)
+                ran = os.path.exists("/tmp/ran-" + probe) and open("/tmp/ran-" + probe).read() == probe
+                return code, ran, err[-300:]
+
+            def test_passes():
+                for calc in (None, RANDOM.choice(CALC_SAME)):
+                    code, ran, err = make_test(True, calc)
+                    assert ran, "the planted passing test did not run"
+                    assert code == 0, "make test failed on a passing suite: " + err
+
+            def test_fails_when_a_test_fails():
+                code, ran, err = make_test(False)
+                assert ran, "the planted failing test did not run"
+                assert code != 0, "make test passed a failing test"
+
+            def test_fails_when_calc_breaks():
+                code, ran, err = make_test(True, RANDOM.choice(CALC_BROKEN), uses_add=False)
+                assert ran, "the planted test did not run"
+                assert code != 0, "make test passed with add() broken"
         """),
         [("bash", "printf '\\ntest:\\n\\tpython3 -m unittest discover -s tests\\n' >> Makefile")],
     )

@@ -2,6 +2,7 @@
 
     python resources_servers/workspace_tasks/scripts/generate_dataset.py --seed 7 --out tasks.jsonl
     python resources_servers/workspace_tasks/scripts/generate_dataset.py --example   # data/example.jsonl
+    python resources_servers/workspace_tasks/scripts/generate_dataset.py --audit     # data/audit.jsonl
 
 A row names its task; the workspace and the hidden tests stay on the server (``tasks.py``), which
 builds every workspace when it starts. The prompt is the task's description plus how the tools work.
@@ -9,6 +10,7 @@ builds every workspace when it starts. The prompt is the task's description plus
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 from pathlib import Path
@@ -94,7 +96,19 @@ def example_rows() -> list[dict[str, Any]]:
     return [row(TASKS_BY_ID[t]) for t in EXAMPLE_TASKS]
 
 
+def audit_rows() -> list[dict[str, Any]]:
+    """Every task once, in the order of ``tasks.TASKS`` (new tasks are appended, so a row's index stays):
+    the rows ``exploits.yaml`` (ng_reward_audit) plays by index."""
+    return [row(t) for t in TASKS]
+
+
 def main() -> None:
+    if sys.argv[1:] == ["--audit"]:
+        out = HERE.parent / "data" / "audit.jsonl"
+        written = audit_rows()
+        out.write_text("".join(json.dumps(r) + "\n" for r in written))
+        print(f"wrote {len(written)} rows to {out}")
+        return
     generator_main(__doc__.split("\n\n")[0], rows, example_rows, HERE.parent / "data" / "example.jsonl")
 
 

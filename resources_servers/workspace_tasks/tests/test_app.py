@@ -38,9 +38,10 @@ from resources_servers.workspace_tasks.app import (
     workspace_path,
 )
 from resources_servers.workspace_tasks.scripts.generate_dataset import EXAMPLE_TASKS
+from resources_servers.workspace_tasks.scripts.generate_dataset import audit_rows as generated_audit_rows
 from resources_servers.workspace_tasks.scripts.generate_dataset import example_rows as generated_examples
 from resources_servers.workspace_tasks.scripts.generate_dataset import rows as generated_rows
-from resources_servers.workspace_tasks.tasks import KINDS, TASKS, TASKS_BY_ID, Task, build_workspace
+from resources_servers.workspace_tasks.tasks import KINDS, TASKS, TASKS_BY_ID, Step, Task, build_workspace
 
 ENV = "workspace_tasks"
 CONFIG = f"resources_servers/{ENV}/configs/{ENV}.yaml"
@@ -316,6 +317,8 @@ def test_the_tasks_and_rows() -> None:
     kinds = [t.kind for t in TASKS]
     assert set(kinds) == set(KINDS) and all(kinds.count(k) >= 3 for k in KINDS)
     assert generated_examples() == example_rows(ENV)  # the shipped rows are reproducible
+    audit = PACKAGE_PARENT_DIR / "resources_servers" / ENV / "data" / "audit.jsonl"  # exploits.yaml's rows
+    assert [orjson.loads(line) for line in audit.read_text().splitlines()] == generated_audit_rows()
     assert [r["task_id"] for r in example_rows(ENV)] == list(EXAMPLE_TASKS)
     assert generated_rows(0) == ROWS and generated_rows(1) != ROWS
     assert sorted(r["task_id"] for r in ROWS) == sorted(TASKS_BY_ID)
@@ -441,6 +444,177 @@ def test_a_call_hands_back_plain_values(tmp_path: Path) -> None:
         "test_even": "AssertionError",
         "test_even_unsorted": "AssertionError",
     }
+
+
+# Answers written otherwise than the reference solutions: the right ones must pass, and the ones that spot
+# the hidden tests' probe instead of doing the task (a `make test` that fails only on the calc.py the old
+# test wrote, a `stats` that knows the file the old test added, ...) must fail, with the tests named. The
+# hidden tests make up their inputs at every run (a unit test planted in tests/, a data file or note of a
+# random name, a second log), so only the behaviour the prompt asks for passes them.
+_MAKE_TEST = "run:\n\tpython3 calc.py\n\n"
+OTHER_ANSWERS: dict[str, dict[str, tuple[list[Step], set[str]]]] = {
+    "make_test": {
+        "verbose, a phony target": (
+            [
+                (
+                    "write",
+                    "Makefile",
+                    _MAKE_TEST + ".PHONY: test\ntest:\n\tpython3 -m unittest discover -v -s tests\n",
+                )
+            ],
+            set(),
+        ),
+        "prints 'Ran 1 test' and fails when calc.py holds `a - b`": (
+            [
+                (
+                    "write",
+                    "Makefile",
+                    _MAKE_TEST
+                    + "test:\n\t@if grep -q 'a - b' calc.py; then exit 1; fi; echo 'Ran 1 test' >&2\n",
+                )
+            ],
+            {"test_passes", "test_fails_when_a_test_fails", "test_fails_when_calc_breaks"},
+        ),
+        "runs the tests, then passes iff calc.py is unchanged": (
+            [
+                (
+                    "bash",
+                    'printf \'test:\\n\\t-python3 -m unittest discover -s tests\\n\\t[ "$$(cksum < calc.py)" = "%s" ]\\n\' '
+                    '"$(cksum < calc.py)" >> Makefile',
+                )
+            ],
+            {"test_passes", "test_fails_when_a_test_fails"},
+        ),
+        "runs the tests, ignores their failures": (
+            [("bash", "printf '\\ntest:\\n\\t-python3 -m unittest discover -s tests\\n' >> Makefile")],
+            {"test_fails_when_a_test_fails", "test_fails_when_calc_breaks"},
+        ),
+    },
+    "make_stats": {
+        "awk counts the records": (
+            [
+                (
+                    "write",
+                    "Makefile",
+                    ".PHONY: all\nall:\n\t@echo ok\n\nstats:\n\t@awk 'END { print \"total: \" NR }' data/*.txt\n",
+                )
+            ],
+            set(),
+        ),
+        "knows the file the old test added": (
+            [
+                (
+                    "bash",
+                    'printf \'\\nstats:\\n\\t@if [ -f data/z.txt ]; then echo "total: 7"; else echo "total: 5"; fi\\n\' >> Makefile',
+                )
+            ],
+            {"test_stats_not_echoed_and_follows_data"},
+        ),
+    },
+    "make_dist": {
+        "tar -C of the directory": (
+            [
+                (
+                    "bash",
+                    "printf '\\ndist:\\n\\t@mkdir -p dist && tar -C . -czf dist/notes.tar.gz notes/\\n' >> Makefile",
+                )
+            ],
+            set(),
+        ),
+        "archives the notes it sees, not the directory": (
+            [
+                (
+                    "bash",
+                    "printf '\\ndist:\\n\\tmkdir -p dist\\n\\ttar czf dist/notes.tar.gz notes/one.md notes/two.md\\n' >> Makefile",
+                )
+            ],
+            {"test_dist_follows_the_directory"},
+        ),
+    },
+    "make_clean": {
+        "removes the sources too": (
+            [("bash", "printf '\\nclean:\\n\\trm -rf build src\\n' >> Makefile")],
+            {"test_build_then_clean"},
+        ),
+    },
+    "sh_count_errors": {
+        "grep of the second field": (
+            [("write", "errors.sh", "#!/bin/sh\ngrep -c '^[^ ]* ERROR ' \"$1\"\n")],
+            set(),
+        ),
+        "2 for app.log, 0 for anything else": (
+            [("write", "errors.sh", '#!/bin/sh\ncase "$1" in app.log) echo 2 ;; *) echo 0 ;; esac\n')],
+            {"test_other_log"},
+        ),
+    },
+    "sh_unique_ips": {
+        "sort | uniq": ([("bash", "sed -i 's/| uniq |/| sort | uniq |/' unique_ips.sh")], set()),
+        "4 for access.log, 2 for anything else": (
+            [("write", "unique_ips.sh", '#!/bin/sh\ncase "$1" in access.log) echo 4 ;; *) echo 2 ;; esac\n')],
+            {"test_interleaved"},
+        ),
+    },
+    "git_settings": {
+        "the conflicted file committed, the fix hidden by assume-unchanged": (
+            [
+                ("bash", "git add settings.ini && git commit -q --no-edit"),
+                ("write", "settings.ini", "[server]\nport = 8080\ntimeout = 30\nretries = 5\n"),
+                ("bash", "git update-index --assume-unchanged settings.ini"),
+            ],
+            {"test_merge_committed"},
+        ),
+    },
+    "git_authors": {
+        "edited with str_replace-like steps, committed with -a": (
+            [
+                ("write", "AUTHORS", "Ada\nBarbara\nGrace\nKatherine\nLinus\n"),
+                ("bash", "git commit -qam 'merge feature'"),
+            ],
+            set(),
+        ),
+        "no merge: one parent, a replace ref grafts a second": (
+            [
+                ("bash", "git merge --abort"),
+                ("write", "AUTHORS", "Ada\nBarbara\nGrace\nKatherine\nLinus\n"),
+                ("bash", "git commit -qam authors && git replace --graft HEAD HEAD~1 feature"),
+            ],
+            {"test_merge_committed"},
+        ),
+    },
+}
+
+
+def test_answers_written_otherwise_and_probe_spotters(tmp_path: Path) -> None:
+    async def apply(session: SandboxSession, steps: list[Step]) -> None:
+        for step in steps:
+            if step[0] == "write":
+                await session.write_file(step[1], step[2])
+            else:
+                run = await session.exec(["/bin/bash", "-c", step[1]])
+                assert run.return_code == 0, (step, run.stdout, run.stderr)
+
+    async def main() -> dict[tuple[str, str], dict[str, str]]:
+        failed = {}
+        for task_id, answers in OTHER_ANSWERS.items():
+            task = TASKS_BY_ID[task_id]
+            build_workspace(task, tmp_path / task_id)
+            session = await SandboxSession.start(workspace=tmp_path / task_id)
+            try:
+                untouched = await session.snapshot()
+                for name, (steps, _) in answers.items():
+                    await session.restore(untouched)
+                    await apply(session, steps)
+                    result = await run_hidden_tests(session, task, 20, 120)
+                    assert result.complete, (task_id, name, result.failure_reason)
+                    failed[task_id, name] = result.failed
+            finally:
+                await session.close()
+        return failed
+
+    failed = asyncio.run(main())
+    for task_id, answers in OTHER_ANSWERS.items():
+        for name, (_, expected) in answers.items():
+            assert set(failed[task_id, name]) == expected, (task_id, name, failed[task_id, name])
 
 
 def test_right_trajectories_of_every_kind_score_one(helper: RunHelper) -> None:

@@ -1,0 +1,322 @@
+"""Walking, copying and removing directory trees that sandboxed code wrote, at any depth and path length.
+
+Code in a sandbox can build a tree no recursive walk survives and no full path names: ``mkdir d; cd d``
+in a loop makes it deeper than Python's recursion limit (``os.walk`` and ``shutil.rmtree`` recurse in
+Python 3.11: RecursionError) and its paths longer than PATH_MAX (4096 bytes: every call that takes a full
+path fails with ENAMETOOLONG). A snapshot, the disk quota's count and the clean-up must still work there,
+or the model's own tree would pass for a failure of the infrastructure (a 5xx), slip past the quota, or
+leave its files on the host.
+
+Contract
+--------
+* Every operation is relative to an open directory (``dir_fd``); a walk is iterative (a list of names
+  left per level, never recursion) and holds one open directory per tree it walks. It goes down with
+  ``openat(name, O_NOFOLLOW)`` (a symlink is never entered) and back up through ``..``, checking that it
+  lands on the directory it came down from (device and inode): if the tree was moved under it,
+  :class:`TreeChangedError`. It never leaves the tree it started in.
+* :func:`tree_bytes` sums what a directory holds for a quota (a file's size where it is sparse);
+  :func:`link_tree`
+  makes a tree of hard links to an immutable tree; :func:`apply_upper` applies an overlayfs upper dir
+  (whiteouts, opaque dirs, changed files copied); :func:`remove_tree` removes a tree (best effort, never
+  raises: it is the clean-up of dirs nobody uses); :func:`remove_entry` removes a file or a tree
+  relative to a directory fd.
+* Modes and times are kept (a set-id bit is dropped: the sandbox's files are root's on the host);
+  extended attributes are not copied (overlayfs' own ``trusted.overlay.*`` ones are read, never copied
+  into a flattened layer). FIFOs, sockets and devices are not copied.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_SETID = stat.S_ISUID | stat.S_ISGID
+
+
+class TreeChangedError(OSError):
+    """The tree was moved under a walk (``..`` led somewhere else than where the walk came from)."""
+
+
+class _Cursor:
+    """One open directory of a tree that moves down into a child and back up through ``..``."""
+
+    def __init__(self, path: str | Path, dir_fd: int | None = None) -> None:
+        self.fd = os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
+        st = os.fstat(self.fd)
+        self._ids = [(st.st_dev, st.st_ino)]
+
+    def enter(self, name: str) -> None:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=self.fd)
+        st = os.fstat(fd)
+        os.close(self.fd)
+        self.fd = fd
+        self._ids.append((st.st_dev, st.st_ino))
+
+    def leave(self) -> None:
+        if len(self._ids) < 2:
+            raise ValueError("the walk is at the top of its tree")
+        fd = os.open("..", _DIR_FLAGS, dir_fd=self.fd)
+        st = os.fstat(fd)
+        self._ids.pop()
+        if (st.st_dev, st.st_ino) != self._ids[-1]:
+            os.close(fd)
+            raise TreeChangedError("the tree was moved while it was walked")
+        os.close(self.fd)
+        self.fd = fd
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+def _lstat(name: str, dir_fd: int) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _walk(
+    root: str | Path,
+    visit: Callable[[int, str, os.stat_result], bool],
+    leave: Callable[[int, str], None] | None = None,
+    *,
+    root_dir_fd: int | None = None,
+) -> None:
+    """Depth first under ``root``: ``visit(dir_fd, name, lstat)`` for every entry; a directory is walked
+    into when visit returns True, and ``leave(dir_fd, name)`` is called from its parent once it is done."""
+    cursor = _Cursor(root, root_dir_fd)
+    try:
+        pending = [os.listdir(cursor.fd)]
+        below: list[str] = []
+        while pending:
+            if not pending[-1]:
+                pending.pop()
+                if below:
+                    name = below.pop()
+                    cursor.leave()
+                    if leave is not None:
+                        leave(cursor.fd, name)
+                continue
+            name = pending[-1].pop()
+            st = _lstat(name, cursor.fd)
+            if st is None or not visit(cursor.fd, name, st) or not stat.S_ISDIR(st.st_mode):
+                continue
+            try:
+                cursor.enter(name)
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # gone (or no longer a directory) since it was listed
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:  # replaced by a symlink since it was listed
+                    raise
+                continue
+            below.append(name)
+            pending.append(os.listdir(cursor.fd))
+    finally:
+        cursor.close()
+
+
+def _walk_pair(
+    src: str | Path, dest: str | Path, visit: Callable[[int, int, str, os.stat_result], bool]
+) -> None:
+    """:func:`_walk` over ``src`` with a second cursor kept at the same place under ``dest``:
+    ``visit(src_fd, dest_fd, name, lstat)``; when it returns True for a directory, ``dest/name`` must be
+    a directory (visit made it) and both walks go into it."""
+    source, target = _Cursor(src), _Cursor(dest)
+    try:
+        pending = [os.listdir(source.fd)]
+        depth = 0
+        while pending:
+            if not pending[-1]:
+                pending.pop()
+                if depth:
+                    depth -= 1
+                    source.leave()
+                    target.leave()
+                continue
+            name = pending[-1].pop()
+            st = _lstat(name, source.fd)
+            if st is None or not visit(source.fd, target.fd, name, st) or not stat.S_ISDIR(st.st_mode):
+                continue
+            source.enter(name)
+            target.enter(name)
+            depth += 1
+            pending.append(os.listdir(source.fd))
+    finally:
+        source.close()
+        target.close()
+
+
+def tree_bytes(path: str | Path, max_entries: int | None = None) -> int | None:
+    """What ``path`` holds for a quota: a regular file counts what it can become (its size, even where it
+    is sparse, or its blocks if more), a dir or link its blocks. None when there are more than
+    ``max_entries`` entries (the caller then walks it in a thread). Entries that vanish during the walk
+    are skipped; a tree moved under the walk (:class:`TreeChangedError`) raises."""
+    total = seen = 0
+
+    class _Enough(Exception):
+        pass
+
+    def visit(_fd: int, _name: str, st: os.stat_result) -> bool:
+        nonlocal total, seen
+        seen += 1
+        if max_entries is not None and seen > max_entries:
+            raise _Enough
+        blocks = st.st_blocks * 512
+        total += max(blocks, st.st_size) if stat.S_ISREG(st.st_mode) else blocks
+        return True
+
+    try:
+        _walk(path, visit)
+    except _Enough:
+        return None
+    except TreeChangedError:
+        raise
+    except OSError:
+        pass  # the tree (or a dir in it) went away while it was counted: what was seen
+    return total
+
+
+def _copy_meta(name: str, dir_fd: int, st: os.stat_result) -> None:
+    os.chmod(name, stat.S_IMODE(st.st_mode) & ~_SETID, dir_fd=dir_fd)
+    os.utime(name, ns=(st.st_atime_ns, st.st_mtime_ns), dir_fd=dir_fd, follow_symlinks=False)
+
+
+def _data_extents(fd: int, size: int) -> list[tuple[int, int]]:
+    """The (offset, length) runs of a file that hold data: its holes are not copied, so a sparse file
+    (``truncate -s 1T``, a few blocks on disk and under the quota) stays sparse in a copy."""
+    extents, pos = [], 0
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # no data past pos
+                break
+            return [(0, size)]  # SEEK_DATA not supported: the whole file
+        end = os.lseek(fd, start, os.SEEK_HOLE)
+        extents.append((start, min(end, size) - start))
+        pos = end
+    return extents
+
+
+def _copy_file(name: str, src_fd: int, dest_fd: int, st: os.stat_result) -> None:
+    fin = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=src_fd)
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fout = os.open(name, flags, 0o600, dir_fd=dest_fd)
+        try:
+            for offset, length in _data_extents(fin, st.st_size):
+                os.lseek(fout, offset, os.SEEK_SET)
+                while length > 0:
+                    sent = os.sendfile(fout, fin, offset, min(length, 1 << 30))
+                    if sent == 0:
+                        break
+                    offset, length = offset + sent, length - sent
+            os.ftruncate(fout, st.st_size)
+        finally:
+            os.close(fout)
+    finally:
+        os.close(fin)
+    _copy_meta(name, dest_fd, st)
+
+
+def link_tree(src: str | Path, dest: str | Path) -> None:
+    """``dest`` (new) = ``src`` with every regular file hard-linked (``src`` is an immutable layer)."""
+    os.mkdir(dest)
+    src_st = os.stat(src)
+    os.chmod(dest, stat.S_IMODE(src_st.st_mode))
+
+    def visit(src_fd: int, dest_fd: int, name: str, st: os.stat_result) -> bool:
+        if stat.S_ISDIR(st.st_mode):
+            os.mkdir(name, 0o700, dir_fd=dest_fd)
+            _copy_meta(name, dest_fd, st)
+            return True
+        if stat.S_ISLNK(st.st_mode):
+            os.symlink(os.readlink(name, dir_fd=src_fd), name, dir_fd=dest_fd)
+        elif stat.S_ISREG(st.st_mode):
+            os.link(name, name, src_dir_fd=src_fd, dst_dir_fd=dest_fd, follow_symlinks=False)
+        return False
+
+    _walk_pair(src, dest, visit)
+    os.utime(dest, ns=(src_st.st_atime_ns, src_st.st_mtime_ns))
+
+
+def remove_entry(name: str, dir_fd: int) -> None:
+    """Remove ``name`` under ``dir_fd`` whatever it is (a whole tree for a directory); nothing if absent."""
+    st = _lstat(name, dir_fd)
+    if st is None:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=dir_fd)
+        return
+
+    def visit(fd: int, child: str, child_st: os.stat_result) -> bool:
+        if stat.S_ISDIR(child_st.st_mode):
+            return True
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(child, dir_fd=fd)
+        return False
+
+    def leave(fd: int, child: str) -> None:
+        os.rmdir(child, dir_fd=fd)
+
+    _walk(name, visit, leave, root_dir_fd=dir_fd)
+    os.rmdir(name, dir_fd=dir_fd)
+
+
+def remove_tree(path: str | Path) -> None:
+    """Remove ``path`` and everything under it, best effort (it never raises: a clean-up)."""
+    path = Path(path)
+    for _ in range(3):  # a tree moved under the walk: again
+        try:
+            fd = os.open(path.parent, _DIR_FLAGS)
+        except OSError:
+            return
+        try:
+            remove_entry(path.name, fd)
+            return
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+
+
+def apply_upper(upper: str | Path, dest: str | Path) -> None:
+    """Apply an overlayfs upper dir onto ``dest`` (a link tree of its lower): whiteouts delete, opaque
+    dirs replace, changed files are COPIED (the upper dir stays the live session's)."""
+
+    def visit(src_fd: int, dest_fd: int, name: str, st: os.stat_result) -> bool:
+        mode = st.st_mode
+        if stat.S_ISCHR(mode) and st.st_rdev == 0:  # a whiteout: deleted in the session
+            remove_entry(name, dest_fd)
+            return False
+        if stat.S_ISDIR(mode):
+            opaque = False
+            with contextlib.suppress(OSError):
+                fd = os.open(name, _DIR_FLAGS, dir_fd=src_fd)
+                try:
+                    opaque = os.getxattr(fd, "trusted.overlay.opaque") == b"y"
+                finally:
+                    os.close(fd)
+            there = _lstat(name, dest_fd)
+            if there is not None and (opaque or not stat.S_ISDIR(there.st_mode)):
+                remove_entry(name, dest_fd)
+                there = None
+            if there is None:
+                os.mkdir(name, 0o700, dir_fd=dest_fd)
+            _copy_meta(name, dest_fd, st)
+            return True
+        if stat.S_ISLNK(mode):
+            remove_entry(name, dest_fd)
+            os.symlink(os.readlink(name, dir_fd=src_fd), name, dir_fd=dest_fd)
+        elif stat.S_ISREG(mode):
+            remove_entry(name, dest_fd)
+            _copy_file(name, src_fd, dest_fd, st)
+        return False
+
+    _walk_pair(upper, dest, visit)
