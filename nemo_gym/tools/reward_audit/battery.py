@@ -152,8 +152,8 @@ def generic_plays(audit: Audit, row: dict[str, Any]) -> tuple[list[Play], dict[s
         )
     else:
         why = no_answer if not answer else "the exploit file gives no wrong_answer"
-        left_out.setdefault("two_answers_right_last", why)
-        left_out.setdefault("two_answers_right_first", why)
+        for name in ("two_answers_right_last", "two_answers_right_first"):
+            left_out[name] = audit.not_applicable.get(name, why)
     add(
         "answer_in_reasoning_only",
         "the right answer only inside a reasoning item, none in the message",
