@@ -5,7 +5,14 @@ from __future__ import annotations
 import random
 import re
 
-from nemo_gym.kit.text import FENCE_PATTERN, fenced_blocks, head_tail, last_code_block
+from nemo_gym.kit.text import (
+    BASH_ACTION_PATTERN,
+    FENCE_PATTERN,
+    bash_blocks,
+    fenced_blocks,
+    head_tail,
+    last_code_block,
+)
 
 
 def test_short_text_is_unchanged_and_a_long_one_keeps_its_head_and_tail_with_a_marker() -> None:
@@ -34,3 +41,16 @@ def test_fenced_blocks_are_the_patterns_blocks_in_linear_time() -> None:
     # 3 MB); the scan is linear.
     assert fenced_blocks("```" * 1_000_000) == []
     assert fenced_blocks("```py\n" + "```" * 1_000_000) == [("py", "")]
+
+
+def test_bash_blocks_are_the_default_action_regex_matches_in_linear_time() -> None:
+    pattern = re.compile(BASH_ACTION_PATTERN, re.S)
+    rng = random.Random(1)
+    pieces = ["```bash", "```", "\n", " ", "\t", "x", "bash", "`", "```bash \n", "ls\n"]
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 14)))
+        assert bash_blocks(text) == pattern.findall(text), repr(text)
+    assert bash_blocks("Run it:\n```bash\nls -la\n```\nthen\n```bash  \n\n```") == ["ls -la", ""]
+    # 1 MB of unclosed openers: hours for the expression (bash_agent's default, on its event loop before),
+    # one pass here.
+    assert bash_blocks("```bash\nx" * 110_000) == []

@@ -5,6 +5,8 @@
 * :func:`fenced_blocks` / :func:`last_code_block`: the fenced code blocks of a model's answer, in linear
   time whatever the text (an answer is hostile input: a regular expression that backtracks on unclosed
   fences would hold the event loop for minutes).
+* :func:`bash_blocks`: the commands mini-swe-agent's default action regex (:data:`BASH_ACTION_PATTERN`)
+  finds, the same matches in linear time.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ _LANG = re.compile(r"[ \t]*([\w+#.-]*)")
 PYTHON_TAGS = frozenset({"python", "py", "python3"})
 # The regular expression fenced_blocks replaces (it backtracks quadratically on unclosed fences).
 FENCE_PATTERN = r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```"
+# mini-swe-agent's default action regex (re.S): bash_blocks finds its matches without its backtracking.
+BASH_ACTION_PATTERN = r"```bash[ \t]*\n(.*?)\n```"
 
 
 def head_tail(text: str, max_chars: int, note: str = "{cut} characters omitted") -> str:
@@ -52,3 +56,24 @@ def last_code_block(text: str | None) -> str | None:
     python = [body for lang, body in blocks if lang in PYTHON_TAGS]
     chosen = python or [body for _, body in blocks]
     return chosen[-1] if chosen and chosen[-1].strip() else None
+
+
+def bash_blocks(text: str) -> list[str]:
+    """Group 1 of every match of :data:`BASH_ACTION_PATTERN` in ``text`` (``re.findall`` with ``re.S``),
+    left to right, in linear time: an opener ```` ```bash ```` with only spaces or tabs before its newline,
+    then the body up to the next newline followed by three backticks."""
+    bodies = []
+    pos = 0
+    while (start := text.find("```bash", pos)) >= 0:
+        i = start + 7
+        while i < len(text) and text[i] in " \t":
+            i += 1
+        if i >= len(text) or text[i] != "\n":
+            pos = start + 1
+            continue
+        end = text.find("\n```", i + 1)
+        if end < 0:  # nothing closes this block, nor any block after it
+            break
+        bodies.append(text[i + 1 : end])
+        pos = end + 4
+    return bodies

@@ -27,6 +27,7 @@ never a reward.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -40,7 +41,7 @@ from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, Simpl
 from nemo_gym.client.server_client import response_cookies
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
 from nemo_gym.errors import UpstreamError, response_body
-from nemo_gym.kit.text import head_tail
+from nemo_gym.kit.text import BASH_ACTION_PATTERN, bash_blocks, head_tail
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, new_id, text_of_message
 from nemo_gym.server.agent import add_usage, empty_usage
 from nemo_gym.server.base import validated_body
@@ -108,7 +109,9 @@ class BashAgentConfig(BaseResponsesAPIAgentConfig):
     # Stop after this many format errors in a row (mini-swe-agent's name and default).
     max_consecutive_format_errors: int = Field(default=3, ge=1)
     # The command of a turn: group 1 of each match (mini-swe-agent's name; its v1 default).
-    action_regex: str = r"```bash[ \t]*\n(.*?)\n```"
+    # The default is matched by a linear scan (nemo_gym.kit.text.bash_blocks); another regex runs off the
+    # event loop on answers of at most CUSTOM_REGEX_MAX_CHARS (a longer answer is a format error).
+    action_regex: str = BASH_ACTION_PATTERN
     # A command whose output's first line is this, with exit code 0, submits.
     submit_marker: str = Field(default=SUBMIT_MARKER, min_length=1)
     # Output longer than this reaches the model as its first and last halves with a marker between.
@@ -133,9 +136,26 @@ class BashAgentConfig(BaseResponsesAPIAgentConfig):
         return value
 
 
-def extract_commands(text: str, action_regex: str) -> list[str]:
-    """The commands of a model answer: group 1 of every ``action_regex`` match, stripped."""
-    return [m.strip() for m in re.findall(action_regex, text, re.DOTALL)]
+# What a custom action_regex reads at most: a regex's time on hostile text can grow with its square.
+CUSTOM_REGEX_MAX_CHARS = 100_000
+
+
+class AnswerTooLong(ValueError):
+    """An answer past what a custom ``action_regex`` reads (a format error the model reads)."""
+
+
+async def extract_commands(text: str, action_regex: str) -> list[str]:
+    """The commands of a model answer: group 1 of every ``action_regex`` match, stripped. The default
+    pattern is matched in linear time; another runs in a worker thread on at most
+    :data:`CUSTOM_REGEX_MAX_CHARS` characters (:class:`AnswerTooLong` past it)."""
+    if action_regex == BASH_ACTION_PATTERN:
+        return [m.strip() for m in bash_blocks(text)]
+    if len(text) > CUSTOM_REGEX_MAX_CHARS:
+        raise AnswerTooLong(
+            f"your answer is {len(text):,} characters; at most {CUSTOM_REGEX_MAX_CHARS:,} are read for a command."
+        )
+    found = await asyncio.to_thread(re.findall, action_regex, text, re.DOTALL)
+    return [m.strip() for m in found]
 
 
 def observation(output: str, exit_code: int | None, timed_out: bool, max_chars: int) -> str:
@@ -250,7 +270,7 @@ class BashAgent(SimpleResponsesAPIAgent):
                 # grows, so no later turn can do better.
                 stop_reason = INCOMPLETE
                 break
-            problem = self._format_problem(turn, response, outputs)
+            problem = await self._format_problem(turn, response, outputs)
             if problem is not None:
                 format_errors += 1
                 consecutive_errors += 1
@@ -262,7 +282,7 @@ class BashAgent(SimpleResponsesAPIAgent):
                 )
                 continue
             consecutive_errors = 0
-            command = extract_commands(self._turn_text(turn), config.action_regex)[0]
+            command = (await extract_commands(self._turn_text(turn), config.action_regex))[0]
             commands += 1
             output, exit_code, timed_out = await self.run_command(command, cookies)
             if is_submission(output, exit_code, config.submit_marker):
@@ -288,7 +308,7 @@ class BashAgent(SimpleResponsesAPIAgent):
             if item.get("type", "message") == "message" and item.get("role") == "assistant"
         )
 
-    def _format_problem(
+    async def _format_problem(
         self, turn: list[dict[str, Any]], response: dict[str, Any], outputs: list[dict[str, Any]]
     ) -> str | None:
         """Why this turn gives no single command, or None when it gives exactly one. A tool call gets a
@@ -306,7 +326,10 @@ class BashAgent(SimpleResponsesAPIAgent):
             )
         if calls:
             return f"you called a tool ({', '.join(repr(c.get('name', '')) for c in calls)}); there are none."
-        found = extract_commands(self._turn_text(turn), self.config.action_regex)
+        try:
+            found = await extract_commands(self._turn_text(turn), self.config.action_regex)
+        except AnswerTooLong as e:
+            return str(e)
         if response.get("status") == "incomplete" and len(found) != 1:
             return "your answer was cut off (the output token limit) before it held one complete command."
         if not found:

@@ -68,6 +68,9 @@ SCRIPTS = [
         {"text": "still thinking"},
         SUBMIT,
     ),
+    # 1 MB of unclosed openers: the default action regex backtracks quadratically on it (hours, on the
+    # agent's event loop, before); bash_blocks reads it in one pass.
+    _case("unclosed_openers", {"text": f"{FENCE}bash\nx" * 110_000}, say("echo 42 > answer.txt"), SUBMIT),
     _case("format_stop", {"text": "no command"}, {"text": f"{FENCE}\nls\n{FENCE}"}, SUBMIT),
     _case("tool_call", {"tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]}, SUBMIT),
     _case("long_output", say("seq 1000"), SUBMIT),
@@ -194,6 +197,7 @@ def test_the_model_is_offered_no_tools(urls: dict[str, str]) -> None:
         ("no_block", "your answer has no bash code block."),
         ("two_blocks", "your answer has 2 bash code blocks; exactly one is run per turn."),
         ("other_languages", "your answer has no bash code block."),  # an ```sh block is not a command
+        ("unclosed_openers", "your answer has no bash code block."),
     ],
 )
 def test_a_turn_without_exactly_one_bash_block_runs_nothing_and_gets_a_format_error(
