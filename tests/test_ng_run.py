@@ -375,3 +375,34 @@ def test_a_large_config_reaches_every_server_in_its_launch_file_not_its_environm
             assert not Path(environ["NEMO_GYM_LAUNCH_FILE"]).exists()  # read by the server, then removed
         assert not any(launch_dir.iterdir())  # every server has read its file
     assert not launch_dir.exists()  # the run's launch directory goes at stop
+
+
+def test_a_clean_stop_leaves_nothing_in_the_temp_dir() -> None:
+    """Before: a server ended by ng_run's SIGTERM shut down gracefully, then died by the signal uvicorn
+    raised again, so no exit handler ran and each sandboxed server left its ``nemo-gym-sessions-<pid>-*``
+    dir (and pre-started sandboxes' dirs) behind. Now servers exit normally after the graceful stop."""
+    import tempfile
+
+    from nemo_gym.tools.testing import running_servers, server_url
+
+    tmp = Path(tempfile.gettempdir())
+    env = "math_with_code"
+    with running_servers([f"resources_servers/{env}/configs/{env}.yaml"]) as helper:
+        resp = post_json(
+            server_url(helper, f"{env}_simple_agent") + "/run", example_rows(env)[0], timeout=120
+        )
+        assert resp.status_code == 200, resp.text[:500]
+        pids = {row["name"]: row["pid"] for row in helper.server_instances()}
+        made = sorted(tmp.glob(f"nemo-gym-sessions-{pids[env]}-*"))
+        assert made  # the sandboxed server made its sessions dir
+        launch_dir = helper.supervisor._launch_files
+    codes = {c.name: c.process.returncode for c in helper.supervisor.children}
+    assert codes == dict.fromkeys(pids, 0), codes  # ended normally, not by the signal
+    for pid in pids.values():
+        left = [
+            p.name
+            for p in tmp.iterdir()
+            if f"-{pid}-" in p.name and p.name.lstrip(".").startswith("nemo-gym")
+        ]
+        assert not left, left
+    assert launch_dir is not None and not launch_dir.exists()

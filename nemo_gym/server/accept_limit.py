@@ -36,11 +36,12 @@ cost is a clock read and a few attribute tests in ``data_received``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -444,6 +445,15 @@ class BoundedServer(uvicorn.Server):
         if self.gate is not None:
             self.gate.stop()
         await super().shutdown(sockets=sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's, except that a stop signal it handled (a graceful shutdown done) is not raised again
+        afterwards: the process then ends normally, and its exit handlers run (a sandbox's session and
+        pre-start dirs are removed; dying by the re-raised SIGTERM left them in the temp dir)."""
+        with super().capture_signals():
+            yield
+            self._captured_signals.clear()
 
 
 def bounded_server(

@@ -143,6 +143,7 @@ class ServerSupervisor(
         self._ray_checked_at = 0.0
         self._spawner = SpawnerThread()
         self._launch_files: Path | None = None  # the children's private launch files (nemo_gym.launch)
+        self._launch_lock = threading.Lock()
         self.launch_values: dict[str, dict[str, str]] = {}  # child label -> what its launch file held
         # The fork server the servers are forked from (ng_run starts it before it reads the config;
         # otherwise start() does, when some server can use it): nemo_gym.run.zygote.

@@ -176,9 +176,10 @@ class SpawningMixin:
 
     def _launch_dir(self) -> Path:
         """The run's private directory of launch files (0700; removed at stop)."""
-        if self._launch_files is None:
-            self._launch_files = Path(tempfile.mkdtemp(prefix="nemo-gym-launch-"))
-        return self._launch_files
+        with self._launch_lock:  # children are spawned from several threads
+            if self._launch_files is None:
+                self._launch_files = Path(tempfile.mkdtemp(prefix="nemo-gym-launch-"))
+            return self._launch_files
 
     def _spawn(self, child: ChildServer, config_yaml: str, secret: str, run_scrubber: Scrubber) -> None:
         assert child.sock is not None

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from nemo_gym.config.command import command
 from nemo_gym.config.keys import PACKAGE_PARENT_DIR
 from nemo_gym.config.overrides import parse_cli_overrides
 from nemo_gym.config.problems import ConfigError
@@ -86,6 +87,7 @@ def _commit(root: Path) -> str:
         return "unknown"
 
 
+@command("ng_reward_audit")
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
