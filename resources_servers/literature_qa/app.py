@@ -398,10 +398,12 @@ class LiteratureQAServer(SimpleResourcesServer):
     async def read_section(self, body: ReadSectionRequest) -> dict[str, Any]:
         paper = self._corpus.get(body.paper_id.strip())
         if paper is None:
-            return {"error": f"unknown paper_id {body.paper_id!r}: use an id that search_papers returned"}
+            return {
+                "error": f"unknown paper_id {_shown(body.paper_id)}: use an id that search_papers returned"
+            }
         section = body.section.strip().lower()
         if section not in SECTIONS:
-            return {"error": f"unknown section {body.section!r}: use one of {', '.join(SECTIONS)}"}
+            return {"error": f"unknown section {_shown(body.section)}: use one of {', '.join(SECTIONS)}"}
         return {
             "paper_id": paper.id,
             "title": paper.title,
@@ -425,7 +427,8 @@ class LiteratureQAServer(SimpleResourcesServer):
         unknown = [c for c in body.citations if c not in self._corpus]
         if unknown:
             return {
-                "error": f"unknown paper id(s) {unknown}: cite ids that search_papers returned; submit again"
+                "error": f"unknown paper id(s) {[_shown(u) for u in unknown[:10]]}: cite ids that search_papers "
+                "returned; submit again"
             }
         return {"recorded": True}
 
@@ -512,6 +515,11 @@ def abstention_metrics(rollouts: list[dict[str, Any]]) -> dict[str, float]:
         "citation_accuracy": (sum(1 for r in right if r.get("citation_correct")), len(right)),
     }
     return {name: num / den for name, (num, den) in ratios.items() if den}
+
+
+def _shown(value: str, limit: int = 80) -> str:
+    """A model-written value quoted back to it, cut to ``limit`` characters (a 100 KB id is not echoed)."""
+    return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value):,} characters)"
 
 
 if __name__ == "__main__":

@@ -331,6 +331,8 @@ def test_tools_answer_errors_the_model_can_read(helper: RunHelper) -> None:
         "unknown paper_id 'LQA-999'"
         in _tool(helper, "read_section", {"paper_id": "LQA-999", "section": "results"})["error"]
     )
+    huge = _tool(helper, "read_section", {"paper_id": "X" * 100_000, "section": "results"})["error"]
+    assert len(huge) < 300 and "(100,000 characters)" in huge  # a 100 KB id is not echoed back in full
     bad = _tool(helper, "read_section", {"paper_id": "LQA-016", "section": "discussion"})["error"]
     assert "unknown section 'discussion'" in bad and "abstract, methods, results" in bad
     assert (
