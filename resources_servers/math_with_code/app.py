@@ -342,7 +342,8 @@ def grade_answers(expected: str, answers: list[str], timeout_seconds: int = 5) -
             except TimeoutException:
                 return (
                     "answer_timeout",
-                    f"math-verify could not compare the answer with expected_result within {timeout_seconds} s",
+                    "math-verify could not compare the answer with expected_result within "
+                    f"{timeout_seconds} s",
                 )
             except Exception:  # sympy could not compare them: not shown equal
                 equal = False
@@ -639,7 +640,8 @@ class PythonExecutorResourcesServer(SimpleResourcesServer):
                 reason = (
                     "wrong_answer"
                     if len(distinct) == 1
-                    else f"several_answers: {len(distinct)} different boxed answers, {str(detail)[:100]!r} is wrong"
+                    else f"several_answers: {len(distinct)} different boxed answers, "
+                    f"{str(detail)[:100]!r} is wrong"
                 )
         accuracy = reason is None
         if accuracy and body.expected_code_contains:
