@@ -473,8 +473,8 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
     @staticmethod
     def _not_run_outputs(calls: list[ToolCall], answer_tool: str) -> list[dict[str, Any]]:
         message = (
-            f"Error: not run: {answer_tool!r} answers the task and ends the episode, so the calls after it "
-            "in the same turn are not run"
+            f"Error: the episode has already ended ({answer_tool!r} answered the task earlier in this turn); "
+            "this call was not run."
         )
         return [{"type": "function_call_output", "call_id": c.id, "output": message} for c in calls]
 
