@@ -24,7 +24,8 @@ Contract
   404, a closed one a 409 saying why it closed; a malformed body a 422. A call whose ``arguments`` are
   not a JSON object (or nest past the JSON decoder's depth), and an env raising inside ``step()``,
   become ``function_call_output`` error text the model reads (the env stays usable). A step that
-  exceeds ``step_timeout_s`` ends the episode with an error output. ``/verify`` for an env this server never saw (or forgot) is a 404, never reward 0.
+  exceeds ``step_timeout_s`` ends the episode with an error output. ``/verify`` for an env this server
+  never saw (or forgot) is a 404, never reward 0.
 * Upstream's server kept a total-reward entry per env forever; here finished envs are kept in a
   bounded record (``max_finished_records``).
 * A subclass whose env construction and ``reset()`` do only CPU work sets ``RESET_OFF_LOOP = True``
