@@ -17,11 +17,15 @@ Contract
   ``seed_wait_timeout_s`` for a slot, then answers 503); an env untouched for ``idle_timeout_s`` is
   closed by a reaper; reset/step/close are bounded by their timeouts; every live env is closed when
   the server stops. ``GET /env_stats`` reports live/peak counts.
+* One answer per turn: the calls of a turn after its first call of an answer tool (``answer_tools``,
+  default ``submit_answer``) are not run, and say so (Aviary would run and reward every one of them).
+  ``/verify`` adds ``failure_reason`` when the reward is not positive.
 * Errors: a ``task_idx`` outside the dataset is a 422 naming the range; an unknown ``env_id`` is a
   404, a closed one a 409 saying why it closed; a malformed body a 422. A call whose ``arguments`` are
-  not a JSON object, and an env raising inside ``step()``, become ``function_call_output`` error text
-  the model reads (the env stays usable). A step that exceeds ``step_timeout_s`` ends the episode with
-  an error output. ``/verify`` for an env this server never saw (or forgot) is a 404, never reward 0.
+  not a JSON object (or nest past the JSON decoder's depth), and an env raising inside ``step()``,
+  become ``function_call_output`` error text the model reads (the env stays usable). A step that
+  exceeds ``step_timeout_s`` ends the episode with an error output. ``/verify`` for an env this server
+  never saw (or forgot) is a 404, never reward 0.
 * Upstream's server kept a total-reward entry per env forever; here finished envs are kept in a
   bounded record (``max_finished_records``).
 * A subclass whose env construction and ``reset()`` do only CPU work sets ``RESET_OFF_LOOP = True``
@@ -196,6 +200,17 @@ def _close_thread_runner() -> None:
 # Live envs.
 
 
+def _failure_reason(reward: float, rewards: list[float], done: bool) -> str | None:
+    """Why a rollout earned nothing, in words (None when it earned a reward)."""
+    if reward > 0:
+        return None
+    if not done:
+        return (
+            f"the episode did not end (no answer submitted) after {len(rewards)} env steps: rewards {rewards}"
+        )
+    return f"the episode ended with the env's rewards {rewards} (sum {reward:g})"
+
+
 @dataclass
 class _LiveEnv:
     env: Environment
@@ -338,6 +353,9 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
                 except json.JSONDecodeError as e:
                     bad.append(f"the arguments of {call.name!r} are not valid JSON ({e})")
                     continue
+                except RecursionError:
+                    bad.append(f"the arguments of {call.name!r} nest deeper than a JSON decoder follows")
+                    continue
                 if not isinstance(args, dict):
                     bad.append(
                         f"the arguments of {call.name!r} must be a JSON object, got {type(args).__name__}"
@@ -347,6 +365,7 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
                     ToolCall(id=call.call_id, function=ToolCallFunction(name=call.name, arguments=args))
                 )
             step_no = len(live.step_rewards) + 1
+            calls, not_run = self._stop_at_answer(calls)
             if bad:
                 # Aviary cannot take calls it cannot parse: nothing is run, the model reads why.
                 msg = (
@@ -384,7 +403,11 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
             live.step_rewards.append(reward)
             live.done = bool(done)
             items = obs_to_items(obs)
+            skipped = self._not_run_outputs(not_run, calls[-1].function.name if not_run else "")
+            items.extend(skipped)
             reason = self._unanswered_calls(live, body.action, items, reward, bool(done))
+            if skipped:
+                reason = "\n".join(filter(None, [reason, skipped[0]["output"]]))
             return AviaryStepResponse(
                 obs=items,
                 reward=reward,
@@ -410,12 +433,14 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
                 422, f"env_id {env_id!r} ran task_idx {record.task_idx}, but the row says {body.task_idx}"
             )
         rewards = list(record.step_rewards)
+        reward = float(sum(rewards))
         return AviaryAgentVerifyResponse.from_request(
             body,
-            reward=float(sum(rewards)),
+            reward=reward,
             step_rewards=rewards,
             num_steps=len(rewards),
             env_done=record.done,
+            failure_reason=_failure_reason(reward, rewards, record.done),
         )
 
     async def close(self, request: Request, body: AviaryCloseRequest) -> AviaryCloseResponse:
@@ -436,6 +461,23 @@ class AviaryResourcesServer(SimpleResourcesServer, Generic[EnvT, DatasetT], ABC)
         if error:
             return AviaryCloseResponse(message=error, success=False)
         return AviaryCloseResponse(message="Success", success=True)
+
+    def _stop_at_answer(self, calls: list[ToolCall]) -> tuple[list[ToolCall], list[ToolCall]]:
+        """The calls of a turn up to and including its first answer call (``answer_tools``), and the
+        calls after it, which are not run: an answer ends the episode, and Aviary would otherwise run
+        (and reward) every answer of the turn, so a policy could submit several answers at once."""
+        for i, call in enumerate(calls):
+            if call.function.name in self.config.answer_tools:
+                return calls[: i + 1], calls[i + 1 :]
+        return calls, []
+
+    @staticmethod
+    def _not_run_outputs(calls: list[ToolCall], answer_tool: str) -> list[dict[str, Any]]:
+        message = (
+            f"Error: the episode has already ended ({answer_tool!r} answered the task earlier in this turn); "
+            "this call was not run."
+        )
+        return [{"type": "function_call_output", "call_id": c.id, "output": message} for c in calls]
 
     # -- hooks for subclasses --------------------------------------------------------------------------
     def check_seed_request(self, body: AviarySeedSessionRequest) -> None:

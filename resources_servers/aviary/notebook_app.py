@@ -5,23 +5,27 @@ Contract
 * Tasks come from a JSONL file (default ``data/notebook_tasks.jsonl``) of ``{"id", "question",
   "answer"}``; the CSV files the questions name live in ``files_dir`` (default
   ``data/notebook_files/``). The answer is a number (checked with relative tolerance ``rel_tol``,
-  default 1e-3) or a string (checked case- and space-insensitively).
+  default 1e-6: rounding noise) or a string (checked case- and space-insensitively).
 * Tools: Aviary's ``edit_cell`` (write a code cell; it runs at once) and ``list_workdir``, plus
   ``submit_answer(answer)``, which ends the episode: reward 1.0 if right, 0.0 if not. Aviary runs every
   call of a model turn; once one has ended the episode, the later ones (a second answer, a cell) are not
-  run and say so (:data:`EPISODE_ENDED`): one answer per episode, whatever the turn holds. Every
-  observation ends with Aviary's Markdown view of the notebook, marked as environment state
-  (``is_env_state``), which ``aviary_agent``'s ``collapse_old_env_states`` can collapse.
+  run and say so (:data:`EPISODE_ENDED`, and the base server's ``answer_tools``): one answer per
+  episode, whatever the turn holds. Every observation ends with Aviary's Markdown view of the notebook,
+  marked as environment state (``is_env_state``), which ``aviary_agent``'s ``collapse_old_env_states``
+  can collapse.
 * The kernel (an ipykernel of this interpreter) runs model-written code in its own process, never
-  in the server: inside bubblewrap when available (``kernel_sandbox``; no network, read-only system,
-  private /tmp), in a throw-away working directory (a fresh copy of ``files_dir``, removed on close),
-  in its own process group, with rlimits (address space, CPU seconds, file size, open files) and
-  ``PR_SET_PDEATHSIG`` so it dies with the server process however that dies, and (where the machine
-  gives the server one) in a pids cgroup of its whole tree (``KernelLimits.processes``). Closing the env
-  (or the server's idle reaper, or server shutdown) shuts the kernel down, then kills its process group
-  and everything left in its cgroup (a cell's children that left the group). A cell running longer than
-  ``cell_timeout_s`` becomes a tool error. The server keeps at most ``KernelLimits.output_chars`` of one
-  cell run's output (:class:`BoundedOutputClient`).
+  in the server: inside bubblewrap when available (``kernel_sandbox``; :func:`bwrap_argv`: only the
+  system files and the Python environment, read-only, so no repository and no task file; no network;
+  its own pid namespace, no capabilities; private /tmp), in a throw-away working directory (a fresh copy
+  of ``files_dir``, removed on close), in its own process group, with rlimits (address space, CPU
+  seconds, file size, open files) and ``PR_SET_PDEATHSIG`` so it dies with the server process however
+  that dies, and in cgroups of its whole tree (``KernelLimits.processes``, ``KernelLimits.memory_mib``;
+  as root without a pids cgroup no kernel starts). Closing the env (or the server's idle reaper, or
+  server shutdown) shuts the kernel down, then kills its process group and everything left in its
+  cgroup. The server keeps at most ``KernelLimits.output_chars`` of one cell run's output
+  (:class:`BoundedOutputClient`) and no kernel message larger than ``MAX_KERNEL_MESSAGE_BYTES``; a cell
+  past that output or past ``cell_timeout_s`` is interrupted (a message on the kernel's control channel)
+  and becomes a tool error.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, Self
 
+import nbformat
+import zmq
 from jupyter_client.kernelspec import NATIVE_KERNEL_NAME
 from jupyter_client.manager import AsyncKernelManager
 from pydantic import BaseModel, Field, PrivateAttr
@@ -86,40 +92,63 @@ class SandboxedKernelManager(AsyncKernelManager):
         )
 
 
-def _python_and_code_dirs() -> list[str]:
-    """Where the kernel's interpreter, its packages and this repository live (resolved)."""
+def _python_dirs() -> list[str]:
+    """Where the kernel's interpreter and its packages live (resolved): the virtual environment and the
+    Python it was made from. Not this repository, whose task files hold the answers."""
     import sys
 
-    import nemo_gym
+    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    return sorted({str(Path(d).resolve()) for d in dirs})
 
-    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(nemo_gym.__file__).resolve().parents[1])}
-    return [str(Path(d).resolve()) for d in dirs]
+
+def _system_binds() -> list[str]:
+    """The host's system files a Python kernel needs, read-only: /usr, the /bin and /lib links or dirs, the
+    loader cache, the alternatives links and the local time zone. Nothing else of /etc, /root or /home."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"):
+        path = Path(top)
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), top]
+        elif path.is_dir():
+            args += ["--ro-bind", top, top]
+    for etc in ("/etc/alternatives", "/etc/ld.so.cache", "/etc/localtime"):
+        if Path(etc).exists():
+            args += ["--ro-bind", etc, etc]
+    return args
 
 
 def bwrap_argv(work_dir: Path, ipc_dir: Path) -> list[str]:
-    """bubblewrap around the kernel: read-only system, no network (ZMQ over Unix sockets in
-    ``ipc_dir``, where the connection file is too), private /tmp, writable ``work_dir`` only, dies
-    with its parent."""
-    # The private /tmp would hide a Python environment or checkout that lives under /tmp (a CI clone):
-    # bind those back, read-only.
-    keep = sorted({str(p) for p in map(Path, _python_and_code_dirs()) if p.is_relative_to("/tmp")})
+    """bubblewrap around the kernel: only the system files and the Python environment, read-only (no
+    repository, no task file, no home directory); writable ``work_dir`` and ``ipc_dir`` (ZMQ over Unix
+    sockets there, where the connection file is too) and a private /tmp; no network; its own pid
+    namespace (it sees and can signal its own processes only, and they all die with it), no
+    capabilities, no further user namespaces; dies with its parent."""
+    binds: list[str] = []
+    for path in _python_dirs():
+        binds += ["--ro-bind", path, path]
     return [
         shutil.which("bwrap") or "bwrap",
-        "--ro-bind", "/", "/",
-        "--dev", "/dev",
+        *_system_binds(),
         "--proc", "/proc",
+        "--dev", "/dev",
         "--tmpfs", "/tmp",
-        *[arg for p in keep for arg in ("--ro-bind", p, p)],
+        *binds,  # after the tmpfs: a Python environment under /tmp (a CI clone) stays visible
         "--bind", str(work_dir), str(work_dir),
         "--bind", str(ipc_dir), str(ipc_dir),
-        # Every namespace but the pid one: ipykernel exits when its parent pid is 1, as it would be there.
+        "--remount-ro", "/",
         "--unshare-user",
         "--unshare-ipc",
         "--unshare-net",
         "--unshare-uts",
+        "--unshare-pid",
         "--unshare-cgroup-try",
+        "--disable-userns",
+        "--cap-drop", "ALL",
         "--die-with-parent",
         "--new-session",
+        # ipykernel exits when its parent is pid 1 unless told its parent is pid 1: in the kernel's pid
+        # namespace its parent is bubblewrap's init, pid 1. It dies with that init anyway.
+        "--setenv", "JPY_PARENT_PID", "1",
         "--chdir", str(work_dir),
         "--",
     ]  # fmt: skip
@@ -137,6 +166,11 @@ class KernelLimits(BaseModel):
         default=512,
         gt=0,
         description="Processes and threads of the kernel's tree at once (a pids cgroup, where the machine has one)",
+    )
+    memory_mib: int = Field(
+        default=4096,
+        gt=0,
+        description="Memory of the kernel's whole tree (a memory cgroup, where there is one)",
     )
     output_chars: int = Field(
         default=1_000_000,
@@ -172,23 +206,42 @@ def _kernel_preexec(limits: KernelLimits, procs_files: list[str] | None = None) 
 
 
 def _kernel_cgroup(limits: KernelLimits) -> Any:
-    """Fresh cgroups for one kernel's process tree, ``pids.max`` = ``limits.processes`` (the sandbox's
-    cgroup driver: :mod:`nemo_gym.sandbox.cgroups`); None where this machine gives no pids cgroup (then
-    only the process group bounds the tree). A model's cell can fork (a fork bomb would take the host's
-    process table) and its children can leave the kernel's process group (``setsid``): the cgroup holds
-    the count, and closing the kernel kills everything in it."""
+    """Fresh cgroups for one kernel's process tree, ``pids.max`` = ``limits.processes`` and the memory
+    bound ``limits.memory_mib`` (the sandbox's cgroup driver: :mod:`nemo_gym.sandbox.cgroups`); None where
+    this machine gives no pids cgroup and the server is not root (then only the process group bounds the
+    tree). A model's cell can fork (a fork bomb would take the host's process table), allocate in many
+    processes (RLIMIT_AS bounds each, not their sum), and its children can leave the kernel's process group
+    (``setsid``): the cgroup holds the count and the memory, and closing the kernel kills everything in it.
+    As root without a pids cgroup nothing would bound a fork bomb (RLIMIT_NPROC does not apply to root):
+    no kernel starts then, as no sandboxed program does (docs/sandbox.md)."""
     from nemo_gym.sandbox.backend_base import _BackendBase
-    from nemo_gym.sandbox.errors import SandboxError
+    from nemo_gym.sandbox.errors import SandboxError, SandboxUnavailableError
     from nemo_gym.sandbox.spec import SandboxResources
 
+    problem = kernel_cgroup_problem()
+    if problem:
+        raise SandboxUnavailableError(problem)
     driver = _BackendBase.cgroup_driver()
     if "pids" not in driver.roots:
         return None
     try:
-        return driver.create(SandboxResources(memory_mib=None, processes=limits.processes))
+        return driver.create(SandboxResources(memory_mib=limits.memory_mib, processes=limits.processes))
     except SandboxError as e:
-        logger.warning("the kernel runs without a pids cgroup: %s", e)
+        logger.warning("the kernel runs without its cgroups: %s", e)
         return None
+
+
+def kernel_cgroup_problem() -> str | None:
+    """Why sandboxed kernels cannot be bounded in processes here (None: they can)."""
+    from nemo_gym.sandbox.backend_base import _BackendBase
+
+    driver = _BackendBase.cgroup_driver()
+    if "pids" not in driver.roots and os.geteuid() == 0:
+        return (
+            "the notebook kernel cannot be limited in processes here: the server runs as root and found no "
+            f"writable pids cgroup (cgroup mode {driver.mode}: {driver.reason}); see docs/sandbox.md"
+        )
+    return None
 
 
 _OUTPUT_TYPES = frozenset({"stream", "execute_result", "display_data", "error"})
@@ -207,6 +260,11 @@ class BoundedOutputClient:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
+
+    @property
+    def overflowed(self) -> bool:
+        """Whether this cell run's output passed the limit (its later outputs are being dropped)."""
+        return self._noted
 
     def execute(self, *args: Any, **kwargs: Any) -> str:
         self._msg_id = self._client.execute(*args, **kwargs)
@@ -245,6 +303,9 @@ class LimitedNBEnvironmentState(NBEnvironmentState):
 
     async def start_kernel(self) -> None:
         km = SandboxedKernelManager(kernel_name=NATIVE_KERNEL_NAME)
+        # No ZMQ message larger than this reaches the server (a single print of a huge string would
+        # otherwise be held in the server's memory whole); a larger one disconnects the kernel's stream.
+        km.context.setsockopt(zmq.MAXMSGSIZE, MAX_KERNEL_MESSAGE_BYTES)
         if self.sandbox:
             self.ipc_dir = Path(tempfile.mkdtemp(prefix="ng-kernel-ipc-"))
             km.transport = "ipc"
@@ -260,6 +321,9 @@ class LimitedNBEnvironmentState(NBEnvironmentState):
             preexec_fn=_kernel_preexec(self.limits, procs_files),
             env=_kernel_env(self.work_dir),
         )
+        # Interrupts go as a message on the control channel: ipykernel then signals itself. A signal from
+        # here would reach bubblewrap, not the kernel (it runs in a session of its own in the sandbox).
+        km.kernel_spec.interrupt_mode = "message"
         provisioner = self._kernel_manager.provisioner
         self.kernel_pid = getattr(provisioner, "pid", None)
         if procs_files and self.kernel_pid is not None:
@@ -324,7 +388,7 @@ class CSVAnalysisEnv(NBEnvironment[LimitedNBEnvironmentState]):
         question: str,
         answer: str | float,
         files_dir: Path,
-        rel_tol: float = 1e-3,
+        rel_tol: float = 1e-6,
         limits: KernelLimits | None = None,
         cell_timeout_s: int = 120,
         sandbox: bool = True,
@@ -363,6 +427,41 @@ class CSVAnalysisEnv(NBEnvironment[LimitedNBEnvironmentState]):
 
     edit_cell.__doc__ = NBEnvironment.edit_cell.__doc__  # the tool's description: Aviary's, unchanged
 
+    async def _run_notebook_local(self, cell_idx: int | None = None) -> str:
+        """Run the notebook's code cells (or only ``cell_idx``) in the kernel, as Aviary does, but a cell
+        whose output passes ``KernelLimits.output_chars`` (its client drops the rest) or that runs past
+        ``cell_execution_timeout`` is interrupted, so the kernel is free for the next cell (Aviary left it
+        running, printing or looping, until its CPU limit). Both raise: the model reads why as the tool's
+        error."""
+        km = self.state._kernel_manager
+        client = km.client()
+        client.start_channels()
+        try:
+            for idx, cell in enumerate(self.state.cells):
+                if cell.cell_type != "code" or (cell_idx is not None and idx != cell_idx):
+                    continue
+                cell.outputs = []
+                msg_id = client.execute(cell.source)
+                try:
+                    async with asyncio.timeout(self.cell_execution_timeout):
+                        await _collect_outputs(client, msg_id, cell)
+                except (TimeoutError, _OutputLimitError) as exc:
+                    await _interrupt(km, client, msg_id)
+                    if isinstance(exc, _OutputLimitError):
+                        raise RuntimeError(
+                            f"cell {idx} printed more than {self.limits.output_chars:,} characters; it was "
+                            "interrupted and its output cut"
+                        ) from None
+                    raise TimeoutError(
+                        f"Notebook execution timed out after {self.cell_execution_timeout} seconds; the "
+                        "cell was interrupted"
+                    ) from None
+        finally:
+            client.stop_channels()
+            self.state.save_nb()
+            self.state.reload_nb()
+        return "Executed all cells."
+
     async def submit_answer(self, answer: str) -> str:
         """Submit the final answer to the question. This ends the episode.
 
@@ -386,6 +485,69 @@ class CSVAnalysisEnv(NBEnvironment[LimitedNBEnvironmentState]):
                 shutil.rmtree(self.state.work_dir, ignore_errors=True)
 
 
+MAX_KERNEL_MESSAGE_BYTES = 16 << 20  # largest ZMQ message a kernel may send the server
+_INTERRUPT_GRACE_S = 5.0  # how long an interrupted cell has to stop
+
+
+class _OutputLimitError(Exception):
+    """A cell's outputs passed ``KernelLimits.output_chars``."""
+
+
+def _output_of(kind: str, content: dict[str, Any]) -> Any:
+    """The notebook output of one iopub message of a cell (None for other kinds), as Aviary builds it."""
+    if kind == "stream":
+        return nbformat.v4.new_output(output_type="stream", name=content["name"], text=content["text"])
+    if kind == "execute_result":
+        return nbformat.v4.new_output(
+            output_type="execute_result",
+            data=content.get("data", {}),
+            metadata=content.get("metadata", {}),
+            execution_count=content.get("execution_count"),
+        )
+    if kind == "display_data":
+        return nbformat.v4.new_output(
+            output_type="display_data", data=content.get("data", {}), metadata=content.get("metadata", {})
+        )
+    if kind == "error":
+        return nbformat.v4.new_output(
+            output_type="error",
+            ename=content.get("ename", ""),
+            evalue=content.get("evalue", ""),
+            traceback=content.get("traceback", []),
+        )
+    return None
+
+
+async def _collect_outputs(client: Any, msg_id: str, cell: Any) -> None:
+    """The cell's outputs until the kernel is idle again. The client (:class:`BoundedOutputClient`) keeps
+    a bounded part of them: once it dropped some, :class:`_OutputLimitError` is raised."""
+    while True:
+        msg = await client.get_iopub_msg()
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "status" and content.get("execution_state") == "idle":
+            return
+        output = _output_of(kind, content)
+        if output is not None:
+            cell.outputs.append(output)
+        if getattr(client, "overflowed", False):
+            raise _OutputLimitError
+
+
+async def _interrupt(km: Any, client: Any, msg_id: str) -> None:
+    """Interrupt the running cell and wait (bounded) for the kernel to be idle, dropping its output."""
+    with contextlib.suppress(Exception):
+        await km.interrupt_kernel()
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(_INTERRUPT_GRACE_S):
+            while True:
+                msg = await client.get_iopub_msg()
+                if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status":
+                    if msg["content"].get("execution_state") == "idle":
+                        return
+
+
 def answers_match(proposed: Any, expected: Any, rel_tol: float) -> bool:
     """Numbers within ``rel_tol`` (relative), else texts equal ignoring case, spaces and a final period."""
     text = str(proposed).strip().rstrip(".").replace(",", "")
@@ -405,7 +567,11 @@ class NotebookServerConfig(AviaryResourcesServerConfig):
     kernel_sandbox: Literal["auto", "bwrap", "none"] = Field(
         default="auto", description="Run the kernel in bubblewrap (auto: when bwrap is installed)."
     )
-    rel_tol: float = Field(default=1e-3, ge=0)
+    rel_tol: float = Field(
+        default=1e-6,
+        ge=0,
+        description="Relative tolerance of a numeric answer: rounding noise only (1e-3 paid 11050 for 11046)",
+    )
     max_live_envs: int = Field(default=8, ge=1, description="Live kernels at once.")
     idle_timeout_s: float = Field(default=300.0, gt=0)
 
@@ -437,6 +603,9 @@ class NotebookTaskDataset(TaskDataset[CSVAnalysisEnv]):
                 "kernel_sandbox: bwrap, but bubblewrap is not installed (apt-get install bubblewrap)"
             )
         self.sandbox = config.kernel_sandbox == "bwrap" or (config.kernel_sandbox == "auto" and have_bwrap)
+        problem = kernel_cgroup_problem() if self.sandbox else None
+        if problem:
+            raise DatasetFileError(problem)
         if not self.sandbox:
             logger.warning(
                 "notebook kernels run WITHOUT a sandbox (kernel_sandbox=%s)", config.kernel_sandbox

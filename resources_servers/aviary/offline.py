@@ -8,29 +8,35 @@ Contract
   task is :class:`OfflineCalculatorEnv`: Aviary's own ``CalculatorEnv`` (tools ``calculator`` and
   ``submit_answer``; its rewards: correct 1, wrong 0, unparsable answer or unknown tool -1) whose
   ``reset()`` reuses its tools' descriptions and schemas (:func:`tool_of`) instead of building them
-  again for every episode.
+  again for every episode, whose calculator bounds its integers (:func:`bounded_calculation`) and
+  whose ``submit_answer`` wants an integer answer exactly.
 * :class:`HotPotQAFileDataset`: HotPotQA items in the distractor-setting format (``_id``/``id``,
   ``question``, ``answer``, ``context: [[title, [sentence, ...]], ...]``) as a JSON array (the
   official ``hotpot_*_distractor_v1.json``) or JSONL. Every item's paragraphs together form the
   search corpus. Each task is :class:`OfflineHotPotQAEnv`: Aviary's ``HotPotQAEnv`` (same tools,
-  same tool schemas, same answer scoring) whose ``search`` reads that corpus instead of fetching
-  Wikipedia.
+  same tool schemas) whose ``search`` reads that corpus instead of fetching Wikipedia; its answer check
+  is the normalised exact match unless ``evaluation_mode`` says otherwise (Aviary's default, "contains",
+  pays an answer that merely contains the gold).
 * Bad input fails at load with the file and line (or item number) and what is wrong.
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import difflib
 import json
+import operator
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from aviary.core import Message, TaskDataset, Tool
 from aviary.envs.gsm8k import CalculatorEnv, CalculatorEnvConfig
 from aviary.envs.hotpotqa import HotPotQAEnv, HotPotQAEnvConfig
 from aviary.envs.hotpotqa.env import normalize_answer
+from aviary.utils import EvalAnswerMode, eval_answer
 from nemo_gym.jsonl import iter_jsonl_objects
 from resources_servers.aviary.app import resolve_data_path
 from resources_servers.aviary.schemas import AviaryResourcesServerConfig
@@ -82,15 +88,109 @@ def tool_of(method: Callable[..., Any]) -> Tool:
     )
 
 
+MAX_CALCULATOR_BITS = 10_000  # of any integer the calculator makes (about 3,000 digits)
+_CALC_BINARY: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_CALC_UNARY: dict[type, Callable[[Any], Any]] = {ast.USub: operator.neg, ast.UAdd: operator.pos}
+_CALC_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "abs": abs,
+    "round": round,
+    "min": min,
+    "max": max,
+    "sum": sum,
+}
+
+
+def _bits(value: Any) -> int:
+    return abs(value).bit_length() if isinstance(value, int) else 0
+
+
+def bounded_calculation(expr: str) -> float | int:
+    """The value of an arithmetic expression: the operators, constants and functions Aviary's GSM8K
+    calculator allows, but no integer may grow past ``MAX_CALCULATOR_BITS`` bits. Aviary's evaluator
+    computes ``9**9**9`` (370 million digits) in one C call that holds the GIL: the whole server stops.
+    Raises ``ValueError`` (or ``ArithmeticError``, ``RecursionError``, ``MemoryError``) for anything else."""
+    return _calc(ast.parse(expr, mode="eval").body)
+
+
+def _calc(node: ast.AST) -> float | int:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _CALC_BINARY:
+        left, right = _calc(node.left), _calc(node.right)
+        if isinstance(node.op, ast.Pow) and isinstance(left, int) and isinstance(right, int) and right > 0:
+            if abs(left) > 1 and max(_bits(left) - 1, 1) * right > MAX_CALCULATOR_BITS:
+                raise ValueError(f"the result is too large (more than {MAX_CALCULATOR_BITS} bits)")
+        if isinstance(node.op, ast.Mult) and _bits(left) + _bits(right) > MAX_CALCULATOR_BITS + 1:
+            raise ValueError(f"the result is too large (more than {MAX_CALCULATOR_BITS} bits)")
+        value = _CALC_BINARY[type(node.op)](left, right)
+    elif isinstance(node, ast.UnaryOp) and type(node.op) in _CALC_UNARY:
+        value = _CALC_UNARY[type(node.op)](_calc(node.operand))
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CALC_FUNCTIONS:
+        if node.keywords:
+            raise ValueError("keyword arguments are not supported")
+        value = _CALC_FUNCTIONS[node.func.id](*(_calc(arg) for arg in node.args))
+    else:
+        raise ValueError(f"unsupported expression: {type(node).__name__}")
+    if _bits(value) > MAX_CALCULATOR_BITS:
+        raise ValueError(f"the result is too large (more than {MAX_CALCULATOR_BITS} bits)")
+    return value
+
+
 class OfflineCalculatorEnv(CalculatorEnv):
     """Aviary's ``CalculatorEnv`` whose ``reset()`` makes its tools with :func:`tool_of` (the same tools,
-    ~0.1 ms instead of ~7 ms). Everything else is Aviary's; tests compare both resets."""
+    ~0.1 ms instead of ~7 ms; tests compare both resets), with two of its tools made safe to reward:
+
+    * ``calculator`` evaluates with :func:`bounded_calculation` (the same expressions, but integers
+      bounded: a power tower no longer stops the server);
+    * ``submit_answer`` wants an integer answer exactly (``29`` or ``29.0``; Aviary's relative tolerance
+      of ``rel_tol`` accepted ``29.0028``, and ``20001`` for ``20000``); a non-integer answer keeps the
+      tolerance.
+
+    Same docstrings, so the model sees the same tool schemas."""
 
     async def reset(self) -> tuple[list[Message], list[Tool]]:
         # CalculatorEnv.reset, with tool_of for Tool.from_function.
         self.state = None
         self.tools = [tool_of(self.calculator), tool_of(self.submit_answer)]
         return [Message(content=self.problem)], self.tools
+
+    def calculator(self, expr: str) -> tuple[float | str, float, bool]:
+        try:
+            result = bounded_calculation(expr.strip())
+            with contextlib.suppress(ValueError):  # as Aviary: an integral float is shown as an integer
+                if int(result) == result:
+                    result = int(result)
+        except Exception as exc:  # noqa: BLE001 - every failure is the model's tool error, as in Aviary
+            return (
+                f"Error using calculator: {exc!r}.",
+                self.config.tool_failure_reward,
+                self.config.done_on_failure,
+            )
+        return result, self.config.tool_success_reward, False
+
+    calculator.__doc__ = CalculatorEnv.calculator.__doc__
+
+    def submit_answer(self, answer: str) -> tuple[bool, float, Literal[True]]:
+        try:
+            value = float(answer)
+        except (TypeError, ValueError):
+            return False, self.config.tool_failure_reward, True
+        tol = self.config.rel_tol
+        if self.answer.is_integer():
+            correct = value == self.answer
+        else:
+            correct = abs(value - self.answer) / (abs(self.answer) + tol) < tol
+        return correct, (self.config.correct_reward if correct else self.config.incorrect_reward), True
+
+    submit_answer.__doc__ = CalculatorEnv.submit_answer.__doc__
 
 
 class GSM8kFileDataset(TaskDataset[CalculatorEnv]):
@@ -184,6 +284,20 @@ class OfflineHotPotQAEnv(HotPotQAEnv):
     # The tool schema is built from the docstring: keep Aviary's, so the model sees the same tool.
     search.__doc__ = HotPotQAEnv.search.__doc__
 
+    async def calculate_answer_reward(self, answer: str | None) -> float:
+        """Aviary's check with the configured ``evaluation_mode`` really applied: Aviary passes the mode
+        where ``eval_answer`` takes the question, so every HotPotQA env checked "contains" (an answer
+        naming every place of the corpus, or the whole searched paragraph, was right)."""
+        if answer is None:
+            return self.incorrect_reward
+        correct = await eval_answer(
+            normalize_answer(answer),
+            self.normalized_correct_answer,
+            question=self.question,
+            eval_mode=self.evaluation_mode,
+        )
+        return self.correct_reward if correct else self.incorrect_reward
+
 
 class HotPotQAFileDataset(TaskDataset[OfflineHotPotQAEnv]):
     """HotPotQA distractor-format items from a local file (see the module docstring)."""
@@ -192,9 +306,12 @@ class HotPotQAFileDataset(TaskDataset[OfflineHotPotQAEnv]):
 
     def __init__(self, fpath: str | Path, config: HotPotQAEnvConfig | dict | None = None):
         self.path = Path(fpath)
-        self.config = (
-            HotPotQAEnvConfig(**config) if isinstance(config, dict) else config or HotPotQAEnvConfig()
-        )
+        # The answer check is the normalised exact match (HotPotQA's EM) unless the config names another:
+        # Aviary's default, "contains", pays any answer that contains the gold (every place of the corpus
+        # in one answer, the whole searched paragraph).
+        if config is None or isinstance(config, dict):
+            config = HotPotQAEnvConfig(**{"evaluation_mode": EvalAnswerMode.EXACT, **(config or {})})
+        self.config = config
         self.corpus = HotPotQACorpus()
         self.items: list[tuple[str, str, str]] = []
         for where, obj in self._read():

@@ -15,7 +15,12 @@ Contract
   refusing our API key (401/403) -> 502 saying so, no answer within ``request_timeout_s`` -> 504. A
   404 for an env (the remote restarted or dropped it) is our 404 for an unknown ``env_id``; closing an
   env the remote no longer has is a success. The remote's answers are quoted at most
-  ``_DETAIL_CHARS`` characters long.
+  ``_DETAIL_CHARS`` characters long. One status is the model's doing, not the remote's: a 500 on
+  ``/step`` is how Aviary's server answers an env raising inside ``step()`` (e.g. a tool called without
+  its argument), so the model reads the exception as its tool error, as with the in-process servers.
+* ``local_task_dataset: gsm8k|hotpotqa`` (instead of ``dataset_server_url``) starts Aviary's
+  TaskDatasetServer for that file of this folder as a child process (:class:`LocalTaskDatasetServer`),
+  for trying the remote path and for ``ng_reward_audit``.
 * ``task_idx`` bounds come from the remote's ``GET /info`` (``dataset_size``), read at start and, if the
   remote was not up then, at the first ``/seed_session``; a remote with no size lets every index through
   to the remote (which then answers).
@@ -24,17 +29,25 @@ Contract
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from fastapi import HTTPException, Request
-from pydantic import Field, PrivateAttr, SecretStr
+from pydantic import Field, PrivateAttr, SecretStr, model_validator
 
 from aviary.core import TaskDataset
 from aviary.env_client import TaskEnvironmentClient
+from nemo_gym.config.keys import PACKAGE_PARENT_DIR
 from resources_servers.aviary.app import AviaryResourcesServer
 from resources_servers.aviary.schemas import (
     AviaryResourcesServerConfig,
@@ -48,8 +61,15 @@ _DETAIL_CHARS = 600
 
 
 class RemoteAviaryResourcesServerConfig(AviaryResourcesServerConfig):
-    dataset_server_url: str = Field(
-        description="Base URL of a running Aviary TaskDatasetServer (e.g. http://127.0.0.1:8041)."
+    dataset_server_url: str | None = Field(
+        default=None,
+        description="Base URL of a running Aviary TaskDatasetServer (e.g. http://127.0.0.1:8041).",
+    )
+    local_task_dataset: Literal["gsm8k", "hotpotqa"] | None = Field(
+        default=None,
+        description="Instead of dataset_server_url: start Aviary's TaskDatasetServer for this folder's "
+        "GSM8K or HotPotQA file as a child process on 127.0.0.1 (a free port, a fresh API key), for trying "
+        "the remote path and for ng_reward_audit; it stops with this server.",
     )
     dataset_server_api_key: SecretStr | None = Field(
         default=None,
@@ -60,9 +80,23 @@ class RemoteAviaryResourcesServerConfig(AviaryResourcesServerConfig):
         default=120.0, gt=0, description="Bound on each HTTP request to the task-dataset server."
     )
 
+    @model_validator(mode="after")
+    def _one_remote(self) -> RemoteAviaryResourcesServerConfig:
+        if (self.dataset_server_url is None) == (self.local_task_dataset is None):
+            raise ValueError(
+                "give exactly one of dataset_server_url (a running TaskDatasetServer) and "
+                "local_task_dataset (gsm8k or hotpotqa: one started by this server)"
+            )
+        return self
+
 
 class RemoteCallError(HTTPException):
     """The task-dataset server failed a request (an infrastructure error, answered as such)."""
+
+
+class RemoteEnvStepError(RuntimeError):
+    """The remote env raised inside ``step()`` on the model's action (Aviary's server answers it with a 500
+    and the exception): the model's tool error, as for an in-process env, never an infrastructure error."""
 
 
 class RemoteEnv(TaskEnvironmentClient):
@@ -114,16 +148,82 @@ async def remote_call(
         raise RemoteCallError(
             404, f"{where} does not know this env ({path}: {body}); it may have restarted: seed a new session"
         )
+    if resp.status_code == 500 and path == "/step":
+        # Aviary's TaskDatasetServer answers an env raising inside step() so: 500, detail = the traceback
+        # and then repr(exception). What the model's action made the env raise is shown to the model.
+        raise RemoteEnvStepError(_exception_of(resp))
     raise RemoteCallError(502, f"{where} answered {path} with HTTP {resp.status_code}: {body}")
+
+
+def _exception_of(resp: httpx.Response) -> str:
+    """The exception an Aviary task-dataset server's 500 names (the last line of its detail)."""
+    try:
+        detail = resp.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    text = detail if isinstance(detail, str) else resp.text
+    last = text.strip().splitlines()[-1] if text.strip() else "an error"
+    return last[:_DETAIL_CHARS]
+
+
+class LocalTaskDatasetServer:
+    """Aviary's TaskDatasetServer for a local dataset of this folder, in a child process
+    (``python -m resources_servers.aviary.serve_task_dataset``) on a free port of 127.0.0.1 with a fresh
+    API key, a small environment (none of this server's variables) and ``PR_SET_PDEATHSIG``."""
+
+    def __init__(self, dataset: str) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.api_key = secrets.token_hex(16)
+        self.url = f"http://127.0.0.1:{self.port}"
+        keep = ("PATH", "LANG", "LC_ALL", "TZ", "VIRTUAL_ENV")
+        env = {k: os.environ[k] for k in keep if k in os.environ}
+        env.update(
+            PYTHONPATH=str(PACKAGE_PARENT_DIR),
+            LITELLM_LOCAL_MODEL_COST_MAP="True",
+            AVIARY_DATASET_SERVER_API_KEY=self.api_key,
+        )
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "resources_servers.aviary.serve_task_dataset",
+                dataset,
+                "--port",
+                str(self.port),
+            ],
+            cwd=str(PACKAGE_PARENT_DIR),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+        )
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class RemoteTaskDataset(TaskDataset[RemoteEnv]):
     """The remote's dataset: envs are :class:`RemoteEnv`; the size is read from ``GET /info``."""
 
     def __init__(self, config: RemoteAviaryResourcesServerConfig):
-        self.base_url = config.dataset_server_url.rstrip("/")
-        key = config.dataset_server_api_key
-        self.api_key = key.get_secret_value() if key is not None else None
+        self.local: LocalTaskDatasetServer | None = None
+        if config.local_task_dataset is not None:
+            self.local = LocalTaskDatasetServer(config.local_task_dataset)
+            self.base_url, self.api_key = self.local.url, self.local.api_key
+        else:
+            self.base_url = str(config.dataset_server_url).rstrip("/")
+            key = config.dataset_server_api_key
+            self.api_key = key.get_secret_value() if key is not None else None
         self.timeout = config.request_timeout_s
         # About one request in flight per live env (the base server steps an env under its lock).
         self.limits = httpx.Limits(
@@ -176,15 +276,24 @@ class RemoteAviaryResourcesServer(AviaryResourcesServer[RemoteEnv, RemoteTaskDat
 
     async def on_startup(self) -> None:
         await super().on_startup()
-        try:
-            await self.dataset.fetch_size()
-        except HTTPException as e:
-            # Not fatal: the remote may start after us; /seed_session asks again (and answers this error).
-            logger.warning("could not read the task-dataset server's size at start: %s", e.detail)
+        # A local task-dataset server (local_task_dataset) is starting with us: wait for it (bounded).
+        tries = 120 if self.dataset.local is not None else 1
+        for attempt in range(tries):
+            try:
+                await self.dataset.fetch_size()
+                return
+            except HTTPException as e:
+                if attempt == tries - 1:
+                    # Not fatal: the remote may start after us; /seed_session asks again (and answers this).
+                    logger.warning("could not read the task-dataset server's size at start: %s", e.detail)
+                else:
+                    await asyncio.sleep(0.25)
 
     async def on_shutdown(self) -> None:
         await super().on_shutdown()  # closes every live env on the remote first
         await self.dataset.aclose()
+        if self.dataset.local is not None:
+            await asyncio.to_thread(self.dataset.local.stop)
 
     async def seed_session(
         self, request: Request, body: AviarySeedSessionRequest

@@ -75,6 +75,11 @@ class AviaryResourcesServerConfig(BaseResourcesServerConfig):
         ge=1,
         description="Closed envs whose rewards /verify can still read (oldest dropped).",
     )
+    answer_tools: list[str] = Field(
+        default_factory=lambda: ["submit_answer"],
+        description="Tools that answer the task and end the episode: the calls after the first of them "
+        "in a turn are not run (Aviary would run and reward every answer of the turn).",
+    )
 
 
 class AviarySeedSessionRequest(BaseSeedSessionRequest):
@@ -158,6 +163,9 @@ class AviaryAgentVerifyResponse(AviaryAgentVerifyRequest, BaseVerifyResponse):
     step_rewards: list[float] = Field(default_factory=list)
     num_steps: int = 0
     env_done: bool = False
+    failure_reason: str | None = Field(
+        default=None, description="Why the rollout earned no reward, in words (None when it earned one)."
+    )
 
 
 class AviaryCloseRequest(BaseModel):

@@ -4,16 +4,18 @@ Contract
 --------
 * No tools. ``POST /verify`` takes the row (``verifier_metadata.unit_tests`` = ``{inputs: [str], outputs:
   [str], fn_name: str | null}``, upstream's LiveCodeBench format; optional ``verifier_metadata.difficulty``)
-  plus the response. The program is the last fenced code block of the final answer text (```python ...```,
-  or any fence); none -> reward 0 with ``failure_reason: "no_code"``.
+  plus the response. The program is the fenced code block of the final answer text (the ```python one,
+  or any fence when none is tagged); none -> reward 0 with ``failure_reason: "no_code"``; several
+  different candidate blocks -> reward 0 with ``failure_reason: "several_programs"``.
 * Each unit test runs as its own sandboxed process (:mod:`nemo_gym.sandbox`: no network, read-only system,
   throw-away work dir, per-test limits ``unit_test_timeout_secs`` wall and CPU, ``memory_mib``), all tests
   of a row in parallel through the sandbox's bounded pool. stdin/stdout tests (``fn_name`` null): the test
-  passes when stdout equals the expected output line by line, ignoring trailing whitespace (numbers compare
-  with a 1e-6 relative tolerance). Call-based tests (``fn_name`` set, LeetCode style): each input is one
-  JSON value per line (the arguments), the function is ``Solution().<fn_name>`` or a top-level
-  ``<fn_name>``, and its return value, as JSON, must equal the expected JSON exactly (a tuple is a
-  list; numbers within a 1e-6 relative tolerance; a bare ``3`` is not ``[3]``, as upstream).
+  passes when stdout equals the expected output line by line, ignoring trailing whitespace (an expected
+  integer token must be that exact number; other numbers compare with a 1e-6 relative tolerance; ASCII
+  digits only). Call-based tests (``fn_name`` set, LeetCode style): each input is one JSON value per line
+  (the arguments), the function is ``Solution().<fn_name>`` or a top-level ``<fn_name>``, and its return
+  value, as JSON, must equal the expected JSON (:func:`json_values_equal`: the same shape, a tuple is a
+  list, a bare ``3`` is not ``[3]``, booleans are not numbers, integers exact, floats within 1e-6).
 * reward = 1.0 iff every test passes (``reasoning_format_penalty`` instead when the answer breaks the
   <think> format, as upstream). ``result`` = per-test booleans, ``pass_fraction`` = passed / total,
   ``failure_reason`` = the first failing test's reason (``compile_error``, ``runtime_error``,
@@ -31,6 +33,7 @@ import json
 import math
 import re
 import time
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from fastapi import HTTPException
@@ -109,16 +112,28 @@ class CompCodingVerifyResponse(BaseVerifyResponse):
 
 
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.S)
+PYTHON_TAGS = ("python", "py", "python3")
+
+
+class SeveralProgramsError(ValueError):
+    """The answer holds more than one different program: which one is the answer is not said."""
 
 
 def extract_code(text: str) -> str | None:
-    """The last fenced code block, preferring python-tagged ones; None if there is none."""
+    """The program of an answer: its python-tagged code block (any fenced block when none is tagged);
+    None if there is none. Several *different* candidate blocks raise :class:`SeveralProgramsError`: the
+    format asks for one final solution block, and running only the last would let a policy list
+    several programs at no cost (the same block repeated is one program)."""
     blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(text or "")]
     if not blocks:
         return None
-    python = [body for lang, body in blocks if lang in ("python", "py", "python3")]
-    code = (python or [body for _, body in blocks])[-1]
-    return code if code.strip() else None
+    python = [body for lang, body in blocks if lang in PYTHON_TAGS]
+    candidates = [b for b in (python or [body for _, body in blocks]) if b.strip()]
+    if not candidates:
+        return None
+    if len({b.strip() for b in candidates}) > 1:
+        raise SeveralProgramsError(f"{len(candidates)} different code blocks")
+    return candidates[-1]
 
 
 _CALL_DRIVER = r"""
@@ -139,14 +154,35 @@ sys.stdout.write("\n@@RESULT@@" + json.dumps(result))
 """
 
 
-def _tokens_equal(a: str, b: str) -> bool:
-    if a == b:
-        return True
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?:inf|infinity)", re.I)
+
+
+def _number(text: str) -> Decimal | None:
+    """``text`` as an exact decimal number: ASCII digits only (no ``1_000``, no other scripts' digits),
+    None when it is not a number."""
+    if not _NUMBER.fullmatch(text):
+        return None
     try:
-        x, y = float(a), float(b)
-    except ValueError:
+        return Decimal(text)
+    except (InvalidOperation, ValueError):
+        return None
+
+
+def _tokens_equal(got: str, want: str) -> bool:
+    """One output token against the expected one. An expected integer must be that exact number
+    (``3`` or ``3.0``: never ``2.880067194370816e+18`` for ``2880067194370816120``, nor an off-by-one
+    within a relative tolerance); other expected numbers compare with a 1e-6 relative tolerance."""
+    if got == want:
+        return True
+    g, w = _number(got), _number(want)
+    if g is None or w is None:
         return False
-    return math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9)
+    if _INTEGER.fullmatch(want):
+        return g == w
+    if g.is_infinite() or w.is_infinite():
+        return g == w
+    return math.isclose(float(g), float(w), rel_tol=1e-6, abs_tol=1e-9)
 
 
 def stdout_matches(actual: str, expected: str) -> bool:
@@ -163,21 +199,42 @@ def stdout_matches(actual: str, expected: str) -> bool:
     return True
 
 
+def json_values_equal(got: Any, want: Any) -> bool:
+    """A call's JSON result against the expected JSON value: the same shape (a bare value is not a
+    one-element list), booleans only as booleans (``true`` is not ``1``), an expected integer exactly (an
+    integral float such as ``3.0`` counts), an expected float within a 1e-6 relative tolerance."""
+    if isinstance(want, bool) or isinstance(got, bool):
+        return type(want) is type(got) and want == got
+    if isinstance(want, int):
+        if isinstance(got, int):
+            return got == want
+        return isinstance(got, float) and math.isfinite(got) and got.is_integer() and int(got) == want
+    if isinstance(want, float):
+        return isinstance(got, int | float) and (got == want or math.isclose(got, want, rel_tol=1e-6))
+    if isinstance(want, list):
+        return (
+            isinstance(got, list)
+            and len(got) == len(want)
+            and all(json_values_equal(g, w) for g, w in zip(got, want, strict=True))
+        )
+    if isinstance(want, dict):
+        return (
+            isinstance(got, dict)
+            and got.keys() == want.keys()
+            and all(json_values_equal(got[k], want[k]) for k in want)
+        )
+    return type(got) is type(want) and got == want
+
+
 def _call_matches(actual: str, expected: str) -> bool:
     if "@@RESULT@@" not in actual:
         return False
     try:
         got = json.loads(actual.rsplit("@@RESULT@@", 1)[1])
         want = json.loads(expected)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return False
-    if got == want:  # exact: a bare value is not the expected one-element list (nor the reverse)
-        return True
-    return (
-        isinstance(got, float | int)
-        and isinstance(want, float | int)
-        and math.isclose(got, want, rel_tol=1e-6)
-    )
+    return json_values_equal(got, want)
 
 
 def _reason(run: SandboxExecResult, passed: bool) -> str | None:
@@ -257,7 +314,18 @@ class CompCodingResourcesServer(SimpleResourcesServer):
         model_out = body.response.output_text
         tests = body.verifier_metadata.unit_tests
         difficulty = body.verifier_metadata.difficulty
-        code = extract_code(model_out) if model_out and model_out.strip() else None
+        try:
+            code = extract_code(model_out) if model_out and model_out.strip() else None
+        except SeveralProgramsError as exc:
+            return CompCodingVerifyResponse.from_request(
+                body,
+                reward=0.0,
+                extracted_model_output=model_out,
+                result=[False] * len(tests.inputs),
+                failure_reason="several_programs",
+                metadata={"detail": f"{exc}: answer with one final solution block"},
+                difficulty=difficulty,
+            )
         if code is None:
             return CompCodingVerifyResponse.from_request(
                 body,

@@ -12,10 +12,13 @@ Contract
   observation as text; ``info`` has ``env_id``, ``actions`` (names, in action-index order) and
   ``supports_explicit_close: true``.
 * The model acts with the function tool ``take_action(action)`` (an action name such as ``"left"``,
-  case-insensitive, or its index), or by writing ``<action>NAME</action>`` in a message. ``POST /step``
-  applies the turn's actions in order: every call gets a ``tool_outputs`` entry (the chosen action, the
-  step reward and the new observation); a call after the episode ended, or an action the env does not
-  have, changes nothing and says so. A turn with no action gets an observation asking for one.
+  case-insensitive, or its index in ASCII digits), or by writing ``<action>NAME</action>`` in a message
+  (one action: a message naming several different ones moves nothing and says so; tags are found in
+  linear time, :func:`text_actions`). ``POST /step`` applies the turn's actions in order: every call
+  gets a ``tool_outputs`` entry (the chosen action, the step reward and the new observation); a call
+  after the episode ended, an action the env does not have, or arguments that are not a JSON object (or
+  nest past the decoder's depth), change nothing and say so: nothing a model writes makes ``/step``
+  fail. A turn with no action gets an observation asking for one.
 * ``reward`` of a step is the sum of the env rewards it collected, so the agent's total is the episode
   return. ``terminated`` (the env reached a terminal state) and ``truncated`` (the env's time limit,
   ``max_episode_steps``) are reported exactly as Gymnasium returns them, never merged.
@@ -52,7 +55,10 @@ KNOWN_ACTIONS: dict[str, list[str]] = {
 }
 _ANSI_HIGHLIGHT = re.compile(r"\x1b\[4[0-7](?:;\d+)*m(.*?)\x1b\[0m", re.S)
 _ANSI_ANY = re.compile(r"\x1b\[[0-9;]*m")
-_TEXT_ACTION = re.compile(r"<action>\s*(.*?)\s*</action>", re.I | re.S)
+_ACTION_OPEN = re.compile(r"<action>", re.I)
+_ACTION_CLOSE = re.compile(r"</action>", re.I)
+_ACTION_INDEX = re.compile(r"[0-9]{1,9}")  # ASCII digits only: str.isdigit() is also true for '³'
+MAX_SHOWN_ACTION_CHARS = 100  # of an invalid action, echoed back to the model
 _TAXI_PLACES = ["R", "G", "Y", "B"]
 
 
@@ -153,6 +159,30 @@ def describe(env_id: str, env: gymnasium.Env, obs: Any, ansi: bool) -> str:
     return "\n".join(lines)
 
 
+def text_actions(text: str, limit: int = 2) -> list[str]:
+    """The different actions a message names in ``<action>NAME</action>`` tags (case-insensitive tags,
+    the name stripped), in order, at most ``limit`` of them. Linear in the text: every tag is found once
+    (a backtracking pattern took minutes on an unclosed tag followed by a few thousand spaces)."""
+    closes = [m.start() for m in _ACTION_CLOSE.finditer(text)]
+    found: list[str] = []
+    after = 0  # the end of the last pair: a tag opened inside a pair is part of its name
+    j = 0
+    for opened in _ACTION_OPEN.finditer(text):
+        if opened.start() < after:
+            continue
+        while j < len(closes) and closes[j] < opened.end():
+            j += 1
+        if j == len(closes):
+            break
+        name = text[opened.end() : closes[j]].strip()
+        after = closes[j] + len("</action>")
+        if name not in found:
+            found.append(name)
+            if len(found) >= limit:
+                break
+    return found
+
+
 class _Episode:
     __slots__ = ("env_name", "env", "ansi", "actions", "return_", "steps", "done")
 
@@ -222,7 +252,7 @@ class GymnasiumEnvServer(GymnasiumServer):
         value = str(raw).strip().strip("'\"").lower()
         if value in episode.actions:
             return episode.actions.index(value)
-        if value.lstrip("-").isdigit() and 0 <= int(value) < len(episode.actions):
+        if _ACTION_INDEX.fullmatch(value) and int(value) < len(episode.actions):
             return int(value)
         return None
 
@@ -232,8 +262,11 @@ class GymnasiumEnvServer(GymnasiumServer):
             return "The episode is over; this action was not applied.", 0.0, False, False
         index = self._parse_action(episode, raw)
         if index is None:
+            shown = repr(raw)
+            if len(shown) > MAX_SHOWN_ACTION_CHARS:
+                shown = shown[:MAX_SHOWN_ACTION_CHARS] + f"... ({len(shown):,} characters)"
             return (
-                f"Error: {raw!r} is not an action here. Choose one of: {', '.join(episode.actions)} "
+                f"Error: {shown} is not an action here. Choose one of: {', '.join(episode.actions)} "
                 f"(or its index 0-{len(episode.actions) - 1}).",
                 0.0,
                 False,
@@ -276,7 +309,7 @@ class GymnasiumEnvServer(GymnasiumServer):
             else:
                 try:
                     raw = json.loads(item.arguments or "{}").get("action")
-                except (ValueError, AttributeError):
+                except (ValueError, AttributeError, RecursionError):  # not JSON, not an object, too deep
                     raw = None
                 if raw is None:
                     text = f'Error: call {ACTION_TOOL} with arguments {{"action": "<name>"}}.'
@@ -287,9 +320,15 @@ class GymnasiumEnvServer(GymnasiumServer):
             tool_outputs.append(self.tool_output(item, text))
         observation = None
         if not acted:
-            match = _TEXT_ACTION.search(extract_text(action))
-            if match:
-                observation, reward, terminated, truncated = self._act(episode, match.group(1))
+            actions = text_actions(extract_text(action))
+            if len(actions) == 1:
+                observation, reward, terminated, truncated = self._act(episode, actions[0])
+            elif actions:
+                observation = (
+                    f"No action taken: this message names {len(actions)} different actions in <action> tags "
+                    f"({', '.join(repr(a[:MAX_SHOWN_ACTION_CHARS]) for a in actions)}). Write one "
+                    f"<action>NAME</action> per turn, or call {ACTION_TOOL} once for each move."
+                )
             else:
                 observation = (
                     f"No action taken. Call {ACTION_TOOL} with one of: {', '.join(episode.actions)} "

@@ -22,18 +22,22 @@ Contract
   each call first re-runs the session's earlier successful cells (their output discarded) and then the
   new one, in a fresh one-shot sandbox; at most ``max_cells_per_session`` cells are kept (older ones are
   dropped, the model is told). Sessions are bounded by ``max_sessions`` (oldest dropped).
-* ``POST /verify`` (row fields ``expected_result: str``, optional ``expected_code_contains``): the answer is
-  the content of the last ``\\boxed{...}`` in the final assistant message (if none, in the tool outputs'
-  stdout). reward = 1.0 iff math-verify finds it equal to ``expected_result`` (run in
-  :mod:`nemo_gym.kit.verify_pool`, on a worker's main thread, since math-verify uses ``signal.alarm``).
-  Returns ``extracted_answer`` and ``accuracy`` (upstream's fields) and ``used_python``.
+* ``POST /verify`` (row fields ``expected_result: str``, optional ``expected_code_contains``): the answers
+  are the contents of the ``\\boxed{...}`` of the final assistant message (if none, of the last tool
+  output whose stdout has one). reward = 1.0 iff there is one and math-verify finds EVERY different one
+  equal to ``expected_result`` (run in :mod:`nemo_gym.kit.verify_pool`, on a worker's main thread, since
+  math-verify uses ``signal.alarm``; more than ``MAX_BOXED_ANSWERS`` different ones are a 0 unchecked).
+  Returns ``extracted_answer`` and ``accuracy`` (upstream's fields), ``used_python`` and
+  ``failure_reason`` (``no_boxed_answer``, ``wrong_answer``, ``several_answers: ...``,
+  ``too_many_answers: ...``, ``answer_check_timeout: ...``, ``missing_code: ...``).
+* What the answer causes is the answer's score: parsing or comparing it past math-verify's bound
+  (``math_verify_timeout_seconds``; math-verify would swallow it and answer "not equal"), or its whole
+  check past the pool's (``verify_timeout_s``), is reward 0 with ``answer_check_timeout``.
 * Infrastructure failures are never a reward of 0: a sandbox that cannot run answers the tool with a
-  503 (the agent fails the rollout). A check that runs out of time, math-verify's own bound
-  (``math_verify_timeout_seconds`` per parse / comparison; math-verify would swallow it and answer
-  "not equal") or the pool's (``verify_timeout_s``), raises
-  :class:`~nemo_gym.kit.verify_pool.VerifyTimeoutError`: ``/verify`` answers 503 of kind ``verify_timeout``
-  (:mod:`nemo_gym.server_utils`), and a worker that dies a 503 of kind ``verify_failed``. The server
-  refuses to START if bubblewrap is missing (naming the package).
+  503 (the agent fails the rollout); ``expected_result`` that cannot be parsed in time raises
+  :class:`~nemo_gym.kit.verify_pool.VerifyTimeoutError` (``/verify`` answers 503 of kind
+  ``verify_timeout``, :mod:`nemo_gym.server_utils`), and a worker that dies a 503 of kind
+  ``verify_failed``. The server refuses to START if bubblewrap is missing (naming the package).
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ from nemo_gym.base_resources_server import (
     BaseVerifyResponse,
     SimpleResourcesServer,
 )
-from nemo_gym.kit.verify_pool import VerifyTimeoutError, run_in_verify_pool
+from nemo_gym.kit.verify_pool import VerifyTimeoutError, get_verify_pool, run_in_verify_pool
 from nemo_gym.sandbox import (
     AsyncSandbox,
     SandboxError,
@@ -135,6 +139,10 @@ class PythonMathVerifyResponse(BaseVerifyResponse):
     extracted_answer: str | None = None
     accuracy: bool = False
     used_python: bool = False
+    failure_reason: str | None = None
+
+
+MAX_BOXED_ANSWERS = 8  # different boxed answers checked at most; more is a 0 without a check
 
 
 # The driver that runs inside the sandbox: replays earlier cells silently, then runs the new one.
@@ -262,19 +270,28 @@ async def _close(state: _SessionState) -> None:
         await kernel.close("its rollout session ended")
 
 
-def _extract_boxed_answer(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (nested braces balanced), or None."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    i, depth, begin = start + len("\\boxed{"), 1, start + len("\\boxed{")
-    while i < len(text) and depth:
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
-        i += 1
-    if depth:
-        return None
-    answer = text[begin : i - 1].strip()
-    return answer or None
+def _boxed_answers(text: str) -> list[str]:
+    """The contents of every complete ``\\boxed{...}`` of ``text`` (nested braces balanced), in order."""
+    out: list[str] = []
+    start = text.find("\\boxed{")
+    while start >= 0:
+        begin = i = start + len("\\boxed{")
+        depth = 1
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth:  # never closes: neither does any box after it
+            break
+        answer = text[begin : i - 1].strip()
+        if answer:
+            out.append(answer)
+        start = text.find("\\boxed{", i)
+    return out
+
+
+def _distinct(answers: list[str]) -> list[str]:
+    """The answers without repeats (whitespace-normalised), first occurrence kept."""
+    return list(dict.fromkeys(" ".join(a.split()) for a in answers))
 
 
 def _strip_delimiters(s: str) -> str:
@@ -285,36 +302,59 @@ def _strip_delimiters(s: str) -> str:
     return s
 
 
-def check_answer(expected: str, answer: str, timeout_seconds: int = 5) -> bool:
-    """math-verify equivalence of two LaTeX/plain answers. Runs in a verify-pool worker (main thread).
+def grade_answers(expected: str, answers: list[str], timeout_seconds: int = 5) -> tuple[str, str | None]:
+    """math-verify equivalence of every answer with ``expected``. Runs in a verify-pool worker (main thread).
 
-    Equal when math-verify shows them equal or their whitespace-normalised texts are the same. A parse
-    or comparison past ``timeout_seconds`` raises :class:`VerifyTimeoutError` (math-verify itself would
-    swallow the timeout and answer "not equal"): not knowing is not a wrong answer.
+    An answer is equal when math-verify shows it equal or their whitespace-normalised texts are the same.
+    Returns ``(verdict, detail)``: ``right`` (every answer is equal), ``wrong`` (``detail``: the first that
+    is not), ``answer_timeout`` (parsing or comparing an answer ran past ``timeout_seconds``: the answer
+    made the check slow, so it is the answer's 0; math-verify itself would swallow the timeout and say
+    "not equal") or ``expected_timeout`` (parsing ``expected_result`` alone ran past it: a data problem the
+    model cannot cause, answered 503 by the caller).
     """
     from math_verify import parse, verify
     from math_verify.errors import TimeoutException
 
-    def parsed(text: str, what: str) -> list[Any]:
+    def parsed(text: str) -> list[Any]:
         try:
             return parse(f"${_strip_delimiters(text)}$", parsing_timeout=timeout_seconds, raise_on_error=True)
-        except TimeoutException as e:  # a BaseException
-            raise VerifyTimeoutError(f"math-verify timed out parsing {what} {text[:200]!r}: {e}") from None
+        except TimeoutException:  # a BaseException
+            raise
         except Exception:  # not math: only the text comparison below can match it
             return []
 
-    gold, pred = parsed(expected, "expected_result"), parsed(answer, "the answer")
-    if gold and pred:
+    try:
+        gold = parsed(expected)
+    except TimeoutException as e:
+        return "expected_timeout", f"math-verify timed out parsing expected_result {expected[:200]!r}: {e}"
+    plain_expected = " ".join(_strip_delimiters(expected).split())
+    for answer in answers:
+        if " ".join(_strip_delimiters(answer).split()) == plain_expected:
+            continue
         try:
-            if verify(gold, pred, timeout_seconds=timeout_seconds, raise_on_error=True):
-                return True
-        except TimeoutException as e:
-            raise VerifyTimeoutError(
-                f"math-verify timed out comparing {answer[:200]!r} with expected_result {expected[:200]!r}: {e}"
-            ) from None
-        except Exception:  # sympy could not compare them: not shown equal
-            pass
-    return " ".join(_strip_delimiters(expected).split()) == " ".join(_strip_delimiters(answer).split())
+            pred = parsed(answer)
+        except TimeoutException:
+            return "answer_timeout", f"math-verify could not parse the answer within {timeout_seconds} s"
+        equal = False
+        if gold and pred:
+            try:
+                equal = bool(verify(gold, pred, timeout_seconds=timeout_seconds, raise_on_error=True))
+            except TimeoutException:
+                return (
+                    "answer_timeout",
+                    "math-verify could not compare the answer with expected_result within "
+                    f"{timeout_seconds} s",
+                )
+            except Exception:  # sympy could not compare them: not shown equal
+                equal = False
+        if not equal:
+            return "wrong", answer
+    return "right", None
+
+
+def warm_up_worker() -> str:
+    """Import math-verify (sympy, the LaTeX grammar) in a pool worker before the first real answer."""
+    return grade_answers("1", ["1"])[0]
 
 
 @dataclass
@@ -541,38 +581,69 @@ class PythonExecutorResourcesServer(SimpleResourcesServer):
         await self._forget(request)
         return ExecutePythonResponse(success=True, stdout="", stderr="")
 
+    async def on_startup(self) -> None:
+        await super().on_startup()
+        # A cold worker spends seconds importing sympy: warm every worker now, in the background, so the
+        # first answers' math_verify_timeout_seconds measures the check, not the imports.
+        get_verify_pool().warm_up(warm_up_worker, timeout=300)
+
     async def verify(self, request: Request, body: PythonMathVerifyRequest) -> PythonMathVerifyResponse:
         await self._forget(request)
-        actual = None
+        answers: list[str] = []
         used_python = False
         for item in reversed(body.response.output):
             if item.type == "message" and getattr(item, "role", None) == "assistant":
                 text = "".join(c.text for c in item.content if getattr(c, "type", None) == "output_text")
-                actual = _extract_boxed_answer(text)
+                answers = _boxed_answers(text)
                 break
         for item in body.response.output:
             if item.type == "function_call" and item.name == "execute_python":
                 used_python = True
-        if actual is None:  # upstream's fallback: a boxed answer printed by the executed code
+        if not answers:  # upstream's fallback: a boxed answer printed by the executed code
             for item in reversed(body.response.output):
                 if item.type == "function_call_output":
                     try:
                         stdout = json.loads(item.output).get("stdout", "")
-                    except (json.JSONDecodeError, AttributeError, TypeError):
+                    except (json.JSONDecodeError, AttributeError, TypeError, RecursionError):
                         stdout = str(item.output)
-                    actual = _extract_boxed_answer(stdout)
-                    if actual is not None:
+                    answers = _boxed_answers(str(stdout))
+                    if answers:
                         break
-        accuracy = False
-        if actual is not None:
-            # A timeout or a dead worker raises a VerifyPoolError: HTTP 503 (nemo_gym.server_utils).
-            accuracy = await run_in_verify_pool(
-                check_answer,
-                body.expected_result,
-                actual,
-                self.config.math_verify_timeout_seconds,
-                timeout=self.config.verify_timeout_s,
+        distinct = _distinct(answers)
+        actual = answers[-1] if answers else None
+        reason: str | None = None
+        if not distinct:
+            reason = "no_boxed_answer"
+        elif len(distinct) > MAX_BOXED_ANSWERS:
+            reason = (
+                f"too_many_answers: {len(distinct)} different boxed answers (at most {MAX_BOXED_ANSWERS})"
             )
+        else:
+            try:
+                verdict, detail = await run_in_verify_pool(
+                    grade_answers,
+                    body.expected_result,
+                    distinct,
+                    self.config.math_verify_timeout_seconds,
+                    timeout=self.config.verify_timeout_s,
+                )
+            except VerifyTimeoutError as exc:  # the pool's bound: this answer's check ran past it
+                verdict, detail = (
+                    "answer_timeout",
+                    f"the check of the answer ran past verify_timeout_s: {exc}",
+                )
+            if verdict == "expected_timeout":  # the row's expected_result: not the model's doing (503)
+                raise VerifyTimeoutError(detail)
+            if verdict == "answer_timeout":
+                reason = f"answer_check_timeout: {detail}"
+            elif verdict == "wrong":
+                reason = (
+                    "wrong_answer"
+                    if len(distinct) == 1
+                    else f"several_answers: {len(distinct)} different boxed answers, "
+                    f"{str(detail)[:100]!r} is wrong"
+                )
+        accuracy = reason is None
         if accuracy and body.expected_code_contains:
             code = " ".join(
                 str(json.loads(i.arguments).get("code", ""))
@@ -580,12 +651,14 @@ class PythonExecutorResourcesServer(SimpleResourcesServer):
                 if i.type == "function_call" and i.name == "execute_python" and _is_json_object(i.arguments)
             )
             accuracy = body.expected_code_contains in code
+            reason = None if accuracy else "missing_code: the executed code lacks expected_code_contains"
         return PythonMathVerifyResponse.from_request(
             body,
             reward=1.0 if accuracy else 0.0,
             extracted_answer=actual,
             accuracy=accuracy,
             used_python=used_python,
+            failure_reason=reason,
         )
 
 

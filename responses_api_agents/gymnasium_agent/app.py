@@ -11,7 +11,7 @@ Contract
   ``responses_create_params`` (with the first observation), ``reward`` = the sum of the step rewards
   (the episode return), ``terminated`` and ``truncated`` as the server reported them (kept apart),
   ``truncated_by_agent`` (``max_steps`` ran out first; then ``truncated`` is true too, as upstream),
-  ``episode_steps`` (model turns) and the last step's ``info``.
+  ``episode_steps`` (model turns), ``reason`` (how the episode ended, in words) and the last step's ``info``.
 * When ``/reset``'s info says ``supports_explicit_close: true`` the agent calls ``/close`` after the
   episode, also when the rollout failed; a failing close after a good episode is recorded in
   ``info.cleanup_warning``. A failure to reach the model or the server fails the rollout (502/504
@@ -168,6 +168,15 @@ class GymnasiumAgent(SimpleResponsesAPIAgent):
             if step.get("observation"):
                 outputs.append({"role": "user", "content": step["observation"], "type": "message"})
         truncated_by_agent = not (terminated or truncated)
+        if terminated:
+            reason = f"the episode reached a terminal state after {steps} model turns (return {total:g})"
+        elif truncated:
+            reason = f"the environment's step limit ended the episode (return {total:g})"
+        else:
+            reason = (
+                f"max_steps ({self.config.max_steps}) model turns ran out before the episode ended "
+                f"(return {total:g})"
+            )
         # Model turns and tool calls of this episode (nemo_gym.server.metrics).
         self.observe_loop(steps, sum(1 for it in outputs if it.get("type") == "function_call"))
         return {
@@ -178,6 +187,7 @@ class GymnasiumAgent(SimpleResponsesAPIAgent):
             "truncated": truncated or truncated_by_agent,
             "truncated_by_agent": truncated_by_agent,
             "episode_steps": steps,
+            "reason": reason,
             "info": step_info,
         }
 

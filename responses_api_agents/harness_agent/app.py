@@ -24,9 +24,14 @@ One ``POST /run`` is one rollout:
    report (environments that judge the files, resources_servers/file_edit_tasks); the answer is the verify response plus ``harness`` (exit code, the capped tail
    of its stderr, duration, calls) and ``training`` (the samples).
 
-A harness that cannot start, exits non-zero, runs past ``timeout_s`` or never calls the model fails the
-rollout with a 502 of kind ``harness_failed`` naming the command: it lands in the failures file, never
-as a reward.
+A harness that cannot start, runs past ``timeout_s``, never calls the model, or exits non-zero after a
+failed model call fails the rollout with a 502 of kind ``harness_failed`` naming the command: it lands in
+the failures file, never as a reward. A harness that exits non-zero (or is killed) after every model call
+of the rollout answered was ended by what the model did (its commands, its answers): the rollout is
+scored 0 with ``failure_reason`` saying so, without ``/verify``.
+
+The model calls are recorded under the row's ``_ng_rollout_id`` when it has one (``ng_reward_audit``
+gives each played row its own, and the scripted model picks each rollout's turns by it), else a fresh id.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from pydantic import Field, model_validator
 from nemo_gym.auth import rollout_credential, server_token_from_env
 from nemo_gym.base_resources_server import BaseRunRequest
 from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
+from nemo_gym.config.keys import ROLLOUT_ID_KEY_NAME
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
 from nemo_gym.errors import error_envelope
 from nemo_gym.kit.harness_trajectory import merge_samples, policy_versions_of_calls
@@ -57,6 +63,7 @@ from nemo_gym.openai_utils import new_id
 from nemo_gym.server.base import validated_body
 from nemo_gym.server.model_calls import POP_PATH
 from nemo_gym.server.policy_version import POLICY_VERSIONS_KEY
+from nemo_gym.server.rollout_prefix import ROLLOUT_ID_PATTERN
 
 HARNESS_FAILED = "harness_failed"
 
@@ -190,7 +197,7 @@ class HarnessAgent(SimpleResponsesAPIAgent):
             resources, "/seed_session", json=row, cookies=cookies, **self.timeout("seed_session_timeout_s")
         )
         cookies.update(new_cookies)
-        rollout_id = new_id("harness")
+        rollout_id = self._rollout_id(row)
         workdir = Path(tempfile.mkdtemp(prefix="ng_harness_"))
         try:
             try:
@@ -201,7 +208,7 @@ class HarnessAgent(SimpleResponsesAPIAgent):
                 run = await self._run_harness(row, rollout_id, workdir)
             finally:  # taken even when the harness failed: the server keeps nothing of this rollout
                 calls = await self._pop_calls(rollout_id)
-            if run["exit_code"] != 0:
+            if not calls and run["exit_code"] != 0:
                 raise HarnessFailed(
                     f"harness {self.config.command!r} exited with status {run['exit_code']}; "
                     f"its stderr ends: {run['stderr'][-2000:]}"
@@ -211,29 +218,23 @@ class HarnessAgent(SimpleResponsesAPIAgent):
                     f"harness {self.config.command!r} never called the model (its base URL is in "
                     f"OPENAI_BASE_URL / ANTHROPIC_BASE_URL); its stderr ends: {run['stderr'][-2000:]}"
                 )
+            if run["exit_code"] != 0:
+                last = calls[-1]
+                if (last.get("status_code") or 0) >= 400 or last.get("error_category"):
+                    raise HarnessFailed(
+                        f"harness {self.config.command!r} exited with status {run['exit_code']} after its "
+                        f"last model call failed (HTTP {last.get('status_code')}: {last.get('error')}); its "
+                        f"stderr ends: {run['stderr'][-2000:]}"
+                    )
+                # Every model call answered, and then the harness died or failed: what ended it came from
+                # the model (its commands, e.g. killing the harness, or an answer the harness could not
+                # take). That is the model's score, never a rollout dropped from training as unscored.
+                return self._model_ended_harness(row, run, calls, rollout_id)
             answer = self._final_answer(run["stdout"], workdir)
             final_files = self._final_files(workdir)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-        response = {
-            "id": new_id("resp"),
-            "object": "response",
-            "created_at": int(time.time()),
-            "model": self._model_name(row),
-            "status": "completed",
-            "output": [
-                {
-                    "type": "message",
-                    "id": new_id("msg"),
-                    "role": "assistant",
-                    "status": "completed",
-                    "content": [{"type": "output_text", "text": answer, "annotations": []}],
-                }
-            ],
-            "parallel_tool_calls": True,
-            "tool_choice": "auto",
-            "tools": [],
-        }
+        response = self._response(row, answer)
         verify_body = {**row, "response": response}
         if self.config.final_files:
             verify_body["final_files"] = final_files
@@ -257,6 +258,69 @@ class HarnessAgent(SimpleResponsesAPIAgent):
         if versions:  # the collector's max_policy_lag judges the rollout by them
             out[POLICY_VERSIONS_KEY] = versions
         return out
+
+    def _rollout_id(self, row: dict[str, Any]) -> str:
+        """The id the harness's model calls are recorded under: the row's own ``_ng_rollout_id`` when it
+        names one (so a scripted model can play each rollout its own turns, as ``ng_reward_audit`` does),
+        else a fresh one."""
+        explicit = row.get(ROLLOUT_ID_KEY_NAME)
+        if isinstance(explicit, str) and ROLLOUT_ID_PATTERN.match(explicit) and len(explicit) <= 256:
+            return explicit
+        return new_id("harness")
+
+    def _model_ended_harness(
+        self, row: dict[str, Any], run: dict[str, Any], calls: list[dict[str, Any]], rollout_id: str
+    ) -> dict[str, Any]:
+        """The result of a rollout whose harness failed after every model call had answered: reward 0
+        with the reason (the files and answer it left are not judged)."""
+        code = run["exit_code"]
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        reason = (
+            f"the harness {how} after {len(calls)} model calls that all answered: the model's commands or "
+            "answers ended it before it finished"
+        )
+        harness = {
+            "exit_code": code,
+            "duration_s": run["duration_s"],
+            "stderr": run["stderr"],
+            "model_calls": len(calls),
+            "rollout_id": rollout_id,
+        }
+        out = {
+            **row,
+            "response": self._response(row, run["stdout"].strip()),
+            "reward": 0.0,
+            "failure_reason": reason,
+            "harness": harness,
+            "training": merge_samples(calls),
+        }
+        versions = policy_versions_of_calls(calls)
+        if versions:
+            out[POLICY_VERSIONS_KEY] = versions
+        self.observe_loop(len(calls), 0)
+        return out
+
+    def _response(self, row: dict[str, Any], answer: str) -> dict[str, Any]:
+        """A Responses object whose output is the harness's final answer as an assistant message."""
+        return {
+            "id": new_id("resp"),
+            "object": "response",
+            "created_at": int(time.time()),
+            "model": self._model_name(row),
+            "status": "completed",
+            "output": [
+                {
+                    "type": "message",
+                    "id": new_id("msg"),
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": answer, "annotations": []}],
+                }
+            ],
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+        }
 
     def _model_name(self, row: dict[str, Any]) -> str:
         return (

@@ -44,7 +44,9 @@ REVENUE = "import pandas as pd\ndf = pd.read_csv('sales.csv')\nprint((df.units *
 _LISTENER = socket.socket()
 _LISTENER.bind(("127.0.0.1", 0))
 _LISTENER.listen()
-SANDBOX_PROBE = f"""import socket
+# The task file with the answers, in this checkout: the kernel must not see it.
+TASKS = Path(__file__).resolve().parents[1] / "data" / "notebook_tasks.jsonl"
+SANDBOX_PROBE = f"""import os, signal, socket, time
 s = socket.socket()
 s.settimeout(2)
 try:
@@ -53,10 +55,29 @@ try:
 except OSError as e:
     print("NET blocked", e.errno)
 try:
-    open({str(Path(__file__).resolve().parent / "escape.txt")!r}, "w")
+    open("/usr/escape.txt", "w")
     print("FS writable")
 except OSError as e:
     print("FS blocked", e.errno)
+try:
+    print("KEY read", open({str(TASKS)!r}).readline())
+except OSError as e:
+    print("KEY hidden", e.errno)
+print("PIDS", len([p for p in os.listdir("/proc") if p.isdigit()]), "PPID", os.getppid())
+kids = []
+try:
+    for _ in range(700):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        kids.append(pid)
+except OSError as e:
+    print("FORK blocked", e.errno)
+for kid in kids:
+    os.kill(kid, signal.SIGKILL)
+    os.waitpid(kid, 0)
+print("FORKS", len(kids))
 """
 
 
@@ -267,9 +288,17 @@ def test_kernel_has_rlimits_and_no_server_environment(helper: RunHelper) -> None
     views = [o["content"] for o in result["response"]["output"] if o.get("is_env_state")]
     assert "MemoryError" in views[1]
     assert "NEMO_GYM" not in views[2] and "HOME" in views[2]
-    # 111 (ECONNREFUSED): the host's listening port is not there; 30 (EROFS): read-only outside the work dir.
-    assert "NET blocked 111" in views[3] and "FS blocked 30" in views[3], views[3][-600:]
-    assert not (Path(__file__).resolve().parent / "escape.txt").exists()
+    # 111 (ECONNREFUSED): the host's listening port is not there; 30 (EROFS): read-only outside the work dir;
+    # 2 (ENOENT): the repository (its task file with the answers) is not in the kernel's file system at all;
+    # its own pid namespace (its parent is the namespace's init, a few processes); 11 (EAGAIN): the pids
+    # cgroup stops forking at its bound (512 processes and threads).
+    probe = views[3].rsplit("### Output", 1)[-1]  # the probe cell's output, not its source
+    assert "NET blocked 111" in probe and "FS blocked 30" in probe, probe[-900:]
+    assert "KEY hidden 2" in probe and "KEY read" not in probe, probe[-900:]
+    pids = int(probe.split("PIDS ")[1].split()[0])
+    assert pids < 20 and "PPID 1\n" in probe, probe[-900:]
+    assert "FORK blocked 11" in probe and int(probe.split("FORKS ")[1].split()[0]) < 512, probe[-900:]
+    assert not Path("/usr/escape.txt").exists()
     # 3 MB printed: the server kept about OUTPUT_CHARS of it, and the notebook says the rest was dropped.
     assert f"the output past {OUTPUT_CHARS} characters was not kept" in views[4], views[4][-600:]
 

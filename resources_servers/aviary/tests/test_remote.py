@@ -241,6 +241,27 @@ def test_contract_errors_are_the_in_process_servers(
     assert closed.status_code == 200 and closed.json()["success"], closed.text
 
 
+def test_an_env_raising_in_the_remote_step_is_the_models_tool_error(helper: RunHelper) -> None:
+    # Aviary's task-dataset server answers an env raising inside step() with a 500 (here: the calculator
+    # called without its argument). That is the model's action, not the remote failing: a tool error the
+    # model reads, as with the in-process servers (it was a 502 that dropped the rollout from scoring).
+    url = server_url(helper, REMOTE)
+    seeded = post_json(url + "/seed_session", {"task_idx": 0})
+    assert seeded.status_code == 200, seeded.text
+    env_id, cookies = seeded.json()["env_id"], dict(seeded.cookies)
+    try:
+        call = {"type": "function_call", "call_id": "c1", "name": "calculator", "arguments": "{}"}
+        resp = post_json(url + "/step", {"env_id": env_id, "action": [call]}, cookies=cookies)
+        assert resp.status_code == 200, resp.text
+        body = resp.json()
+        assert body["reward"] == 0.0 and not body["done"], body
+        (output,) = [o["output"] for o in body["obs"] if o.get("type") == "function_call_output"]
+        assert output.startswith("Error: RemoteEnvStepError: ") and "expr" in output, output
+        assert "Traceback" not in output
+    finally:
+        post_json(url + "/close", {"env_id": env_id}, cookies=cookies)
+
+
 def test_a_wrong_api_key_is_a_clear_error_not_a_reward(helper: RunHelper, tmp_path: Path) -> None:
     resp = post_json(server_url(helper, BADKEY) + "/seed_session", {"task_idx": 0})
     assert resp.status_code == 502 and "refused our API key" in resp.text, resp.text

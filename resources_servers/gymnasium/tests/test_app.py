@@ -271,3 +271,13 @@ def test_server_with_a_non_text_env_does_not_start() -> None:
     with pytest.raises(Exception, match="CartPole-v1 cannot be played as text"):
         with running_servers([], instance, with_scripted_model=False):
             pass
+
+
+def test_text_actions_are_found_in_linear_time_and_several_are_not_one() -> None:
+    from resources_servers.gymnasium.app import text_actions
+
+    assert text_actions("I go <ACTION> Down </action>.") == ["Down"]
+    assert text_actions("<action>up</action> then <action>up</action>") == ["up"]  # the same one twice
+    assert text_actions("<action>up</action><action>left</action><action>down</action>") == ["up", "left"]
+    assert text_actions("no tag, or an unclosed <action>" + " " * 200_000) == []
+    assert text_actions("<action>" * 100_000) == []

@@ -181,30 +181,61 @@ def test_session_state_is_per_session_and_ends(helper: RunHelper) -> None:
 # (n = 2500 took 37 s unbounded on this 2-core machine; n = 25000 is ten times the work).
 HARD_EXPECTED = "(2+\\sqrt{3})^{50000}+(2-\\sqrt{3})^{50000}"
 HARD_ANSWER = "(7+4\\sqrt{3})^{25000}+(7-4\\sqrt{3})^{25000}"
+# A text whose parse alone outlasts math-verify's bound.
+UNPARSABLE = "{" * 3000 + "1" + "}" * 3000
 
 
-def test_a_math_verify_timeout_is_a_503_not_a_zero(helper: RunHelper) -> None:
-    # math-verify swallows its own timeout and answers "not equal"; that must not become reward 0.
-    body = {
+def _answer_body(expected: str, answer_text: str) -> dict[str, Any]:
+    return {
         **ROWS[0],
-        "expected_result": HARD_EXPECTED,
+        "expected_result": expected,
         "response": {
             "output": [
                 {
                     "type": "message",
                     "role": "assistant",
-                    "content": [
-                        {"type": "output_text", "text": f"\\boxed{{{HARD_ANSWER}}}", "annotations": []}
-                    ],
+                    "content": [{"type": "output_text", "text": answer_text, "annotations": []}],
                 }
             ]
         },
     }
-    resp = post_json(server_url(helper, ENV) + "/verify", body, timeout=120)
+
+
+def test_an_answer_that_makes_the_check_time_out_is_a_zero_with_the_reason(helper: RunHelper) -> None:
+    # math-verify swallows its own timeout and answers "not equal"; the answer made the check slow, so it
+    # is the answer's 0 (with the reason), never a 503 a policy could use to drop a rollout it would fail.
+    url = server_url(helper, ENV) + "/verify"
+    for expected, answer in [(HARD_EXPECTED, HARD_ANSWER), ("4410", UNPARSABLE), ("4410", "9^{9^{9}}")]:
+        resp = post_json(url, _answer_body(expected, f"\\boxed{{{answer}}}"), timeout=120)
+        assert resp.status_code == 200, resp.text[:500]
+        body = resp.json()
+        assert body["reward"] == 0.0 and body["failure_reason"].startswith("answer_check_timeout: "), body
+
+
+def test_an_expected_result_that_cannot_be_parsed_in_time_is_a_503(helper: RunHelper) -> None:
+    # The row's expected_result alone outlasts the bound: the model cannot cause that, so it is not scored.
+    resp = post_json(server_url(helper, ENV) + "/verify", _answer_body(UNPARSABLE, "\\boxed{1}"), timeout=120)
     assert resp.status_code == 503, resp.text[:500]
     error = resp.json()["error"]
     assert (error["kind"], error["server"], error["path"]) == ("verify_timeout", ENV, "/verify")
-    assert "math-verify timed out comparing" in error["message"]
+    assert "math-verify timed out parsing expected_result" in error["message"]
+
+
+def test_several_boxed_answers_earn_only_when_every_one_is_right(helper: RunHelper) -> None:
+    url = server_url(helper, ENV) + "/verify"
+    for text, reward, reason in [
+        ("\\boxed{4410} and again \\boxed{4,410}", 1.0, None),
+        ("\\boxed{4411} no, \\boxed{4410}", 0.0, "several_answers"),
+        ("\\boxed{4410} or \\boxed{4411}", 0.0, "several_answers"),
+        (" ".join(f"\\boxed{{{n}}}" for n in range(4400, 4420)), 0.0, "too_many_answers"),
+        ("no box: 4410", 0.0, "no_boxed_answer"),
+        ("\\boxed{4411}", 0.0, "wrong_answer"),
+    ]:
+        resp = post_json(url, _answer_body("4410", text), timeout=60)
+        assert resp.status_code == 200, resp.text[:500]
+        body = resp.json()
+        assert body["reward"] == reward, (text, body)
+        assert (body["failure_reason"] or "").split(":")[0] == (reason or ""), (text, body)
 
 
 def _cell(

@@ -65,6 +65,12 @@ def stack() -> Iterator[RunHelper]:
         "no_such_command": _agent(["/nonexistent/harness-binary"]),
         "exits_nonzero": _agent(["python", "-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"]),
         "never_calls": _agent(["python", "-c", "print('\\\\boxed{B}')"]),
+        # Calls the model (it answers), then dies as a model's command could make it (kill $PPID, exit 4).
+        "ends_after_answers": _agent(
+            ["python", "-c", "import sys, openai, os; "
+             "openai.OpenAI().chat.completions.create(model=os.environ['NG_MODEL'], messages=[{'role': 'user', 'content': sys.stdin.read()}]); "
+             "sys.exit(4)"]
+        ),
         "runs_too_long": _agent(
             [
                 "python",
@@ -187,6 +193,20 @@ def test_a_failing_harness_is_a_502_naming_it_never_a_reward(stack: RunHelper, a
             time.sleep(0.1)
         assert not _alive(pid)
         Path(PID_FILE).unlink()
+
+
+def test_a_harness_ended_after_its_model_calls_answered_scores_zero_with_the_reason(stack: RunHelper) -> None:
+    # Every model call answered; then the harness exited non-zero (what a model's `kill $PPID` or an answer
+    # the harness cannot take does): the model's doing, scored 0 with the reason, not a 502 that would drop
+    # the rollout from training. Its calls are recorded under the row's own rollout id.
+    row = {**_row(RIGHT), "_ng_rollout_id": "harness-test-ends-after-answers"}
+    resp = _run(stack, "ends_after_answers", row)
+    assert resp.status_code == 200, resp.text
+    result = resp.json()
+    assert result["reward"] == 0.0, result
+    assert result["failure_reason"].startswith("the harness exited with status 4 after 1 model calls"), result
+    assert result["harness"]["rollout_id"] == "harness-test-ends-after-answers"
+    assert result["harness"]["model_calls"] == 1 and result["training"]["samples"]
 
 
 def _alive(pid: int) -> bool:
