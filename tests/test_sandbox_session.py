@@ -225,6 +225,26 @@ async def test_sparse_files_count_what_they_can_become_and_a_snapshot_keeps_thei
         await _close_and_check(session)
 
 
+async def test_a_kernel_recovers_after_cells_that_fork_loop_and_leave_processes_behind() -> None:
+    """The same session's next cell works after the model's own forks, endless loop and stray processes:
+    what a cell left running is killed when it returns, and the kernel reaps it (unreaped, 40 zombies a
+    cell filled the 64-process limit after two cells, and the next cell could start nothing)."""
+    session = await SandboxSession.start(limits={**FAST, "command_wall_time_s": 3, "processes": 64})
+    try:
+        spawn = "import os\nfor _ in range(40):\n    if os.fork() == 0:\n        while True: pass\nprint('forked')"
+        for _ in range(3):
+            assert (await session.run_python(spawn)).stdout == "forked\n"
+        looped = await session.run_python("while True: pass")
+        assert looped.error_type == "timeout" and looped.return_code == 130
+        ran = await session.run_python(
+            "import subprocess\nprint(subprocess.run(['echo', 'hi'], capture_output=True).stdout)"
+        )
+        assert ran.ok and ran.stdout == "b'hi\\n'\n", ran
+        assert (await session.run_python("print(1 + 1)")).stdout == "2\n"
+    finally:
+        await _close_and_check(session)
+
+
 async def test_file_operations_stay_inside_the_workspace() -> None:
     session = await SandboxSession.start(limits=FAST)
     try:

@@ -534,6 +534,7 @@ def _kernel(req_fd: int, rep_fd: int) -> None:
         req = _recv(req_fd)
         if req is None:
             os._exit(0)
+        _reap_children()
         rc = 0
         try:
             tree = ast.parse(req["code"], "<cell>")
@@ -557,6 +558,19 @@ def _kernel(req_fd: int, rep_fd: int) -> None:
             except Exception:
                 pass
         _send_marshal(rep_fd, {"rc": rc})
+
+
+def _reap_children() -> None:
+    """Wait for the kernel's children that have ended (the agent kills what a cell left running when the
+    cell returns): unreaped, each would hold a slot of the sandbox's process limit as a zombie, and a few
+    cells of forks would leave the next cell unable to start any process."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def _not_dumpable() -> None:
