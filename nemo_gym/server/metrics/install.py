@@ -62,7 +62,7 @@ def install_metrics(
         return None
     metrics = ServerMetrics(server_name, kind)
     app.state.nemo_gym_metrics = metrics
-    lag = LoopLagMonitor(metrics.loop_lag.observe)
+    lag = LoopLagMonitor(metrics.loop_lag.observe, observe_blocked=metrics.loop_blocked.observe)
 
     inner = app.router.lifespan_context
 

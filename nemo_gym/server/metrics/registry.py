@@ -292,6 +292,13 @@ class ServerMetrics:
             buckets=LAG_BUCKETS,
             registry=reg,
         )
+        self.loop_blocked = Histogram(
+            "nemo_gym_event_loop_blocked_seconds",
+            "The part of a tick's lateness the event loop was held by code (running or sleeping on it): the "
+            "lag less the time the loop's thread waited for a CPU. A busy machine adds to the lag, not here.",
+            buckets=LAG_BUCKETS,
+            registry=reg,
+        )
         # (method, route, status) -> (its request-count cell, its latency cell)
         self._requests: dict[tuple[str, str, int], tuple[list[float], list[float]]] = {}
         self._latency_bounds = self.latency.bounds
