@@ -5,20 +5,28 @@ Contract
 * A row carries ``options`` (a list of one-key mappings ``{"A": "text"}``), ``expected_answer`` (the
   correct letter) and optionally ``grading_mode`` and ``template_metadata.output_regex``. Field names
   and grading modes are upstream NeMo Gym's (``resources_servers/mcqa``).
-* Reward 1.0 iff the letter extracted from the final assistant text equals ``expected_answer``
-  (case-insensitive); otherwise 0.0. The verify response adds ``extracted_answer`` (None when no
-  letter could be read) and the upper-cased ``expected_answer``.
+* Reward 1.0 iff the answer (the concatenated ``output_text`` of the assistant messages; reasoning is
+  not read) names exactly one option and it is ``expected_answer`` (case-insensitive); otherwise 0.0
+  with ``failure_reason``: ``several different answers (...)``, ``no answer: ...`` or
+  ``wrong answer: X``. The verify response adds ``extracted_answer`` (None when no single letter could
+  be read) and the upper-cased ``expected_answer``.
 * Extraction, by grading mode (the server's ``grading_mode`` config key, when set, wins over the row's):
-  - ``strict_single_letter_boxed`` (default): the content of the last ``\\boxed{...}`` is a single
-    letter, possibly wrapped in ``\\text{}``, brackets or parentheses, or a letter followed by a label
-    delimiter (``E: ...``, ``C) ...``).
-  - ``lenient_boxed``: as strict; failing that, the boxed content contains the text of exactly one option.
-  - ``lenient_answer_colon``: the text after the first ``Answer:`` is a single letter or exactly one
-    option's text (case and whitespace ignored).
-  - ``lenient_answer_colon_md``: the last ``Answer:`` line (markdown emphasis allowed) that yields one
-    unambiguous letter; a list of several letters (``A, C``) yields none.
-  A row's ``template_metadata.output_regex`` (one pattern or a list) is tried first; the last match of
-  the first pattern that matches gives the letter (or an option's exact text).
+  - ``strict_single_letter_boxed`` (default): each ``\\boxed{...}`` holds a single letter, possibly
+    wrapped in ``\\text{}``, brackets or parentheses, or a letter followed by a label delimiter
+    (``E: ...``, ``C) ...``).
+  - ``lenient_boxed``: as strict; failing that, the box holds the text of exactly one option, as whole
+    words.
+  - ``lenient_answer_colon``: the text after ``Answer:`` is a single letter or exactly one option's
+    text (case and whitespace ignored).
+  - ``lenient_answer_colon_md``: ``Answer:`` lines (markdown emphasis allowed) that yield a letter; a
+    list of several letters (``A, C``) yields them all.
+  A row's ``template_metadata.output_regex`` (one pattern or a list) is tried first; every match of the
+  first pattern that reads a letter (or an option's exact text) counts.
+* One answer, one option: every box, ``Answer:`` line and regex match is read, and they must all name
+  the same option. Boxes or lines that disagree, several labels in one box (``A. B. C. D.``,
+  ``B) or C)``, ``B-D``) and hedges on one line (``(A) but it could be (C)``, ``C, or maybe A``) are a
+  hedge: no answer. (Upstream reads the last box, the first ``Answer:``, the last md line naming a
+  letter or the last regex match, and the first label of ``A. B. C. D.``.)
 * The letter must be one of the row's option letters (except through ``output_regex``, as upstream).
 * Unlike upstream, ``options`` and ``expected_answer`` are required by mcqa's own ``/verify``: a row
   without them is refused by ``ng_collect_rollouts`` before any rollout, rather than scored 0. The
