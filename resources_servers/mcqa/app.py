@@ -179,6 +179,35 @@ def all_boxed(text: str) -> list[str]:
     return [content for _, content in sorted(found)]
 
 
+def boxed_answers(text: str) -> list[str]:
+    """What every closed ``\\boxed{...}`` says itself, in the order they open: its content without the
+    boxes nested in it (those are answers of their own; ``\\boxed{\\boxed{B}}`` says only ``B``, and
+    ``\\boxed{A \\boxed{B}}`` says ``A`` and ``B``). Braces are counted; one pass over ``text``, so a long
+    answer full of unclosed boxes costs no more than its length."""
+    found: list[tuple[int, str]] = []
+    frames: list[bool] = []  # per open brace: does it open a box?
+    boxes: list[tuple[int, int, list[tuple[int, int]]]] = []  # open boxes: start, content start, children
+    for m in _BRACE_TOKEN.finditer(text):
+        token = m.group()
+        if token == "}":
+            if frames and frames.pop():
+                start, begin, children = boxes.pop()
+                parts, pos = [], begin
+                for child_start, child_end in children:
+                    parts.append(text[pos:child_start])
+                    pos = child_end
+                parts.append(text[pos : m.start()])
+                found.append((start, "".join(parts)))
+                if boxes:
+                    boxes[-1][2].append((start, m.end()))
+        elif token == "{":
+            frames.append(False)
+        else:
+            frames.append(True)
+            boxes.append((m.start(), m.end(), []))
+    return [own for _, own in sorted(found)]
+
+
 def last_boxed(text: str) -> str | None:
     """The content of the last ``\\boxed{...}`` (nested braces counted), or None."""
     start = text.rfind("\\boxed{")
@@ -233,9 +262,10 @@ def _box_letter(
 
 
 def _boxed(text: str, options: list[dict[str, str | None]], allowed: set[str], lenient: bool) -> Reading:
-    """Every box is read; boxes that name different options (or one box naming several) are a hedge."""
+    """Every box is read (a box nested in another on its own); boxes that name different options (or one
+    box naming several) are a hedge."""
     letters: list[str | None] = []
-    for inner in all_boxed(text):
+    for inner in boxed_answers(text):
         reading = _box_letter(inner, options, allowed, lenient)
         letters += reading.letters
     return Reading(letters)

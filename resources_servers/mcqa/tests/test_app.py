@@ -100,6 +100,8 @@ def test_collect_rollouts_scores_scripted_answers(tmp_path: Path) -> None:
         ("\\boxed{A. B. C. D.}", "strict_single_letter_boxed", None),  # upstream: A
         ("\\boxed{B) or C)}", "strict_single_letter_boxed", None),  # upstream: B
         ("\\boxed{B-D}", "strict_single_letter_boxed", None),  # upstream: B
+        ("\\boxed{A \\boxed{B}}", "strict_single_letter_boxed", None),  # upstream: B
+        ("\\boxed{\\boxed{B}}", "strict_single_letter_boxed", "B"),
         ("\\boxed{B. A planet}", "strict_single_letter_boxed", "B"),  # "A" is an article here
         ("\\boxed{B: Vitamin C}", "strict_single_letter_boxed", "B"),  # an option's text, not a label
         ("\\boxed{D: Earth}", "strict_single_letter_boxed", "D"),
