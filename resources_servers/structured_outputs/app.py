@@ -15,8 +15,13 @@ Contract
   with ``error_type`` (``empty_response``, ``parse_error``, ``validation_error``, ``missing_tool_call``,
   ``multiple_tool_calls``, ``wrong_tool_name``, ``tool_arguments_parse_error``,
   ``missing_tool_payload_key``) and ``error_message``.
+* One document of plain data: a key given twice in a JSON object or YAML mapping, JSON's ``NaN`` /
+  ``Infinity`` and YAML aliases are a ``parse_error``; a number that is not finite (any format) is a
+  ``validation_error``; tool-call arguments get the same JSON reading. ``failure_reason`` is
+  ``error_type`` and ``error_message`` in one line.
 * Parsing and validation of large answers or schemas (over ``pool_threshold_chars``) run in
-  :mod:`nemo_gym.kit.verify_pool`, off the event loop. Each process checks a distinct schema against the
+  :mod:`nemo_gym.kit.verify_pool`, off the event loop, bounded; a check killed or crashed twice is the
+  answer's ``check_timeout`` (0), never a 503. Each process checks a distinct schema against the
   metaschema and builds its validator once (the last 1,024 are kept): that check took ~40% of the
   server's CPU when it ran on every ``/verify``.
 * A malformed ``schema_str`` is bad data, not a wrong answer: ``ng_collect_rollouts`` refuses a row
