@@ -34,6 +34,8 @@ Contract
   rejects goes to no judge when it has no text, boxes several different answers, or carries one of the
   judge's verdict labels; the judge sees what math-verify extracted, else the answer's last
   ``judge_max_answer_chars`` characters.
+* An answer with a ``\\boxed{`` left open is no answer (0, nothing is run): which box holds the answer
+  cannot be told (a megabyte of unclosed boxes before the right one is not that answer).
 * ``failure_reason`` says why a reward is 0 (None when it is not).
 * The verify runs through upstream's hooks (names, arguments and results as upstream's), so an
   environment subclassing upstream's server overrides them here unchanged: see
@@ -364,6 +366,18 @@ def all_boxed(text: str) -> list[str]:
 _BRACE_TOKEN = re.compile(r"\\(?:boxed|fbox)\{|[{}]")
 
 
+def unclosed_boxes(text: str) -> int:
+    """How many ``\\boxed{`` / ``\\fbox{`` of ``text`` never close (braces counted)."""
+    frames: list[bool] = []
+    for m in _BRACE_TOKEN.finditer(text):
+        if m.group() == "}":
+            if frames:
+                frames.pop()
+        else:
+            frames.append(m.group() != "{")
+    return sum(frames)
+
+
 def several_answers(text: str) -> str | None:
     """Why ``text`` is a hedge when it boxes several different answers (None when it does not)."""
     boxes = list(dict.fromkeys(" ".join(b.split()) for b in all_boxed(text)))
@@ -422,13 +436,19 @@ class LibraryJudgeMathResourcesServer(SimpleResourcesServer):
             if part.type == "output_text"
         )
         notes = _VerifyNotes()
-        token = _NOTES.set(notes)
-        try:
-            reward, extracted, library_reward, evaluations = await self._verify_answer(
-                body.question, body.expected_answer, text
+        if unclosed_boxes(text):  # which box holds the answer cannot be told: nothing is run
+            reward, extracted, library_reward, evaluations = 0.0, None, 0.0, None
+            notes.failure_reason = (
+                "no answer: a \\boxed{ is left open, so the answer's boxes cannot be told apart"
             )
-        finally:
-            _NOTES.reset(token)
+        else:
+            token = _NOTES.set(notes)
+            try:
+                reward, extracted, library_reward, evaluations = await self._verify_answer(
+                    body.question, body.expected_answer, text
+                )
+            finally:
+                _NOTES.reset(token)
         reason = None
         if reward <= 0:
             reason = notes.failure_reason

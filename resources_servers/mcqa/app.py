@@ -25,8 +25,9 @@ Contract
 * One answer, one option: every box, ``Answer:`` line and regex match is read, and they must all name
   the same option. Boxes or lines that disagree, several labels in one box (``A. B. C. D.``,
   ``B) or C)``, ``B-D``) and hedges on one line (``(A) but it could be (C)``, ``C, or maybe A``) are a
-  hedge: no answer. (Upstream reads the last box, the first ``Answer:``, the last md line naming a
-  letter or the last regex match, and the first label of ``A. B. C. D.``.)
+  hedge: no answer. A ``\\boxed{`` left open, or an ``Answer:`` that names nothing beside others, makes
+  the answer unreadable (no answer). (Upstream reads the last box, the first ``Answer:``, the last md
+  line naming a letter or the last regex match, and the first label of ``A. B. C. D.``.)
 * The letter must be one of the row's option letters (except through ``output_regex``, as upstream).
 * Unlike upstream, ``options`` and ``expected_answer`` are required by mcqa's own ``/verify``: a row
   without them is refused by ``ng_collect_rollouts`` before any rollout, rather than scored 0. The
@@ -152,8 +153,10 @@ def _squash(s: str) -> str:
 class Reading:
     """What an answer picks: one letter, none, or several different ones (a hedge, which scores 0)."""
 
-    def __init__(self, letters: list[str | None] | None = None) -> None:
-        self.letters = sorted({x for x in letters or [] if x is not None})
+    def __init__(self, letters: list[str | None] | None = None, problem: str | None = None) -> None:
+        self.letters = [] if problem else sorted({x for x in letters or [] if x is not None})
+        # Why the answer cannot be read at all (malformed markup), or None.
+        self.problem = problem
 
     @property
     def letter(self) -> str | None:
@@ -264,11 +267,28 @@ def _box_letter(
 def _boxed(text: str, options: list[dict[str, str | None]], allowed: set[str], lenient: bool) -> Reading:
     """Every box is read (a box nested in another on its own); boxes that name different options (or one
     box naming several) are a hedge."""
+    if unclosed_boxes(text):
+        return Reading(problem="a \\boxed{ is left open, so the answer's boxes cannot be told apart")
     letters: list[str | None] = []
     for inner in boxed_answers(text):
         reading = _box_letter(inner, options, allowed, lenient)
         letters += reading.letters
     return Reading(letters)
+
+
+def unclosed_boxes(text: str) -> int:
+    """How many ``\\boxed{`` of ``text`` never close (braces counted)."""
+    frames: list[bool] = []
+    for m in _BRACE_TOKEN.finditer(text):
+        if m.group() == "}":
+            if frames:
+                frames.pop()
+        else:
+            frames.append(m.group() != "{")
+    return sum(frames)
+
+
+_SEVERAL_MARKERS = "several 'Answer:' markers, not all naming an option: an answer must give one"
 
 
 def _strict_boxed(text: str, allowed: set[str]) -> str | None:
@@ -286,6 +306,8 @@ def _answer_colon(text: str, options: list[dict[str, str | None]], allowed: set[
         letters.append(
             next((letter for letter, opt in _option_texts(options, allowed) if opt == wanted), None)
         )
+    if len(letters) > 1 and None in letters:
+        return Reading(problem=_SEVERAL_MARKERS)
     return Reading(letters)
 
 
@@ -315,10 +337,10 @@ def _letter_of_payload(payload: str, allowed: set[str]) -> Reading:
 
 
 def _answer_colon_md(text: str, allowed: set[str]) -> Reading:
-    letters: list[str | None] = []
-    for payload in _ANSWER_COLON_MD.findall(text):
-        letters += _letter_of_payload(payload, allowed).letters
-    return Reading(letters)
+    readings = [_letter_of_payload(payload, allowed) for payload in _ANSWER_COLON_MD.findall(text)]
+    if len(readings) > 1 and any(not r.letters for r in readings):
+        return Reading(problem=_SEVERAL_MARKERS)
+    return Reading([letter for r in readings for letter in r.letters])
 
 
 def _custom_regex_reading(
@@ -450,7 +472,9 @@ class MCQAResourcesServer(SimpleResourcesServer):
         mode = self.config.grading_mode or body.grading_mode
         reading = read_answer(body.response.output_text, body.options, mode, regex)
         predicted = reading.letter
-        if reading.hedged:
+        if reading.problem is not None:
+            reason = f"no answer: {reading.problem}"
+        elif reading.hedged:
             reason = (
                 f"several different answers ({', '.join(reading.letters)}): an answer must pick one option"
             )

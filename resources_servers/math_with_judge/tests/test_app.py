@@ -190,6 +190,11 @@ def test_math_verify_timeout_goes_to_the_judge_or_is_a_zero(tmp_path: Path, use_
         assert r["reward"] == 0.0 and r["judge_evaluations"] is None
         assert "math-verify ran out of time (1 s) comparing" in r["failure_reason"]
         assert "not shown equal" in r["failure_reason"]
+        # A box left open before the right one: no answer, nothing run (math-verify read the last box).
+        body = {**base, "response": text_response("\\boxed{<think>[{ ... \\boxed{720}")}
+        resp = post_json(server_url(helper, SERVER) + "/verify", body)
+        assert resp.status_code == 200 and resp.json()["reward"] == 0.0, resp.text[:500]
+        assert resp.json()["failure_reason"].startswith("no answer: a \\boxed{ is left open")
 
 
 def test_upstream_hooks_are_the_verify_so_subclasses_override_them() -> None:

@@ -117,7 +117,11 @@ def test_collect_rollouts_scores_scripted_answers(tmp_path: Path) -> None:
         ("Answer:  venus ", "lenient_answer_colon", "A"),
         ("Answer: Jupiter", "lenient_answer_colon", None),
         ("Answer: B\nAnswer: A", "lenient_answer_colon", None),  # upstream: B (the first)
-        ("The answer: let me see.\nAnswer: B", "lenient_answer_colon", "B"),
+        # Every "Answer:" is an answer: one that names nothing beside one that names B is no answer
+        # (upstream reads the first, which names nothing, too).
+        ("The answer: let me see.\nAnswer: B", "lenient_answer_colon", None),
+        ("Answer: <think>\n**Answer:** B", "lenient_answer_colon_md", None),
+        ("\\boxed{<action>[{ ... \\boxed{B}", "strict_single_letter_boxed", None),  # a box left open
         ("**Answer:** B because it is closest", "lenient_answer_colon_md", "B"),
         ("Answer: A, C", "lenient_answer_colon_md", None),
         ("Answer: B\n**Answer:** A, C", "lenient_answer_colon_md", None),  # upstream: B
@@ -180,6 +184,10 @@ def test_upstream_shaped_rows_are_accepted_and_echoed_as_given(tmp_path: Path) -
             ),
             ("B", "no answer: expected a \\boxed{} holding one option letter"),
             ("\\boxed{C}", "wrong answer: C"),
+            (
+                "\\boxed{ \\boxed{B}",
+                "no answer: a \\boxed{ is left open, so the answer's boxes cannot be told apart",
+            ),
         ]:
             resp = post_json(
                 server_url(helper, "mcqa") + "/verify", {**shaped, "response": text_response(text)}
