@@ -15,8 +15,8 @@ Contract
   number). ``reward`` = 1.0 for a full score, else 0.0: many of the package's scorers pay wrong answers
   (containment ratios, 0.01 / 0.05 format credit, 0.5 for an unfactored product), so partial credit is
   not a reward unless ``partial_credit: true`` (then ``reward`` = ``score``, upstream's way).
-* One answer: ``<answer>`` blocks (or, without one, boxes) giving different answers are 0 without a
-  score. The scorer runs in :mod:`nemo_gym.kit.verify_pool` (:func:`score_in_worker`), stopped by an
+* One answer: ``<answer>`` blocks (or, without one, boxes) giving different answers, or markup left
+  open (an ``<answer>`` inside a block, a ``\\boxed{`` never closed), are 0 without a score. The scorer runs in :mod:`nemo_gym.kit.verify_pool` (:func:`score_in_worker`), stopped by an
   alarm past ``score_timeout_seconds`` (the pool kills it past that plus :data:`IMPORT_ALLOWANCE_SECONDS`;
   such a check is tried once more on a fresh worker).
 * What the answer makes the scorer do is the answer's score, with ``failure_reason``: a scorer that
@@ -102,6 +102,29 @@ def extract_model_answer(text: str) -> str:
     if boxed is not None:
         return boxed
     return text.strip()
+
+
+def unreadable_markup(text: str) -> str | None:
+    """Why the answer's markup cannot be read (None when it can): an ``<answer>`` opened inside another
+    block (a block left open before the one that closes), or, without a block, a ``\\boxed{`` left
+    open. A megabyte of unclosed openers before the right answer is not that answer."""
+    tagged = _ANSWER_TAG.findall(text)
+    if any("<answer>" in t for t in tagged):
+        return "no answer: an <answer> tag is left open, so the answer's blocks cannot be told apart"
+    if not tagged and _unclosed_boxes(text):
+        return "no answer: a \\boxed{ is left open, so the answer's boxes cannot be told apart"
+    return None
+
+
+def _unclosed_boxes(text: str) -> int:
+    frames: list[bool] = []
+    for m in _BRACE_TOKEN.finditer(text):
+        if m.group() == "}":
+            if frames:
+                frames.pop()
+        else:
+            frames.append(m.group() != "{")
+    return sum(frames)
 
 
 def several_answers(text: str) -> str | None:
@@ -257,7 +280,7 @@ class ReasoningGymResourcesServer(SimpleResourcesServer):
         text = body.response.output_text
         answer = extract_model_answer(text)
         entry = {"question": body.question, "answer": body.answer, "metadata": body.metadata.model_dump()}
-        reason = several_answers(text)
+        reason = unreadable_markup(text) or several_answers(text)
         score = 0.0
         if reason is None:
             outcome, score, detail = await self._score(task, answer, entry)

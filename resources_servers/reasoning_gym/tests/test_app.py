@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 
 from nemo_gym.tools.testing import collect_rollouts, example_rows, post_json, running_servers, server_url
-from resources_servers.reasoning_gym.app import extract_model_answer, score_in_worker, several_answers
+from resources_servers.reasoning_gym.app import (
+    extract_model_answer,
+    score_in_worker,
+    several_answers,
+    unreadable_markup,
+)
 from resources_servers.reasoning_gym.scripts.create_dataset import generate_rows
 
 CONFIG = "resources_servers/reasoning_gym/configs/reasoning_gym.yaml"
@@ -74,6 +79,13 @@ def test_several_different_answers_are_a_hedge() -> None:
     assert several_answers("\\boxed{6} <answer>7</answer>") is None
     assert several_answers("\\boxed{\\boxed{\\frac{1}{2}}}") is None
     assert several_answers("just 9") is None
+
+
+def test_markup_left_open_is_no_answer() -> None:
+    assert unreadable_markup("<answer>x <answer>55</answer>").startswith("no answer: an <answer> tag")
+    assert unreadable_markup("\\boxed{x \\boxed{55}").startswith("no answer: a \\boxed{ is left open")
+    assert unreadable_markup("\\boxed{ then <answer>55</answer>") is None  # the block is the answer
+    assert unreadable_markup("so <answer>\\boxed{55}</answer>") is None
 
 
 def test_scores_in_the_worker_are_bounded_and_checked() -> None:
