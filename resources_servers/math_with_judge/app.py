@@ -349,18 +349,33 @@ def _note(**flags: Any) -> None:
             setattr(notes, name, value)
 
 
-def all_boxed(text: str) -> list[str]:
-    """The content of every closed ``\\boxed{...}`` / ``\\fbox{...}`` (nested braces counted), in the
-    order they open; one pass over ``text``."""
+def boxed_answers(text: str) -> list[str]:
+    """What every closed ``\\boxed{...}`` says itself, in the order they open: its content without the
+    boxes nested in it (those are answers of their own; ``\\boxed{\\boxed{B}}`` says only ``B``, and
+    ``\\boxed{A \\boxed{B}}`` says ``A`` and ``B``). Braces are counted; one pass over ``text``, so a long
+    answer full of unclosed boxes costs no more than its length."""
     found: list[tuple[int, str]] = []
-    frames: list[int] = []  # per open brace: where its box's content begins, or -1 for a plain brace
+    frames: list[bool] = []  # per open brace: does it open a box?
+    boxes: list[tuple[int, int, list[tuple[int, int]]]] = []  # open boxes: start, content start, children
     for m in _BRACE_TOKEN.finditer(text):
-        if m.group() == "}":
-            if frames and (begin := frames.pop()) >= 0:
-                found.append((begin, text[begin : m.start()]))
+        token = m.group()
+        if token == "}":
+            if frames and frames.pop():
+                start, begin, children = boxes.pop()
+                parts, pos = [], begin
+                for child_start, child_end in children:
+                    parts.append(text[pos:child_start])
+                    pos = child_end
+                parts.append(text[pos : m.start()])
+                found.append((start, "".join(parts)))
+                if boxes:
+                    boxes[-1][2].append((start, m.end()))
+        elif token == "{":
+            frames.append(False)
         else:
-            frames.append(m.end() if m.group() != "{" else -1)
-    return [content for _, content in sorted(found)]
+            frames.append(True)
+            boxes.append((m.start(), m.end(), []))
+    return [own for _, own in sorted(found)]
 
 
 _BRACE_TOKEN = re.compile(r"\\(?:boxed|fbox)\{|[{}]")
@@ -380,7 +395,7 @@ def unclosed_boxes(text: str) -> int:
 
 def several_answers(text: str) -> str | None:
     """Why ``text`` is a hedge when it boxes several different answers (None when it does not)."""
-    boxes = list(dict.fromkeys(" ".join(b.split()) for b in all_boxed(text)))
+    boxes = list(dict.fromkeys(b for b in (" ".join(x.split()) for x in boxed_answers(text)) if b))
     if len(boxes) < 2:
         return None
     shown = ", ".join(f"\\boxed{{{b[:40]}}}" for b in boxes[:4]) + (", ..." if len(boxes) > 4 else "")
