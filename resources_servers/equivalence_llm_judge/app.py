@@ -7,8 +7,13 @@ Contract (config keys and row fields as upstream NeMo Gym's ``equivalence_llm_ju
   ``metadata``.
 * The answer judged is the last assistant message's text, through ``response_extract_regex`` (or the
   row's ``output_regex`` when ``use_per_record_regex``; skipped for expected answers longer than
-  ``extraction_length_threshold``): the last match, its first non-empty group. No text:
-  ``msg_extraction_failure`` is judged instead.
+  ``extraction_length_threshold``): the last match, its first non-empty group, widened to the whole
+  ``\\boxed{...}`` when the pattern cut a box short at an inner brace. No text: ``msg_extraction_failure``
+  is judged instead. The judge sees at most the answer's last ``judge_max_answer_chars`` characters.
+* Scored 0 without a judge call, with ``failure_reason`` (upstream judges all of these): with a pattern
+  in force, an answer it does not match (or matches only emptily) is no answer; matches or boxes that
+  give different answers, a box nested in a box, or a ``\\boxed{`` left open before another are a hedge;
+  an answer containing a verdict label of the judge is an injection.
 * The judge is any model server (``judge_model_server``), asked with ``judge_system_message`` and the
   template file ``judge_prompt_template_fpath`` (``{question}``, ``{expected_answer}``,
   ``{generated_answer}``; found next to this file or from the working directory). Its verdict is the
@@ -21,7 +26,8 @@ Contract (config keys and row fields as upstream NeMo Gym's ``equivalence_llm_ju
 * Failures are never reward 0 (upstream folds an unparseable verdict into 0): a judge that cannot be
   reached or answers garbage is a :class:`~nemo_gym.judge.JudgeError` (HTTP 502, the rollout goes to
   the failures file); a reply without a label is, by ``unparseable_verdict``: ``error`` (default) the
-  same, or ``metric``: reward 0.0 with ``judge_verdict_unparseable: true``.
+  same, or ``metric``: reward 0.0 with ``judge_verdict_unparseable: true``. ``failure_reason`` says why
+  a reward is 0 (None when it is not).
 """
 
 from __future__ import annotations
@@ -74,6 +80,8 @@ class LLMJudgeResourcesServerConfig(BaseResourcesServerConfig):
     check_full_generation_on_fail: bool = True
     reward_if_full_generation_succeeds: float = 0.5
     unparseable_verdict: Literal["error", "metric"] = "error"
+    # What the judge is shown of an answer: at most its last this-many characters.
+    judge_max_answer_chars: int = Field(default=20_000, ge=1)
 
 
 class LLMJudgeRunRequest(BaseRunRequest):
@@ -101,6 +109,8 @@ class LLMJudgeVerifyResponse(BaseVerifyResponse):
     expected_answer: str
     judge_evaluations: list[JudgeEvaluation]
     judge_verdict_unparseable: bool = False
+    # Why the reward is 0 (None when it is not).
+    failure_reason: str | None = None
 
 
 class _Unparseable(Exception):
@@ -114,16 +124,94 @@ class _Unparseable(Exception):
 def last_match(text: str, pattern: str | None) -> str:
     """The last match of ``pattern`` in ``text`` (its first non-empty group, else the match); ``text``
     itself without a pattern, a match, or with an invalid pattern."""
+    found = all_matches(text, pattern)
+    return found[-1] if found else text
+
+
+def all_matches(text: str, pattern: str | None) -> list[str] | None:
+    """What every match of ``pattern`` in ``text`` captured (its first non-empty group; "" when all its
+    groups are empty; the whole match for a pattern without groups), in order; None without a usable
+    pattern (none, or one that does not compile)."""
     if not pattern:
-        return text
+        return None
     try:
         matches = list(re.finditer(pattern, text, flags=re.MULTILINE | re.DOTALL))
     except re.error:
+        return None
+    return [
+        next((g.strip() for g in m.groups() if isinstance(g, str) and g.strip()), "")
+        if m.groups()
+        else m.group(0).strip()
+        for m in matches
+    ]
+
+
+def unclosed_boxes(text: str) -> int:
+    """How many ``\\boxed{`` of ``text`` never close (braces counted)."""
+    frames: list[bool] = []
+    for m in _BRACE_TOKEN.finditer(text):
+        if m.group() == "}":
+            if frames:
+                frames.pop()
+        else:
+            frames.append(m.group() != "{")
+    return sum(frames)
+
+
+_BRACE_TOKEN = re.compile(r"\\boxed\{|[{}]")
+
+
+def boxed_answers(text: str) -> list[str]:
+    """What every closed ``\\boxed{...}`` says itself, in the order they open: its content without the
+    boxes nested in it (those are answers of their own; ``\\boxed{\\boxed{B}}`` says only ``B``, and
+    ``\\boxed{A \\boxed{B}}`` says ``A`` and ``B``). Braces are counted; one pass over ``text``, so a long
+    answer full of unclosed boxes costs no more than its length."""
+    found: list[tuple[int, str]] = []
+    frames: list[bool] = []  # per open brace: does it open a box?
+    boxes: list[tuple[int, int, list[tuple[int, int]]]] = []  # open boxes: start, content start, children
+    for m in _BRACE_TOKEN.finditer(text):
+        token = m.group()
+        if token == "}":
+            if frames and frames.pop():
+                start, begin, children = boxes.pop()
+                parts, pos = [], begin
+                for child_start, child_end in children:
+                    parts.append(text[pos:child_start])
+                    pos = child_end
+                parts.append(text[pos : m.start()])
+                found.append((start, "".join(parts)))
+                if boxes:
+                    boxes[-1][2].append((start, m.end()))
+        elif token == "{":
+            frames.append(False)
+        else:
+            frames.append(True)
+            boxes.append((m.start(), m.end(), []))
+    return [own for _, own in sorted(found)]
+
+
+def judged_answer(text: str, pattern: str | None) -> str:
+    """The answer the judge sees: :func:`last_match`, widened to the whole box when the pattern cut a box
+    short at an inner brace (``\\boxed{\\frac{1}{2}}``: ``\\frac{1}{2}``, not ``\\frac{1``; and
+    ``\\boxed{\\text{A} or B}`` shows the judge its ``or B``)."""
+    answer = last_match(text, pattern)
+    if not pattern:
+        return answer
+    for box in reversed([b.strip() for b in boxed_answers(text)]):
+        if box and (box.startswith(answer) or "\\boxed{" in answer):
+            return box
+    return answer
+
+
+def _same(answer: str) -> str:
+    return " ".join(answer.split()).lower()
+
+
+def tail(text: str, limit: int) -> str:
+    """``text``, or its last ``limit`` characters after a note that the rest was cut."""
+    if len(text) <= limit:
         return text
-    if not matches:
-        return text
-    m = matches[-1]
-    return next((g.strip() for g in m.groups() if isinstance(g, str) and g.strip()), m.group(0).strip())
+    return f"[... {len(text) - limit:,} earlier characters cut ...]\n" + text[-limit:]
 
 
 def _text_of(content: Any) -> str:
@@ -165,26 +253,40 @@ class LLMJudgeResourcesServer(SimpleResourcesServer):
         if per_record:
             pattern = None if long_answer else per_record
         full = self._answer_text(body)
-        generated = last_match(full, pattern) if full else cfg.msg_extraction_failure
         evaluations: list[JudgeEvaluation] = []
-        try:
-            equal = await self._verdict(question, expected, generated, evaluations)
-            if equal:
-                reward = 1.0
-                if cfg.check_twice_swap and not (per_record and long_answer):
-                    swapped = await self._verdict(question, generated, expected, evaluations)
-                    reward = 1.0 if swapped else cfg.reward_if_swap_fails
-            else:
-                reward = 0.0
-                if per_record and not long_answer and cfg.check_full_generation_on_fail:
-                    rescue = full or cfg.msg_extraction_failure
+        reward, unparseable = 0.0, False
+        refusal = self._refusal(full, pattern) if full else None
+        if refusal is None:
+            generated = judged_answer(full, pattern) if full else cfg.msg_extraction_failure
+            generated = tail(generated, cfg.judge_max_answer_chars)
+            try:
+                equal = await self._verdict(question, expected, generated, evaluations)
+                if equal:
+                    reward = 1.0
+                    if cfg.check_twice_swap and not (per_record and long_answer):
+                        swapped = await self._verdict(question, generated, expected, evaluations)
+                        reward = 1.0 if swapped else cfg.reward_if_swap_fails
+                elif per_record and not long_answer and cfg.check_full_generation_on_fail:
+                    rescue = tail(full or cfg.msg_extraction_failure, cfg.judge_max_answer_chars)
                     if await self._verdict(question, expected, rescue, evaluations):
                         reward = cfg.reward_if_full_generation_succeeds
-            unparseable = False
-        except _Unparseable:
-            reward, unparseable = 0.0, True
+            except _Unparseable:
+                reward, unparseable = 0.0, True
+        reason = refusal
+        if reward <= 0 and reason is None:
+            reason = (
+                "the judge's reply had no verdict label (unparseable_verdict: metric)"
+                if unparseable
+                else "the judge found the answer different from the expected one"
+            )
         fields = body.model_dump(
-            exclude={"expected_answer", "reward", "judge_evaluations", "judge_verdict_unparseable"}
+            exclude={
+                "expected_answer",
+                "reward",
+                "judge_evaluations",
+                "judge_verdict_unparseable",
+                "failure_reason",
+            }
         )
         return LLMJudgeVerifyResponse(
             **fields,
@@ -192,7 +294,42 @@ class LLMJudgeResourcesServer(SimpleResourcesServer):
             reward=reward,
             judge_evaluations=evaluations,
             judge_verdict_unparseable=unparseable,
+            failure_reason=reason if reward <= 0 else None,
         )
+
+    def _refusal(self, text: str, pattern: str | None) -> str | None:
+        """Why ``text`` is scored 0 without asking the judge (None: the judge decides).
+
+        One answer: the pattern's matches must agree, a box nested in or left open before another is
+        a hedge, boxes must agree; with a pattern that matches nothing the answer is not in the asked
+        format. And an answer that writes the judge's verdict labels is an injection, not an answer."""
+        cfg = self.config
+        matches = all_matches(text, pattern)
+        if matches is not None:
+            if not matches:
+                return f"no answer: nothing in the answer matches the answer format ({pattern[:80]!r})"
+            if not any(matches):
+                return "no answer: the answer's match of the answer format is empty"
+            if unclosed_boxes(text):
+                return (
+                    "several different answers: a \\boxed{ is left open, so its answer cannot be told apart"
+                )
+            # Matches that run into a nested box (``\\boxed{A \\boxed{B}}``) are read as the boxes are,
+            # each on its own; a box the pattern cut short at an inner brace (``\\text{Canberra`` of
+            # ``\\boxed{\\text{Canberra}}``) is the same answer.
+            found = list(dict.fromkeys(_same(m) for m in matches if m and "\\boxed{" not in m))
+            found += [
+                b
+                for b in dict.fromkeys(_same(b) for b in boxed_answers(text))
+                if b and not any(b.startswith(m) for m in found)
+            ]
+            if len(found) > 1:
+                shown = ", ".join(repr(a[:40]) for a in found[:4]) + (", ..." if len(found) > 4 else "")
+                return f"several different answers ({shown}): an answer must give one"
+        for label in (cfg.judge_equal_label, cfg.judge_not_equal_label):
+            if label in text:
+                return f"the answer contains the judge's verdict label {label}: it is not sent to the judge"
+        return None
 
     def _question(self, body: LLMJudgeVerifyRequest) -> str:
         params = body.responses_create_params

@@ -9,7 +9,15 @@ Contract
 * The text checked is that of the last assistant message of the response. Each instruction is
   checked by :mod:`instructions` (IFEval's 25 instructions and five of IFBench's, written here).
   ``follow_instruction_list`` holds one bool per instruction; ``follow_all_instructions`` their AND.
-  Reward: ``binary`` 1.0 iff all are followed, ``fraction`` the fraction followed.
+  Reward: ``binary`` 1.0 iff all are followed, ``fraction`` the fraction followed; ``failure_reason``
+  names what was not followed (None when all were).
+* A reply holding the row's ``prompt`` or a user message whole (:data:`ECHO_MIN_CHARS` or more,
+  whitespace and case ignored) follows nothing: an echo of the task is not an answer, though a prompt's
+  own words can satisfy its instructions (rows with ``combination:repeat_prompt`` excepted).
+* Checks run on a thread; an answer longer than ``pool_threshold_chars`` is checked in the verify pool,
+  bounded by ``check_timeout_seconds`` (plus :data:`IMPORT_ALLOWANCE_SECONDS` for a fresh worker's NLTK
+  import), once more on a fresh worker if killed or crashed, and then follows nothing, with the reason
+  (the answer's doing, never a 503).
 * An unknown instruction id, or kwargs an instruction cannot use, is bad data, never a failed
   instruction (upstream scores it False): ``ng_collect_rollouts`` refuses a row whose top-level
   ``instruction_id_list`` has an unknown id (file, line, field) before any rollout, and ``/verify``
@@ -23,7 +31,7 @@ import asyncio
 from typing import Any, ClassVar, Literal
 
 from fastapi import HTTPException
-from pydantic import Field, model_validator
+from pydantic import Field, PositiveFloat, model_validator
 
 from nemo_gym.base_resources_server import (
     BaseResourcesServerConfig,
@@ -33,6 +41,12 @@ from nemo_gym.base_resources_server import (
     ReverifyMode,
     SimpleResourcesServer,
 )
+from nemo_gym.kit.verify_pool import (
+    VerifyTimeoutError,
+    VerifyWorkerCrashedError,
+    run_in_verify_pool,
+)
+from nemo_gym.openai_utils import text_of_message
 from resources_servers.instruction_following.instructions import (
     INSTRUCTION_IDS,
     BadInstruction,
@@ -42,10 +56,16 @@ from resources_servers.instruction_following.instructions import (
 
 InstructionId = Literal[INSTRUCTION_IDS]  # type: ignore[valid-type]
 _VERIFIER_FIELDS = ("instruction_id_list", "prompt", "kwargs", "grading_mode")
+# Added to check_timeout_seconds for the pool's bound: a fresh worker imports NLTK first.
+IMPORT_ALLOWANCE_SECONDS = 60.0
 
 
 class InstructionFollowingResourcesServerConfig(BaseResourcesServerConfig):
     REVERIFY_MODE: ClassVar[ReverifyMode] = ReverifyMode.STATELESS
+    # Answers longer than this are checked in the verify pool (a worker process), bounded by
+    # check_timeout_seconds (plus a fresh worker's NLTK import); shorter ones on a thread.
+    pool_threshold_chars: int = Field(default=20_000, ge=0)
+    check_timeout_seconds: PositiveFloat = 60.0
 
 
 class InstructionFollowingRunRequest(BaseRunRequest):
@@ -77,6 +97,8 @@ class InstructionFollowingVerifyResponse(BaseVerifyResponse):
     follow_all_instructions: bool
     follow_instruction_list: list[bool]
     verifier_metadata: dict[str, Any]
+    # Why the reward is below 1 (None when every instruction is followed).
+    failure_reason: str | None = None
 
 
 def _last_assistant_text(body: BaseVerifyRequest) -> str:
@@ -88,6 +110,30 @@ def _last_assistant_text(body: BaseVerifyRequest) -> str:
 
 def _check_all(ids: list[str], kwargs_list: list[Any], text: str) -> list[bool]:
     return [check(i, k, text) for i, k in zip(ids, kwargs_list, strict=True)]
+
+
+def check_all_in_worker(ids: list[str], kwargs_list: list[Any], text: str) -> list[bool] | str:
+    """:func:`_check_all` in a verify-pool worker: the verdicts, or a bad row's message (picklable)."""
+    try:
+        return _check_all(ids, kwargs_list, text)
+    except BadInstruction as e:
+        return str(e)
+
+
+# An answer holding the whole prompt (normalised) of at least this many characters is an echo.
+ECHO_MIN_CHARS = 40
+
+
+def _squash(text: str) -> str:
+    return " ".join(text.split()).lower()
+
+
+def echoes_the_prompt(text: str, prompts: list[str]) -> bool:
+    """Whether ``text`` holds one of ``prompts`` whole (whitespace and case ignored): the task repeated
+    is not an answer to it, though its own words can satisfy its instructions (``<<title>>``, "P.S.",
+    an end phrase quoted in the prompt)."""
+    answer = _squash(text)
+    return any(len(p) >= ECHO_MIN_CHARS and p in answer for p in map(_squash, prompts) if p)
 
 
 _WARMUPS: list[asyncio.Future[None]] = []  # kept referenced until done
@@ -115,15 +161,66 @@ class InstructionFollowingResourcesServer(SimpleResourcesServer):
         if mode not in ("binary", "fraction"):
             raise HTTPException(422, f"bad row: grading_mode must be binary or fraction, got {mode!r}")
         text = _last_assistant_text(body)
-        try:  # off the event loop: Punkt and langdetect are CPU work
-            followed = await asyncio.to_thread(_check_all, ids, kwargs_list, text)
-        except BadInstruction as e:
-            raise HTTPException(422, f"bad row: {e}") from None
+        reason = None
+        if "combination:repeat_prompt" not in ids and echoes_the_prompt(text, self._prompts(body)):
+            followed = [False] * len(ids)
+            reason = "the answer repeats the prompt: an echo of the task is not an answer to it"
+        elif len(text) > self.config.pool_threshold_chars:
+            followed, reason = await self._check_in_pool(ids, kwargs_list, text)
+        else:
+            try:  # off the event loop: Punkt and langdetect are CPU work
+                followed = await asyncio.to_thread(_check_all, ids, kwargs_list, text)
+            except BadInstruction as e:
+                raise HTTPException(422, f"bad row: {e}") from None
         reward = float(all(followed)) if mode == "binary" else sum(followed) / len(followed)
-        fields = body.model_dump(exclude={"reward", "follow_all_instructions", "follow_instruction_list"})
-        return InstructionFollowingVerifyResponse(
-            **fields, reward=reward, follow_all_instructions=all(followed), follow_instruction_list=followed
+        if reason is None and not all(followed):
+            broken = [i for i, ok in zip(ids, followed, strict=True) if not ok]
+            reason = "not followed: " + ", ".join(broken) + ("" if text.strip() else " (the answer is blank)")
+        fields = body.model_dump(
+            exclude={"reward", "follow_all_instructions", "follow_instruction_list", "failure_reason"}
         )
+        return InstructionFollowingVerifyResponse(
+            **fields,
+            reward=reward,
+            follow_all_instructions=all(followed),
+            follow_instruction_list=followed,
+            failure_reason=reason,
+        )
+
+    @staticmethod
+    def _prompts(body: InstructionFollowingVerifyRequest) -> list[str]:
+        """The row's ``prompt`` and the text of its user messages."""
+        prompts = [p for p in [body.verifier_metadata.get("prompt")] if isinstance(p, str)]
+        params = body.responses_create_params
+        if isinstance(params.input, str):
+            return [*prompts, params.input]
+        for item in params.input or []:
+            role = item.get("role") if isinstance(item, dict) else getattr(item, "role", None)
+            if role == "user":
+                prompts.append(text_of_message(item))
+        return prompts
+
+    async def _check_in_pool(
+        self, ids: list[str], kwargs_list: list[Any], text: str
+    ) -> tuple[list[bool], str | None]:
+        """A long answer's checks in the verify pool, bounded: a check killed past its bound, or whose
+        worker dies, is tried once more on a fresh worker; twice is the answer's doing (nothing
+        followed, with the reason), never a 503."""
+        bound = self.config.check_timeout_seconds + IMPORT_ALLOWANCE_SECONDS
+        why = ""
+        for _ in range(2):
+            try:
+                result = await run_in_verify_pool(check_all_in_worker, ids, kwargs_list, text, timeout=bound)
+            except VerifyTimeoutError:
+                why = f"the checks did not finish within {bound:g} s on the answer (twice)"
+                continue
+            except VerifyWorkerCrashedError:
+                why = "the checks' worker died on the answer (twice)"
+                continue
+            if isinstance(result, str):
+                raise HTTPException(422, f"bad row: {result}")
+            return result, None
+        return [False] * len(ids), why
 
     def compute_metrics(self, tasks: list[list[dict[str, Any]]]) -> dict[str, Any]:
         """Rates of whole rows followed (prompt level) and of single instructions (instruction level)."""

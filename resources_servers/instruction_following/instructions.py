@@ -165,14 +165,35 @@ def _json_format(r: str) -> bool:
     body = body.removesuffix("```").strip()
     try:
         json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # "[" * 1000 is too deep for json: not JSON here (IFEval raises)
         return False
     return True
 
 
 def _title(r: str) -> bool:
-    """Some ``<<...>>`` on one line (longest match) holds text besides its angle brackets."""
-    return any(t.lstrip("<").rstrip(">").strip() for t in re.findall(r"<<[^\n]+>>", r))
+    """Some ``<<...>>`` on one line (longest match) holds text besides its angle brackets.
+
+    IFEval's ``re.findall(r"<<[^\\n]+>>", r)``, read in one pass per line (the pattern's backtracking is
+    quadratic on a line of ``<<`` without ``>>``): on a line, that pattern's only match runs from the
+    first ``<<`` to the last ``>>`` that leaves a character between them."""
+    for line in r.split("\n"):
+        start, end = line.find("<<"), line.rfind(">>")
+        if start >= 0 and end >= start + 3 and line[start : end + 2].lstrip("<").rstrip(">").strip():
+            return True
+    return False
+
+
+def _placeholders(r: str) -> int:
+    """IFEval's ``len(re.findall(r"\\[.*?\\]", r))`` in one pass per line (the pattern is quadratic on a
+    line of ``[`` without ``]``): each ``[`` closes at the next ``]`` on its line, and a ``[`` with
+    none after it ends the line's count."""
+    count = 0
+    for line in r.split("\n"):
+        pos = 0
+        while (start := line.find("[", pos)) >= 0 and (end := line.find("]", start + 1)) >= 0:
+            count += 1
+            pos = end + 1
+    return count
 
 
 def _two_responses(r: str) -> bool:
@@ -211,18 +232,24 @@ def _postscript(r: str, postscript_marker: str) -> bool:
     """A line holding the marker (lowercased text): "P.S." and "P.P.S" allow spaces after their dots;
     any other marker is read as a pattern, as IFEval does."""
     marker = postscript_marker.strip()
+    # IFEval's patterns start with \s*, which a search may match empty: without it the verdict is the
+    # same, and a long run of whitespace no longer costs a scan per position (quadratic).
     if marker == "P.P.S":
-        pattern = r"\s*p\.\s?p\.\s?s.*$"
+        pattern = r"p\.\s?p\.\s?s.*$"
     elif marker == "P.S.":
-        pattern = r"\s*p\.\s?s\..*$"
+        pattern = r"p\.\s?s\..*$"
     else:
-        pattern = r"\s*" + _regex(marker.lower()).pattern + r".*$"
+        pattern = _regex(marker.lower()).pattern + r".*$"
     return re.search(pattern, r.lower(), flags=re.MULTILINE) is not None
 
 
 def _bullets(r: str) -> int:
-    return len(re.findall(r"^\s*\*[^\*].*$", r, flags=re.MULTILINE)) + len(
-        re.findall(r"^\s*-.*$", r, flags=re.MULTILINE)
+    """IFEval's counts of ``^\\s*\\*[^\\*].*$`` and ``^\\s*-.*$`` (multiline), with ``^[^\\S\\n]*`` for
+    ``^\\s*``: a match whose ``\\s*`` crossed line breaks starts at an earlier line start of the same
+    run of whitespace and ends where the one from the bullet's own line does, so the counts are the
+    same, and a run of many line breaks no longer costs a scan per line (quadratic)."""
+    return len(re.findall(r"^[^\S\n]*\*[^\*].*$", r, flags=re.MULTILINE)) + len(
+        re.findall(r"^[^\S\n]*-.*$", r, flags=re.MULTILINE)
     )
 
 
@@ -317,7 +344,7 @@ _CHECKERS: dict[str, tuple[Callable[..., bool], tuple[str, ...], tuple[str, ...]
         (),
     ),
     "detectable_content:number_placeholders": (
-        lambda r, num_placeholders: len(re.findall(r"\[.*?\]", r)) >= num_placeholders,
+        lambda r, num_placeholders: _placeholders(r) >= num_placeholders,
         ("num_placeholders",),
         (),
     ),

@@ -5,7 +5,7 @@ Contract
 * A row carries ``question`` and ``expected_answer`` (upstream NeMo Gym's field names; both required,
   so a row without them is refused by ``ng_collect_rollouts`` before any rollout).
 * The answer is the concatenated ``output_text`` of the response's assistant messages. math-verify
-  extracts the last ``\\boxed{}`` (or a plain expression) and compares it with ``\\boxed{expected_answer}``
+  extracts the ``\\boxed{}``es (or a plain expression) and compares it with ``\\boxed{expected_answer}``
   (outer ``$...$`` / ``\\(...\\)`` stripped) symbolically. That runs in :mod:`nemo_gym.kit.verify_pool`
   (a worker process's main thread: math-verify uses ``signal.alarm``), never on the event loop.
   ``library_reward`` is its verdict (1.0 / 0.0); ``extracted_answer`` the answer it read (or None).
@@ -19,16 +19,24 @@ Contract
   A judge reply without a verdict label is, by ``unparseable_verdict``: ``error`` (default) the same
   JudgeError, or ``metric`` a reward of 0.0 with ``judge_verdict_unparseable: true`` in the
   response (counted in aggregate metrics).
-* A math-verify check that runs out of time (its own ``math_verify_timeout_seconds`` per parse /
-  comparison, or ``library_verifier_timeout_seconds`` for the whole check, whose worker is then killed)
-  is not a verdict. With ``should_use_judge: true`` the judge decides instead, as upstream does
-  (``library_reward`` 0.0, ``extracted_answer`` None, the whole answer text goes to the judge, and
-  ``library_verify_timed_out: true`` says so). Without a judge it is a
-  :class:`~nemo_gym.kit.verify_pool.VerifyTimeoutError`: HTTP 503 of kind ``verify_timeout`` (the rollout
-  goes to the failures sidecar), never a 0 and never an unhandled 500. (Upstream scores it 0.0 when no
-  judge is configured.) A check whose worker crashes is a 503 of kind ``verify_failed``; an
-  ``expected_answer`` math-verify cannot parse is the row's fault (HTTP 422 "bad row" naming the
-  field). The pool's workers import math-verify in the background when the server starts.
+* An answer math-verify cannot check within its bounds is the model's doing, scored, never a 503: its
+  own ``math_verify_timeout_seconds`` on a parse or comparison of the answer, the whole check killed
+  past ``library_verifier_timeout_seconds`` twice in a row (once more on a fresh worker), or a worker
+  dying on the answer twice give ``library_reward`` 0.0, ``extracted_answer`` None and
+  ``library_verify_timed_out: true``. With ``should_use_judge: true`` the judge then decides, as
+  upstream does; without one the reward is 0.0 with its ``failure_reason``. Only math-verify running
+  out of time on the row's ``expected_answer`` is a :class:`~nemo_gym.kit.verify_pool.VerifyTimeoutError`
+  (HTTP 503 ``verify_timeout``); an ``expected_answer`` math-verify cannot parse is the row's fault
+  (HTTP 422 "bad row" naming the field). The pool's workers import math-verify in the background when
+  the server starts.
+* A box stating an equality of two numbers that is false (``360 = 720``, ``x = 360 = 720``; math-verify
+  compares an equation's right side alone) is 0.0, and no judge may overturn it. An answer math-verify
+  rejects goes to no judge when it has no text, boxes several different answers, or carries one of the
+  judge's verdict labels; the judge sees what math-verify extracted, else the answer's last
+  ``judge_max_answer_chars`` characters.
+* An answer with a ``\\boxed{`` left open is no answer (0, nothing is run): which box holds the answer
+  cannot be told (a megabyte of unclosed boxes before the right one is not that answer).
+* ``failure_reason`` says why a reward is 0 (None when it is not).
 * The verify runs through upstream's hooks (names, arguments and results as upstream's), so an
   environment subclassing upstream's server overrides them here unchanged: see
   :class:`LibraryJudgeMathResourcesServer`.
@@ -41,6 +49,7 @@ import contextlib
 import contextvars
 import io
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -57,7 +66,12 @@ from nemo_gym.base_resources_server import (
 )
 from nemo_gym.config_types import ModelServerRef
 from nemo_gym.judge import JudgeError, call_judge, judge_failsafe
-from nemo_gym.kit.verify_pool import VerifyTimeoutError, get_verify_pool, run_in_verify_pool
+from nemo_gym.kit.verify_pool import (
+    VerifyTimeoutError,
+    VerifyWorkerCrashedError,
+    get_verify_pool,
+    run_in_verify_pool,
+)
 from nemo_gym.openai_utils import (
     NeMoGymEasyInputMessage,
     NeMoGymResponse,
@@ -101,6 +115,8 @@ class LibraryJudgeMathResourcesServerConfig(BaseResourcesServerConfig):
     judge_prompt_template: str | None = None
     judge_equal_label: str | None = None
     judge_not_equal_label: str | None = None
+    # What the judge is shown of an answer math-verify read nothing in: its last this-many characters.
+    judge_max_answer_chars: PositiveInt = 20_000
     # At most this many math-verify checks of this server at once (upstream's key; the verify pool's
     # size bounds the whole process).
     library_verifier_max_concurrency: PositiveInt = 32
@@ -133,8 +149,10 @@ class LibraryJudgeMathVerifyResponse(BaseVerifyResponse):
     library_reward: float
     judge_evaluations: list[JudgeEvaluation] | None = None
     judge_verdict_unparseable: bool = False
-    # math-verify ran out of time and the judge decided (only with should_use_judge).
+    # math-verify ran out of time on the answer (the judge decided, or without one: a 0).
     library_verify_timed_out: bool = False
+    # Why the reward is 0 (None when it is not).
+    failure_reason: str | None = None
 
 
 def strip_math_delimiters(s: str) -> str:
@@ -150,17 +168,38 @@ def strip_math_delimiters(s: str) -> str:
 _BAD_EXPECTED = "math-verify cannot parse expected_answer"
 
 
+# What a check in the pool found besides its verdict (math_verify_check's third value).
+ANSWER_TIMEOUT = "answer_timeout"  # math-verify ran out of time on the model's answer: scored, never a 503
+FALSE_EQUATION = "false_equation"  # the answer's box states an equality of two numbers that is false
+EXPECTED_TIMEOUT = "expected_timeout"  # math-verify ran out of time on the row's expected_answer: 503
+
+
 def math_verify_answer(
     expected_answer: str, generated_answer: str, timeout_seconds: int = 5
 ) -> tuple[float, str | None]:
-    """(1.0 or 0.0, the extracted answer or None). Runs in a verify-pool worker (main thread).
+    """(1.0 or 0.0, the extracted answer or None): :func:`math_verify_check` without its note (an answer
+    math-verify ran out of time on is 0.0; an ``expected_answer`` it ran out of time on raises
+    :class:`VerifyTimeoutError`)."""
+    reward, extracted, note = math_verify_check(expected_answer, generated_answer, timeout_seconds)
+    if note is not None and note[0] == EXPECTED_TIMEOUT:
+        raise VerifyTimeoutError(note[1])
+    return reward, extracted
+
+
+def math_verify_check(
+    expected_answer: str, generated_answer: str, timeout_seconds: int = 5
+) -> tuple[float, str | None, tuple[str, str] | None]:
+    """(1.0 or 0.0, the extracted answer or None, a note or None). Runs in a verify-pool worker (main
+    thread: math-verify bounds each parse and comparison with ``signal.alarm``).
 
     An ``expected_answer`` math-verify cannot parse raises ValueError (bad data is not a wrong answer:
-    ``/verify`` answers 422 "bad row"). What it
-    cannot read in the model's text is no answer; an error while comparing is no match. A parse or
-    comparison that outlives ``timeout_seconds`` (math-verify's own ``signal.alarm``) raises
-    :class:`VerifyTimeoutError`: on a loaded machine a right answer can time out, and that must not
-    become a 0.
+    ``/verify`` answers 422 "bad row"); one it runs out of time parsing is noted ``EXPECTED_TIMEOUT``
+    (the row's cost, not the model's: a 503). What it cannot read in the model's text is no answer; an
+    error while comparing is no match. A parse or comparison of the model's answer that outlives
+    ``timeout_seconds`` is noted ``ANSWER_TIMEOUT`` with 0.0: an answer that cannot be checked within the
+    bound is not shown equal (a normal answer takes milliseconds; a tower of powers or a 20,000-term sum
+    is the model's doing). A box stating an equality of two numbers that is false (``360 = 720``, whose
+    right side math-verify would compare) is noted ``FALSE_EQUATION`` with 0.0.
     """
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
     from math_verify.errors import TimeoutException
@@ -175,10 +214,15 @@ def math_verify_answer(
                 parsing_timeout=timeout_seconds,
                 raise_on_error=True,
             )
-        except TimeoutException as e:  # a BaseException: turn it into an error the caller reports
-            raise VerifyTimeoutError(
-                f"math-verify timed out parsing expected_answer {expected_answer!r}: {e}"
-            ) from None
+        except TimeoutException as e:  # a BaseException: turn it into a note the caller reports
+            return (
+                0.0,
+                None,
+                (
+                    EXPECTED_TIMEOUT,
+                    f"math-verify timed out parsing expected_answer {expected_answer!r:.200}: {e}",
+                ),
+            )
         if not gold:
             raise ValueError(f"{_BAD_EXPECTED} {expected_answer!r}")
         try:
@@ -188,20 +232,93 @@ def math_verify_answer(
                 parsing_timeout=timeout_seconds,
                 raise_on_error=True,
             )
-        except TimeoutException as e:
-            raise VerifyTimeoutError(f"math-verify timed out parsing the answer: {e}") from None
+        except TimeoutException:
+            return (
+                0.0,
+                None,
+                (ANSWER_TIMEOUT, f"math-verify ran out of time ({timeout_seconds} s) parsing the answer"),
+            )
         except Exception:  # text math-verify cannot turn into math: no answer
             pred = []
+        extracted = str(pred[-1]) if pred else None
+        if pred and (false := _false_equation(pred[0], timeout_seconds)) is not None:
+            if false == "":
+                return (
+                    0.0,
+                    extracted,
+                    (
+                        ANSWER_TIMEOUT,
+                        f"math-verify ran out of time ({timeout_seconds} s) on the answer's equation",
+                    ),
+                )
+            return 0.0, extracted, (FALSE_EQUATION, f"the answer states a false equation: {false}")
         try:
             ok = bool(pred) and verify(gold, pred, timeout_seconds=timeout_seconds, raise_on_error=True)
-        except TimeoutException as e:
-            raise VerifyTimeoutError(
-                f"math-verify timed out comparing {pred[-1]!s:.200} with the expected answer: {e}"
-            ) from None
+        except TimeoutException:
+            return (
+                0.0,
+                extracted,
+                (
+                    ANSWER_TIMEOUT,
+                    f"math-verify ran out of time ({timeout_seconds} s) comparing {extracted!s:.200} with the expected answer",
+                ),
+            )
         except Exception:  # sympy could not compare them: not shown equal
             ok = False
-    extracted = str(pred[-1]) if pred else None
-    return (1.0 if ok else 0.0), extracted
+    return (1.0 if ok else 0.0), extracted, None
+
+
+def _numbers_equal(lhs: Any, rhs: Any) -> bool:
+    """Whether two symbol-free sympy expressions are equal numbers (to 1e-9, relative), evaluated to 30
+    digits in sympy's own floats (no overflow); an infinity, a NaN or what does not evaluate to a number
+    is not equal."""
+    import sympy
+
+    try:
+        left, right = sympy.N(lhs, 30), sympy.N(rhs, 30)
+        diff = sympy.N(left - right, 30)
+        if not (left.is_number and right.is_number and diff.is_number) or not diff.is_finite:
+            return False
+        scale = sympy.Max(1, sympy.Abs(left), sympy.Abs(right))
+        return bool(sympy.Abs(diff) <= sympy.Float("1e-9") * scale)
+    except (TypeError, ValueError, ArithmeticError, AttributeError):
+        return False
+
+
+def _false_equation(expr: Any, timeout_seconds: int) -> str | None:
+    """The first equality in ``expr`` between two numbers (no free symbols) that is false, as text; ""
+    when checking ran past ``timeout_seconds``; None when there is none. ``x = 720`` and ``6 \\times 120 =
+    720`` are fine; ``360 = 720`` is false (math-verify compares an equation's right side alone)."""
+    import signal
+
+    import sympy
+
+    equations = list(expr.atoms(sympy.Equality)) if isinstance(expr, sympy.Basic) else []
+    if isinstance(expr, sympy.Equality):
+        equations.append(expr)
+    if not equations:
+        return None
+
+    def out_of_time(signum: int, frame: Any) -> None:
+        raise TimeoutError
+
+    previous = signal.signal(signal.SIGALRM, out_of_time)
+    signal.setitimer(signal.ITIMER_REAL, timeout_seconds)
+    try:
+        for eq in equations:
+            lhs, rhs = eq.lhs, eq.rhs
+            if not isinstance(lhs, sympy.Expr) or not isinstance(rhs, sympy.Expr):
+                continue
+            if lhs.free_symbols or rhs.free_symbols:
+                continue
+            if not _numbers_equal(lhs, rhs):
+                return f"{lhs} = {rhs}"[:200]
+        return None
+    except TimeoutError:
+        return ""
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def warm_up_worker() -> float:
@@ -215,6 +332,9 @@ class _VerifyNotes:
 
     library_verify_timed_out: bool = False
     judge_verdict_unparseable: bool = False
+    # Why a 0, when a check knows better than "wrong answer"; `final`: no judge may overturn it.
+    failure_reason: str | None = None
+    final: bool = False
 
 
 _NOTES: contextvars.ContextVar[_VerifyNotes | None] = contextvars.ContextVar(
@@ -222,11 +342,73 @@ _NOTES: contextvars.ContextVar[_VerifyNotes | None] = contextvars.ContextVar(
 )
 
 
-def _note(**flags: bool) -> None:
+def _note(**flags: Any) -> None:
     notes = _NOTES.get()
     if notes is not None:
         for name, value in flags.items():
             setattr(notes, name, value)
+
+
+def boxed_answers(text: str) -> list[str]:
+    """What every closed ``\\boxed{...}`` says itself, in the order they open: its content without the
+    boxes nested in it (those are answers of their own; ``\\boxed{\\boxed{B}}`` says only ``B``, and
+    ``\\boxed{A \\boxed{B}}`` says ``A`` and ``B``). Braces are counted; one pass over ``text``, so a long
+    answer full of unclosed boxes costs no more than its length."""
+    found: list[tuple[int, str]] = []
+    frames: list[bool] = []  # per open brace: does it open a box?
+    boxes: list[tuple[int, int, list[tuple[int, int]]]] = []  # open boxes: start, content start, children
+    for m in _BRACE_TOKEN.finditer(text):
+        token = m.group()
+        if token == "}":
+            if frames and frames.pop():
+                start, begin, children = boxes.pop()
+                parts, pos = [], begin
+                for child_start, child_end in children:
+                    parts.append(text[pos:child_start])
+                    pos = child_end
+                parts.append(text[pos : m.start()])
+                found.append((start, "".join(parts)))
+                if boxes:
+                    boxes[-1][2].append((start, m.end()))
+        elif token == "{":
+            frames.append(False)
+        else:
+            frames.append(True)
+            boxes.append((m.start(), m.end(), []))
+    return [own for _, own in sorted(found)]
+
+
+_BRACE_TOKEN = re.compile(r"\\(?:boxed|fbox)\{|[{}]")
+
+
+def unclosed_boxes(text: str) -> int:
+    """How many ``\\boxed{`` / ``\\fbox{`` of ``text`` never close (braces counted)."""
+    frames: list[bool] = []
+    for m in _BRACE_TOKEN.finditer(text):
+        if m.group() == "}":
+            if frames:
+                frames.pop()
+        else:
+            frames.append(m.group() != "{")
+    return sum(frames)
+
+
+def several_answers(text: str) -> str | None:
+    """Why ``text`` is a hedge when it boxes several different answers (None when it does not)."""
+    boxes = list(dict.fromkeys(b for b in (" ".join(x.split()) for x in boxed_answers(text)) if b))
+    if len(boxes) < 2:
+        return None
+    shown = ", ".join(f"\\boxed{{{b[:40]}}}" for b in boxes[:4]) + (", ..." if len(boxes) > 4 else "")
+    return f"several different answers ({shown}): an answer must give one"
+
+
+def tail(text: str, limit: int) -> str:
+    """``text``, or its last ``limit`` characters after a note that the rest was cut."""
+    return (
+        text
+        if len(text) <= limit
+        else f"[... {len(text) - limit:,} earlier characters cut ...]\n" + text[-limit:]
+    )
 
 
 class LibraryJudgeMathResourcesServer(SimpleResourcesServer):
@@ -269,13 +451,34 @@ class LibraryJudgeMathResourcesServer(SimpleResourcesServer):
             if part.type == "output_text"
         )
         notes = _VerifyNotes()
-        token = _NOTES.set(notes)
-        try:
-            reward, extracted, library_reward, evaluations = await self._verify_answer(
-                body.question, body.expected_answer, text
+        if unclosed_boxes(text):  # which box holds the answer cannot be told: nothing is run
+            reward, extracted, library_reward, evaluations = 0.0, None, 0.0, None
+            notes.failure_reason = (
+                "no answer: a \\boxed{ is left open, so the answer's boxes cannot be told apart"
             )
-        finally:
-            _NOTES.reset(token)
+        else:
+            token = _NOTES.set(notes)
+            try:
+                reward, extracted, library_reward, evaluations = await self._verify_answer(
+                    body.question, body.expected_answer, text
+                )
+            finally:
+                _NOTES.reset(token)
+        reason = None
+        if reward <= 0:
+            reason = notes.failure_reason
+            if evaluations:
+                reason = "the judge found the answer different from the expected one"
+                if notes.judge_verdict_unparseable:
+                    reason = "the judge's reply had no verdict label (unparseable_verdict: metric)"
+                if notes.library_verify_timed_out:
+                    reason += " (math-verify ran out of time on it)"
+            elif reason is None:
+                reason = several_answers(text) or (
+                    f"wrong answer: math-verify read {extracted!r:.200}, not equal to the expected answer"
+                    if extracted is not None
+                    else "no answer: math-verify read no expression in the answer"
+                )
         return LibraryJudgeMathVerifyResponse.from_request(
             body,
             reward=reward,
@@ -284,6 +487,7 @@ class LibraryJudgeMathResourcesServer(SimpleResourcesServer):
             judge_evaluations=evaluations,
             judge_verdict_unparseable=notes.judge_verdict_unparseable,
             library_verify_timed_out=notes.library_verify_timed_out,
+            failure_reason=reason,
         )
 
     async def _verify_answer(
@@ -295,10 +499,32 @@ class LibraryJudgeMathResourcesServer(SimpleResourcesServer):
         )
         if not self.config.should_use_judge or library_reward > 0.5:
             return library_reward, extracted, library_reward, None
-        judge_reward, evaluations = await self._verify_answer_with_judge(
-            question, expected_answer, extracted or generated_answer
-        )
+        notes = _NOTES.get()
+        refusal = None if notes is None or not notes.final else notes.failure_reason
+        refusal = refusal or self._judge_refusal(generated_answer)
+        if refusal is not None:
+            _note(failure_reason=refusal, final=True)
+            return library_reward, extracted, library_reward, None
+        judged = extracted or tail(generated_answer, self.config.judge_max_answer_chars)
+        judge_reward, evaluations = await self._verify_answer_with_judge(question, expected_answer, judged)
         return judge_reward, extracted, library_reward, evaluations
+
+    def _judge_refusal(self, text: str) -> str | None:
+        """Why an answer math-verify did not accept goes to no judge: it boxes several different answers
+        (a hedge, whichever of them the judge would read), or it carries a verdict label of the judge
+        (an answer that writes the grader's verdict is an injection, not math)."""
+        if not text.strip():
+            return "no answer: the response has no text"
+        if (several := several_answers(text)) is not None:
+            return several
+        labels = [
+            self.config.judge_equal_label or self.JUDGE_EQUAL_LABEL,
+            self.config.judge_not_equal_label or self.JUDGE_NOT_EQUAL_LABEL,
+        ]
+        for label in labels:
+            if label in text:
+                return f"the answer contains the judge's verdict label {label}: it is not sent to the judge"
+        return None
 
     @staticmethod
     def _strip_math_delimiters(s: str) -> str:
@@ -307,26 +533,56 @@ class LibraryJudgeMathResourcesServer(SimpleResourcesServer):
     async def _verify_answer_with_library_async(
         self, expected_answer: str, generated_answer: str
     ) -> tuple[float, str | None]:
-        """math-verify's (1.0 or 0.0, extracted answer), in the verify pool. A timeout with a judge
-        configured is (0.0, None), as upstream: the judge decides; without one it raises (HTTP 503)."""
+        """math-verify's (1.0 or 0.0, extracted answer), in the verify pool.
+
+        An answer math-verify runs out of time on (its own bound on a parse or comparison, or the whole
+        check killed past ``library_verifier_timeout_seconds`` twice) is (0.0, None) with
+        ``library_verify_timed_out``: with a judge the judge decides, as upstream; without one it is a
+        0 with its reason (upstream: 0.0 too). A false equation in the answer's box is (0.0, extracted),
+        final. Only the row's ``expected_answer`` running out of time is a 503 (``verify_timeout``)."""
         try:
             async with self._library_verifier_semaphore:
-                return await run_in_verify_pool(
-                    math_verify_answer,
-                    expected_answer,
-                    generated_answer,
-                    self.config.math_verify_timeout_seconds,
-                    timeout=self.config.library_verifier_timeout_seconds,
-                )
-        except ValueError as e:  # the row's expected_answer (math_verify_answer): bad data, not a 0 or a 500
+                reward, extracted, note = await self._library_check(expected_answer, generated_answer)
+        except ValueError as e:  # the row's expected_answer (math_verify_check): bad data, not a 0 or a 500
             if _BAD_EXPECTED not in str(e):
                 raise
             raise HTTPException(422, f"bad row: {e}") from None
-        except VerifyTimeoutError:
-            if not self.config.should_use_judge:
-                raise  # HTTP 503 verify_timeout (nemo_gym.server_utils): not scored
-            _note(library_verify_timed_out=True)
-            return 0.0, None
+        if note is None:
+            return reward, extracted
+        kind, detail = note
+        if kind == EXPECTED_TIMEOUT:
+            raise VerifyTimeoutError(detail)  # HTTP 503 verify_timeout: the row's cost, not scored
+        if kind == FALSE_EQUATION:
+            _note(failure_reason=detail, final=True)
+            return 0.0, extracted
+        _note(
+            library_verify_timed_out=True,
+            failure_reason=f"{detail}: an answer that cannot be checked within the bound is not shown equal",
+        )
+        return 0.0, None
+
+    async def _library_check(
+        self, expected_answer: str, generated_answer: str
+    ) -> tuple[float, str | None, tuple[str, str] | None]:
+        """:func:`math_verify_check` in the pool. A check killed past ``library_verifier_timeout_seconds``
+        (math-verify's alarm cannot stop C code, e.g. a huge power) or whose worker dies is tried once
+        more on a fresh worker; twice is the answer's doing (a noted ``ANSWER_TIMEOUT``), never a 503."""
+        bound = self.config.library_verifier_timeout_seconds
+        failure = ""
+        for _ in range(2):
+            try:
+                return await run_in_verify_pool(
+                    math_verify_check,
+                    expected_answer,
+                    generated_answer,
+                    self.config.math_verify_timeout_seconds,
+                    timeout=bound,
+                )
+            except VerifyTimeoutError:
+                failure = f"math-verify did not finish within {bound:g} s on the answer (twice; its worker was killed)"
+            except VerifyWorkerCrashedError:
+                failure = "math-verify's worker died on the answer (twice)"
+        return 0.0, None, (ANSWER_TIMEOUT, failure)
 
     async def _verify_answer_with_judge(
         self, question: str, expected_answer: str, generated_answer: str

@@ -5,20 +5,29 @@ Contract
 * A row carries ``options`` (a list of one-key mappings ``{"A": "text"}``), ``expected_answer`` (the
   correct letter) and optionally ``grading_mode`` and ``template_metadata.output_regex``. Field names
   and grading modes are upstream NeMo Gym's (``resources_servers/mcqa``).
-* Reward 1.0 iff the letter extracted from the final assistant text equals ``expected_answer``
-  (case-insensitive); otherwise 0.0. The verify response adds ``extracted_answer`` (None when no
-  letter could be read) and the upper-cased ``expected_answer``.
+* Reward 1.0 iff the answer (the concatenated ``output_text`` of the assistant messages; reasoning is
+  not read) names exactly one option and it is ``expected_answer`` (case-insensitive); otherwise 0.0
+  with ``failure_reason``: ``several different answers (...)``, ``no answer: ...`` or
+  ``wrong answer: X``. The verify response adds ``extracted_answer`` (None when no single letter could
+  be read) and the upper-cased ``expected_answer``.
 * Extraction, by grading mode (the server's ``grading_mode`` config key, when set, wins over the row's):
-  - ``strict_single_letter_boxed`` (default): the content of the last ``\\boxed{...}`` is a single
-    letter, possibly wrapped in ``\\text{}``, brackets or parentheses, or a letter followed by a label
-    delimiter (``E: ...``, ``C) ...``).
-  - ``lenient_boxed``: as strict; failing that, the boxed content contains the text of exactly one option.
-  - ``lenient_answer_colon``: the text after the first ``Answer:`` is a single letter or exactly one
-    option's text (case and whitespace ignored).
-  - ``lenient_answer_colon_md``: the last ``Answer:`` line (markdown emphasis allowed) that yields one
-    unambiguous letter; a list of several letters (``A, C``) yields none.
-  A row's ``template_metadata.output_regex`` (one pattern or a list) is tried first; the last match of
-  the first pattern that matches gives the letter (or an option's exact text).
+  - ``strict_single_letter_boxed`` (default): each ``\\boxed{...}`` holds a single letter, possibly
+    wrapped in ``\\text{}``, brackets or parentheses, or a letter followed by a label delimiter
+    (``E: ...``, ``C) ...``).
+  - ``lenient_boxed``: as strict; failing that, the box holds the text of exactly one option, as whole
+    words.
+  - ``lenient_answer_colon``: the text after ``Answer:`` is a single letter or exactly one option's
+    text (case and whitespace ignored).
+  - ``lenient_answer_colon_md``: ``Answer:`` lines (markdown emphasis allowed) that yield a letter; a
+    list of several letters (``A, C``) yields them all.
+  A row's ``template_metadata.output_regex`` (one pattern or a list) is tried first; every match of the
+  first pattern that reads a letter (or an option's exact text) counts.
+* One answer, one option: every box, ``Answer:`` line and regex match is read, and they must all name
+  the same option. Boxes or lines that disagree, several labels in one box (``A. B. C. D.``,
+  ``B) or C)``, ``B-D``) and hedges on one line (``(A) but it could be (C)``, ``C, or maybe A``) are a
+  hedge: no answer. A ``\\boxed{`` left open, or an ``Answer:`` that names nothing beside others, makes
+  the answer unreadable (no answer). (Upstream reads the last box, the first ``Answer:``, the last md
+  line naming a letter or the last regex match, and the first label of ``A. B. C. D.``.)
 * The letter must be one of the row's option letters (except through ``output_regex``, as upstream).
 * Unlike upstream, ``options`` and ``expected_answer`` are required by mcqa's own ``/verify``: a row
   without them is refused by ``ng_collect_rollouts`` before any rollout, rather than scored 0. The
@@ -87,6 +96,8 @@ class MCQATaskVerifyRequest(MCQAVerifyRequest):
 class MCQAVerifyResponse(BaseVerifyResponse):
     expected_answer: str
     extracted_answer: str | None
+    # Why the reward is 0 (None when it is 1): no answer, several different answers, or a wrong one.
+    failure_reason: str | None = None
 
 
 _TEXT_WRAPPER = re.compile(r"\\text\{\s*(.*?)\s*\}", re.S)
@@ -96,8 +107,19 @@ _ANSWER_COLON = re.compile(r"(?i)answer\s*:\s*(.+)")
 _ANSWER_COLON_MD = re.compile(r"(?im)[*_]{0,2}Answer[*_]{0,2}\s*:[*_\s]{0,2}(.+)")
 _SINGLE_LETTER = re.compile(r"(?<![A-Za-z])([A-Za-z])(?![A-Za-z])")
 _LEADING_LETTER = re.compile(r"^([a-zA-Z])(?![a-zA-Z0-9])")
-_LAST_CAPITAL = re.compile(r"\b[A-Z]\b(?!.*\b[A-Z]\b)", re.S)
+_CAPITAL_WORD = re.compile(r"\b[A-Z]\b")
+_BRACE_TOKEN = re.compile(r"\\boxed\{|[{}]")
 _LIST_GLUE = re.compile(r"(?:\s*[/|&,;]\s*|\s+(?:or|and)\s+|\s+)", re.I)
+_STANDALONE_CAPITAL = re.compile(r"(?<![A-Za-z])([A-Z])(?![A-Za-z])")
+# After a letter: it is a label (``C)``, ``C]``, ``C:``, ``C.`` before more text).
+_LABEL_AFTER = re.compile(r"\s*(?:[:)\]]|\.\s+\S)")
+# After a letter that is the first thing past another option's label: nothing more, or punctuation
+# (``B-D``, ``B. C.``, ``B, C``); ``B. A planet`` names only B.
+_ALONE_AFTER = re.compile(r"\s*(?:$|[-\u2013\u2014.,;:/|&)\]])")
+# Before a letter: list glue or a hedging word.
+_HEDGE_BEFORE = re.compile(
+    r"(?:[/|&,;]|\b(?:or|and|maybe|perhaps|possibly|probably|either|also|vs|versus))[\s*_`]*$", re.I
+)
 # Letters of other scripts and full-width forms that models write for A-D.
 _LETTER_LOOKALIKES = str.maketrans(
     {"أ": " A", "ب": " B", "ج": " C", "د": " D", "অ": " A", "ব": " B", "ড": " C", "ঢ": " D"}
@@ -128,20 +150,74 @@ def _squash(s: str) -> str:
     return " ".join(s.lower().split())
 
 
+class Reading:
+    """What an answer picks: one letter, none, or several different ones (a hedge, which scores 0)."""
+
+    def __init__(self, letters: list[str | None] | None = None, problem: str | None = None) -> None:
+        self.letters = [] if problem else sorted({x for x in letters or [] if x is not None})
+        # Why the answer cannot be read at all (malformed markup), or None.
+        self.problem = problem
+
+    @property
+    def letter(self) -> str | None:
+        return self.letters[0] if len(self.letters) == 1 else None
+
+    @property
+    def hedged(self) -> bool:
+        return len(self.letters) > 1
+
+
+def all_boxed(text: str) -> list[str]:
+    """The content of every closed ``\\boxed{...}`` (nested braces counted), in the order they open. One
+    pass over ``text``: a long answer full of unclosed boxes costs no more than its length."""
+    found: list[tuple[int, str]] = []
+    frames: list[int] = []  # per open brace: where its box's content begins, or -1 for a plain brace
+    for m in _BRACE_TOKEN.finditer(text):
+        token = m.group()
+        if token == "}":
+            if frames and (begin := frames.pop()) >= 0:
+                found.append((begin, text[begin : m.start()]))
+        else:
+            frames.append(m.end() if token != "{" else -1)
+    return [content for _, content in sorted(found)]
+
+
+def boxed_answers(text: str) -> list[str]:
+    """What every closed ``\\boxed{...}`` says itself, in the order they open: its content without the
+    boxes nested in it (those are answers of their own; ``\\boxed{\\boxed{B}}`` says only ``B``, and
+    ``\\boxed{A \\boxed{B}}`` says ``A`` and ``B``). Braces are counted; one pass over ``text``, so a long
+    answer full of unclosed boxes costs no more than its length."""
+    found: list[tuple[int, str]] = []
+    frames: list[bool] = []  # per open brace: does it open a box?
+    boxes: list[tuple[int, int, list[tuple[int, int]]]] = []  # open boxes: start, content start, children
+    for m in _BRACE_TOKEN.finditer(text):
+        token = m.group()
+        if token == "}":
+            if frames and frames.pop():
+                start, begin, children = boxes.pop()
+                parts, pos = [], begin
+                for child_start, child_end in children:
+                    parts.append(text[pos:child_start])
+                    pos = child_end
+                parts.append(text[pos : m.start()])
+                found.append((start, "".join(parts)))
+                if boxes:
+                    boxes[-1][2].append((start, m.end()))
+        elif token == "{":
+            frames.append(False)
+        else:
+            frames.append(True)
+            boxes.append((m.start(), m.end(), []))
+    return [own for _, own in sorted(found)]
+
+
 def last_boxed(text: str) -> str | None:
     """The content of the last ``\\boxed{...}`` (nested braces counted), or None."""
     start = text.rfind("\\boxed{")
     if start < 0:
         return None
-    depth = 0
-    for i in range(start + len("\\boxed{"), len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            if depth == 0:
-                return text[start + len("\\boxed{") : i]
-            depth -= 1
-    return None
+    boxes = all_boxed(text[start:])
+    return boxes[0] if boxes else None
 
 
 def _unwrap_text(s: str) -> str:
@@ -150,36 +226,89 @@ def _unwrap_text(s: str) -> str:
     return s
 
 
-def _strict_boxed(text: str, allowed: set[str]) -> str | None:
-    inner = last_boxed(text)
-    if inner is None:
-        return None
+def _names_another(rest: str, letter: str, allowed: set[str]) -> bool:
+    """Whether ``rest`` (what follows an option's label) names another option as a choice: as its first
+    token (``B-D``, ``B. C.``), as a label (``C)``, ``(C)``, ``C:``, ``C. ``) or after list glue or a
+    hedging word (``or C``, ``/ C``, ``maybe C``). ``B: Vitamin C`` names only B."""
+    for m in _STANDALONE_CAPITAL.finditer(rest):
+        other = m.group(1)
+        if other == letter or other not in allowed:
+            continue
+        before, after = rest[: m.start()], rest[m.end() :]
+        first = not before.strip(" \t\n\r-\u2013\u2014.,;:/|&()[]*_`")
+        if (first and _ALONE_AFTER.match(after)) or _LABEL_AFTER.match(after) or _HEDGE_BEFORE.search(before):
+            return True
+    return False
+
+
+def _box_letter(
+    inner: str, options: list[dict[str, str | None]], allowed: set[str], lenient: bool
+) -> Reading:
     inner = _unwrap_text(inner.strip())
-    m = _ONLY_LETTER.match(inner) or _LETTER_THEN_LABEL.match(inner)
-    letter = m.group(1).upper() if m else None
-    return letter if letter in allowed else None
+    if (m := _ONLY_LETTER.match(inner)) is not None:
+        return Reading([m.group(1)] if m.group(1) in allowed else [])
+    if (m := _LETTER_THEN_LABEL.match(inner)) is not None and m.group(1) in allowed:
+        rest = inner[m.end() :]
+        if _names_another(rest, m.group(1), allowed):
+            return Reading([m.group(1), *(x for x in _STANDALONE_CAPITAL.findall(rest) if x in allowed)])
+        return Reading([m.group(1)])
+    if not lenient:
+        return Reading()
+    candidates = {_squash(inner), _squash(_unwrap_text(inner))}
+    return Reading(
+        [
+            letter
+            for letter, opt in _option_texts(options, allowed)
+            if opt and any(re.search(rf"(?<!\w){re.escape(opt)}(?!\w)", c) for c in candidates)
+        ]
+    )
 
 
-def _boxed_option_text(text: str, options: list[dict[str, str | None]], allowed: set[str]) -> str | None:
-    inner = last_boxed(text)
-    if inner is None:
-        return None
-    candidates = {_squash(inner.strip()), _squash(_unwrap_text(inner.strip()))}
-    hits = {
-        letter for letter, opt in _option_texts(options, allowed) if opt and any(opt in c for c in candidates)
-    }
-    return hits.pop() if len(hits) == 1 else None
+def _boxed(text: str, options: list[dict[str, str | None]], allowed: set[str], lenient: bool) -> Reading:
+    """Every box is read (a box nested in another on its own); boxes that name different options (or one
+    box naming several) are a hedge."""
+    if unclosed_boxes(text):
+        return Reading(problem="a \\boxed{ is left open, so the answer's boxes cannot be told apart")
+    letters: list[str | None] = []
+    for inner in boxed_answers(text):
+        reading = _box_letter(inner, options, allowed, lenient)
+        letters += reading.letters
+    return Reading(letters)
 
 
-def _answer_colon(text: str, options: list[dict[str, str | None]], allowed: set[str]) -> str | None:
-    m = _ANSWER_COLON.search(text)
-    if m is None:
-        return None
-    candidate = _unwrap_text(m.group(1)).strip()
-    if len(candidate) == 1 and candidate.isalpha() and candidate.upper() in allowed:
-        return candidate.upper()
-    wanted = _squash(candidate)
-    return next((letter for letter, opt in _option_texts(options, allowed) if opt == wanted), None)
+def unclosed_boxes(text: str) -> int:
+    """How many ``\\boxed{`` of ``text`` never close (braces counted)."""
+    frames: list[bool] = []
+    for m in _BRACE_TOKEN.finditer(text):
+        if m.group() == "}":
+            if frames:
+                frames.pop()
+        else:
+            frames.append(m.group() != "{")
+    return sum(frames)
+
+
+_SEVERAL_MARKERS = "several 'Answer:' markers, not all naming an option: an answer must give one"
+
+
+def _strict_boxed(text: str, allowed: set[str]) -> str | None:
+    return _boxed(text, [], allowed, lenient=False).letter
+
+
+def _answer_colon(text: str, options: list[dict[str, str | None]], allowed: set[str]) -> Reading:
+    letters: list[str | None] = []
+    for m in _ANSWER_COLON.finditer(text):
+        candidate = _unwrap_text(m.group(1)).strip()
+        if len(candidate) == 1 and candidate.isalpha() and candidate.upper() in allowed:
+            letters.append(candidate.upper())
+            continue
+        wanted = _squash(candidate)
+        letters.append(
+            next((letter for letter, opt in _option_texts(options, allowed) if opt == wanted), None)
+        )
+    if len(letters) > 1 and None in letters:
+        return Reading(problem=_SEVERAL_MARKERS)
+    return Reading(letters)
 
 
 def _is_letter_list(text: str, allowed: set[str]) -> bool:
@@ -191,45 +320,84 @@ def _is_letter_list(text: str, allowed: set[str]) -> bool:
     )
 
 
-def _letter_of_payload(payload: str, allowed: set[str]) -> str | None:
+def _letter_of_payload(payload: str, allowed: set[str]) -> Reading:
     candidate = payload.translate(_LETTER_LOOKALIKES).strip().strip("*_` \t\n\r.,;:")
     if _is_letter_list(candidate, allowed):
-        return None
+        return Reading([m.upper() for m in _SINGLE_LETTER.findall(candidate) if m.upper() in allowed])
     if len(candidate) == 1:
-        letter: str | None = candidate
-    else:
-        m = _LEADING_LETTER.match(candidate) or _LAST_CAPITAL.search(candidate)
-        letter = m.group(m.lastindex or 0) if m else None
-    return letter.upper() if letter and letter.upper() in allowed else None
+        return Reading([candidate.upper()] if candidate.upper() in allowed else [])
+    m = _LEADING_LETTER.match(candidate)
+    capitals = _CAPITAL_WORD.findall(candidate) if m is None else []
+    letter = m.group(1).upper() if m else (capitals[-1] if capitals else None)
+    if letter is None or letter not in allowed:
+        return Reading()
+    if _names_another(candidate, letter, allowed):
+        return Reading([letter, *(x for x in _STANDALONE_CAPITAL.findall(candidate) if x in allowed)])
+    return Reading([letter])
 
 
-def _answer_colon_md(text: str, allowed: set[str]) -> str | None:
-    for payload in reversed(_ANSWER_COLON_MD.findall(text)):
-        if (letter := _letter_of_payload(payload, allowed)) is not None:
-            return letter
+def _answer_colon_md(text: str, allowed: set[str]) -> Reading:
+    readings = [_letter_of_payload(payload, allowed) for payload in _ANSWER_COLON_MD.findall(text)]
+    if len(readings) > 1 and any(not r.letters for r in readings):
+        return Reading(problem=_SEVERAL_MARKERS)
+    return Reading([letter for r in readings for letter in r.letters])
+
+
+def _custom_regex_reading(
+    text: str, patterns: str | list[str], options: list[dict[str, str | None]], allowed: set[str]
+) -> Reading | None:
+    """The letters the first pattern that reads one reads in ``text`` (each of its matches), or None
+    when no pattern reads a letter."""
+    for pattern in [patterns] if isinstance(patterns, str) else patterns:
+        try:
+            matches = re.findall(pattern, text, re.IGNORECASE)
+        except re.error:
+            continue
+        letters: list[str | None] = []
+        for match in matches:
+            captured = (match[0] if isinstance(match, tuple) else match).strip().translate(_LETTER_LOOKALIKES)
+            captured = captured.strip().upper()
+            if len(captured) == 1 and captured.isalpha():
+                letters.append(captured)  # trusted even when not an option letter, as upstream
+                continue
+            wanted = _squash(captured)
+            letters.append(next((ltr for ltr, opt in _option_texts(options, allowed) if opt == wanted), None))
+        if any(letters):
+            return Reading(letters)
     return None
 
 
 def _custom_regex(
     text: str, patterns: str | list[str], options: list[dict[str, str | None]], allowed: set[str]
 ) -> str | None:
-    for pattern in [patterns] if isinstance(patterns, str) else patterns:
-        try:
-            matches = re.findall(pattern, text, re.IGNORECASE)
-        except re.error:
-            continue
-        if not matches:
-            continue
-        last = matches[-1]
-        captured = (last[0] if isinstance(last, tuple) else last).strip().translate(_LETTER_LOOKALIKES)
-        captured = captured.strip().upper()
-        if len(captured) == 1 and captured.isalpha():
-            return captured  # trusted even when not an option letter, as upstream
-        wanted = _squash(captured)
-        hit = next((letter for letter, opt in _option_texts(options, allowed) if opt == wanted), None)
-        if hit is not None:
-            return hit
-    return None
+    reading = _custom_regex_reading(text, patterns, options, allowed)
+    return reading.letter if reading is not None else None
+
+
+def read_answer(
+    text: str,
+    options: list[dict[str, str | None]],
+    grading_mode: str,
+    output_regex: str | list[str] | None = None,
+) -> Reading:
+    """Every option letter the answer ``text`` picks under ``grading_mode`` (one: its pick; several: a
+    hedge; none: no answer)."""
+    allowed = option_letters(options)
+    text = text.strip()
+    if not text:
+        return Reading()
+    if output_regex:
+        if (reading := _custom_regex_reading(text, output_regex, options, allowed)) is not None:
+            return reading
+    if grading_mode == "strict_single_letter_boxed":
+        return _boxed(text, options, allowed, lenient=False)
+    if grading_mode == "lenient_boxed":
+        return _boxed(text, options, allowed, lenient=True)
+    if grading_mode == "lenient_answer_colon":
+        return _answer_colon(text, options, allowed)
+    if grading_mode == "lenient_answer_colon_md":
+        return _answer_colon_md(text, allowed)
+    raise ValueError(f"unknown grading_mode {grading_mode!r}")
 
 
 def extract_answer(
@@ -238,23 +406,17 @@ def extract_answer(
     grading_mode: str,
     output_regex: str | list[str] | None = None,
 ) -> str | None:
-    """The option letter the answer ``text`` picks under ``grading_mode``, or None."""
-    allowed = option_letters(options)
-    text = text.strip()
-    if not text:
-        return None
-    if output_regex:
-        if (letter := _custom_regex(text, output_regex, options, allowed)) is not None:
-            return letter
-    if grading_mode == "strict_single_letter_boxed":
-        return _strict_boxed(text, allowed)
-    if grading_mode == "lenient_boxed":
-        return _strict_boxed(text, allowed) or _boxed_option_text(text, options, allowed)
-    if grading_mode == "lenient_answer_colon":
-        return _answer_colon(text, options, allowed)
-    if grading_mode == "lenient_answer_colon_md":
-        return _answer_colon_md(text, allowed)
-    raise ValueError(f"unknown grading_mode {grading_mode!r}")
+    """The option letter the answer ``text`` picks under ``grading_mode``, or None (no answer, or an
+    answer naming several options)."""
+    return read_answer(text, options, grading_mode, output_regex).letter
+
+
+_WHERE = {
+    "strict_single_letter_boxed": "a \\boxed{} holding one option letter",
+    "lenient_boxed": "a \\boxed{} holding one option letter or one option's text",
+    "lenient_answer_colon": "an 'Answer:' naming one option letter or one option's exact text",
+    "lenient_answer_colon_md": "an 'Answer:' line naming one option letter",
+}
 
 
 # Upstream NeMo Gym's helper names, which environments built on mcqa import (gpqa_diamond,
@@ -308,12 +470,26 @@ class MCQAResourcesServer(SimpleResourcesServer):
         gold = body.expected_answer.strip().upper()
         regex = (body.template_metadata or {}).get("output_regex")
         mode = self.config.grading_mode or body.grading_mode
-        predicted = extract_answer(body.response.output_text, body.options, mode, regex)
+        reading = read_answer(body.response.output_text, body.options, mode, regex)
+        predicted = reading.letter
+        if reading.problem is not None:
+            reason = f"no answer: {reading.problem}"
+        elif reading.hedged:
+            reason = (
+                f"several different answers ({', '.join(reading.letters)}): an answer must pick one option"
+            )
+        elif predicted is None:
+            reason = f"no answer: expected {_WHERE[mode]}" + (" (or the row's output_regex)" if regex else "")
+        elif predicted != gold:
+            reason = f"wrong answer: {predicted}"
+        else:
+            reason = None
         return MCQAVerifyResponse.from_request(
             body,
             expected_answer=gold,
             extracted_answer=predicted,
-            reward=1.0 if predicted is not None and predicted == gold else 0.0,
+            reward=1.0 if reason is None else 0.0,
+            failure_reason=reason,
         )
 
 

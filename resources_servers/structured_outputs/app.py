@@ -15,8 +15,13 @@ Contract
   with ``error_type`` (``empty_response``, ``parse_error``, ``validation_error``, ``missing_tool_call``,
   ``multiple_tool_calls``, ``wrong_tool_name``, ``tool_arguments_parse_error``,
   ``missing_tool_payload_key``) and ``error_message``.
+* One document of plain data: a key given twice in a JSON object or YAML mapping, JSON's ``NaN`` /
+  ``Infinity`` and YAML aliases are a ``parse_error``; a number that is not finite (any format) is a
+  ``validation_error``; tool-call arguments get the same JSON reading. ``failure_reason`` is
+  ``error_type`` and ``error_message`` in one line.
 * Parsing and validation of large answers or schemas (over ``pool_threshold_chars``) run in
-  :mod:`nemo_gym.kit.verify_pool`, off the event loop. Each process checks a distinct schema against the
+  :mod:`nemo_gym.kit.verify_pool`, off the event loop, bounded; a check killed or crashed twice is the
+  answer's ``check_timeout`` (0), never a 503. Each process checks a distinct schema against the
   metaschema and builds its validator once (the last 1,024 are kept): that check took ~40% of the
   server's CPU when it ran on every ``/verify``.
 * A malformed ``schema_str`` is bad data, not a wrong answer: ``ng_collect_rollouts`` refuses a row
@@ -29,6 +34,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import tomllib
 from collections import defaultdict
 from enum import StrEnum
@@ -50,7 +56,7 @@ from nemo_gym.base_resources_server import (
     SimpleResourcesServer,
 )
 from nemo_gym.kit.process_cache import ProcessCache
-from nemo_gym.kit.verify_pool import run_in_verify_pool
+from nemo_gym.kit.verify_pool import VerifyTimeoutError, VerifyWorkerCrashedError, run_in_verify_pool
 
 
 class SchemaType(StrEnum):
@@ -67,6 +73,10 @@ class StructuredOutputsResourcesServerConfig(BaseResourcesServerConfig):
     # Answers or schemas longer than this are checked in the verify pool (a worker process).
     pool_threshold_chars: int = 20_000
     pool_timeout_seconds: float = 30.0
+
+
+# Added to pool_timeout_seconds for the pool's bound: a fresh worker imports jsonschema and the parsers.
+IMPORT_ALLOWANCE_SECONDS = 30.0
 
 
 # Descriptive fields of upstream's datasets: kept in the verify response, used to break down metrics.
@@ -120,6 +130,8 @@ class StructuredOutputsVerifyRequest(BaseVerifyRequest):
 class StructuredOutputsVerifyResponse(StructuredOutputsVerifyRequest, BaseVerifyResponse):
     error_type: str | None = None
     error_message: str | None = None
+    # error_type and error_message in one line (None when the reward is 1).
+    failure_reason: str | None = None
 
 
 # Distinct schemas whose checked form and validator are kept (see _checked_schema).
@@ -228,18 +240,73 @@ def coerce_csv(rows: list[dict[str, Any]], schema: dict[str, Any]) -> list[dict[
     ]
 
 
+class _StrictYamlLoader(yaml.SafeLoader):
+    """YAML without aliases (``*name``; a few hundred characters of nested aliases stand for billions of
+    nodes, and validating or printing them never ends) and without a key given twice in one mapping."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.composer.ComposerError(
+                None, None, "aliases (*name) are not allowed in an answer", mark
+            )
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        keys = [self.construct_object(k, deep=True) for k, _ in node.value]
+        hashable = [k for k in keys if isinstance(k, (str, int, float, bool)) or k is None]
+        if len(set(hashable)) != len(hashable):
+            twice = next(k for k in hashable if hashable.count(k) > 1)
+            raise yaml.constructor.ConstructorError(None, None, f"key {twice!r} given twice", node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} given twice")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def strict_json(text: str) -> Any:
+    """``json.loads`` without NaN / Infinity (not JSON) and without a key given twice in one object."""
+    return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+
+
 def parse_document(schema_type: str, text: str) -> Any:
     match SchemaType(schema_type):
         case SchemaType.JSON:
-            return json.loads(text)
+            return strict_json(text)
         case SchemaType.YAML:
-            return yaml.safe_load(text)
+            return yaml.load(text, Loader=_StrictYamlLoader)  # noqa: S506 (a SafeLoader)
         case SchemaType.XML:
             return xmltodict.parse(text)
         case SchemaType.TOML:
             return tomllib.loads(text)
         case SchemaType.CSV:
             return list(csv.DictReader(io.StringIO(text)))
+
+
+def non_finite_number(document: Any) -> str | None:
+    """Where ``document`` holds a number that is not finite (NaN, an infinity; YAML's ``.nan``, TOML's
+    ``inf``, JSON's ``1e999``), as a path; None when it holds none. JSON Schema numbers are finite,
+    and NaN passes every ``minimum`` / ``maximum``. Iterative: a deep document cannot exhaust the stack."""
+    stack: list[tuple[str, Any]] = [("", document)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return where or "(root)"
+        if isinstance(value, dict):
+            stack.extend((f"{where}/{k}".lstrip("/"), v) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((f"{where}/{i}".lstrip("/"), v) for i, v in enumerate(value))
+    return None
 
 
 def _first_error(validator: Draft202012Validator, document: Any) -> str | None:
@@ -269,7 +336,12 @@ def check_document(
             obj = coerce_xml(obj, schema)
         elif schema_type == SchemaType.CSV:
             obj = coerce_csv(obj, schema)
-    problem = _first_error(validator, obj)
+    if (where := non_finite_number(obj)) is not None:
+        return 0.0, "validation_error", f"at {where}: a number that is not finite (NaN or infinity)"
+    try:
+        problem = _first_error(validator, obj)
+    except RecursionError:
+        return 0.0, "validation_error", "the document is nested too deeply to validate"
     return (0.0, "validation_error", problem) if problem else (1.0, None, None)
 
 
@@ -290,22 +362,36 @@ class StructuredOutputsResourcesServer(SimpleResourcesServer):
         args = (body.schema_str, body.schema_type.value, text, obj, self.config.xml_coerce_types)
         try:
             if size + len(body.schema_str) > self.config.pool_threshold_chars:
-                result = await run_in_verify_pool(
-                    check_document, *args, timeout=self.config.pool_timeout_seconds
-                )
+                result = await self._check_in_pool(args)
             else:
                 result = check_document(*args)
         except InvalidSchema as e:
             raise HTTPException(status_code=422, detail=f"bad row: {e}") from None
         return self._answer(body, *result)
 
+    async def _check_in_pool(self, args: tuple[Any, ...]) -> tuple[float, str | None, str | None]:
+        """:func:`check_document` in the verify pool. A check killed past ``pool_timeout_seconds`` (plus
+        a fresh worker's imports), or whose worker dies, is tried once more on a fresh worker; twice is
+        the answer's doing (``check_timeout``, a 0), never a 503."""
+        bound = self.config.pool_timeout_seconds + IMPORT_ALLOWANCE_SECONDS
+        why = ""
+        for _ in range(2):
+            try:
+                return await run_in_verify_pool(check_document, *args, timeout=bound)
+            except VerifyTimeoutError:
+                why = f"parsing and validating the answer did not finish within {bound:g} s (twice)"
+            except VerifyWorkerCrashedError:
+                why = "the worker parsing and validating the answer died (twice)"
+        return 0.0, "check_timeout", why
+
     @staticmethod
     def _answer(
         body: StructuredOutputsVerifyRequest, reward: float, error_type: str | None, message: str | None
     ) -> StructuredOutputsVerifyResponse:
-        fields = body.model_dump(exclude={"reward", "error_type", "error_message"})
+        fields = body.model_dump(exclude={"reward", "error_type", "error_message", "failure_reason"})
+        reason = f"{error_type}: {message}" if error_type is not None else None
         return StructuredOutputsVerifyResponse(
-            **fields, reward=reward, error_type=error_type, error_message=message
+            **fields, reward=reward, error_type=error_type, error_message=message, failure_reason=reason
         )
 
     @staticmethod
@@ -320,9 +406,9 @@ class StructuredOutputsResourcesServer(SimpleResourcesServer):
         if body.tool_name and call.name != body.tool_name:
             return None, "wrong_tool_name", f"Expected tool '{body.tool_name}', got: {names}"
         try:
-            arguments = json.loads(call.arguments)
-        except json.JSONDecodeError as e:
-            return None, "tool_arguments_parse_error", f"JSONDecodeError: {str(e)[:200]}"
+            arguments = strict_json(call.arguments)
+        except (ValueError, RecursionError) as e:  # not JSON, NaN, a key twice, or nested too deeply
+            return None, "tool_arguments_parse_error", f"{type(e).__name__}: {str(e)[:200]}"
         if body.tool_payload_key:
             if not isinstance(arguments, dict) or body.tool_payload_key not in arguments:
                 return None, "missing_tool_payload_key", f"Missing tool payload key: {body.tool_payload_key}"

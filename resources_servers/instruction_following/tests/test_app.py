@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym.tools.testing import collect_rollouts, example_rows, post_json, running_servers, server_url
+from nemo_gym.tools.testing import (
+    collect_rollouts,
+    example_rows,
+    post_json,
+    running_servers,
+    server_url,
+    text_response,
+)
 from resources_servers.instruction_following.instructions import INSTRUCTION_IDS, BadInstruction, check
 
 CONFIG = "resources_servers/instruction_following/configs/instruction_following.yaml"
@@ -72,6 +79,24 @@ def test_scripted_answers_follow_or_break_the_instructions(tmp_path: Path) -> No
         nested["verifier_metadata"]["kwargs"] = [{"num_bullets": 3}, {"phrase": "x"}]
         resp = post_json(server_url(helper, SERVER) + "/verify", nested)
         assert resp.status_code == 422 and "startend:end_checker" in resp.text and "end_phrase" in resp.text
+
+        # Every 0 says why; a reply that repeats the prompt is no reply (the prompt of row 3 holds
+        # "<<title>>" and "P.S.", which follow its own instructions).
+        assert out[5]["failure_reason"] == "not followed: length_constraints:number_words"
+        assert out[0]["failure_reason"] is None
+        echo = {**out[3], "response": text_response("Sure! " + rows[3]["prompt"])}
+        resp = post_json(server_url(helper, SERVER) + "/verify", echo)
+        assert resp.status_code == 200 and resp.json()["reward"] == 0.0
+        assert resp.json()["failure_reason"].startswith("the answer repeats the prompt")
+        # A long answer is checked in the verify pool, to the same verdicts.
+        good, _ = ANSWERS[1]
+        long = {**out[1], "response": text_response(good.replace("\nAny", "\n" + " " * 30_000 + "\nAny"))}
+        resp = post_json(server_url(helper, SERVER) + "/verify", long, timeout=300)
+        assert resp.status_code == 200 and resp.json()["reward"] == 1.0, resp.text[:500]
+        long["response"] = text_response("\n" * 30_000 + "* One\nAny other questions?")
+        resp = post_json(server_url(helper, SERVER) + "/verify", long, timeout=300)
+        assert resp.status_code == 200 and resp.json()["reward"] == 0.0
+        assert resp.json()["failure_reason"] == "not followed: detectable_format:number_bullet_lists"
 
         # Unknown ids and bad grading modes are refused before any rollout.
         bad = [rows[0], {**rows[1], "instruction_id_list": ["punctuation:no_comma", "vibes:good"]}]
@@ -300,3 +325,71 @@ def test_checks_during_the_start_up_warm_up_see_nltk_whole() -> None:
     proc = subprocess.run([sys.executable, "-c", RACE], cwd=repo, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def test_checkers_rewritten_in_one_pass_give_ifevals_verdicts() -> None:
+    """The title, placeholder, postscript and bullet checks read the text in one pass (IFEval's patterns
+    are quadratic on a long line of ``<<`` or ``[``, a long run of spaces or of line breaks, and held
+    the server's GIL for minutes); on random texts of the characters that matter they count exactly as
+    IFEval's patterns do, and a million characters of each worst case are read at once."""
+    import random
+    import re
+
+    from resources_servers.instruction_following import instructions as ins
+
+    def title(r: str) -> bool:
+        return any(t.lstrip("<").rstrip(">").strip() for t in re.findall(r"<<[^\n]+>>", r))
+
+    def bullets(r: str) -> int:
+        star = re.findall(r"^\s*\*[^\*].*$", r, flags=re.MULTILINE)
+        return len(star) + len(re.findall(r"^\s*-.*$", r, flags=re.MULTILINE))
+
+    def postscript(r: str) -> bool:
+        return re.search(r"\s*p\.\s?s\..*$", r.lower(), flags=re.MULTILINE) is not None
+
+    pieces = [
+        "<",
+        ">",
+        "<<",
+        ">>",
+        "[",
+        "]",
+        "*",
+        "-",
+        " ",
+        "\n",
+        "\t",
+        "\u2028",
+        "\x85",
+        "a",
+        "p.",
+        "s.",
+        "P.S.",
+    ]
+    rng = random.Random(7)
+    for _ in range(20_000):
+        r = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        assert ins._title(r) == title(r), r
+        assert ins._placeholders(r) == len(re.findall(r"\[.*?\]", r)), r
+        assert ins._bullets(r) == bullets(r), r
+        assert ins._postscript(r, "P.S.") == postscript(r), r
+    big = 1_000_000
+    assert not check("detectable_format:title", {}, "<<" * big)
+    assert not check("detectable_content:number_placeholders", {"num_placeholders": 1}, "[" * big)
+    assert not check("detectable_format:number_bullet_lists", {"num_bullets": 1}, "\n" * big)
+    assert not check("detectable_content:postscript", {"postscript_marker": "P.S."}, "x" + " " * big)
+
+
+def test_json_too_deep_is_not_json() -> None:
+    """json.loads raises RecursionError on 1,000 nested arrays: not followed (it was a 500)."""
+    assert not check("detectable_format:json_format", {}, "[" * 1000 + "]" * 1000)
+    assert check("detectable_format:json_format", {}, "[" * 100 + "]" * 100)
+
+
+def test_an_echo_of_the_prompt_is_no_answer() -> None:
+    from resources_servers.instruction_following.app import echoes_the_prompt
+
+    prompt = "Suggest a name for a bakery. Wrap a title in double angular brackets, like <<title>>."
+    assert echoes_the_prompt("Sure:  " + prompt.upper().replace(" ", "\n"), [prompt])
+    assert not echoes_the_prompt("<<The Patient Loaf>>, a name for a bakery.", [prompt])
+    assert not echoes_the_prompt("Say hi. Hi!", ["Say hi."])  # too short to tell an echo from a reply

@@ -15,7 +15,12 @@ from nemo_gym.tools.testing import (
     server_url,
     text_response,
 )
-from resources_servers.math_with_judge.app import math_verify_answer
+from resources_servers.math_with_judge.app import (
+    ANSWER_TIMEOUT,
+    FALSE_EQUATION,
+    math_verify_answer,
+    math_verify_check,
+)
 
 CONFIG = "resources_servers/math_with_judge/configs/math_with_judge.yaml"
 AGENT = "math_with_judge_simple_agent"
@@ -124,10 +129,32 @@ def test_judge_fallback_scripted_both_ways(tmp_path: Path, unparseable: str) -> 
         ("2, 3", "the roots are \\boxed{3, 2}", 1.0),
         ("13", "\\boxed{12}", 0.0),
         ("13", "I could not solve it", 0.0),
+        # Equations: math-verify compares the right side; one between two numbers must also be true.
+        ("720", "\\boxed{x = 720}", 1.0),
+        ("720", "\\boxed{6 \\times 120 = 720}", 1.0),
+        ("13", "\\boxed{\\sqrt{5^2+12^2} = 13}", 1.0),
+        ("\\frac{7}{12}", "\\boxed{7/12 = 0.583333333333333333333333333333}", 1.0),
+        ("720", "\\boxed{360 = 720}", 0.0),  # upstream: 1.0
+        ("720", "\\boxed{x = 360 = 720}", 0.0),  # upstream: 1.0
+        ("720", "\\boxed{\\infty = 720}", 0.0),  # upstream: 1.0
+        # The same answer boxed twice is one answer; two roots in two boxes are the expected set.
+        ("720", "\\boxed{720}, so \\boxed{720}", 1.0),
+        ("2, 3", "\\boxed{2} and \\boxed{3}", 1.0),
+        ("720", "\\boxed{360} or \\boxed{720}", 0.0),
     ],
 )
 def test_math_verify_equivalence(expected: str, answer: str, reward: float) -> None:
     assert math_verify_answer(expected, answer)[0] == reward
+
+
+def test_false_equations_and_answers_past_the_bound_are_noted() -> None:
+    assert math_verify_check("720", "\\boxed{360 = 720}")[2] == (
+        FALSE_EQUATION,
+        "the answer states a false equation: 360 = 720",
+    )
+    reward, extracted, note = math_verify_check("720", "\\boxed{9^{9^{9}}}", 1)
+    assert (reward, extracted, note[0]) == (0.0, "9^{9^{9}}", ANSWER_TIMEOUT)
+    assert "ran out of time (1 s) comparing" in note[1]
 
 
 # (2+sqrt3)^(2n) = (7+4 sqrt3)^n: equal, but far past a 1 s math-verify bound (n = 2500 took 37 s
@@ -142,47 +169,32 @@ TIMEOUT_RULES = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("use_judge", [False, True])
-def test_math_verify_timeout_goes_to_the_judge_or_is_a_503(tmp_path: Path, use_judge: bool) -> None:
+def test_math_verify_timeout_goes_to_the_judge_or_is_a_zero(tmp_path: Path, use_judge: bool) -> None:
+    """An answer math-verify runs out of time on is the model's doing: the judge decides (as upstream),
+    or without one it scores 0 with its reason (it was a 503, never scored, before)."""
     base = example_rows("math_with_judge")[0]
     hard = _with_question({**base, "expected_answer": HARD_EXPECTED}, "Simplify the sum. [q-hard]")
     easy_rule = _rule(base["question"], f"So it is \\boxed{{{base['expected_answer']}}}.")
     extra = _models([*TIMEOUT_RULES, easy_rule], should_use_judge=use_judge, math_verify_timeout_seconds=1)
     with running_servers([CONFIG], extra) as helper:
-        # One at a time, a breaker that opens on the first "server down": a verify_timeout is not one,
-        # so the row after it still runs.
-        args = ("+max_attempts=1", "+num_samples_in_parallel=1", "+circuit_breaker_threshold=1")
+        args = ("+max_attempts=1", "+num_samples_in_parallel=1")
         code, out, err = collect_rollouts(helper, [hard, base], tmp_path, AGENT, *args)
-        assert out[-1]["question"] == base["question"] and out[-1]["reward"] == 1.0, err[-3000:]
-        out = out[:-1]
+        assert code == 0 and len(out) == 2 and _failures(tmp_path) == [], err[-3000:]
+        r, easy = out
+        assert easy["question"] == base["question"] and easy["reward"] == 1.0
+        assert r["library_reward"] == 0.0 and r["library_verify_timed_out"] is True
         if use_judge:  # as upstream: no verdict from math-verify, so the judge decides
-            assert code == 0 and len(out) == 1, err[-3000:]
-            r = out[0]
-            assert r["reward"] == 1.0 and r["library_reward"] == 0.0 and r["library_verify_timed_out"] is True
+            assert r["reward"] == 1.0 and r["failure_reason"] is None
             assert r["extracted_answer"] is None and len(r["judge_evaluations"]) == 2
             return
-        # No judge: a typed verify_timeout in the failures sidecar, never a reward, never an internal error.
-        assert out == [], out
-        failures = _failures(tmp_path)
-        assert len(failures) == 1, err[-3000:]
-        f = failures[0]
-        assert (f["kind"], f["server"], f["path"], f["status"]) == ("verify_timeout", SERVER, "/verify", 503)
-        # The same answer straight from /verify.
-        body = {
-            **hard,
-            "response": {
-                "output": [
-                    {
-                        "type": "message",
-                        "role": "assistant",
-                        "content": [
-                            {"type": "output_text", "text": f"\\boxed{{{HARD_ANSWER}}}", "annotations": []}
-                        ],
-                    }
-                ]
-            },
-        }
-        resp = post_json(server_url(helper, SERVER) + "/verify", body, timeout=120)
-        assert resp.status_code == 503 and resp.json()["error"]["kind"] == "verify_timeout", resp.text[:500]
+        assert r["reward"] == 0.0 and r["judge_evaluations"] is None
+        assert "math-verify ran out of time (1 s) comparing" in r["failure_reason"]
+        assert "not shown equal" in r["failure_reason"]
+        # A box left open before the right one: no answer, nothing run (math-verify read the last box).
+        body = {**base, "response": text_response("\\boxed{<think>[{ ... \\boxed{720}")}
+        resp = post_json(server_url(helper, SERVER) + "/verify", body)
+        assert resp.status_code == 200 and resp.json()["reward"] == 0.0, resp.text[:500]
+        assert resp.json()["failure_reason"].startswith("no answer: a \\boxed{ is left open")
 
 
 def test_upstream_hooks_are_the_verify_so_subclasses_override_them() -> None:

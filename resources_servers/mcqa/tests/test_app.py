@@ -94,18 +94,41 @@ def test_collect_rollouts_scores_scripted_answers(tmp_path: Path) -> None:
     ("text", "mode", "want"),
     [
         ("so \\boxed{B}", "strict_single_letter_boxed", "B"),
-        ("\\boxed{A} first, then \\boxed{\\text{(C)}}", "strict_single_letter_boxed", "C"),
+        # Boxes naming different options are a hedge, never the last one's letter (upstream: C).
+        ("\\boxed{A} first, then \\boxed{\\text{(C)}}", "strict_single_letter_boxed", None),
+        ("\\boxed{B} and again \\boxed{\\text{(B)}}", "strict_single_letter_boxed", "B"),
+        ("\\boxed{A. B. C. D.}", "strict_single_letter_boxed", None),  # upstream: A
+        ("\\boxed{B) or C)}", "strict_single_letter_boxed", None),  # upstream: B
+        ("\\boxed{B-D}", "strict_single_letter_boxed", None),  # upstream: B
+        ("\\boxed{A \\boxed{B}}", "strict_single_letter_boxed", None),  # upstream: B
+        ("\\boxed{\\boxed{B}}", "strict_single_letter_boxed", "B"),
+        ("\\boxed{B. A planet}", "strict_single_letter_boxed", "B"),  # "A" is an article here
+        ("\\boxed{B: Vitamin C}", "strict_single_letter_boxed", "B"),  # an option's text, not a label
         ("\\boxed{D: Earth}", "strict_single_letter_boxed", "D"),
         ("\\boxed{Mercury}", "strict_single_letter_boxed", None),
         ("\\boxed{Z}", "strict_single_letter_boxed", None),  # not an option letter
         ("the answer is B", "strict_single_letter_boxed", None),  # no box
         ("\\boxed{Mercury}", "lenient_boxed", "B"),
         ("\\boxed{Mars or Earth}", "lenient_boxed", None),  # two options' texts: ambiguous
+        ("\\boxed{Venus} \\boxed{Mercury}", "lenient_boxed", None),  # upstream: B
+        ("\\boxed{Marshland}", "lenient_boxed", None),  # Mars only inside a longer word (upstream: C)
+        ("\\boxed{the planet Mercury}", "lenient_boxed", "B"),
         ("Answer: c", "lenient_answer_colon", "C"),
         ("Answer:  venus ", "lenient_answer_colon", "A"),
         ("Answer: Jupiter", "lenient_answer_colon", None),
+        ("Answer: B\nAnswer: A", "lenient_answer_colon", None),  # upstream: B (the first)
+        # Every "Answer:" is an answer: one that names nothing beside one that names B is no answer
+        # (upstream reads the first, which names nothing, too).
+        ("The answer: let me see.\nAnswer: B", "lenient_answer_colon", None),
+        ("Answer: <think>\n**Answer:** B", "lenient_answer_colon_md", None),
+        ("\\boxed{<action>[{ ... \\boxed{B}", "strict_single_letter_boxed", None),  # a box left open
         ("**Answer:** B because it is closest", "lenient_answer_colon_md", "B"),
         ("Answer: A, C", "lenient_answer_colon_md", None),
+        ("Answer: B\n**Answer:** A, C", "lenient_answer_colon_md", None),  # upstream: B
+        ("Answer: (A) but it could be (C)", "lenient_answer_colon_md", None),  # upstream: C
+        ("Answer: C is right, or maybe A", "lenient_answer_colon_md", None),  # upstream: C
+        ("Answer: C (A prime number)", "lenient_answer_colon_md", "C"),
+        ("Answer: C. A is wrong.", "lenient_answer_colon_md", "C"),
         ("", "strict_single_letter_boxed", None),
     ],
 )
@@ -152,6 +175,25 @@ def test_upstream_shaped_rows_are_accepted_and_echoed_as_given(tmp_path: Path) -
         assert body["reward"] == 1.0 and body["extracted_answer"] == row["expected_answer"]
         assert body["responses_create_params"]["parallel_tool_calls"] is None  # kept as given
         assert body["response"].get("status") is None  # left unset, as upstream's Response leaves it
+        assert body["failure_reason"] is None
+        # Every 0 says why: several different answers, no answer, a wrong one.
+        for text, reason in [
+            (
+                "\\boxed{A} or rather \\boxed{B}",
+                "several different answers (A, B): an answer must pick one option",
+            ),
+            ("B", "no answer: expected a \\boxed{} holding one option letter"),
+            ("\\boxed{C}", "wrong answer: C"),
+            (
+                "\\boxed{ \\boxed{B}",
+                "no answer: a \\boxed{ is left open, so the answer's boxes cannot be told apart",
+            ),
+        ]:
+            resp = post_json(
+                server_url(helper, "mcqa") + "/verify", {**shaped, "response": text_response(text)}
+            )
+            assert resp.status_code == 200, resp.text[:1000]
+            assert (resp.json()["reward"], resp.json()["failure_reason"]) == (0.0, reason)
         # A row without its grading fields is refused, naming them (never a 0).
         resp = post_json(
             server_url(helper, "mcqa") + "/verify",
@@ -181,11 +223,13 @@ def test_upstream_helper_names_for_environments_built_on_mcqa() -> None:
     assert _extract_options_and_expected(row) == (None, None)
     assert _get_allowed_letters_from_options(None) == set()
     assert _get_allowed_letters_from_options([{"a": "x"}, {"B": None}, {"C": "z"}]) == {"A", "C"}
-    # The last match; an option's text maps to its letter; a lone letter is trusted as upstream does.
+    # Every match counts (matches naming different letters are no answer; upstream takes the last); an
+    # option's text maps to its letter; a lone letter is trusted as upstream does.
     assert (
         _parse_answer_with_custom_regex("Answer: [B] ... Answer: [c]", r"\[([A-Z])\]", {"A", "B", "C"}, OPTS)
-        == "C"
+        is None
     )
+    assert _parse_answer_with_custom_regex("[c] ... so: [C]", r"\[([A-Z])\]", {"A", "B", "C"}, OPTS) == "C"
     assert _parse_answer_with_custom_regex("pick: mars", r"pick: (\w+)", {"A", "B", "C", "D"}, OPTS) == "C"
     assert _parse_answer_with_custom_regex("pick: Z", r"pick: (\w)", {"A", "B"}, None) == "Z"
     assert _parse_answer_with_custom_regex("no match", r"pick: (\w)", {"A"}, None) is None

@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 
 from nemo_gym.tools.testing import collect_rollouts, example_rows, post_json, running_servers, server_url
-from resources_servers.reasoning_gym.app import extract_model_answer
+from resources_servers.reasoning_gym.app import (
+    extract_model_answer,
+    score_in_worker,
+    several_answers,
+    unreadable_markup,
+)
 from resources_servers.reasoning_gym.scripts.create_dataset import generate_rows
 
 CONFIG = "resources_servers/reasoning_gym/configs/reasoning_gym.yaml"
@@ -47,15 +52,65 @@ def test_scripted_right_and_wrong_answers(tmp_path: Path) -> None:
         assert [r["reward"] for r in out] == [1.0] * 5 + [0.0] * 5, err[-3000:]
         assert [r["task_name"] for r in out[:5]] == [r["metadata"]["source_dataset"] for r in rows]
         assert out[5]["extracted_answer"] == "zzz" and out[0]["score"] == out[0]["reward"]
-        # A task the package does not know fails the rollout (naming it); it is not a 0.
+        assert (
+            out[5]["failure_reason"] == "wrong answer: the task's score is 0"
+            and out[0]["failure_reason"] is None
+        )
+        # A task the package does not know is the row's fault: a 422 naming it, a failure, not a 0.
         failures = (tmp_path / "output_failures.jsonl").read_text()
-        assert len(out) == 10 and "no_such_task" in failures and code != 0
+        assert len(out) == 10 and "no_such_task" in failures and "bad row" in failures and code != 0
 
         bad = [rows[0], {k: v for k, v in rows[1].items() if k != "metadata"}, {**rows[2], "answer": 3}]
         code, out, err = collect_rollouts(helper, bad, tmp_path / "bad", AGENT)
         assert code == 2 and out == []
         assert "input.jsonl:2: missing field `metadata`" in err
         assert "input.jsonl:3: field `answer` must be" in err
+
+
+def test_several_different_answers_are_a_hedge() -> None:
+    assert several_answers("<answer>7</answer> or <answer> 8 </answer>") == (
+        "several different answers in <answer> blocks ('7', '8'): an answer must give one"
+    )
+    assert several_answers("so \\boxed{7} and \\boxed{8}").startswith("several different answers in boxes")
+    assert several_answers("\\boxed{A \\boxed{B}}").startswith("several different answers in boxes")
+    # One answer given twice, an empty block, boxes beside an answer block, a box in a box: one answer.
+    assert several_answers("<answer>7</answer>, again: <answer> 7 </answer>") is None
+    assert several_answers("e.g. <answer></answer> ... <answer>7</answer>") is None
+    assert several_answers("\\boxed{6} <answer>7</answer>") is None
+    assert several_answers("\\boxed{\\boxed{\\frac{1}{2}}}") is None
+    assert several_answers("just 9") is None
+
+
+def test_markup_left_open_is_no_answer() -> None:
+    assert unreadable_markup("<answer>x <answer>55</answer>").startswith("no answer: an <answer> tag")
+    assert unreadable_markup("\\boxed{x \\boxed{55}").startswith("no answer: a \\boxed{ is left open")
+    assert unreadable_markup("\\boxed{ then <answer>55</answer>") is None  # the block is the answer
+    assert unreadable_markup("so <answer>\\boxed{55}</answer>") is None
+
+
+def test_scores_in_the_worker_are_bounded_and_checked() -> None:
+    rows = example_rows("reasoning_gym")
+    row = rows[1]
+    entry = {"question": row["question"], "answer": row["answer"], "metadata": row["metadata"]}
+    assert score_in_worker("basic_arithmetic", "-1043", entry, 5) == ("ok", 1.0, "")
+    outcome, _, detail = score_in_worker("no_such_task", "-1043", entry, 5)
+    assert outcome == "unknown_task" and "no_such_task" in detail
+    factors = generate_rows(["prime_factorization"], size=1, seed=7, instruction="")[0]
+    entry = {"question": factors["question"], "answer": factors["answer"], "metadata": factors["metadata"]}
+    outcome, score, detail = score_in_worker("prime_factorization", "two times three", entry, 5)
+    assert (outcome, score) == ("raised", 0.0) and detail.startswith("ValueError: invalid literal")
+    countdown = generate_rows(["countdown"], size=1, seed=7, instruction="")[0]
+    entry = {
+        "question": countdown["question"],
+        "answer": countdown["answer"],
+        "metadata": countdown["metadata"],
+    }
+    # The scorer catches every Exception; the bound's is a BaseException it cannot turn into a score.
+    assert score_in_worker("countdown", "83**94**74 - 90 + 40", entry, 1) == (
+        "timeout",
+        0.0,
+        "the task's scorer ran past 1 s on the answer",
+    )
 
 
 def test_answer_extraction() -> None:

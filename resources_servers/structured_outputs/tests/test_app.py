@@ -89,6 +89,16 @@ def test_right_and_wrong_answers_in_every_format(tmp_path: Path) -> None:
         resp = post_json(server_url(helper, SERVER) + "/verify", body)
         assert resp.status_code == 422 and "not a valid JSON Schema" in resp.text
 
+        # Tool arguments nested past json's depth are the model's bad arguments (they were a 500).
+        deep = "[" * 1000 + "]" * 1000
+        call = {"type": "function_call", "name": "file_ticket", "arguments": deep, "call_id": "c1"}
+        body = {**out[4], "response": {**out[4]["response"], "output": [call]}}
+        resp = post_json(server_url(helper, SERVER) + "/verify", body)
+        assert resp.status_code == 200 and resp.json()["reward"] == 0.0, resp.text[:500]
+        assert resp.json()["error_type"] == "tool_arguments_parse_error"
+        assert resp.json()["failure_reason"].startswith("tool_arguments_parse_error: RecursionError")
+        assert out[0]["failure_reason"] is None and out[5]["failure_reason"].startswith("validation_error: ")
+
         # Rows with a schema_str that is not JSON, an unknown format or no schema are refused up front.
         bad = [rows[0], {**rows[1], "schema_str": "{type: object"}, {**rows[2], "schema_type": "ini"}]
         bad.append({k: v for k, v in rows[3].items() if k != "schema_str"})
@@ -115,6 +125,13 @@ SCHEMA = json.dumps(
         ("toml", "a = \n", (0.0, "parse_error")),
         ("yaml", "a: 2\nb: null\n", (1.0, None)),
         ("xml", "<r><a>7</a><b>x</b></r>", (0.0, "validation_error")),  # the root element wraps the object
+        # One document, plain data: a key given twice, NaN / infinities, YAML aliases are not accepted
+        # (upstream: the last key wins, NaN passes `number` and every bound, aliases expand without end).
+        ("json", '{"a": 1, "b": "x", "a": 2}', (0.0, "parse_error")),
+        ("json", '{"a": NaN, "b": null}', (0.0, "parse_error")),
+        ("yaml", "a: 2\nb: x\na: 3\n", (0.0, "parse_error")),
+        ("yaml", "b: &b x\na: 2\nc: *b\n", (0.0, "parse_error")),
+        ("yaml", "a: 2\nb: &anchor_alone x\n", (1.0, None)),  # an anchor no alias uses is harmless
     ],
 )
 def test_check_document(schema_type: str, text: str, want: tuple) -> None:
@@ -141,3 +158,37 @@ def test_a_schema_is_checked_once_per_process_and_a_bad_one_every_time() -> None
     # Sent to another process (a Ray task pickles check_document by value), the cache travels empty.
     copy = pickle.loads(pickle.dumps(_checked_schema))
     assert len(copy) == 0 and copy(schema)[0]["type"] == "object"
+
+
+NUMBERS = json.dumps({"type": "object", "properties": {"x": {"type": "number", "minimum": 0, "maximum": 1}}})
+
+
+@pytest.mark.parametrize(
+    ("schema_type", "text"),
+    [
+        ("json", '{"x": 1e999}'),
+        ("yaml", "x: .nan\n"),
+        ("yaml", "x: -.inf\n"),
+        ("toml", "x = nan\n"),
+        ("xml", "<r><x>inf</x></r>"),
+    ],
+)
+def test_numbers_that_are_not_finite_are_not_json_numbers(schema_type: str, text: str) -> None:
+    schema = NUMBERS
+    if schema_type == "xml":  # the root element wraps the object
+        schema = json.dumps({"type": "object", "properties": {"r": json.loads(NUMBERS)}})
+    reward, error_type, message = check_document(schema, schema_type, text)
+    assert (reward, error_type) == (0.0, "validation_error")
+    assert message.endswith("x: a number that is not finite (NaN or infinity)")
+    assert check_document(NUMBERS, "json", '{"x": 0.5}') == (1.0, None, None)
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_is_read() -> None:
+    """A few hundred characters of nested aliases stand for 10^8 nodes; validating them (and printing
+    them into the error message) took seconds per level on the event loop."""
+    levels = ["a: &a [x,x,x,x,x,x,x,x,x,x]"]
+    for prev, name in zip("abcdefg", "bcdefgh", strict=True):
+        levels.append(f"{name}: &{name} [" + ",".join([f"*{prev}"] * 10) + "]")
+    bomb = "\n".join(levels) + "\nx: [*h]\n"
+    reward, error_type, message = check_document(NUMBERS, "yaml", bomb)
+    assert (reward, error_type) == (0.0, "parse_error") and "aliases (*name) are not allowed" in message
