@@ -8,10 +8,13 @@ import re
 from nemo_gym.kit.text import (
     BASH_ACTION_PATTERN,
     FENCE_PATTERN,
+    all_boxed,
     bash_blocks,
+    boxed_answers,
     fenced_blocks,
     head_tail,
     last_code_block,
+    unclosed_boxes,
 )
 
 
@@ -54,3 +57,13 @@ def test_bash_blocks_are_the_default_action_regex_matches_in_linear_time() -> No
     # 1 MB of unclosed openers: hours for the expression (bash_agent's default, on its event loop before),
     # one pass here.
     assert bash_blocks("```bash\nx" * 110_000) == []
+
+
+def test_boxes_are_read_with_their_braces_counted_in_one_pass() -> None:
+    text = r"First \boxed{A \boxed{B}} then \boxed{\frac{1}{2}} and \fbox{C} and \boxed{D"
+    assert all_boxed(text) == [r"A \boxed{B}", "B", r"\frac{1}{2}"]
+    assert boxed_answers(text) == ["A ", "B", r"\frac{1}{2}"]  # a nested box is an answer of its own
+    assert boxed_answers(text, ("boxed", "fbox")) == ["A ", "B", r"\frac{1}{2}", "C"]
+    assert unclosed_boxes(text) == 1 and unclosed_boxes("{ } }") == 0
+    # 1 MB of unclosed boxes: no box is read, in one pass.
+    assert all_boxed("\\boxed{" * 150_000) == [] and unclosed_boxes("\\boxed{" * 150_000) == 150_000

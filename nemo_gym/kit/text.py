@@ -7,6 +7,9 @@
   fences would hold the event loop for minutes).
 * :func:`bash_blocks`: the commands mini-swe-agent's default action regex (:data:`BASH_ACTION_PATTERN`)
   finds, the same matches in linear time.
+* :func:`all_boxed` / :func:`boxed_answers` / :func:`unclosed_boxes`: an answer's ``\\boxed{...}`` (and,
+  when asked, ``\\fbox{...}``) boxes with their braces counted, in one pass over the text (a long answer
+  full of unclosed boxes costs no more than its length).
 """
 
 from __future__ import annotations
@@ -77,3 +80,70 @@ def bash_blocks(text: str) -> list[str]:
         bodies.append(text[i + 1 : end])
         pos = end + 4
     return bodies
+
+
+_BOX_TOKENS: dict[tuple[str, ...], re.Pattern[str]] = {}
+
+
+def _box_tokens(commands: tuple[str, ...]) -> re.Pattern[str]:
+    pattern = _BOX_TOKENS.get(commands)
+    if pattern is None:
+        pattern = _BOX_TOKENS[commands] = re.compile(
+            r"\\(?:" + "|".join(map(re.escape, commands)) + r")\{|[{}]"
+        )
+    return pattern
+
+
+def all_boxed(text: str, commands: tuple[str, ...] = ("boxed",)) -> list[str]:
+    """The content of every closed box (``\\boxed{...}``; ``commands`` names the box commands), nested
+    braces counted, in the order the boxes open; a box's content includes the boxes nested in it."""
+    found: list[tuple[int, str]] = []
+    frames: list[int] = []  # per open brace: where its box's content begins, or -1 for a plain brace
+    for m in _box_tokens(commands).finditer(text):
+        token = m.group()
+        if token == "}":
+            if frames and (begin := frames.pop()) >= 0:
+                found.append((begin, text[begin : m.start()]))
+        else:
+            frames.append(m.end() if token != "{" else -1)
+    return [content for _, content in sorted(found)]
+
+
+def boxed_answers(text: str, commands: tuple[str, ...] = ("boxed",)) -> list[str]:
+    """What every closed box says itself, in the order they open: its content without the boxes nested
+    in it (those are answers of their own; ``\\boxed{\\boxed{B}}`` says only ``B``, and
+    ``\\boxed{A \\boxed{B}}`` says ``A`` and ``B``)."""
+    found: list[tuple[int, str]] = []
+    frames: list[bool] = []  # per open brace: does it open a box?
+    boxes: list[tuple[int, int, list[tuple[int, int]]]] = []  # open boxes: start, content start, children
+    for m in _box_tokens(commands).finditer(text):
+        token = m.group()
+        if token == "}":
+            if frames and frames.pop():
+                start, begin, children = boxes.pop()
+                parts, pos = [], begin
+                for child_start, child_end in children:
+                    parts.append(text[pos:child_start])
+                    pos = child_end
+                parts.append(text[pos : m.start()])
+                found.append((start, "".join(parts)))
+                if boxes:
+                    boxes[-1][2].append((start, m.end()))
+        elif token == "{":
+            frames.append(False)
+        else:
+            frames.append(True)
+            boxes.append((m.start(), m.end(), []))
+    return [own for _, own in sorted(found)]
+
+
+def unclosed_boxes(text: str, commands: tuple[str, ...] = ("boxed",)) -> int:
+    """How many boxes of ``text`` open and never close (braces counted)."""
+    frames: list[bool] = []
+    for m in _box_tokens(commands).finditer(text):
+        if m.group() == "}":
+            if frames:
+                frames.pop()
+        else:
+            frames.append(m.group() != "{")
+    return sum(frames)

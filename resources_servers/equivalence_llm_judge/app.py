@@ -50,6 +50,7 @@ from nemo_gym.base_resources_server import (
 )
 from nemo_gym.config_types import ModelServerRef
 from nemo_gym.judge import JudgeError, call_judge, judge_failsafe
+from nemo_gym.kit.text import boxed_answers, unclosed_boxes
 from nemo_gym.openai_utils import (
     NeMoGymEasyInputMessage,
     NeMoGymResponse,
@@ -144,50 +145,6 @@ def all_matches(text: str, pattern: str | None) -> list[str] | None:
         else m.group(0).strip()
         for m in matches
     ]
-
-
-def unclosed_boxes(text: str) -> int:
-    """How many ``\\boxed{`` of ``text`` never close (braces counted)."""
-    frames: list[bool] = []
-    for m in _BRACE_TOKEN.finditer(text):
-        if m.group() == "}":
-            if frames:
-                frames.pop()
-        else:
-            frames.append(m.group() != "{")
-    return sum(frames)
-
-
-_BRACE_TOKEN = re.compile(r"\\boxed\{|[{}]")
-
-
-def boxed_answers(text: str) -> list[str]:
-    """What every closed ``\\boxed{...}`` says itself, in the order they open: its content without the
-    boxes nested in it (those are answers of their own; ``\\boxed{\\boxed{B}}`` says only ``B``, and
-    ``\\boxed{A \\boxed{B}}`` says ``A`` and ``B``). Braces are counted; one pass over ``text``, so a long
-    answer full of unclosed boxes costs no more than its length."""
-    found: list[tuple[int, str]] = []
-    frames: list[bool] = []  # per open brace: does it open a box?
-    boxes: list[tuple[int, int, list[tuple[int, int]]]] = []  # open boxes: start, content start, children
-    for m in _BRACE_TOKEN.finditer(text):
-        token = m.group()
-        if token == "}":
-            if frames and frames.pop():
-                start, begin, children = boxes.pop()
-                parts, pos = [], begin
-                for child_start, child_end in children:
-                    parts.append(text[pos:child_start])
-                    pos = child_end
-                parts.append(text[pos : m.start()])
-                found.append((start, "".join(parts)))
-                if boxes:
-                    boxes[-1][2].append((start, m.end()))
-        elif token == "{":
-            frames.append(False)
-        else:
-            frames.append(True)
-            boxes.append((m.start(), m.end(), []))
-    return [own for _, own in sorted(found)]
 
 
 def judged_answer(text: str, pattern: str | None) -> str:

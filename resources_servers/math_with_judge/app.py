@@ -49,7 +49,6 @@ import contextlib
 import contextvars
 import io
 import logging
-import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -66,6 +65,7 @@ from nemo_gym.base_resources_server import (
 )
 from nemo_gym.config_types import ModelServerRef
 from nemo_gym.judge import JudgeError, call_judge, judge_failsafe
+from nemo_gym.kit import text as _text
 from nemo_gym.kit.verify_pool import (
     VerifyTimeoutError,
     VerifyWorkerCrashedError,
@@ -349,48 +349,17 @@ def _note(**flags: Any) -> None:
             setattr(notes, name, value)
 
 
+_BOX_COMMANDS = ("boxed", "fbox")
+
+
 def boxed_answers(text: str) -> list[str]:
-    """What every closed ``\\boxed{...}`` says itself, in the order they open: its content without the
-    boxes nested in it (those are answers of their own; ``\\boxed{\\boxed{B}}`` says only ``B``, and
-    ``\\boxed{A \\boxed{B}}`` says ``A`` and ``B``). Braces are counted; one pass over ``text``, so a long
-    answer full of unclosed boxes costs no more than its length."""
-    found: list[tuple[int, str]] = []
-    frames: list[bool] = []  # per open brace: does it open a box?
-    boxes: list[tuple[int, int, list[tuple[int, int]]]] = []  # open boxes: start, content start, children
-    for m in _BRACE_TOKEN.finditer(text):
-        token = m.group()
-        if token == "}":
-            if frames and frames.pop():
-                start, begin, children = boxes.pop()
-                parts, pos = [], begin
-                for child_start, child_end in children:
-                    parts.append(text[pos:child_start])
-                    pos = child_end
-                parts.append(text[pos : m.start()])
-                found.append((start, "".join(parts)))
-                if boxes:
-                    boxes[-1][2].append((start, m.end()))
-        elif token == "{":
-            frames.append(False)
-        else:
-            frames.append(True)
-            boxes.append((m.start(), m.end(), []))
-    return [own for _, own in sorted(found)]
-
-
-_BRACE_TOKEN = re.compile(r"\\(?:boxed|fbox)\{|[{}]")
+    """What every closed ``\\boxed{...}`` / ``\\fbox{...}`` says itself (:func:`nemo_gym.kit.text.boxed_answers`)."""
+    return _text.boxed_answers(text, _BOX_COMMANDS)
 
 
 def unclosed_boxes(text: str) -> int:
     """How many ``\\boxed{`` / ``\\fbox{`` of ``text`` never close (braces counted)."""
-    frames: list[bool] = []
-    for m in _BRACE_TOKEN.finditer(text):
-        if m.group() == "}":
-            if frames:
-                frames.pop()
-        else:
-            frames.append(m.group() != "{")
-    return sum(frames)
+    return _text.unclosed_boxes(text, _BOX_COMMANDS)
 
 
 def several_answers(text: str) -> str | None:

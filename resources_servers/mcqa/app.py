@@ -51,6 +51,7 @@ from nemo_gym.base_resources_server import (
     ReverifyMode,
     SimpleResourcesServer,
 )
+from nemo_gym.kit.text import all_boxed, boxed_answers, unclosed_boxes
 from nemo_gym.reward_profile import compute_pass_majority_metrics, highest_k_metrics
 
 GradingMode = Literal[
@@ -108,7 +109,6 @@ _ANSWER_COLON_MD = re.compile(r"(?im)[*_]{0,2}Answer[*_]{0,2}\s*:[*_\s]{0,2}(.+)
 _SINGLE_LETTER = re.compile(r"(?<![A-Za-z])([A-Za-z])(?![A-Za-z])")
 _LEADING_LETTER = re.compile(r"^([a-zA-Z])(?![a-zA-Z0-9])")
 _CAPITAL_WORD = re.compile(r"\b[A-Z]\b")
-_BRACE_TOKEN = re.compile(r"\\boxed\{|[{}]")
 _LIST_GLUE = re.compile(r"(?:\s*[/|&,;]\s*|\s+(?:or|and)\s+|\s+)", re.I)
 _STANDALONE_CAPITAL = re.compile(r"(?<![A-Za-z])([A-Z])(?![A-Za-z])")
 # After a letter: it is a label (``C)``, ``C]``, ``C:``, ``C.`` before more text).
@@ -165,50 +165,6 @@ class Reading:
     @property
     def hedged(self) -> bool:
         return len(self.letters) > 1
-
-
-def all_boxed(text: str) -> list[str]:
-    """The content of every closed ``\\boxed{...}`` (nested braces counted), in the order they open. One
-    pass over ``text``: a long answer full of unclosed boxes costs no more than its length."""
-    found: list[tuple[int, str]] = []
-    frames: list[int] = []  # per open brace: where its box's content begins, or -1 for a plain brace
-    for m in _BRACE_TOKEN.finditer(text):
-        token = m.group()
-        if token == "}":
-            if frames and (begin := frames.pop()) >= 0:
-                found.append((begin, text[begin : m.start()]))
-        else:
-            frames.append(m.end() if token != "{" else -1)
-    return [content for _, content in sorted(found)]
-
-
-def boxed_answers(text: str) -> list[str]:
-    """What every closed ``\\boxed{...}`` says itself, in the order they open: its content without the
-    boxes nested in it (those are answers of their own; ``\\boxed{\\boxed{B}}`` says only ``B``, and
-    ``\\boxed{A \\boxed{B}}`` says ``A`` and ``B``). Braces are counted; one pass over ``text``, so a long
-    answer full of unclosed boxes costs no more than its length."""
-    found: list[tuple[int, str]] = []
-    frames: list[bool] = []  # per open brace: does it open a box?
-    boxes: list[tuple[int, int, list[tuple[int, int]]]] = []  # open boxes: start, content start, children
-    for m in _BRACE_TOKEN.finditer(text):
-        token = m.group()
-        if token == "}":
-            if frames and frames.pop():
-                start, begin, children = boxes.pop()
-                parts, pos = [], begin
-                for child_start, child_end in children:
-                    parts.append(text[pos:child_start])
-                    pos = child_end
-                parts.append(text[pos : m.start()])
-                found.append((start, "".join(parts)))
-                if boxes:
-                    boxes[-1][2].append((start, m.end()))
-        elif token == "{":
-            frames.append(False)
-        else:
-            frames.append(True)
-            boxes.append((m.start(), m.end(), []))
-    return [own for _, own in sorted(found)]
 
 
 def last_boxed(text: str) -> str | None:
@@ -274,18 +230,6 @@ def _boxed(text: str, options: list[dict[str, str | None]], allowed: set[str], l
         reading = _box_letter(inner, options, allowed, lenient)
         letters += reading.letters
     return Reading(letters)
-
-
-def unclosed_boxes(text: str) -> int:
-    """How many ``\\boxed{`` of ``text`` never close (braces counted)."""
-    frames: list[bool] = []
-    for m in _BRACE_TOKEN.finditer(text):
-        if m.group() == "}":
-            if frames:
-                frames.pop()
-        else:
-            frames.append(m.group() != "{")
-    return sum(frames)
 
 
 _SEVERAL_MARKERS = "several 'Answer:' markers, not all naming an option: an answer must give one"

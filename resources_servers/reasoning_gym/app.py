@@ -47,6 +47,7 @@ from nemo_gym.base_resources_server import (
     SimpleResourcesServer,
 )
 from nemo_gym.kit.process_cache import ProcessCache
+from nemo_gym.kit.text import all_boxed, boxed_answers, unclosed_boxes
 from nemo_gym.kit.verify_pool import (
     VerifyTimeoutError,
     VerifyWorkerCrashedError,
@@ -59,7 +60,6 @@ _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 FULL_SCORE_TOLERANCE = 1e-9
 # Added to score_timeout_seconds for the pool's bound: a fresh worker imports reasoning_gym first.
 IMPORT_ALLOWANCE_SECONDS = 60.0
-_BRACE_TOKEN = re.compile(r"\\boxed\{|[{}]")
 
 
 class ReasoningGymResourcesServerConfig(BaseResourcesServerConfig):
@@ -111,20 +111,9 @@ def unreadable_markup(text: str) -> str | None:
     tagged = _ANSWER_TAG.findall(text)
     if any("<answer>" in t for t in tagged):
         return "no answer: an <answer> tag is left open, so the answer's blocks cannot be told apart"
-    if not tagged and _unclosed_boxes(text):
+    if not tagged and unclosed_boxes(text):
         return "no answer: a \\boxed{ is left open, so the answer's boxes cannot be told apart"
     return None
-
-
-def _unclosed_boxes(text: str) -> int:
-    frames: list[bool] = []
-    for m in _BRACE_TOKEN.finditer(text):
-        if m.group() == "}":
-            if frames:
-                frames.pop()
-        else:
-            frames.append(m.group() != "{")
-    return sum(frames)
 
 
 def several_answers(text: str) -> str | None:
@@ -147,48 +136,6 @@ def first_boxed(text: str) -> str | None:
     """The stripped content of the first ``\\boxed{...}`` that closes and is not empty (nested braces
     balanced), or None. One pass over ``text`` (a long answer of unclosed boxes costs its length)."""
     return next((b.strip() for b in all_boxed(text) if b.strip()), None)
-
-
-def all_boxed(text: str) -> list[str]:
-    """The content of every closed ``\\boxed{...}`` (nested braces counted), in the order they open."""
-    found: list[tuple[int, str]] = []
-    frames: list[int] = []  # per open brace: where its box's content begins, or -1 for a plain brace
-    for m in _BRACE_TOKEN.finditer(text):
-        if m.group() == "}":
-            if frames and (begin := frames.pop()) >= 0:
-                found.append((begin, text[begin : m.start()]))
-        else:
-            frames.append(m.end() if m.group() != "{" else -1)
-    return [content for _, content in sorted(found)]
-
-
-def boxed_answers(text: str) -> list[str]:
-    """What every closed ``\\boxed{...}`` says itself, in the order they open: its content without the
-    boxes nested in it (those are answers of their own; ``\\boxed{\\boxed{B}}`` says only ``B``, and
-    ``\\boxed{A \\boxed{B}}`` says ``A`` and ``B``). Braces are counted; one pass over ``text``, so a long
-    answer full of unclosed boxes costs no more than its length."""
-    found: list[tuple[int, str]] = []
-    frames: list[bool] = []  # per open brace: does it open a box?
-    boxes: list[tuple[int, int, list[tuple[int, int]]]] = []  # open boxes: start, content start, children
-    for m in _BRACE_TOKEN.finditer(text):
-        token = m.group()
-        if token == "}":
-            if frames and frames.pop():
-                start, begin, children = boxes.pop()
-                parts, pos = [], begin
-                for child_start, child_end in children:
-                    parts.append(text[pos:child_start])
-                    pos = child_end
-                parts.append(text[pos : m.start()])
-                found.append((start, "".join(parts)))
-                if boxes:
-                    boxes[-1][2].append((start, m.end()))
-        elif token == "{":
-            frames.append(False)
-        else:
-            frames.append(True)
-            boxes.append((m.start(), m.end(), []))
-    return [own for _, own in sorted(found)]
 
 
 def _make_score_fn(task: str) -> Callable[..., Any]:
