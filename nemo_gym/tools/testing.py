@@ -2,13 +2,16 @@
 
 ``running_servers(config_paths, overrides)`` starts a run through :class:`nemo_gym.cli.RunHelper`
 with the head server on a free port (so tests can run side by side) and stops it afterwards.
-``post_json`` / ``run_rollout`` talk real HTTP to the started servers.
+``post_json`` / ``run_rollout`` talk real HTTP to the started servers. ``numeric_differences`` compares
+generated data with stored data number by number, within a tolerance (floating-point results differ in
+their last digits between CPUs).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -148,6 +151,43 @@ def scrape(url: str, token: str | None = None) -> Samples:
 def metric_value(samples: Samples, name: str, **labels: str) -> float:
     """The sum of the samples of ``name`` whose labels include ``labels``."""
     return sum(v for ls, v in samples.get(name, []) if all(ls.get(k) == x for k, x in labels.items()))
+
+
+def numeric_differences(
+    got: Any, want: Any, *, rel_tol: float, abs_tol: float = 0.0, path: str = "", limit: int = 10
+) -> list[str]:
+    """Where ``got`` and ``want`` (JSON-like data: dicts, lists, numbers, text) differ, at most ``limit``
+    places (``[]``: they agree). Floats agree within ``math.isclose(rel_tol, abs_tol)``: a generator's
+    floating-point results differ in their last digits between CPUs (BLAS kernels, SIMD paths), so data
+    generated on one machine is compared with stored data by value, not by bytes. Everything else (keys,
+    lengths, text, integers, booleans, types) must be equal."""
+    out: list[str] = []
+
+    def walk(a: Any, b: Any, where: str) -> None:
+        if len(out) >= limit:
+            return
+        if isinstance(a, dict) and isinstance(b, dict):
+            if a.keys() != b.keys():
+                out.append(f"{where or '(top)'}: keys {sorted(a)} != {sorted(b)}")
+                return
+            for key in a:
+                walk(a[key], b[key], f"{where}.{key}")
+        elif isinstance(a, list | tuple) and isinstance(b, list | tuple):
+            if len(a) != len(b):
+                out.append(f"{where or '(top)'}: {len(a)} items != {len(b)}")
+                return
+            for i, (x, y) in enumerate(zip(a, b, strict=True)):
+                walk(x, y, f"{where}[{i}]")
+        elif isinstance(a, float) and isinstance(b, float):
+            if not math.isclose(a, b, rel_tol=rel_tol, abs_tol=abs_tol):
+                out.append(
+                    f"{where or '(top)'}: {a!r} != {b!r} (relative difference {abs(a - b) / max(abs(a), abs(b)):.3g})"
+                )
+        elif type(a) is not type(b) or a != b:
+            out.append(f"{where or '(top)'}: {str(a)[:80]!r} != {str(b)[:80]!r}")
+
+    walk(got, want, path)
+    return out
 
 
 def example_rows(env_folder: str) -> list[dict[str, Any]]:

@@ -6,7 +6,9 @@ Contract
   sandboxed, resource-limited local ipykernel, throw-away work dir, tools ``edit_cell``,
   ``list_workdir`` and ``submit_answer``, the same live-env bounds. What a capsule adds: its own data
   folder (``data_folder``, under ``capsules_dir``, copied into the kernel's work dir), a per-task
-  tolerance, multiple-choice answers, and metrics.
+  tolerance, multiple-choice answers, and metrics. The kernel sees that copy and the read-only system,
+  never the rows (``data/capsules.jsonl`` holds the answers) nor any process outside its sandbox
+  (``notebook_app.bwrap_argv``).
 * A row carries its task (BixBench's field names where it has one): ``task_idx`` (the group id),
   ``capsule_id``, ``data_folder``, ``question``, ``eval_mode`` (``range_verifier``: ``ideal`` is a
   number and ``tolerance`` is ``{"abs": x}`` or ``{"rel": x}``; ``mcq``: ``ideal`` is one of

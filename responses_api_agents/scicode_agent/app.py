@@ -12,6 +12,13 @@ One ``POST /run`` is one rollout of a multi-step problem row (``resources_server
 3. ``POST /verify`` with the row, every step's output items as ``response`` (usage summed) and the
    answer text of each step as ``step_answers``.
 
+Once the model has written more than ``max_model_chars`` characters in the rollout's answers (default
+4,000,000: a resources server's ``verify_max_model_chars``, past which ``/verify`` scores the rollout 0
+as "the answer is too long" without reading it), the later steps are not asked: the verify request goes
+with the answers so far. So an over-long answer is the model's 0 with that reason, and never a request
+larger than the resources server takes (each answer travels twice, in ``response`` and in
+``step_answers``: three 10 MB answers were a 60 MB request, refused with a 413 and so never scored).
+
 There are no tools and no retries: each step is exactly one model turn, as in SciCode. ``POST
 /v1/responses`` makes one model call with the given parameters (one step, no seeding, no verify).
 """
@@ -23,6 +30,7 @@ from typing import Any
 import orjson
 from fastapi import Request
 from fastapi.responses import Response
+from pydantic import Field
 
 from nemo_gym.base_resources_server import BaseRunRequest
 from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
@@ -32,11 +40,18 @@ from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming, text_
 from nemo_gym.server.agent import add_usage, empty_usage
 from nemo_gym.server.base import validated_body
 from nemo_gym.server.disconnect import ClientDisconnected, disconnected_response, run_until_disconnected
+from nemo_gym.server.resources import model_written_chars
 
 
 class SciCodeAgentConfig(BaseResponsesAPIAgentConfig):
     resources_server: ResourcesServerRef
     model_server: ModelServerRef
+    max_model_chars: int = Field(
+        default=4_000_000,
+        ge=1,
+        description="Past this many characters written by the model, the later steps are not asked (keep it at "
+        "the resources server's verify_max_model_chars)",
+    )
 
 
 def extract_code(text: str) -> str | None:
@@ -132,7 +147,10 @@ class SciCodeAgent(SimpleResponsesAPIAgent):
         answers: list[str] = []
         codes: list[str | None] = []
         response: dict[str, Any] = {}
+        written = 0
         for k in range(len(steps)):
+            if written > self.config.max_model_chars:  # too long to be read: /verify scores it 0
+                break
             prompt = step_prompt(steps, k, codes)
             if last_user is None:
                 step_items = [*items, {"role": "user", "content": prompt}]
@@ -152,10 +170,11 @@ class SciCodeAgent(SimpleResponsesAPIAgent):
             )
             cookies.update(new_cookies)
             outputs.extend(response.get("output") or [])
+            written += model_written_chars({"output": response.get("output") or []})
             add_usage(usage, response.get("usage"))
             answers.append(output_text(response))
             codes.append(extract_code(answers[-1]))
-        self.observe_loop(len(steps), 0)  # nemo_gym.server.metrics
+        self.observe_loop(len(answers), 0)  # nemo_gym.server.metrics
         verify, _ = await self.server_client.post_json(
             resources,
             "/verify",
