@@ -158,6 +158,8 @@ SKIP: dict[tuple[str, str], str] = {
     (
         "resources_servers/scientific_code/README.md",
         'ng_run "+config_paths=[resources_servers/scientific_code/',
+    ): _LOCAL_MODEL,
+    (
         "resources_servers/data_analysis_capsules/README.md",
         'ng_run "+config_paths=[resources_servers/data_analysis_capsules/',
     ): _LOCAL_MODEL,
