@@ -174,7 +174,7 @@ def content_task(problem_type: str | None) -> str | None:
     kind = (problem_type or "").lower()
     if "extract" in kind:
         return "extraction"
-    return "conversion" if "conver" in kind else None
+    return "conversion" if "conversion" in kind or "convert" in kind else None
 
 
 def strictify_schema(schema: Any) -> None:

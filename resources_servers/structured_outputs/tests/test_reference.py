@@ -235,7 +235,7 @@ def test_check_document_content_rules_by_problem_type() -> None:
             "content_free",
         ) and "every value of the document is empty" in message
     # A row without a reference and of another kind keeps the form-only rule (upstream's).
-    for problem_type in (None, "generation", "tool_call"):
+    for problem_type in (None, "generation", "tool_call", "conversation"):
         assert check_document(SCHEMA, "json", empty, problem_type=problem_type) == (1.0, None, None)
     # A reference is checked only once the document follows the schema.
     assert check_document(SCHEMA, "json", '{"name": "x"}', expected_document=REF)[1] == "validation_error"
