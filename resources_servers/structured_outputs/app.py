@@ -5,7 +5,8 @@ Contract
 * A row carries ``schema_str`` (a JSON Schema, as JSON text) and ``schema_type`` (the format the answer
   must be written in: ``json``, ``yaml``, ``xml``, ``toml`` or ``csv``; default ``json``), plus
   upstream NeMo Gym's optional descriptive fields (``problem_type``, ``schema_repr``, ...), which are
-  kept and used only to break down metrics. Field names follow upstream's ``structured_outputs``.
+  kept and used to break down metrics (``problem_type`` also picks the all-empty rule below). Field
+  names follow upstream's ``structured_outputs``.
 * ``response_mode: text`` (default): the answer is the concatenated ``output_text`` of the assistant
   messages, parsed in ``schema_type`` (XML leaf strings and CSV cells are coerced to the schema's
   types first, as upstream). ``response_mode: tool_call``: the answer is the arguments of the single
@@ -14,7 +15,15 @@ Contract
   validated with ``jsonschema`` (Draft 2020-12). Reward 1.0 when it parses and validates, else 0.0,
   with ``error_type`` (``empty_response``, ``parse_error``, ``validation_error``, ``missing_tool_call``,
   ``multiple_tool_calls``, ``wrong_tool_name``, ``tool_arguments_parse_error``,
-  ``missing_tool_payload_key``) and ``error_message``.
+  ``missing_tool_payload_key``; and ``content_free`` / ``content_mismatch`` below) and ``error_message``.
+* Content (ours): a row may carry ``expected_document`` (the document its task implies) and
+  ``expected_rules`` (how parts of it compare, by JSON Pointer); then reward 1.0 also needs the parsed,
+  schema-coerced answer to match it (:mod:`reference`: strings normalised, numbers within 1e-9, arrays
+  one to one in any order unless a tuple or a rule says otherwise), else 0.0 with ``content_mismatch``
+  naming the first field that differs. An extraction or conversion row (``problem_type``) refuses a
+  document whose every value is empty, zero, false or null (``content_free``), reference or not. Any
+  other row without a reference is scored on form only, as upstream scores every row; a bad rule is a
+  422.
 * One document of plain data: a key given twice in a JSON object or YAML mapping, JSON's ``NaN`` /
   ``Infinity`` and YAML aliases are a ``parse_error``; a number that is not finite (any format) is a
   ``validation_error``; tool-call arguments get the same JSON reading. ``failure_reason`` is
@@ -57,6 +66,12 @@ from nemo_gym.base_resources_server import (
 )
 from nemo_gym.kit.process_cache import ProcessCache
 from nemo_gym.kit.verify_pool import VerifyTimeoutError, VerifyWorkerCrashedError, run_in_verify_pool
+from resources_servers.structured_outputs.reference import (
+    InvalidReference,
+    content_free,
+    first_difference,
+    parse_rules,
+)
 
 
 class SchemaType(StrEnum):
@@ -125,6 +140,17 @@ class StructuredOutputsVerifyRequest(BaseVerifyRequest):
     tool_name_style: str | None = None
     distractor_style: str | None = None
     tool_union_mode: str | None = None
+    # Ours (optional): the content the answer must carry. README "Reward" says how it is compared.
+    expected_document: Any = Field(
+        default=None,
+        description="The document the task's source implies (or what makes the content checkable): "
+        "reward 1 then needs the answer to match it.",
+    )
+    expected_rules: dict[str, Any] | None = Field(
+        default=None,
+        description="How parts of expected_document are compared, by JSON Pointer: ordered / unordered / "
+        "contains for arrays, or {array, any_of, tolerance, substrings}.",
+    )
 
 
 class StructuredOutputsVerifyResponse(StructuredOutputsVerifyRequest, BaseVerifyResponse):
@@ -140,6 +166,15 @@ SCHEMA_CACHE_SIZE = 1024
 
 class InvalidSchema(ValueError):
     """``schema_str`` is not a usable JSON Schema (bad data, not a wrong answer)."""
+
+
+def content_task(problem_type: str | None) -> str | None:
+    """``extraction`` or ``conversion`` when ``problem_type`` names one (a task whose answer carries
+    values from its source), else None."""
+    kind = (problem_type or "").lower()
+    if "extract" in kind:
+        return "extraction"
+    return "conversion" if "conversion" in kind or "convert" in kind else None
 
 
 def strictify_schema(schema: Any) -> None:
@@ -318,13 +353,26 @@ def _first_error(validator: Draft202012Validator, document: Any) -> str | None:
 
 
 def check_document(
-    schema_str: str, schema_type: str, text: str | None, obj: Any = None, coerce_xml_types: bool = True
+    schema_str: str,
+    schema_type: str,
+    text: str | None,
+    obj: Any = None,
+    coerce_xml_types: bool = True,
+    expected_document: Any = None,
+    expected_rules: dict[str, Any] | None = None,
+    problem_type: str | None = None,
 ) -> tuple[float, str | None, str | None]:
     """(reward, error_type, error_message) of a text answer (``text``) or an already parsed one (``obj``).
 
-    Raises :class:`InvalidSchema` for a bad ``schema_str``. Pure and picklable: runs in the verify pool.
+    After the schema, the content: for an extraction or conversion ``problem_type`` a document without
+    any value is ``content_free``; with ``expected_document`` the answer must match it
+    (``content_mismatch``, naming the first field that differs; :mod:`reference`).
+
+    Raises :class:`InvalidSchema` for a bad ``schema_str`` and :class:`InvalidReference` for a bad
+    reference. Pure and picklable: runs in the verify pool.
     """
     schema, validator = _checked_schema(schema_str)
+    rules = parse_rules(expected_rules, expected_document)
     if text is not None:
         if not text.strip():
             return 0.0, "empty_response", "No assistant response text"
@@ -342,7 +390,20 @@ def check_document(
         problem = _first_error(validator, obj)
     except RecursionError:
         return 0.0, "validation_error", "the document is nested too deeply to validate"
-    return (0.0, "validation_error", problem) if problem else (1.0, None, None)
+    if problem:
+        return 0.0, "validation_error", problem
+    if (kind := content_task(problem_type)) is not None and content_free(obj):
+        article = "an" if kind == "extraction" else "a"
+        why = f"every value of the document is empty, zero or false: no answer to {article} {kind} task"
+        return 0.0, "content_free", why
+    if expected_document is not None:
+        try:
+            problem = first_difference(expected_document, obj, rules, schema)
+        except RecursionError:
+            raise InvalidReference("expected_document is nested too deeply to compare") from None
+        if problem is not None:
+            return 0.0, "content_mismatch", problem
+    return 1.0, None, None
 
 
 class StructuredOutputsResourcesServer(SimpleResourcesServer):
@@ -359,13 +420,27 @@ class StructuredOutputsResourcesServer(SimpleResourcesServer):
         else:
             text = body.response.output_text
             size = len(text)
-        args = (body.schema_str, body.schema_type.value, text, obj, self.config.xml_coerce_types)
+        args = (
+            body.schema_str,
+            body.schema_type.value,
+            text,
+            obj,
+            self.config.xml_coerce_types,
+            body.expected_document,
+            body.expected_rules,
+            body.problem_type,
+        )
+        if body.expected_document is not None:
+            try:
+                size += len(json.dumps(body.expected_document))
+            except (RecursionError, ValueError):
+                raise HTTPException(422, "bad row: expected_document is nested too deeply") from None
         try:
             if size + len(body.schema_str) > self.config.pool_threshold_chars:
                 result = await self._check_in_pool(args)
             else:
                 result = check_document(*args)
-        except InvalidSchema as e:
+        except (InvalidSchema, InvalidReference) as e:
             raise HTTPException(status_code=422, detail=f"bad row: {e}") from None
         return self._answer(body, *result)
 

@@ -26,7 +26,7 @@ SERVER = "instruction_following"
 ANSWERS = [
     (
         "Hi Sam! I am away from Friday to Monday. Could you water my plants on Saturday? Thank you so much.",
-        "Hi Sam! " + "I will be away for a while and would be grateful for help with the plants. " * 6,
+        "Hi Sam! " + "I will be away for a while and would be grateful if you could water the plants. " * 6,
     ),
     (
         "* Stronger legs\n* Better heart health\n* No waiting for the lift\nAny other questions?",
@@ -44,6 +44,21 @@ ANSWERS = [
         "Air molecules scatter short blue wavelengths more than red ones.\n***\nSo blue reaches our eyes from every direction.",
         "Air molecules scatter the blue part of the sun's rays more.\n***\nSo the sky glows blue in daylight.",
     ),
+]
+
+
+CONTENT_MISSING = "the reply does not address the request: it never mentions {} (content_keywords)"
+# Replies to row 0 (a note asking a neighbour to water the plants; no commas, under 60 words) that follow
+# both instructions and not the request, and why each scores 0.
+CONTENT_FREE = [
+    ("ok", "the reply does not address the request: 1 word, fewer than 5 (content_min_words)"),
+    (
+        "Water the plants.",
+        "the reply does not address the request: 3 words, fewer than 5 (content_min_words)",
+    ),
+    ("I will be away from Friday to Monday. Thank you so much.", CONTENT_MISSING.format('"water"')),
+    # Look-alike letters (Cyrillic) are other words.
+    ("Please w\u0430ter my pl\u0430nts while I am away.", CONTENT_MISSING.format('"water"')),
 ]
 
 
@@ -96,7 +111,35 @@ def test_scripted_answers_follow_or_break_the_instructions(tmp_path: Path) -> No
         long["response"] = text_response("\n" * 30_000 + "* One\nAny other questions?")
         resp = post_json(server_url(helper, SERVER) + "/verify", long, timeout=300)
         assert resp.status_code == 200 and resp.json()["reward"] == 0.0
-        assert resp.json()["failure_reason"] == "not followed: detectable_format:number_bullet_lists"
+        assert resp.json()["failure_reason"] == (
+            "not followed: detectable_format:number_bullet_lists; "
+            "the reply does not address the request: 4 words, fewer than 5 (content_min_words)"
+        )
+
+        # A reply that meets the form without doing the task (the audit's content_free_note: "ok" has no
+        # comma and fewer than 60 words) scored 1.0; the row's content_keywords and content_min_words
+        # make it 0, in either grading mode, with the reason. IFEval's own verdicts are kept.
+        url = server_url(helper, SERVER) + "/verify"
+        for body in (out[0], out[10]):  # binary, fraction
+            for reply, reason in CONTENT_FREE:
+                resp = post_json(url, {**body, "response": text_response(reply)})
+                assert resp.status_code == 200, resp.text[:500]
+                assert (resp.json()["reward"], resp.json()["failure_reason"]) == (0.0, reason), reply
+                assert resp.json()["follow_instruction_list"] == [True, True]
+                assert resp.json()["addresses_request"] is False
+        assert out[0]["addresses_request"] is True
+        # The nested layout carries them too; a row without them is scored on form only (upstream's rule).
+        nested = {k: v for k, v in out[0].items() if k not in ("content_keywords", "content_min_words")}
+        nested["verifier_metadata"] = {**out[0]["verifier_metadata"], "content_keywords": ["sunflower"]}
+        resp = post_json(url, {**nested, "response": text_response(ANSWERS[0][0])})
+        assert resp.json()["failure_reason"] == CONTENT_MISSING.format('"sunflower"')
+        bare = {k: v for k, v in nested.items() if k != "verifier_metadata"}
+        resp = post_json(url, {**bare, "response": text_response("ok")})
+        assert (resp.json()["reward"], resp.json()["addresses_request"]) == (1.0, None)
+        # A keyword that is blank is bad data.
+        meta = {**out[0]["verifier_metadata"], "content_keywords": ["water", " "]}
+        resp = post_json(url, {**out[0], "verifier_metadata": meta})
+        assert resp.status_code == 422 and "content_keywords" in resp.text
 
         # Unknown ids and bad grading modes are refused before any rollout.
         bad = [rows[0], {**rows[1], "instruction_id_list": ["punctuation:no_comma", "vibes:good"]}]
@@ -393,3 +436,64 @@ def test_an_echo_of_the_prompt_is_no_answer() -> None:
     assert echoes_the_prompt("Sure:  " + prompt.upper().replace(" ", "\n"), [prompt])
     assert not echoes_the_prompt("<<The Patient Loaf>>, a name for a bakery.", [prompt])
     assert not echoes_the_prompt("Say hi. Hi!", ["Say hi."])  # too short to tell an echo from a reply
+
+
+@pytest.mark.parametrize(
+    ("reply", "keywords", "min_words", "problem"),
+    [
+        # A keyword is found as a word or the start of one, in any case or compatibility form.
+        ("Could you WATER my Plants?", [["water"], ["plant"]], 5, None),
+        ("Watering the plantation.", [["water"], ["plant"]], 3, None),
+        ("\uff37\uff41\uff54\uff45\uff52 the plants please.", [["water"]], 3, None),
+        # A keyword of several words matches across any whitespace; one alternative of an entry will do.
+        ("Please turn the  red\nonion slices.", [["red onion"], ["slice", "dice"]], 3, None),
+        ("Dear neighbor please help.", [["neighbour", "neighbor"]], 3, None),
+        # Inside a word it is no mention ("hotwater"), nor in look-alike letters.
+        ("The hotwater tap is on.", [["water"]], 3, 'never mentions "water"'),
+        ("Please w\u0430ter the plants.", [["water"]], 3, 'never mentions "water"'),
+        ("Nothing here at all.", [["neighbour", "neighbor"]], 3, 'never mentions "neighbour" or "neighbor"'),
+        # Words are runs of word characters (IFEval's count): "don't" is two.
+        ("Don't", [], 2, None),
+        ("ok", [["ok"]], 5, "1 word, fewer than 5"),
+        ("", [], 1, "0 words, fewer than 1"),
+        ("  ...  ", [], 1, "0 words, fewer than 1"),
+    ],
+)
+def test_content_rules(reply: str, keywords: list[list[str]], min_words: int, problem: str | None) -> None:
+    from resources_servers.instruction_following.app import content_problem
+
+    got = content_problem(reply, keywords, min_words)
+    assert (got is None) if problem is None else (got is not None and problem in got), got
+
+
+def test_content_spec_reads_the_row_and_refuses_bad_values() -> None:
+    from resources_servers.instruction_following.app import DEFAULT_CONTENT_MIN_WORDS, content_spec
+
+    assert content_spec({}) is None  # scored on form only
+    assert content_spec({"content_keywords": ["a", ["b", "c"]]}) == (
+        [["a"], ["b", "c"]],
+        DEFAULT_CONTENT_MIN_WORDS,
+    )
+    assert content_spec({"content_min_words": 2}) == ([], 2)
+    for bad in (
+        {"content_keywords": "water"},
+        {"content_keywords": [""]},
+        {"content_keywords": [[]]},
+        {"content_keywords": [["a", 3]]},
+        {"content_keywords": ["a"], "content_min_words": 0},
+        {"content_min_words": True},
+    ):
+        with pytest.raises(ValueError, match="content_"):
+            content_spec(bad)
+
+
+def test_content_rules_read_a_long_reply_once() -> None:
+    """A megabyte reply: words are counted only up to the floor, each keyword searched once (linear)."""
+    from resources_servers.instruction_following.app import content_problem
+
+    long = "word " * 200_000 + "water"
+    assert content_problem(long, [["water"], ["plant"]], 5) is not None
+    assert content_problem(long + " plants", [["water"], ["plant"]], 5) is None
+    assert content_problem("(" * 1_000_000, [["water"]], 1).endswith(
+        "0 words, fewer than 1 (content_min_words)"
+    )

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym.tools.testing import collect_rollouts, example_rows, post_json, running_servers, server_url
+from nemo_gym.tools.testing import (
+    collect_rollouts,
+    example_rows,
+    post_json,
+    running_servers,
+    server_url,
+    text_response,
+)
 from resources_servers.structured_outputs.app import check_document
 
 CONFIG = "resources_servers/structured_outputs/configs/structured_outputs.yaml"
@@ -51,10 +58,82 @@ RIGHT_WRONG = [
 ]
 
 
+# Answers that follow the schema but not the task (the audit's content_free_document and its kin): row,
+# answer, failure_reason. Each scored 1.0 before rows carried references (expected_document).
+CONTENT_FREE = [
+    (
+        0,
+        '{"title": "", "author": "", "year": 0, "genres": []}',
+        "content_free: every value of the document is empty, zero or false: no answer to an extraction task",
+    ),
+    (
+        0,
+        '{"title": "The Left Hand of Darkness", "author": "", "year": 1969, "genres": ["science fiction"]}',
+        'content_mismatch: at author: expected "Ursula K. Le Guin" or one of ["Ursula Le Guin", '
+        '"Ursula Kroeber Le Guin"], got ""',
+    ),
+    (
+        1,
+        "dish: ''\nservings: 0\nvegetarian: false\ningredients: []\n",
+        "content_free: every value of the document is empty, zero or false: no answer to a conversion task",
+    ),
+    (
+        2,
+        "<station><name>Sonnblick Observatory</name><elevation_m>3000</elevation_m>"
+        "<staffed>true</staffed></station>",
+        "content_mismatch: at station/elevation_m: expected 3106, got 3000",
+    ),
+    (3, "planet,moons,gas_giant\n", "content_mismatch: at (root): expected 3 items, got 0"),
+    (
+        3,
+        "planet,moons,gas_giant\nMars,2,false\nJupiter,95,true\nSaturn,146,true\n",
+        'content_mismatch: at (root): no item matches the expected {"planet": "Neptune", "moons": 16, '
+        '"gas_giant": true} (item 2 differs at 2/planet: expected "Neptune", got "Saturn")',
+    ),
+    (
+        4,
+        {"ticket": {"summary": "", "priority": "high", "component": "auth"}},
+        'content_mismatch: at summary: expected a text mentioning "login", got ""',
+    ),
+]
+# Right answers written otherwise (case, spacing, key and row order, number formats, alternatives the
+# row's expected_rules allow): each still earns 1.0.
+RIGHT_OTHERWISE = [
+    (
+        0,
+        '{"genres": ["Science Fiction", "political fiction"], "year": 1969.0, "author": "ursula k.  le guin",'
+        ' "title": "  THE LEFT HAND OF DARKNESS "}',
+    ),
+    (
+        0,
+        '{"title": "The Left Hand of Darkness", "author": "Ursula Le Guin", "year": 1.969e3, "genres": ["SF"]}',
+    ),
+    (
+        1,
+        "servings: 2.0\ndish: Tomato Salad\nvegetarian: yes\ningredients:\n- {grams: 10, name: Basil}\n"
+        "- {name: tomatoes, grams: 3.0e+2}\n- {name: red onion, grams: 50.0}\n",
+    ),
+    (
+        2,
+        "<station>\n  <staffed>1</staffed>\n  <name>sonnblick</name>\n  <elevation_m> 3106 </elevation_m>\n"
+        "</station>",
+    ),
+    (3, "planet,moons,gas_giant\n neptune ,16,TRUE\nMars,2,False\nJUPITER,95,true\n"),
+    (4, {"ticket": {"component": "Auth service", "priority": "high", "summary": "Every login crashes"}}),
+]
+
+
 def _turn(answer) -> dict:
     if isinstance(answer, dict):
         return {"tool_calls": [{"name": "file_ticket", "arguments": answer}]}
     return {"text": answer}
+
+
+def _response(answer) -> dict:
+    if isinstance(answer, str):
+        return text_response(answer)
+    call = {"type": "function_call", "name": "file_ticket", "arguments": json.dumps(answer), "call_id": "c1"}
+    return {**text_response(""), "output": [call]}
 
 
 def _marked(row: dict, marker: str) -> dict:
@@ -98,6 +177,26 @@ def test_right_and_wrong_answers_in_every_format(tmp_path: Path) -> None:
         assert resp.json()["error_type"] == "tool_arguments_parse_error"
         assert resp.json()["failure_reason"].startswith("tool_arguments_parse_error: RecursionError")
         assert out[0]["failure_reason"] is None and out[5]["failure_reason"].startswith("validation_error: ")
+
+        # Content-free answers and wrong values score 0 with the first field that differs; right answers
+        # written otherwise still earn 1.
+        url = server_url(helper, SERVER) + "/verify"
+        for i, answer, reason in CONTENT_FREE:
+            resp = post_json(url, {**out[i], "response": _response(answer)})
+            assert resp.status_code == 200, resp.text[:500]
+            assert (resp.json()["reward"], resp.json()["failure_reason"]) == (0.0, reason), (i, answer)
+        for i, answer in RIGHT_OTHERWISE:
+            resp = post_json(url, {**out[i], "response": _response(answer)})
+            assert resp.status_code == 200 and resp.json()["reward"] == 1.0, resp.json()["failure_reason"]
+        # A row without a reference whose problem_type is not extraction or conversion is scored on form
+        # only (upstream's rule): the content-free document earns.
+        bare = {k: v for k, v in out[0].items() if k not in ("expected_document", "expected_rules")}
+        bare["problem_type"] = None
+        resp = post_json(url, {**bare, "response": _response(CONTENT_FREE[0][1])})
+        assert resp.status_code == 200 and resp.json()["reward"] == 1.0
+        # A rule the row's reference has no place for is bad data (a 422), not a 0.
+        resp = post_json(url, {**out[0], "expected_rules": {"/genre": "contains"}})
+        assert resp.status_code == 422 and "expected_rules" in resp.text and "/genre" in resp.text
 
         # Rows with a schema_str that is not JSON, an unknown format or no schema are refused up front.
         bad = [rows[0], {**rows[1], "schema_str": "{type: object"}, {**rows[2], "schema_type": "ini"}]
