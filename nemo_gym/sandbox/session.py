@@ -164,6 +164,23 @@ class SessionUsage:
     cpu_time_s: float | None
 
 
+@dataclass(frozen=True)
+class SessionEnforcement:
+    """:attr:`SandboxSession.enforcement`: how this session's workspace is mounted and its limits held
+    (docs/sandbox.md, "Sessions without root"). ``mount``: ``root`` (the kernel's overlayfs, mounted by
+    root), ``userns`` (the kernel's, in a user namespace of the session's own) or ``fuse``
+    (fuse-overlayfs there). ``memory``: ``cgroup`` (one memory cgroup for the sandbox: OOM-killed past it)
+    or ``rlimit`` (RLIMIT_AS per process, and the sandbox's total sampled every 0.2 s while user code
+    runs: stopped past it). ``processes``: ``cgroup`` (one pids cgroup) or ``rlimit`` (RLIMIT_NPROC in the
+    session's user namespace; ``pids_limit_hit`` from samples). ``cpu_time``: results carry the sandbox's
+    CPU seconds (a cpuacct cgroup), else ``cpu_time_s`` is None."""
+
+    mount: str
+    memory: str
+    processes: str
+    cpu_time: bool
+
+
 class SessionClosedError(SandboxError):
     """The session is closed (by ``close()``, its idle timeout, its lifetime, or its sandbox dying)."""
 
@@ -597,6 +614,17 @@ class SandboxSession:
         )
 
     @property
+    def enforcement(self) -> SessionEnforcement:
+        """How this session's workspace is mounted and its limits held here (see :class:`SessionEnforcement`)."""
+        sandbox = self._check_open()
+        return SessionEnforcement(
+            mount=sandbox.mount.kind,
+            memory="cgroup" if sandbox.cgroups.memory_limited else "rlimit",
+            processes="cgroup" if sandbox.cgroups.limits_processes else "rlimit",
+            cpu_time=sandbox.cgroups.cpu_time_s() is not None,
+        )
+
+    @property
     def closed(self) -> str | None:
         """Why the session closed, or None while it is open."""
         return self._closed
@@ -666,8 +694,10 @@ class SandboxSession:
                 after["used"] = await _used_bytes(sandbox.upper)
                 delta = {k: after[k] - before.get(k, 0) for k in after}
                 if sandbox.nproc is not None and isinstance(reply.get("peak_tasks"), int):
-                    # RLIMIT_NPROC counts the sandbox's tasks and the few outside its pid namespace
-                    if reply["peak_tasks"] + sandbox.mount.outside_tasks >= sandbox.nproc:
+                    # RLIMIT_NPROC counts the sandbox's tasks and the few outside its pid namespace. Within
+                    # one of the limit counts as hit: the task whose fork was refused often exits at once
+                    # (a shell that cannot fork does), so the samples after it see the limit less one.
+                    if reply["peak_tasks"] + sandbox.mount.outside_tasks >= sandbox.nproc - 1:
                         delta["pids_max"] += 1
                 return reply, delta
             except TimeoutError:

@@ -125,20 +125,23 @@ def _inside(path: str) -> str:
     return full
 
 
-def _others(keep: set[int]) -> list[int]:
-    """Live processes of this sandbox's pid namespace not in ``keep`` (zombies left out: init reaps them)."""
-    pids = []
+def _others(keep: set[int]) -> tuple[list[int], int]:
+    """Live processes of this sandbox's pid namespace not in ``keep``, and how many zombies wait for the
+    namespace's init to reap them (orphans: until then each still counts against the process limit)."""
+    pids, orphans = [], 0
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) in keep:
             continue
         try:
             with open(f"/proc/{name}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
+                fields = f.read().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if state not in (b"Z", b"X"):
+        if fields[0] not in (b"Z", b"X"):
             pids.append(int(name))
-    return pids
+        elif fields[1] == b"1":
+            orphans += 1
+    return pids, orphans
 
 
 def _pss(pid: str) -> int | None:
@@ -251,12 +254,14 @@ class Agent:
 
     def kill_others(self) -> int:
         """SIGKILL every process but init, the agent and the kernel, until none is left (a fork bomb's
-        children appear while its parents die: repeat). Returns how many were killed."""
+        children appear while its parents die: repeat), and until init has reaped them (a killed process
+        counts against the process limit until then: the next command could not start one). Returns how
+        many were killed."""
         killed = 0
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
-            pids = _others(self.keep())
-            if not pids:
+            pids, orphans = _others(self.keep())
+            if not pids and not orphans:
                 break
             for pid in pids:
                 try:

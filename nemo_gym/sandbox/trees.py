@@ -52,7 +52,7 @@ def _grant(name: str, dir_fd: int | None, st: os.stat_result, bits: int) -> int 
     sandbox took them away). Returns the mode to put back, or None when nothing was changed (root, which
     needs none of them; not ours; already there)."""
     mode = stat.S_IMODE(st.st_mode)
-    if mode & bits == bits or _EUID == 0 or st.st_uid != _EUID:
+    if mode & bits == bits or st.st_uid != os.geteuid() or os.geteuid() == 0:
         return None
     try:
         os.chmod(name, mode | bits, dir_fd=dir_fd, follow_symlinks=False)
@@ -65,9 +65,6 @@ def _put_back(name: str, dir_fd: int | None, mode: int | None) -> None:
     if mode is not None:
         with contextlib.suppress(OSError):
             os.chmod(name, mode, dir_fd=dir_fd, follow_symlinks=False)
-
-
-_EUID = os.geteuid()
 
 
 class TreeChangedError(OSError):
@@ -165,7 +162,7 @@ def _walk(
 
 def _top_grant(root: str | Path, dir_fd: int | None, access: int) -> int | None:
     """:func:`_grant` for the dir a walk starts in (the sandbox may chmod its /workspace too)."""
-    if _EUID == 0:
+    if os.geteuid() == 0:
         return None
     try:
         st = os.stat(root, dir_fd=dir_fd, follow_symlinks=False)
