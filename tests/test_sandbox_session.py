@@ -18,6 +18,7 @@ import asyncio
 import io
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -159,6 +160,34 @@ async def test_bad_commands_are_contained_and_the_session_goes_on() -> None:
         assert (await other.exec("echo other")).stdout == "other\n"
     finally:
         await _close_and_check(session, other)
+
+
+async def test_a_session_reaches_no_network_no_host_process_and_no_new_namespace() -> None:
+    """From inside, as the model would try: our own servers on 127.0.0.1, the host's processes, the repo,
+    capabilities, a new user namespace, a mount. Root's sessions and a user's (whose sandbox sits in a user
+    namespace where that user is root, one level up) must refuse them all alike."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    repo = Path(__file__).resolve().parents[1]
+    session = await SandboxSession.start(limits=FAST)
+    try:
+        probe = (
+            f"python3 -c \"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+            "    print('connected')\nexcept OSError as e:\n    print('refused', e.errno)\"; "
+            "ls /proc | grep -c '^[0-9]'; grep CapEff /proc/self/status; "
+            f"test -e {repo}/pyproject.toml && echo repo-visible; "
+            "unshare --user true 2>/dev/null && echo userns-made; "
+            "mkdir -p /tmp/m && mount -t tmpfs x /tmp/m 2>/dev/null && echo mounted; echo end"
+        )
+        r = await session.exec(probe)
+        lines = r.stdout.splitlines()
+        assert lines[0].startswith("refused") and int(lines[1]) < 10, r
+        assert lines[2].split() == ["CapEff:", "0000000000000000"] and lines[3:] == ["end"], r
+    finally:
+        listener.close()
+        await _close_and_check(session)
 
 
 async def test_memory_held_by_many_processes_together_is_bounded() -> None:

@@ -40,6 +40,7 @@ FUSE_CHECKS = (
     "test_a_tree_past_any_recursion_and_path_max_is_snapshotted_counted_and_removed",
     "test_sessions_cannot_see_each_other_before_or_after_a_fork",
     "test_opaque_dirs_and_whiteouts_reach_a_snapshot",
+    "test_a_session_reaches_no_network_no_host_process_and_no_new_namespace",
 )
 
 

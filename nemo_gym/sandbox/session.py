@@ -12,7 +12,7 @@ Contract
   / :meth:`~SandboxSession.list_dir` work on the workspace (a path that resolves outside it, e.g. through
   a symlink, is refused with ``ValueError``). One operation at a time per session (they queue).
 * Limits (:class:`SessionLimits`): the sandbox's memory and process count for the whole session (one
-  memory and one pids cgroup, :mod:`nemo_gym.sandbox.cgroups`); per command: wall time, CPU time, file
+  memory and one pids cgroup, :mod:`nemo_gym.sandbox.cgroups`; without them, below); per command: wall time, CPU time, file
   size, open files, output cap (past it the command is killed and a marker line added); a disk quota on
   what the session writes to the workspace, counting what each file can become (its size even where it
   is sparse: eight sparse 255 MB files are 2 GB, not 16 KB) (checked every 0.5 s while a command runs, which is then
@@ -40,7 +40,13 @@ Contract
   file of the layer copies it up first (the kernel does it: ``echo >>``, ``sed -i``, ``open('f', 'r+')``
   alike), so a fork costs a sandbox start and no copy. A snapshot is a new layer: hard links to the old
   layer's files (immutable, so sharing inodes is safe) plus copies of the files the session changed.
-  Needs root (mounting overlayfs); without it :class:`~nemo_gym.sandbox.errors.SandboxUnavailableError`.
+* Root or not (:mod:`nemo_gym.sandbox.session_mount`): root mounts the overlay in that namespace; a
+  server that is not root mounts it in a user namespace of the session's own (the kernel's overlayfs,
+  Linux >= 5.11, or fuse-overlayfs), and where no cgroup is writable its limits are rlimits (RLIMIT_NPROC
+  set inside that namespace, RLIMIT_AS per process) plus the agent's samples of the sandbox's memory
+  (past ``memory_mib`` the code is stopped: ``oom_killed``) and tasks (``pids_limit_hit``).
+  :attr:`SandboxSession.enforcement` says which; docs/sandbox.md, "Sessions without root", says what each
+  enforces. No way to mount here: :class:`~nemo_gym.sandbox.errors.SandboxUnavailableError` naming why.
 """
 
 from __future__ import annotations

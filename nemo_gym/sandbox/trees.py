@@ -56,14 +56,14 @@ def _grant(name: str, dir_fd: int | None, st: os.stat_result, bits: int) -> int 
         return None
     try:
         os.chmod(name, mode | bits, dir_fd=dir_fd, follow_symlinks=False)
-    except OSError:
+    except (OSError, NotImplementedError):  # NotImplementedError: a platform without fchmodat's no-follow
         return None
     return mode
 
 
 def _put_back(name: str, dir_fd: int | None, mode: int | None) -> None:
     if mode is not None:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, NotImplementedError):
             os.chmod(name, mode, dir_fd=dir_fd, follow_symlinks=False)
 
 
