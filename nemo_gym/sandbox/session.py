@@ -91,6 +91,8 @@ LOG = logging.getLogger("nemo_gym.sandbox")
 
 SESSION_WORKDIR = "/workspace"
 _AGENT = Path(__file__).with_name("session_agent.py")
+# Read once, with the module: each process's sessions dir gets a copy, which its sandboxes bind (below).
+_AGENT_SOURCE = _AGENT.read_bytes()
 _AGENT_INSIDE = "/opt/nemo_gym/session_agent.py"
 _ROOT_PREFIX = "nemo-gym-sessions-"  # + owner pid + "-": one dir per process (layers and sessions' dirs)
 _QUOTA_POLL_S = 0.5
@@ -226,6 +228,9 @@ def _root(workdir_root: str | None) -> Path:
         root = Path(tempfile.mkdtemp(prefix=f"{_ROOT_PREFIX}{os.getpid()}-", dir=base))
         (root / "layers").mkdir()
         (root / "sessions").mkdir()
+        # The sandboxes bind this copy of their agent, not the installed file: bubblewrap opens it as the
+        # server's user, in a user namespace, which may not reach the installation (another user's dir).
+        (root / _AGENT.name).write_bytes(_AGENT_SOURCE)
         _ROOT[key] = root
     return root
 
@@ -511,7 +516,7 @@ class SandboxSession:
                 env={},
                 status_fd=null,
                 tmp_bytes=resources.tmp_size_mib << 20,
-                extra_ro_binds=((str(_AGENT), _AGENT_INSIDE),),
+                extra_ro_binds=((str(root / _AGENT.name), _AGENT_INSIDE),),
             )
             launcher = _launcher_args(
                 resources,
