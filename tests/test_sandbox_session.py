@@ -206,6 +206,42 @@ async def test_memory_held_by_many_processes_together_is_bounded() -> None:
         await _close_and_check(session)
 
 
+_MEMFDS = """python3 -c "
+import os, time
+fds = [os.memfd_create('held') for _ in range(3)]
+for fd in fds:
+    with os.fdopen(fd, 'wb', closefd=False) as f:
+        for _ in range(100):
+            f.write(bytes(1 << 20))
+print('held', flush=True)
+time.sleep(3)
+" """
+
+
+async def test_memory_no_process_maps_is_bounded_too() -> None:
+    """Memory a process holds without mapping it: files in /dev (bubblewrap's /dev is an unbounded tmpfs)
+    and memfds written with write(2). A memory cgroup charges both; rlimits see neither. Before: as a user
+    (no cgroup) 430 MB went into /dev/shm and 450 MiB into three memfds under a 256 MiB session, unseen.
+    Now /dev is read-only and /dev/shm a tmpfs capped like /tmp, and the agent counts the memfds that the
+    sandbox's processes hold."""
+    session = await SandboxSession.start(limits={**FAST, "memory_mib": 256, "tmp_size_mib": 16})
+    try:
+        shm = await session.exec("echo x > /dev/evil; head -c 20000000 /dev/zero > /dev/shm/big; echo done")
+        assert "Read-only file system" in shm.stderr and "No space left on device" in shm.stderr, shm
+        assert (await session.exec("rm /dev/shm/big && echo gone")).stdout == "gone\n"
+        memory = session.enforcement.memory
+        try:
+            held = await session.exec(_MEMFDS, timeout=8)
+        except SessionClosedError as exc:  # a memory cgroup's OOM killer may take the agent itself
+            assert memory == "cgroup" and "OOM" in str(exc), exc
+            return
+        assert held.oom_killed and held.error_type == "oom", held
+        assert (await session.exec("echo fine")).stdout == "fine\n"
+    finally:
+        if session.closed is None:
+            await _close_and_check(session)
+
+
 async def test_a_cancelled_call_stops_its_command_and_the_next_call_gets_its_own_answer() -> None:
     session = await SandboxSession.start(limits=FAST)
     try:

@@ -23,9 +23,9 @@ Contract
   (bytes) and ``watch_tasks``: while its user code runs the agent samples its pid namespace every 0.2 s
   (and when the code returns or is stopped): the tasks (threads and unreaped zombies included: what
   RLIMIT_NPROC counts; the processes alone are counted every 0.02 s), reported as ``peak_tasks``, and
-  the memory of its processes (each one's PSS,
-  its RSS where its smaps cannot be read); past ``watch_mem`` the code is stopped (reason ``memory``;
-  a kernel call's kernel is killed, as the OOM killer would) and the answer says how much was held.
+  the memory of its processes (each one's PSS, its RSS where its smaps cannot be read, and the memfds
+  they hold open); past ``watch_mem`` the code is stopped (reason ``memory``; a kernel call's kernel is
+  killed, as the OOM killer would) and the answer says how much was held.
 * Why a separate agent process and not one bwrap per command: a command then costs one spawn inside an
   already set-up sandbox (no namespaces, mounts or cgroups to make), and the kernel can live across
   calls. Why so few imports (``os.posix_spawn`` and ``select.epoll``, not subprocess and selectors): the
@@ -156,10 +156,35 @@ def _pss(pid: str) -> int | None:
     return None
 
 
+def _memfds(pid: str, seen: set[tuple[int, int]]) -> int:
+    """What the memfds a process holds open contain (shared memory of no file system and, unmapped, of no
+    process's RSS: written with write(2), it would pass any rlimit). Each one counted once (``seen``); a
+    process whose fds cannot be read (it made itself non-dumpable) is not counted here."""
+    total = 0
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return 0
+    for fd in fds:
+        path = f"/proc/{pid}/fd/{fd}"
+        try:
+            if not os.readlink(path).startswith("/memfd:"):
+                continue
+            st = os.stat(path)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_blocks * 512
+    return total
+
+
 def _tasks_and_memory(want_memory: bool) -> tuple[int, int]:
     """The tasks of this sandbox's pid namespace (threads and unreaped zombies included: what RLIMIT_NPROC
-    counts) and, if wanted, the memory its processes hold (PSS; RSS where smaps cannot be read)."""
+    counts) and, if wanted, the memory its processes hold (PSS, RSS where smaps cannot be read, and the
+    memfds they hold open)."""
     tasks = memory = 0
+    memfds: set[tuple[int, int]] = set()
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -172,7 +197,7 @@ def _tasks_and_memory(want_memory: bool) -> tuple[int, int]:
         tasks += max(1, threads)
         if want_memory:
             pss = _pss(name)
-            memory += pss if pss is not None else rss * _PAGE
+            memory += (pss if pss is not None else rss * _PAGE) + _memfds(name, memfds)
     return tasks, memory
 
 
