@@ -133,6 +133,7 @@ def _runs_as(proc: psutil.Process, user: pwd.struct_passwd) -> bool:
     return uids is not None and uids.real == user.pw_uid and status != psutil.STATUS_ZOMBIE
 
 
+@pytest.mark.slow
 def test_sessions_work_for_an_unprivileged_user(user_home: tuple[pwd.struct_passwd | None, Path]) -> None:
     """Every session test, the killed holder, workspace_tasks and math_with_code, as the unprivileged user:
     the workspace in a user namespace of the session's own (the kernel's overlayfs here)."""
