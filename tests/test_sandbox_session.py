@@ -1,6 +1,12 @@
 """Sandbox sessions (``nemo_gym.sandbox.SandboxSession``): a long-lived sandbox per rollout, its kernel,
 its limits, snapshots and forks, and the bad input the issue lists (real bubblewrap, real overlayfs).
 
+These run as the suite's user (root in CI: the overlay mounted by root, cgroups for memory and processes)
+and again as an unprivileged user (tests/test_sandbox_session_unprivileged.py runs this file's tests as
+one: the overlay in a user namespace, rlimits and the agent's samples for the limits). Where the two
+modes differ in what they can enforce, a test asserts each mode's own behaviour
+(``session.enforcement``), never skips it.
+
 Every test closes its sessions and checks that nothing is left: no process of the sandbox, no cgroup, no
 session dir. Isolation is checked as the escape tests do, from inside: what one session can see of
 another's files and processes, before and after a fork.
@@ -12,6 +18,7 @@ import asyncio
 import io
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -124,13 +131,25 @@ async def test_bad_commands_are_contained_and_the_session_goes_on() -> None:
         assert flood.wall_time_s < 5
         # A fork bomb hits the session's pids limit and is killed with the command.
         bomb = await session.exec("b() { b | b & }; b; sleep 2", timeout=4)
-        assert bomb.pids_limit_hit
+        if session.enforcement.processes == "cgroup":
+            assert bomb.pids_limit_hit, bomb  # the pids cgroup counts every fork it refused
+        else:
+            # RLIMIT_NPROC (in the session's user namespace) refuses the forks just the same; that the limit
+            # was reached is known from the agent's samples of the sandbox's tasks (every 0.02 s), which a
+            # bomb that collapses between two may slip. One that holds its processes is always seen.
+            assert "Cannot fork" in bomb.stderr, bomb
+            held = await session.exec("for i in $(seq 100); do sleep 5 & done; wait", timeout=8)
+            assert held.pids_limit_hit and "Cannot fork" in held.stderr, held
         # A command past its wall time is killed.
         slow = await session.exec("sleep 30", timeout=1)
         assert slow.timed_out and slow.error_type == "timeout"
-        # A memory bomb is OOM-killed by the session's memory cgroup.
+        # A memory bomb is OOM-killed by the session's memory cgroup; without one, RLIMIT_AS refuses the
+        # allocation in the process itself (its own error, here Python's MemoryError).
         oom = await session.exec(["python3", "-c", "x = bytearray(600 << 20); print(len(x))"])
-        assert oom.oom_killed and oom.error_type == "oom"
+        if session.enforcement.memory == "cgroup":
+            assert oom.oom_killed and oom.error_type == "oom", oom
+        else:
+            assert oom.return_code == 1 and "MemoryError" in oom.stderr and not oom.stdout, oom
         # Nothing outside /workspace (and /tmp) is writable.
         for target in ("/usr/evil", "/etc/evil", "/evil", "/opt/nemo_gym/session_agent.py"):
             r = await session.exec(f"echo x > {target}")
@@ -141,6 +160,86 @@ async def test_bad_commands_are_contained_and_the_session_goes_on() -> None:
         assert (await other.exec("echo other")).stdout == "other\n"
     finally:
         await _close_and_check(session, other)
+
+
+async def test_a_session_reaches_no_network_no_host_process_and_no_new_namespace() -> None:
+    """From inside, as the model would try: our own servers on 127.0.0.1, the host's processes, the repo,
+    capabilities, a new user namespace, a mount. Root's sessions and a user's (whose sandbox sits in a user
+    namespace where that user is root, one level up) must refuse them all alike."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    repo = Path(__file__).resolve().parents[1]
+    session = await SandboxSession.start(limits=FAST)
+    try:
+        probe = (
+            f"python3 -c \"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+            "    print('connected')\nexcept OSError as e:\n    print('refused', e.errno)\"; "
+            "ls /proc | grep -c '^[0-9]'; grep CapEff /proc/self/status; "
+            f"test -e {repo}/pyproject.toml && echo repo-visible; "
+            "unshare --user true 2>/dev/null && echo userns-made; "
+            "mkdir -p /tmp/m && mount -t tmpfs x /tmp/m 2>/dev/null && echo mounted; echo end"
+        )
+        r = await session.exec(probe)
+        lines = r.stdout.splitlines()
+        assert lines[0].startswith("refused") and int(lines[1]) < 10, r
+        assert lines[2].split() == ["CapEff:", "0000000000000000"] and lines[3:] == ["end"], r
+    finally:
+        listener.close()
+        await _close_and_check(session)
+
+
+async def test_memory_held_by_many_processes_together_is_bounded() -> None:
+    """Three processes of 120 MiB each under a 256 MiB session: the memory cgroup OOM-kills one; without
+    one (not root) no process passes its own RLIMIT_AS, and the agent's samples of the sandbox's total stop
+    the command. Either way the result says oom, and the session goes on."""
+    session = await SandboxSession.start(limits={**FAST, "memory_mib": 256})
+    try:
+        hog = "python3 -c 'import time; x = bytearray(120 << 20); time.sleep(2)'"
+        r = await session.exec(f"{hog} & {hog} & {hog} & wait; echo waited", timeout=8)
+        assert r.oom_killed and r.error_type == "oom" and not r.timed_out, r
+        if session.enforcement.memory == "rlimit":
+            assert "[out of memory: the sandbox's processes held" in r.stderr and "waited" not in r.stdout
+        assert (await session.exec("echo fine")).stdout == "fine\n"
+    finally:
+        await _close_and_check(session)
+
+
+_MEMFDS = """python3 -c "
+import os, time
+fds = [os.memfd_create('held') for _ in range(3)]
+for fd in fds:
+    with os.fdopen(fd, 'wb', closefd=False) as f:
+        for _ in range(100):
+            f.write(bytes(1 << 20))
+print('held', flush=True)
+time.sleep(3)
+" """
+
+
+async def test_memory_no_process_maps_is_bounded_too() -> None:
+    """Memory a process holds without mapping it: files in /dev (bubblewrap's /dev is an unbounded tmpfs)
+    and memfds written with write(2). A memory cgroup charges both; rlimits see neither. Before: as a user
+    (no cgroup) 430 MB went into /dev/shm and 450 MiB into three memfds under a 256 MiB session, unseen.
+    Now /dev is read-only and /dev/shm a tmpfs capped like /tmp, and the agent counts the memfds that the
+    sandbox's processes hold."""
+    session = await SandboxSession.start(limits={**FAST, "memory_mib": 256, "tmp_size_mib": 16})
+    try:
+        shm = await session.exec("echo x > /dev/evil; head -c 20000000 /dev/zero > /dev/shm/big; echo done")
+        assert "Read-only file system" in shm.stderr and "No space left on device" in shm.stderr, shm
+        assert (await session.exec("rm /dev/shm/big && echo gone")).stdout == "gone\n"
+        memory = session.enforcement.memory
+        try:
+            held = await session.exec(_MEMFDS, timeout=8)
+        except SessionClosedError as exc:  # a memory cgroup's OOM killer may take the agent itself
+            assert memory == "cgroup" and "OOM" in str(exc), exc
+            return
+        assert held.oom_killed and held.error_type == "oom", held
+        assert (await session.exec("echo fine")).stdout == "fine\n"
+    finally:
+        if session.closed is None:
+            await _close_and_check(session)
 
 
 async def test_a_cancelled_call_stops_its_command_and_the_next_call_gets_its_own_answer() -> None:
@@ -243,6 +342,50 @@ async def test_a_kernel_recovers_after_cells_that_fork_loop_and_leave_processes_
         assert (await session.run_python("print(1 + 1)")).stdout == "2\n"
     finally:
         await _close_and_check(session)
+
+
+async def test_dirs_the_sandbox_locked_are_still_counted_snapshotted_and_removed() -> None:
+    """Not root, the sandbox's files are the host user's own, and ``chmod 000`` takes that user's access
+    away (root's DAC override ignores it). Before the walks opened such dirs for themselves (as that
+    user): the quota counted 4 KiB of a 12 MB file in a locked dir, a snapshot failed with
+    PermissionError (a verifier's 503) and closing left the files on the host. Modes are put back."""
+    session = await SandboxSession.start(limits={**FAST, "disk_quota_mib": 8, "file_size_mib": 16})
+    assert session._sandbox is not None
+    dirs = session._sandbox.dirs
+    try:
+        lock = (
+            "mkdir -p locked/inner && echo secret > locked/inner/s.txt && chmod 000 locked/inner/s.txt "
+            "&& chmod 000 locked/inner && chmod 100 locked && echo locked"
+        )
+        assert (await session.exec(lock)).stdout == "locked\n"
+        snap = await session.snapshot()
+        fork = await session.fork(snap)
+        try:
+            read = await fork.exec(
+                "stat -c %a locked locked/inner; chmod 700 locked locked/inner; chmod 600 locked/inner/s.txt; "
+                "cat locked/inner/s.txt"
+            )
+            assert read.stdout == "100\n0\nsecret\n", read
+        finally:
+            await _close_and_check(fork)
+        modes = await session.exec("stat -c %a locked; chmod 700 locked; stat -c %a locked/inner")
+        assert modes.stdout == "100\n0\n", modes  # the session's own modes: as it set them
+        # 12 MB in a dir locked at once (before the 0.5 s poll): counted after the command, past 8 MiB.
+        hidden = await session.exec("mkdir hide && head -c 12000000 /dev/zero > hide/big && chmod 000 hide")
+        assert hidden.error_type == "disk_quota", hidden
+        with pytest.raises(ValueError, match="disk quota"):
+            await session.write_file("more.txt", "x")
+        # The workspace's own top, locked: still counted.
+        top = await session.exec("chmod 000 /workspace")
+        assert top.error_type == "disk_quota", top
+        assert (await session.usage()).workspace_bytes >= 12_000_000
+    finally:
+        await _close_and_check(session)
+    left = [dirs, dirs.with_name(f".{dirs.name}.removed")]  # a session's dir: renamed, then removed
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(p.exists() for p in left):
+        await asyncio.sleep(0.05)
+    assert not any(p.exists() for p in left), f"left on the host: {[p for p in left if p.exists()]}"
 
 
 async def test_file_operations_stay_inside_the_workspace() -> None:
@@ -359,6 +502,33 @@ async def test_a_write_in_a_fork_never_changes_the_snapshot_or_a_sibling() -> No
         await _close_and_check(*reversed(sessions))
 
 
+async def test_opaque_dirs_and_whiteouts_reach_a_snapshot() -> None:
+    """What a session deleted and replaced is what its snapshot holds, whichever way its overlay marks that
+    in the upper dir: a deleted file or dir (a whiteout), a dir deleted and made again (opaque: none of
+    the layer's entries come back), a file replaced by a dir. Root's overlay marks an opaque dir with a
+    trusted.* xattr, a user namespace's with a user.* one, fuse-overlayfs with its own xattr and file."""
+    files = {"gone.txt": "g", "d/a.txt": "a", "d/b.txt": "b", "keep/k.txt": "k", "swap": "file"}
+    base = await SandboxSession.start(files=files, limits=FAST)
+    sessions = [base]
+    try:
+        first = await base.snapshot()
+        work = await base.fork(first)
+        sessions.append(work)
+        changed = "rm gone.txt && rm -r d && mkdir d && echo c > d/c.txt && rm swap && mkdir swap && echo s > swap/in"
+        assert (await work.exec(changed)).ok
+        second = await work.snapshot()
+        check = await work.fork(second)
+        sessions.append(check)
+        seen = await check.exec("find . | sort; cat d/c.txt swap/in")
+        listing = [".", "./d", "./d/c.txt", "./keep", "./keep/k.txt", "./swap", "./swap/in", "c", "s"]
+        assert seen.stdout.splitlines() == listing, seen
+        layer = _LAYERS[second].path
+        assert sorted(p.name for p in layer.iterdir()) == ["d", "keep", "swap"]
+        assert not any(p.name.startswith(".wh.") for p in layer.rglob("*"))  # no marker copied
+    finally:
+        await _close_and_check(*reversed(sessions))
+
+
 async def test_restore_rolls_back_and_other_sessions_snapshots_are_refused() -> None:
     a = await SandboxSession.start(files={"state.txt": "v1\n"}, limits=FAST)
     b = await SandboxSession.start(limits=FAST)
@@ -423,7 +593,8 @@ async def test_a_fork_copies_nothing(tmp_path: Path) -> None:
         assert (await base.exec("echo changed > d0/f0.txt; cp /bin/true suid; chmod 4755 suid")).ok
         snap = await base.snapshot()
         layer = _LAYERS[snap].path
-        # The sandbox's uid is root's on the host: a set-uid bit it set never reaches a layer.
+        # The sandbox's uid is root's on the host (the server's user's, not root): a set-uid bit it set
+        # never reaches a layer.
         assert not os.stat(layer / "suid").st_mode & 0o6000
         assert oct(os.stat(_LAYERS[snap].path.parents[1]).st_mode & 0o777) == "0o700"
         assert os.stat(layer / "d1" / "f1.txt").st_nlink >= 2  # linked from the base, not copied
@@ -477,26 +648,36 @@ async def test_a_tree_past_any_recursion_and_path_max_is_snapshotted_counted_and
     dirs = session._sandbox.dirs
     try:
         built = await session.exec(_WILD_TREE)
-        assert built.stdout == "built\n", built
+        # fuse-overlayfs (not root, a kernel without its own overlay for users) works on full paths: past
+        # PATH_MAX it refuses (ENAMETOOLONG), so there no such path can be built; 1,500 nested dirs can.
+        fuse = session.enforcement.mount == "fuse"
+        if fuse:
+            assert built.return_code == 1 and "File name too long" in built.stderr, built
+        else:
+            assert built.stdout == "built\n", built
         snap = await session.snapshot()
         layer = _LAYERS[snap].path
         fork = await session.fork(snap)
         try:
             found = await fork.exec(_READ_BACK)
-            assert found.stdout == "deepfar\n", found
+            if fuse:
+                assert (await fork.exec(f"cat {'d/' * 1500}deep.txt")).stdout == "deep", found
+            else:
+                assert found.stdout == "deepfar\n", found
         finally:
             await _close_and_check(fork)
-        # 12 MB under a path past PATH_MAX: counted, so the command is stopped at the 8 MiB quota.
+        # 12 MB under a path past PATH_MAX (fuse: 1,500 dirs down): counted, so the command is stopped at
+        # the 8 MiB quota.
+        down = "os.chdir('d/' * 1500)" if fuse else "for _ in range(30):\n    os.chdir('L' * 200)"
         deep_write = (
-            "python3 -c \"import os\nfor _ in range(30):\n    os.chdir('L' * 200)\n"
-            "open('big', 'wb').write(bytes(12000000))\"; sleep 3; echo done"
+            f"python3 -c \"import os\n{down}\nopen('big', 'wb').write(bytes(12000000))\"; sleep 3; echo done"
         )
         over = await session.exec(deep_write)
         assert over.error_type == "disk_quota", over
     finally:
         await _close_and_check(session)
     left = [layer, dirs, dirs.with_name(f".{dirs.name}.removed")]  # a session's dir: renamed, then removed
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline and any(p.exists() for p in left):
         await asyncio.sleep(0.05)
     assert not any(p.exists() for p in left), f"left on the host: {[p for p in left if p.exists()]}"

@@ -5,14 +5,15 @@ Contract
 --------
 * :meth:`SandboxSession.start` starts one sandbox (the same isolation as a one-shot run,
   :mod:`nemo_gym.sandbox.bwrap`: every namespace, no network, uid 65534, host ``/usr`` read-only, a
-  read-only root) whose only writable places are ``/workspace`` and a size-capped ``/tmp``. Inside runs
+  read-only root) whose only writable places are ``/workspace`` and size-capped ``/tmp`` and ``/dev/shm``
+  (``tmp_size_mib`` each; the rest of ``/dev`` is read-only). Inside runs
   an agent (:mod:`nemo_gym.sandbox.session_agent`); :meth:`~SandboxSession.exec` runs a program in it
   (a string: ``/bin/sh -c``), :meth:`~SandboxSession.run_python` runs code in a persistent kernel whose
   variables survive between calls, :meth:`~SandboxSession.read_file` / :meth:`~SandboxSession.write_file`
   / :meth:`~SandboxSession.list_dir` work on the workspace (a path that resolves outside it, e.g. through
   a symlink, is refused with ``ValueError``). One operation at a time per session (they queue).
 * Limits (:class:`SessionLimits`): the sandbox's memory and process count for the whole session (one
-  memory and one pids cgroup, :mod:`nemo_gym.sandbox.cgroups`); per command: wall time, CPU time, file
+  memory and one pids cgroup, :mod:`nemo_gym.sandbox.cgroups`; without them, below); per command: wall time, CPU time, file
   size, open files, output cap (past it the command is killed and a marker line added); a disk quota on
   what the session writes to the workspace, counting what each file can become (its size even where it
   is sparse: eight sparse 255 MB files are 2 GB, not 16 KB) (checked every 0.5 s while a command runs, which is then
@@ -40,7 +41,13 @@ Contract
   file of the layer copies it up first (the kernel does it: ``echo >>``, ``sed -i``, ``open('f', 'r+')``
   alike), so a fork costs a sandbox start and no copy. A snapshot is a new layer: hard links to the old
   layer's files (immutable, so sharing inodes is safe) plus copies of the files the session changed.
-  Needs root (mounting overlayfs); without it :class:`~nemo_gym.sandbox.errors.SandboxUnavailableError`.
+* Root or not (:mod:`nemo_gym.sandbox.session_mount`): root mounts the overlay in that namespace; a
+  server that is not root mounts it in a user namespace of the session's own (the kernel's overlayfs,
+  Linux >= 5.11, or fuse-overlayfs), and where no cgroup is writable its limits are rlimits (RLIMIT_NPROC
+  set inside that namespace, RLIMIT_AS per process) plus the agent's samples of the sandbox's memory
+  (past ``memory_mib`` the code is stopped: ``oom_killed``) and tasks (``pids_limit_hit``).
+  :attr:`SandboxSession.enforcement` says which; docs/sandbox.md, "Sessions without root", says what each
+  enforces. No way to mount here: :class:`~nemo_gym.sandbox.errors.SandboxUnavailableError` naming why.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ import logging
 import marshal
 import math
 import os
+import resource
 import secrets
 import shutil
 import signal
@@ -74,6 +82,7 @@ from nemo_gym.sandbox.bwrap import BubblewrapBackend
 from nemo_gym.sandbox.cgroups import RunCgroup
 from nemo_gym.sandbox.errors import SandboxBusyError, SandboxError, SandboxUnavailableError
 from nemo_gym.sandbox.launch import _launcher_args
+from nemo_gym.sandbox.session_mount import WorkspaceMount, workspace_mount
 from nemo_gym.sandbox.slots import _SLOTS, _Slots
 from nemo_gym.sandbox.spec import SandboxExecResult, SandboxProviderConfig, SandboxResources, safe_relative
 from nemo_gym.sandbox.warm import _sweep_dead_owners_dirs
@@ -83,15 +92,10 @@ LOG = logging.getLogger("nemo_gym.sandbox")
 
 SESSION_WORKDIR = "/workspace"
 _AGENT = Path(__file__).with_name("session_agent.py")
+# Read once, with the module: each process's sessions dir gets a copy, which its sandboxes bind (below).
+_AGENT_SOURCE = _AGENT.read_bytes()
 _AGENT_INSIDE = "/opt/nemo_gym/session_agent.py"
 _ROOT_PREFIX = "nemo-gym-sessions-"  # + owner pid + "-": one dir per process (layers and sessions' dirs)
-# Mounts the workspace in the private mount namespace `unshare -m` made, then execs bwrap. The layer is the
-# only lower dir: overlayfs never writes it; redirect_dir/metacopy off keep the upper dir self-contained
-# (a renamed dir is copied, a changed file's data is in the upper dir), so a snapshot can read it alone.
-_MOUNT = (
-    'mount -t overlay nemo-gym-workspace -o "lowerdir=$1,upperdir=$2,workdir=$3,redirect_dir=off,'
-    'metacopy=off,index=off" "$4" || exit 121; shift 4; exec "$@"'
-)
 _QUOTA_POLL_S = 0.5
 
 
@@ -169,6 +173,23 @@ class SessionUsage:
     cpu_time_s: float | None
 
 
+@dataclass(frozen=True)
+class SessionEnforcement:
+    """:attr:`SandboxSession.enforcement`: how this session's workspace is mounted and its limits held
+    (docs/sandbox.md, "Sessions without root"). ``mount``: ``root`` (the kernel's overlayfs, mounted by
+    root), ``userns`` (the kernel's, in a user namespace of the session's own) or ``fuse``
+    (fuse-overlayfs there). ``memory``: ``cgroup`` (one memory cgroup for the sandbox: OOM-killed past it)
+    or ``rlimit`` (RLIMIT_AS per process, and the sandbox's total sampled every 0.2 s while user code
+    runs: stopped past it). ``processes``: ``cgroup`` (one pids cgroup) or ``rlimit`` (RLIMIT_NPROC in the
+    session's user namespace; ``pids_limit_hit`` from samples). ``cpu_time``: results carry the sandbox's
+    CPU seconds (a cpuacct cgroup), else ``cpu_time_s`` is None."""
+
+    mount: str
+    memory: str
+    processes: str
+    cpu_time: bool
+
+
 class SessionClosedError(SandboxError):
     """The session is closed (by ``close()``, its idle timeout, its lifetime, or its sandbox dying)."""
 
@@ -208,6 +229,9 @@ def _root(workdir_root: str | None) -> Path:
         root = Path(tempfile.mkdtemp(prefix=f"{_ROOT_PREFIX}{os.getpid()}-", dir=base))
         (root / "layers").mkdir()
         (root / "sessions").mkdir()
+        # The sandboxes bind this copy of their agent, not the installed file: bubblewrap opens it as the
+        # server's user, in a user namespace, which may not reach the installation (another user's dir).
+        (root / _AGENT.name).write_bytes(_AGENT_SOURCE)
         _ROOT[key] = root
     return root
 
@@ -299,10 +323,14 @@ async def _used_bytes(upper: Path) -> int:
 class _Sandbox:
     """The running sandbox of a session (replaced on restore): its process, cgroups and overlay dirs."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, cgroups: RunCgroup, dirs: Path) -> None:
+    def __init__(
+        self, proc: asyncio.subprocess.Process, cgroups: RunCgroup, dirs: Path, mount: WorkspaceMount
+    ) -> None:
         self.proc = proc
         self.cgroups = cgroups
         self.dirs = dirs  # upper/, work/, merged/
+        self.mount = mount
+        self.nproc: int | None = None  # RLIMIT_NPROC set in its user namespace (not root, no pids cgroup)
         self.stderr_tail = bytearray()
         self.stderr_task: asyncio.Task | None = None
         self.dead = False
@@ -401,6 +429,7 @@ class SandboxSession:
         self._watchdog: asyncio.Task | None = None
         self._slot: asyncio.Semaphore | None = None
         self._snapshots: set[str] = set()
+        self._mount: WorkspaceMount | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -436,7 +465,7 @@ class SandboxSession:
 
     async def _open(self, files: Mapping[str, str | bytes] | None) -> None:
         self._backend.check()
-        _check_sessions_possible()
+        self._mount = workspace_mount(_root(self._config.workdir_root))
         _SESSION_SLOTS.set_limit(self.limits.max_sessions)
         sem = _SESSION_SLOTS.semaphore()
         try:
@@ -471,7 +500,13 @@ class SandboxSession:
             if any(c in str(p) for c in ",:\\\"'"):
                 raise SandboxError(f"session dir {str(p)!r} has a character overlayfs options cannot carry")
         resources = self.limits._sandbox_resources()
+        mount = self._mount or workspace_mount(root)
         cgroups = self._backend.cgroup_driver().create(resources, always_memory=True)
+        # Not root and no pids cgroup: RLIMIT_NPROC, set inside the session's user namespace (so that it
+        # counts the session's tasks, not all of this user's), never by the launcher before it.
+        nproc = None
+        if not mount.privileged and not cgroups.limits_processes:
+            nproc = min(self.limits.processes, _hard_nproc())
         null = os.open(os.devnull, os.O_WRONLY)
         try:
             inner = self._backend._bwrap_argv(
@@ -482,30 +517,17 @@ class SandboxSession:
                 env={},
                 status_fd=null,
                 tmp_bytes=resources.tmp_size_mib << 20,
-                extra_ro_binds=((str(_AGENT), _AGENT_INSIDE),),
+                extra_ro_binds=((str(root / _AGENT.name), _AGENT_INSIDE),),
             )
+            inner = _shm_capped(inner, resources.tmp_size_mib << 20)
             launcher = _launcher_args(
                 resources,
                 cgroups.procs_files(),
                 memory_by_cgroup=cgroups.memory_limited,
-                pids_by_cgroup=cgroups.limits_processes,
+                pids_by_cgroup=cgroups.limits_processes or not mount.privileged,
             )
-            argv = [
-                *launcher,
-                "unshare",
-                "--mount",
-                "--propagation",
-                "private",
-                "/bin/sh",
-                "-c",
-                _MOUNT,
-                "mount-workspace",
-                str(self._layer.path),
-                str(dirs / "upper"),
-                str(dirs / "work"),
-                str(dirs / "merged"),
-                *inner,
-            ]
+            mounting = mount.argv(self._layer.path, dirs / "upper", dirs / "work", dirs / "merged", nproc)
+            argv = [*launcher, *mounting, *inner]
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.PIPE,
@@ -523,7 +545,8 @@ class SandboxSession:
             raise SandboxError(f"cannot start the session's sandbox: {exc}") from exc
         finally:
             os.close(null)
-        sandbox = _Sandbox(proc, cgroups, dirs)
+        sandbox = _Sandbox(proc, cgroups, dirs, mount)
+        sandbox.nproc = nproc
         sandbox.stderr_task = asyncio.get_running_loop().create_task(sandbox.drain_stderr())
         try:
             hello = await asyncio.wait_for(sandbox.receive(), 30)
@@ -604,6 +627,17 @@ class SandboxSession:
         )
 
     @property
+    def enforcement(self) -> SessionEnforcement:
+        """How this session's workspace is mounted and its limits held here (see :class:`SessionEnforcement`)."""
+        sandbox = self._check_open()
+        return SessionEnforcement(
+            mount=sandbox.mount.kind,
+            memory="cgroup" if sandbox.cgroups.memory_limited else "rlimit",
+            processes="cgroup" if sandbox.cgroups.limits_processes else "rlimit",
+            cpu_time=sandbox.cgroups.cpu_time_s() is not None,
+        )
+
+    @property
     def closed(self) -> str | None:
         """Why the session closed, or None while it is open."""
         return self._closed
@@ -671,7 +705,14 @@ class SandboxSession:
                 after = _counters(sandbox.cgroups)
                 after["wall"] = time.monotonic() - start
                 after["used"] = await _used_bytes(sandbox.upper)
-                return reply, {k: after[k] - before.get(k, 0) for k in after}
+                delta = {k: after[k] - before.get(k, 0) for k in after}
+                if sandbox.nproc is not None and isinstance(reply.get("peak_tasks"), int):
+                    # RLIMIT_NPROC counts the sandbox's tasks and the few outside its pid namespace. Within
+                    # one of the limit counts as hit: the task whose fork was refused often exits at once
+                    # (a shell that cannot fork does), so the samples after it see the limit less one.
+                    if reply["peak_tasks"] + sandbox.mount.outside_tasks >= sandbox.nproc - 1:
+                        delta["pids_max"] += 1
+                return reply, delta
             except TimeoutError:
                 raise SandboxBusyError(
                     f"no sandbox slot became free within queue_timeout_s={self._config.queue_timeout_s:g} s"
@@ -685,13 +726,18 @@ class SandboxSession:
         stderr = base64.b64decode(reply.get("stderr", "")).decode(errors="replace")
         rc = int(reply["rc"])
         reason = reply.get("reason")
-        oom = delta["oom"] > 0
+        oom = delta["oom"] > 0 or reason == "memory"
         timed_out = reason == "timeout" or rc == 128 + signal.SIGXCPU
         over = delta["used"] > self.limits.disk_quota_mib << 20
         if reply.get("out_trunc"):
             stdout += f"\n[output truncated: more than {cap} bytes; the command was stopped]\n"
         if reply.get("err_trunc"):
             stderr += f"\n[output truncated: more than {cap} bytes; the command was stopped]\n"
+        if reason == "memory":
+            stderr += (
+                f"\n[out of memory: the sandbox's processes held {int(reply.get('memory', 0)) / 2**20:.0f} MiB, "
+                f"past memory_mib={self.limits.memory_mib}; stopped]\n"
+            )
         if reply.get("kernel_lost"):
             stderr += "\n[kernel restarted: it did not stop in time or died; its variables are lost]\n"
         if over or reason == "disk_quota":
@@ -769,9 +815,14 @@ class SandboxSession:
         return self._result(reply, delta, self.limits.output_limit_bytes)
 
     def _rlimits(self) -> dict[str, int]:
+        sandbox = self._check_open()
         return {
             "cpu": max(1, math.ceil(self.limits.command_cpu_time_s)),
             "cap": self.limits.output_limit_bytes,
+            # No memory cgroup: the agent sums its sandbox's memory while user code runs and stops the code
+            # past the limit; no pids cgroup: it reports the most tasks it saw (RLIMIT_NPROC refuses forks).
+            "watch_mem": 0 if sandbox.cgroups.memory_limited else self.limits.memory_mib << 20,
+            "watch_tasks": 0 if sandbox.cgroups.limits_processes else 1,
         }
 
     async def read_file(self, path: str, max_bytes: int = 10_000_000) -> bytes:
@@ -817,9 +868,11 @@ class SandboxSession:
             layer_id, dest = _new_layer_dir(root)
             lower = self._layer.path
 
+            mount = sandbox.mount
+
             def build() -> None:
                 trees.link_tree(lower, dest)
-                trees.apply_upper(sandbox.upper, dest)
+                trees.apply_upper(sandbox.upper, dest, mount.opaque_xattrs, fuse_markers=mount.fuse_markers)
 
             try:
                 await asyncio.to_thread(build)
@@ -875,11 +928,11 @@ class SandboxSession:
 
 
 def _counters(cgroups: RunCgroup) -> dict[str, float]:
-    return {
-        "oom": cgroups.oom_kills(),
-        "pids_max": cgroups.pids_limit_events(),
-        "cpu": cgroups.cpu_time_s() or 0.0,
-    }
+    counters = {"oom": cgroups.oom_kills(), "pids_max": cgroups.pids_limit_events()}
+    cpu = cgroups.cpu_time_s()
+    if cpu is not None:  # without cpuacct (not root) a result's cpu_time_s is None
+        counters["cpu"] = cpu
+    return counters
 
 
 def _command_slot() -> asyncio.Semaphore:
@@ -902,23 +955,20 @@ def _session_config(provider: Mapping[str, Any] | SandboxProviderConfig | None) 
     return config
 
 
-_POSSIBLE: list[bool] = []
+def _shm_capped(bwrap_argv: list[str], size: int) -> list[str]:
+    """A session's /dev read-only and its /dev/shm (POSIX shared memory: multiprocessing's locks and
+    queues) a tmpfs of ``size`` bytes, as /tmp is: bubblewrap's /dev is an unbounded tmpfs the sandbox
+    could write, memory that no rlimit bounds (a memory cgroup would charge it; without one it was a sink
+    of any size past ``memory_mib``)."""
+    at = next(i for i in range(len(bwrap_argv) - 1) if bwrap_argv[i : i + 2] == ["--dev", "/dev"]) + 2
+    shm = ["--size", str(size), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
+    return [*bwrap_argv[:at], *shm, *bwrap_argv[at:]]
 
 
-def _check_sessions_possible() -> None:
-    """Sessions mount an overlayfs in a private mount namespace: that needs root and util-linux."""
-    if _POSSIBLE:
-        return
-    if os.geteuid() != 0:
-        raise SandboxUnavailableError(
-            "sandbox sessions need root (they mount an overlayfs workspace in the sandbox's own mount namespace)"
-        )
-    for tool in ("unshare", "mount"):
-        if shutil.which(tool, path="/usr/sbin:/usr/bin:/sbin:/bin") is None:
-            raise SandboxUnavailableError(
-                f"sandbox sessions need `{tool}` (Debian package util-linux / mount)"
-            )
-    _POSSIBLE.append(True)
+def _hard_nproc() -> int:
+    """This process's hard RLIMIT_NPROC (a session's limit cannot pass it: not root cannot raise it)."""
+    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    return sys.maxsize if hard == resource.RLIM_INFINITY else hard
 
 
 _ATEXIT: list[bool] = []

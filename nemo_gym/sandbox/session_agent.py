@@ -19,6 +19,13 @@ Contract
   the sandbox ends with its server.
 * After every request that ran user code, every process of the sandbox except the namespace's init, the
   agent and the kernel is SIGKILLed: a background process never outlives the command that started it.
+* Without cgroups (a server that is not root, where none is delegated) a request carries ``watch_mem``
+  (bytes) and ``watch_tasks``: while its user code runs the agent samples its pid namespace every 0.2 s
+  (and when the code returns or is stopped): the tasks (threads and unreaped zombies included: what
+  RLIMIT_NPROC counts; the processes alone are counted every 0.02 s), reported as ``peak_tasks``, and
+  the memory of its processes (each one's PSS, its RSS where its smaps cannot be read, and the memfds
+  they hold open); past ``watch_mem`` the code is stopped (reason ``memory``; a kernel call's kernel is
+  killed, as the OOM killer would) and the answer says how much was held.
 * Why a separate agent process and not one bwrap per command: a command then costs one spawn inside an
   already set-up sandbox (no namespaces, mounts or cgroups to make), and the kernel can live across
   calls. Why so few imports (``os.posix_spawn`` and ``select.epoll``, not subprocess and selectors): the
@@ -40,6 +47,9 @@ import time
 
 WORKSPACE = "/workspace"
 _CHUNK = 1 << 16
+_SAMPLE_S = 0.2  # how often tasks and memory are sampled while user code runs without cgroups
+_COUNT_S = 0.02  # ... and how often its processes are counted (a fork bomb sits at its limit for ~0.1 s)
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 _JSON_ESCAPES = {i: f"\\u{i:04x}" for i in range(32)} | {ord('"'): '\\"', ord("\\"): "\\\\"}
 
 
@@ -115,20 +125,80 @@ def _inside(path: str) -> str:
     return full
 
 
-def _others(keep: set[int]) -> list[int]:
-    """Live processes of this sandbox's pid namespace not in ``keep`` (zombies left out: init reaps them)."""
-    pids = []
+def _others(keep: set[int]) -> tuple[list[int], int]:
+    """Live processes of this sandbox's pid namespace not in ``keep``, and how many zombies wait for the
+    namespace's init to reap them (orphans: until then each still counts against the process limit)."""
+    pids, orphans = [], 0
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) in keep:
             continue
         try:
             with open(f"/proc/{name}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
+                fields = f.read().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if state not in (b"Z", b"X"):
+        if fields[0] not in (b"Z", b"X"):
             pids.append(int(name))
-    return pids
+        elif fields[1] == b"1":
+            orphans += 1
+    return pids, orphans
+
+
+def _pss(pid: str) -> int | None:
+    """A process's proportional share of the memory it maps (its own pages, shared ones divided)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _memfds(pid: str, seen: set[tuple[int, int]]) -> int:
+    """What the memfds a process holds open contain (shared memory of no file system and, unmapped, of no
+    process's RSS: written with write(2), it would pass any rlimit). Each one counted once (``seen``); a
+    process whose fds cannot be read (it made itself non-dumpable) is not counted here."""
+    total = 0
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return 0
+    for fd in fds:
+        path = f"/proc/{pid}/fd/{fd}"
+        try:
+            if not os.readlink(path).startswith("/memfd:"):
+                continue
+            st = os.stat(path)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_blocks * 512
+    return total
+
+
+def _tasks_and_memory(want_memory: bool) -> tuple[int, int]:
+    """The tasks of this sandbox's pid namespace (threads and unreaped zombies included: what RLIMIT_NPROC
+    counts) and, if wanted, the memory its processes hold (PSS, RSS where smaps cannot be read, and the
+    memfds they hold open)."""
+    tasks = memory = 0
+    memfds: set[tuple[int, int]] = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            threads, rss = int(fields[17]), int(fields[21])
+        except (OSError, IndexError, ValueError):
+            continue
+        tasks += max(1, threads)
+        if want_memory:
+            pss = _pss(name)
+            memory += (pss if pss is not None else rss * _PAGE) + _memfds(name, memfds)
+    return tasks, memory
 
 
 def _exit_code(status: int) -> int:
@@ -193,6 +263,11 @@ class Agent:
         # The kernel's pipes: request (write end), reply, stdout, stderr (read ends).
         self.kernel_fds: tuple[int, int, int, int] = (-1, -1, -1, -1)
         self.queued: list[dict] = []  # requests that arrived while user code ran
+        # Without cgroups (watch_mem / watch_tasks in the request): what the samples saw.
+        self.watch_mem = 0
+        self.watch_tasks = False
+        self.peak_tasks = 0
+        self.peak_memory = 0
 
     # -- processes ------------------------------------------------------------------------------
 
@@ -204,12 +279,14 @@ class Agent:
 
     def kill_others(self) -> int:
         """SIGKILL every process but init, the agent and the kernel, until none is left (a fork bomb's
-        children appear while its parents die: repeat). Returns how many were killed."""
+        children appear while its parents die: repeat), and until init has reaped them (a killed process
+        counts against the process limit until then: the next command could not start one). Returns how
+        many were killed."""
         killed = 0
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
-            pids = _others(self.keep())
-            if not pids:
+            pids, orphans = _others(self.keep())
+            if not pids and not orphans:
                 break
             for pid in pids:
                 try:
@@ -232,6 +309,36 @@ class Agent:
             return str(message.get("reason", "cancelled"))
         self.queued.append(message)  # the next request (its caller gave up on this one): answered next
         return None
+
+    def watch(self, req: dict) -> bool:
+        """Start watching for this request (without cgroups): True if there is anything to watch."""
+        self.watch_mem = int(req.get("watch_mem") or 0)
+        self.watch_tasks = bool(req.get("watch_tasks"))
+        self.peak_tasks = self.peak_memory = 0
+        return self.watch_mem > 0 or self.watch_tasks
+
+    def count(self) -> None:
+        """A cheap sample between full ones: the processes alone (one listing of /proc)."""
+        if self.watch_tasks:
+            self.peak_tasks = max(self.peak_tasks, sum(name.isdigit() for name in os.listdir("/proc")))
+
+    def sample(self) -> bool:
+        """One sample of the sandbox's tasks and memory; True when the memory is past ``watch_mem``."""
+        if not (self.watch_mem or self.watch_tasks):
+            return False
+        tasks, memory = _tasks_and_memory(self.watch_mem > 0)
+        self.peak_tasks = max(self.peak_tasks, tasks)
+        self.peak_memory = max(self.peak_memory, memory)
+        return self.watch_mem > 0 and memory > self.watch_mem
+
+    def watched(self) -> dict:
+        """What the samples saw, for the answer (nothing when nothing was watched)."""
+        out: dict = {}
+        if self.watch_tasks:
+            out["peak_tasks"] = self.peak_tasks
+        if self.watch_mem:
+            out["memory"] = self.peak_memory
+        return out
 
     def die(self) -> None:
         if self.kernel is not None:
@@ -308,6 +415,8 @@ class Agent:
         trunc = {out_r: False, err_r: False}
         reason: str | None = None
         cap, deadline = int(req["cap"]), start + float(req["timeout"])
+        watching = self.watch(req)
+        next_sample = next_count = start
         poller = select.epoll()
         poller.register(out_r, select.EPOLLIN)
         poller.register(err_r, select.EPOLLIN)
@@ -325,6 +434,7 @@ class Agent:
             nonlocal reason, killed_at
             if reason is None:
                 reason, killed_at = why, time.monotonic()
+                self.sample()  # what it held when it was stopped (a fork bomb at its limit)
             try:
                 os.killpg(child.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -337,6 +447,8 @@ class Agent:
                 # The command returned: anything it left in the background dies now (it may hold the
                 # pipes open), then the pipes are drained to EOF.
                 exited = True
+                if reason is None:
+                    self.sample()
                 self.kill_others()
             if exited and not open_streams:
                 break
@@ -344,7 +456,17 @@ class Agent:
                 kill("timeout")
             if reason is not None and now > killed_at + 5:
                 break  # killed, but something still holds the pipes: give up on them
+            if watching and reason is None and not exited:
+                if now >= next_sample:
+                    next_sample = now + _SAMPLE_S
+                    if self.sample():
+                        kill("memory")
+                elif now >= next_count:
+                    self.count()
+                next_count = now + _COUNT_S
             wait = 0.5 if (reason is not None or exited) else max(0.0, deadline - now)
+            if watching and reason is None and not exited:
+                wait = min(wait, max(0.0, min(next_sample, next_count) - now))
             for fd, _ in poller.poll(wait):
                 if fd == child.pidfd:
                     poller.unregister(fd)  # handled at the top of the loop
@@ -388,6 +510,7 @@ class Agent:
             "err_trunc": trunc[err_r],
             "reason": reason,
             "wall": time.monotonic() - start,
+            **self.watched(),
         }
 
     # -- the kernel -----------------------------------------------------------------------------
@@ -434,6 +557,8 @@ class Agent:
         bufs = {out_r: bytearray(), err_r: bytearray()}
         trunc = {out_r: False, err_r: False}
         cap, deadline = int(req["cap"]), start + float(req["timeout"])
+        watching = self.watch(req)
+        next_sample = start
         poller = select.epoll()
         for fd in (out_r, err_r, rep_r, self.inp):
             poller.register(fd, select.EPOLLIN)
@@ -456,6 +581,15 @@ class Agent:
 
         while reply is None:
             now = time.monotonic()
+            if watching and reason is None and now >= next_sample:
+                next_sample = now + _SAMPLE_S
+                if self.sample():
+                    # Past the memory limit: the kernel is killed (as the OOM killer would), its cell with it.
+                    reason, interrupted_at = "memory", now
+                    kernel.kill()
+                    self.kill_others()
+            elif watching and reason is None:
+                self.count()
             if now > deadline and reason is None:
                 reason, interrupted_at = "timeout", now
                 kernel.kill(signal.SIGINT)  # KeyboardInterrupt: the state survives if it stops
@@ -463,7 +597,7 @@ class Agent:
                 break  # it did not stop: killed below
             if kernel.poll() is not None:
                 break
-            for fd, _ in poller.poll(0.25):
+            for fd, _ in poller.poll(_COUNT_S if self.watch_tasks else _SAMPLE_S if watching else 0.25):
                 if fd == self.inp:
                     event = self.host_event()
                     if event == "eof":
@@ -481,6 +615,8 @@ class Agent:
                 else:
                     read(fd)
         poller.close()
+        if reason is None:
+            self.sample()
         lost = reply is None
         if lost:
             self.stop_kernel()
@@ -507,6 +643,7 @@ class Agent:
             "kernel_lost": lost,
             "kernel_restarted": restarted,
             "wall": time.monotonic() - start,
+            **self.watched(),
         }
 
     def serve(self) -> None:

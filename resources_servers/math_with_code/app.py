@@ -17,11 +17,12 @@ Contract
   recently used idle one is closed). A session whose kernel is gone (closed, killed by its cell, OOM) gets
   a new one at its next call with its last ``max_cells_per_session`` successful cells replayed silently.
   A sandbox that dies under a cell is the cell's error (the model reads it), not a 503.
-* Where sandbox sessions cannot run (not root, another backend: ``SandboxUnavailableError``) and
-  ``kernel: auto``, the server logs it once and falls back to REPLAY (``kernel: replay`` asks for it):
-  each call first re-runs the session's earlier successful cells (their output discarded) and then the
-  new one, in a fresh one-shot sandbox; at most ``max_cells_per_session`` cells are kept (older ones are
-  dropped, the model is told). Sessions are bounded by ``max_sessions`` (oldest dropped).
+* Where sandbox sessions cannot run (no way to mount their workspace, as root or in a user namespace;
+  another backend: ``SandboxUnavailableError``) and ``kernel: auto``, the server logs it once and falls
+  back to REPLAY (``kernel: replay`` asks for it): each call first re-runs the session's earlier
+  successful cells (their output discarded) and then the new one, in a fresh one-shot sandbox; at most
+  ``max_cells_per_session`` cells are kept (older ones are dropped, the model is told). Sessions are
+  bounded by ``max_sessions`` (oldest dropped).
 * ``POST /verify`` (row fields ``expected_result: str``, optional ``expected_code_contains``): the answers
   are the contents of the ``\\boxed{...}`` of the final assistant message (if none, of the last tool
   output whose stdout has one). reward = 1.0 iff there is one and math-verify finds EVERY different one
@@ -91,7 +92,8 @@ class PythonExecutorResourcesServerConfig(BaseResourcesServerConfig):
     max_sessions: int = Field(default=10_000, ge=1, description="Sessions remembered (oldest dropped)")
     kernel: Literal["auto", "session", "replay"] = Field(
         default="auto",
-        description="auto: a persistent kernel per session where sandbox sessions work (bubblewrap, root), "
+        description="auto: a persistent kernel per session where sandbox sessions work (bubblewrap; root, or "
+        "a user namespace with overlayfs or fuse-overlayfs), "
         "else replay (logged); session: kernels or 503; replay: re-run earlier cells at every call",
     )
     max_kernels: int = Field(

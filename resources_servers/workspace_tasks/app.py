@@ -53,8 +53,8 @@ Contract
 * The model's doing is a 0, never a 503: the runner prints ``ready`` before any of the workspace's code
   can run, so from then on a killed or stopped runner (past ``verify_timeout_s``), a sandbox whose agent
   died or stopped answering, and out of memory are failed tests with that reason.
-* Infrastructure is never a reward: a sandbox that cannot start (SandboxUnavailableError, the session
-  bound: SandboxBusyError) or fails, a rollout whose workspace was lost (its sandbox closed at its idle
+* Infrastructure is never a reward: a sandbox that cannot start (SandboxUnavailableError: no way to mount
+  its workspace, as root or in a user namespace; the session bound: SandboxBusyError) or fails, a rollout whose workspace was lost (its sandbox closed at its idle
   timeout or lifetime), or a runner that does not get ready (hidden tests that do not load, a missing
   ``python3`` or ``prctl``) answer 503 (the collector files the rollout in its failures sidecar). A
   workspace of any shape is snapshotted (``nemo_gym.sandbox.trees``: any depth, paths past PATH_MAX,

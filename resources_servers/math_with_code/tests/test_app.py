@@ -330,8 +330,9 @@ def test_replay_mode_still_carries_state(replay: RunHelper) -> None:
 
 @pytest.fixture(scope="module")
 def no_sessions() -> Iterator[RunHelper]:
-    # Sandbox sessions need bubblewrap and root: a backend without them makes SandboxSession.start raise
-    # SandboxUnavailableError, which kernel: auto (the default) turns into replay (logged), as for non-root.
+    # Sandbox sessions need bubblewrap and a workspace mount (root, or a user namespace): a backend without
+    # them makes SandboxSession.start raise SandboxUnavailableError, which kernel: auto (the default) turns
+    # into replay (logged), as where no mount works.
     extra = {ENV: {"resources_servers": {ENV: {"sandbox": {"backend": "unsafe_local_subprocess"}}}}}
     with running_servers([CONFIG], extra) as h:
         yield h
