@@ -236,7 +236,7 @@ for m in tar:
     except (OSError, ValueError) as exc:
         skipped += 1
         if first is None:
-            first = "%s: %s" % (m.name[:200], exc)
+            first = "%s: %s" % (m.name[:200], (getattr(exc, "strerror", None) or str(exc))[:200])
 for path, mode in reversed(dir_modes):
     try:
         os.chmod(path, mode)

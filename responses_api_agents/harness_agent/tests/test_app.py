@@ -34,6 +34,10 @@ LOCAL_MODEL = "responses_api_models/local_model/configs/local_model.yaml"
 RIGHT, WRONG = "shortest year", "chemical symbol for sodium"  # rows 0 (B) and 1 (C) of mcqa's examples
 MARK = f"ngtest{os.getpid()}"  # in the argv of the processes the harnesses leave, to find them on the host
 PROBE = "responses_api_agents/harness_agent/tests/probe_harness.py"
+CALL = (
+    "import sys, openai, os; openai.OpenAI().chat.completions.create(model=os.environ['NG_MODEL'], "
+    "messages=[{'role': 'user', 'content': sys.stdin.read()}])"
+)
 
 
 def _agent(command: list[str], **more: Any) -> dict[str, Any]:
@@ -84,6 +88,15 @@ def stack() -> Iterator[RunHelper]:
         "runs_too_long": _agent(
             ["python", "-c", f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', '{MARK}-hang']); time.sleep(300)"],
             timeout_s=3,
+        ),
+        # Calls the model (it answers), then does what a model's command could make it do.
+        "floods_its_output": _agent(
+            ["python", "-c", f"{CALL}; print('x' * 50000)"], max_output_bytes=10000
+        ),
+        "fills_its_workspace": _agent(
+            ["python", "-c", f"{CALL}; open('big.txt', 'w').write('x' * 50000)"],
+            final_files=["*.txt"],
+            max_workspace_changes_bytes=10000,
         ),
         "probe_sandboxed": _agent(["python", PROBE]),
         "probe_on_host": _agent(["python", PROBE], unsafe_host=True),
@@ -216,6 +229,29 @@ def test_a_harness_ended_after_its_model_calls_answered_scores_zero_with_the_rea
     assert result["failure_reason"].startswith("the harness exited with status 4 after 1 model calls"), result
     assert result["harness"]["rollout_id"] == "harness-test-ends-after-answers"
     assert result["harness"]["model_calls"] == 1 and result["training"]["samples"]
+
+
+@pytest.mark.parametrize(
+    ("agent", "said"),
+    [
+        (
+            "floods_its_output",
+            "killed by signal 9 (its output passed max_output_bytes=10000 and it was stopped)",
+        ),
+        (
+            "fills_its_workspace",
+            "cannot be sent to /verify: the workspace's file 'big.txt' alone has 50000 bytes",
+        ),
+    ],
+)
+def test_a_harness_spoiled_after_its_model_calls_answered_scores_zero_with_the_reason(
+    stack: RunHelper, agent: str, said: str
+) -> None:
+    resp = _run(stack, agent, _row(RIGHT))
+    assert resp.status_code == 200, resp.text
+    result = resp.json()
+    assert result["reward"] == 0.0 and said in result["failure_reason"], result["failure_reason"]
+    assert result["harness"]["model_calls"] == 1
 
 
 def _left_behind(marker: str) -> list[int]:
