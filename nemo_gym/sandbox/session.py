@@ -30,6 +30,13 @@ Contract
   one). Using a closed session raises :class:`SessionClosedError` naming why it closed.
 * At most ``max_sessions`` sessions per process; :meth:`start` waits up to ``queue_timeout_s`` for one
   to close, then raises :class:`~nemo_gym.sandbox.errors.SandboxBusyError` (servers answer 503).
+* ``start(binds={host path: path inside})`` binds more host paths read-only into that session's sandbox
+  (not at or under ``/workspace``, ``/tmp``, ``/proc``, ``/dev``, ``/``; a fork does not inherit them).
+  ``exec(..., pool_slot=False)`` runs a program without taking one of the pool's CPU slots (a harness
+  that mostly waits for its model).
+* Changesets (:mod:`nemo_gym.sandbox.changes`): :meth:`~SandboxSession.export_changes` packs what the
+  session wrote over its starting layer (files, dirs, symlinks, deletions) into a tar, bounded;
+  :meth:`~SandboxSession.apply_changes` applies one inside another session's sandbox (never on the host).
 * Snapshots: :meth:`~SandboxSession.snapshot` freezes the workspace under an id owned by this session;
   :meth:`~SandboxSession.fork` starts a new session from one, :meth:`~SandboxSession.restore` rolls this
   session back to one (the kernel restarts: kernels are NOT snapshotted). Another session's snapshot id is

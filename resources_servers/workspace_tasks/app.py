@@ -37,6 +37,16 @@ Contract
   behaviour on inputs they make up at every run (``tasks.PRELUDE``'s ``RANDOM``: second inputs, a unit
   test planted in tests/, files of random names) and a merge as the repository stores it, so a script
   that recognises a test's probe and answers just that probe fails.
+* An agent that runs its own sandbox (``harness_agent`` with ``workspace: resources_server``: a CLI
+  harness such as mini-swe-agent) gets the task's starting workspace from ``POST /export_workspace``
+  (the rollout's session cookie; ``{"tar_base64": ...}``, the workspace this server built, never its
+  hidden tests; not a tool, so the model cannot call it) and sends what it changed in the ``/verify``
+  body as ``workspace_changes`` (base64 of a :mod:`nemo_gym.sandbox.changes` changeset). ``/verify`` applies
+  it to the rollout's workspace (a fresh sandbox on the task's workspace when no tool ran) inside that
+  sandbox, then snapshots and forks it for the hidden tests as for any rollout; the changeset is not
+  echoed. A changeset the workspace cannot take (a command of the applier killed, past the disk quota) is
+  a 0 with ``failure_reason`` ("the agent's workspace changes could not be applied ..."); one that is not
+  base64 or not a tar is the caller's mistake, a 422.
 * Verdicts come from where the workspace's code cannot write (:data:`_RUNNER`). The runner is
   non-dumpable (no process of the sandbox's uid can ptrace it, read its memory or open its fds through
   /proc), ignores every signal it may ignore, never runs a test or the workspace's code itself, and is
