@@ -127,11 +127,19 @@ async def test_binds_are_read_only_and_stay_out_of_the_sandboxs_own_places(tmp_p
     shared = tmp_path / "shared"
     shared.mkdir()
     (shared / "tool.txt").write_text("from the host\n")
-    session = await SandboxSession.start(limits=FAST, binds={str(shared): "/opt/tools"})
+    # At another path, and at its own path under /tmp (on top of the sandbox's own /tmp).
+    assert str(shared).startswith("/tmp/")
+    session = await SandboxSession.start(
+        limits=FAST, binds={str(shared): "/opt/tools", str(tmp_path): str(tmp_path)}
+    )
     try:
-        run = await session.exec("cat /opt/tools/tool.txt; echo x > /opt/tools/new 2>&1 || echo refused")
-        assert run.stdout.startswith("from the host\n") and "refused" in run.stdout + run.stderr, run
-        assert not (shared / "new").exists()
+        run = await session.exec(
+            f"cat /opt/tools/tool.txt {shared}/tool.txt; echo x > /opt/tools/new 2>&1 || echo refused; "
+            f"echo x > {shared}/new2 2>&1 || echo refused; echo ok > /tmp/mine && cat /tmp/mine"
+        )
+        assert run.stdout.startswith("from the host\nfrom the host\n"), run
+        assert (run.stdout + run.stderr).count("refused") == 2 and run.stdout.endswith("ok\n"), run
+        assert not (shared / "new").exists() and not (shared / "new2").exists()
     finally:
         await session.close()
     for inside in ("/workspace/x", "/tmp", "relative", "/"):

@@ -31,7 +31,8 @@ Contract
 * At most ``max_sessions`` sessions per process; :meth:`start` waits up to ``queue_timeout_s`` for one
   to close, then raises :class:`~nemo_gym.sandbox.errors.SandboxBusyError` (servers answer 503).
 * ``start(binds={host path: path inside})`` binds more host paths read-only into that session's sandbox
-  (not at or under ``/workspace``, ``/tmp``, ``/proc``, ``/dev``, ``/``; a fork does not inherit them).
+  (not ``/``, ``/tmp``, nor at or under ``/workspace``, ``/proc``, ``/dev``; a path under ``/tmp`` sits on
+  top of the sandbox's own /tmp; a fork does not inherit them).
   ``exec(..., pool_slot=False)`` runs a program without taking one of the pool's CPU slots (a harness
   that mostly waits for its model).
 * Changesets (:mod:`nemo_gym.sandbox.changes`): :meth:`~SandboxSession.export_changes` packs what the
@@ -460,7 +461,8 @@ class SandboxSession:
         """Start a session. ``workspace``: a prepared workspace's id, or a directory / tarball (prepared
         once per process, :func:`prepare_workspace`); ``files`` are written over it (relative paths).
         ``binds``: more host paths bound READ-ONLY into this session's sandbox (host path -> absolute path
-        inside, outside ``/workspace``, ``/tmp``, ``/proc``, ``/dev``; a fork does not inherit them).
+        inside, not ``/`` or ``/tmp``, outside ``/workspace``, ``/proc``, ``/dev``; a fork does not inherit
+        them).
         Waits for a free session slot up to ``limits.queue_timeout_s`` (then SandboxBusyError)."""
         config = _session_config(provider)
         limits = SessionLimits.from_mapping(limits)
@@ -985,19 +987,20 @@ class SandboxSession:
             self._last_used = time.monotonic()
 
 
-_RESERVED_INSIDE = (SESSION_WORKDIR, "/tmp", "/proc", "/dev", "/opt/nemo_gym")
+_RESERVED_INSIDE = (SESSION_WORKDIR, "/proc", "/dev", "/opt/nemo_gym")
 
 
 def _checked_binds(binds: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
     """``start(binds=...)`` as (host path, sandbox path) pairs: an existing host path, an absolute normalised
-    sandbox path that is not ``/`` and not at or under a place the sandbox itself makes."""
+    sandbox path that is not ``/`` or ``/tmp`` and not at or under a place the sandbox itself makes (a path
+    under /tmp is bound on top of the sandbox's /tmp)."""
     out = []
     for host, inside in (binds or {}).items():
         if not os.path.exists(host):
             raise ValueError(f"binds: the host path {host!r} does not exist")
         if not inside.startswith("/") or os.path.normpath(inside) != inside or inside == "/":
             raise ValueError(f"binds: {inside!r} must be an absolute, normalised path inside the sandbox")
-        if any(inside == r or inside.startswith(r + "/") for r in _RESERVED_INSIDE):
+        if inside == "/tmp" or any(inside == r or inside.startswith(r + "/") for r in _RESERVED_INSIDE):
             raise ValueError(f"binds: {inside!r} is at or under a path the sandbox makes itself")
         out.append((str(host), inside))
     return tuple(out)

@@ -147,7 +147,7 @@ class HarnessAgentConfig(BaseResponsesAPIAgentConfig):
     )
     sandbox: SandboxProviderConfig = Field(default_factory=SandboxProviderConfig)  # bubblewrap only
     # SessionLimits fields for the harness's sandbox, over the defaults below (sandbox_limits()).
-    sandbox_limits: dict[str, float] = Field(default_factory=dict)
+    sandbox_limits: dict[str, int | float] = Field(default_factory=dict)
     max_output_bytes: int = Field(default=16 << 20, gt=0)  # each of stdout / stderr; past it: killed
     # Bound on what the harness's workspace sends on (the final_files' or the changes' tar).
     max_workspace_changes_bytes: int = Field(default=16 << 20, gt=0)
@@ -670,18 +670,25 @@ class _SandboxPlace(_Place):
             files = _checked_files(row.get("harness_files"))
         except ValueError as e:
             raise HarnessFailed(str(e)) from None
-        layer = None
-        if config.workspace == "resources_server":
-            layer = await self.agent.workspace_layer(cookies)
-        elif config.task_input == "file":
+        if config.task_input == "file" and config.workspace == "files":
             files["TASK.md"] = text
-        # This rollout's private dir, bound read-only at /run/ng-harness: the model socket and the task.
-        self.run_dir = Path(tempfile.mkdtemp(prefix="ng-harness-run-"))
-        (self.run_dir / "task.json").write_bytes(orjson.dumps(params))
-        (self.run_dir / "TASK.md").write_text(text)
-        base = urlsplit(self.agent.resolve_model_base_url(config.model_server.name, rollout_id))
-        self.relay = _ModelRelay(self.run_dir / "model.sock", base.hostname or "127.0.0.1", base.port or 80)
-        await self.relay.start()
+        try:
+            layer = (
+                await self.agent.workspace_layer(cookies) if config.workspace == "resources_server" else None
+            )
+            # This rollout's private dir, bound read-only at /run/ng-harness: the model socket and the task.
+            self.run_dir = Path(tempfile.mkdtemp(prefix="ng-harness-run-"))
+            (self.run_dir / "task.json").write_bytes(orjson.dumps(params))
+            (self.run_dir / "TASK.md").write_text(text)
+            base = urlsplit(self.agent.resolve_model_base_url(config.model_server.name, rollout_id))
+            self.relay = _ModelRelay(
+                self.run_dir / "model.sock", base.hostname or "127.0.0.1", base.port or 80
+            )
+            await self.relay.start()
+        except (OSError, ValueError, SandboxError) as e:
+            raise HarnessInfraError(
+                f"the harness's sandbox could not be set up: {type(e).__name__}: {e}"
+            ) from e
         self.inside_base = urlunsplit(("http", f"127.0.0.1:{SANDBOX_MODEL_PORT}", base.path, "", ""))
         self.argv = harness_argv(config.command)
         binds = {path: path for path in python_env_dirs()}
