@@ -279,6 +279,8 @@ def glob_matches(pattern: str, rel: str) -> bool:
     """Whether the relative path ``rel`` matches the glob ``pattern`` as ``Path.glob`` reads it: ``*``,
     ``?`` and ``[...]`` within one path part, ``**`` any number of parts (none too)."""
     pat, parts = pattern.split("/"), rel.split("/")
+    if pat[-1] == "**":  # Path.glob: a trailing ** names directories only, never a file
+        return False
     # reach[j]: the first i pattern parts can match the first j path parts (iterative, any depth).
     reach = [True] + [False] * len(parts)
     for p in pat:

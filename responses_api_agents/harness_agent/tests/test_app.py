@@ -25,7 +25,7 @@ from nemo_gym.auth import token_file_for
 from nemo_gym.kit.harness_trajectory import merge_samples
 from nemo_gym.run.cli import RunHelper
 from nemo_gym.tools.testing import example_rows, post_json, running_servers, server_url
-from responses_api_agents.harness_agent.app import HarnessAgentConfig
+from responses_api_agents.harness_agent.app import HarnessAgentConfig, glob_matches
 from responses_api_models.local_model import weights
 
 MCQA = "resources_servers/mcqa/configs/mcqa.yaml"
@@ -421,3 +421,40 @@ def test_a_sandboxed_harness_reaches_its_own_rollouts_model_calls_and_nothing_el
         for pid in left:  # the setsid child a harness on the host leaves behind outlives its rollout
             os.kill(pid, signal.SIGKILL)
     assert left, "a setsid child of a harness on the host survives it (what the sandbox's cgroup prevents)"
+
+
+@pytest.mark.parametrize(
+    ("more", "said"),
+    [
+        ({"workspace": "resources_server", "unsafe_host": True}, "sandbox only"),
+        ({"workspace": "resources_server", "final_files": ["*.py"]}, "workspace_changes"),
+        ({"sandbox": {"backend": "unsafe_local_subprocess"}}, "unsafe_host: true"),
+        ({"sandbox_limits": {"memory": 5}}, "Unknown session limit keys"),
+    ],
+)
+def test_configs_that_would_not_sandbox_the_harness_as_asked_are_refused(
+    more: dict[str, Any], said: str
+) -> None:
+    base = _agent(["python", "x.py"])["responses_api_agents"]["harness_agent"]
+    with pytest.raises(ValidationError, match=said):
+        HarnessAgentConfig.model_validate({**base, "name": "h", "host": "127.0.0.1", "port": 1, **more})
+
+
+def test_final_files_patterns_match_as_path_glob_does(tmp_path: Path) -> None:
+    for rel in ("a.py", "b.txt", "pkg/c.py", "pkg/sub/d.py", ".hidden/e.py", "x1.py", "x22.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    files = [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()]
+    for pattern in (
+        "**/*.py",
+        "*.py",
+        "pkg/*.py",
+        "pkg/**/*.py",
+        "**/d.py",
+        "x?.py",
+        "x[0-9]*.py",
+        "**",
+        "*/*",
+    ):
+        expected = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.glob(pattern) if p.is_file())
+        assert sorted(f for f in files if glob_matches(pattern, f)) == expected, pattern
