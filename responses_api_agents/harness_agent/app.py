@@ -61,6 +61,7 @@ import os
 import shutil
 import signal
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path, PurePosixPath
@@ -240,18 +241,49 @@ def harness_argv(command: list[str]) -> list[str]:
     return argv
 
 
-def python_env_dirs() -> list[str]:
-    """The directories of the Python environment running this agent that a harness needs to run it (its
-    venv and the installation the venv is based on), except what the sandbox has anyway (``/usr``)."""
-    out: list[str] = []
-    for prefix in (sys.prefix, sys.base_prefix):
+def python_env_binds() -> dict[str, str]:
+    """What of the Python environment running this agent a harness needs, as read-only binds (host path
+    -> the same path inside): its venv (``sys.prefix``) and the installation the venv is based on
+    (``sys.base_prefix``), except what the sandbox has anyway (``/usr``). A venv that leaves the base's
+    site-packages out (``include-system-site-packages = false``) gets an empty directory bound over them:
+    what else is installed in the base Python stays out of the model's sight."""
+    binds: dict[str, str] = {}
+    for prefix in dict.fromkeys((sys.prefix, sys.base_prefix)):
+        if prefix in ("/", "/usr") or prefix.startswith("/usr/") or not os.path.isdir(prefix):
+            continue
+        binds[prefix] = prefix
         real = os.path.realpath(prefix)
-        for path in dict.fromkeys((prefix, real)):
-            if path in ("/", "/usr") or path.startswith("/usr/") or not os.path.isdir(path):
-                continue
-            if path not in out:
-                out.append(path)
-    return out
+        if real != prefix and not real.startswith("/usr/"):
+            binds[real] = real
+    if sys.prefix != sys.base_prefix and not _venv_uses_system_site_packages():
+        base_site = sysconfig.get_path("purelib", vars={"base": sys.base_prefix, "platbase": sys.base_prefix})
+        if os.path.isdir(base_site) and any(_under(base_site, b) for b in binds):
+            binds[_empty_dir()] = base_site
+    return binds
+
+
+def _venv_uses_system_site_packages() -> bool:
+    try:
+        text = (Path(sys.prefix) / "pyvenv.cfg").read_text()
+    except OSError:
+        return True
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "include-system-site-packages":
+            return value.strip().lower() == "true"
+    return False
+
+
+_EMPTY: list[str] = []
+
+
+def _empty_dir() -> str:
+    """One empty, read-only directory per process (bound over what a sandbox must not see)."""
+    if not _EMPTY:
+        path = tempfile.mkdtemp(prefix="ng-harness-empty-")
+        os.chmod(path, 0o555)
+        _EMPTY.append(path)
+    return _EMPTY[0]
 
 
 def _under(path: str, directory: str) -> bool:
@@ -693,8 +725,8 @@ class _SandboxPlace(_Place):
             ) from e
         self.inside_base = urlunsplit(("http", f"127.0.0.1:{SANDBOX_MODEL_PORT}", base.path, "", ""))
         self.argv = harness_argv(config.command)
-        binds = {path: path for path in python_env_dirs()}
-        dirs = ["/usr", *binds, *config.sandbox.ro_binds]
+        binds = python_env_binds()
+        dirs = ["/usr", *binds.values(), *config.sandbox.ro_binds]
         for arg in self.argv:  # the harness's own files named in its command, read-only
             if os.path.isabs(arg) and os.path.isfile(arg) and not any(_under(arg, d) for d in dirs):
                 binds[arg] = arg

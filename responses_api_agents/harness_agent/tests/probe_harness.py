@@ -3,7 +3,7 @@
 Its task text (stdin) is a JSON object saying what to try. It reports on stderr (one line,
 ``PROBE {...}``) what it could reach: the host paths of ``paths`` (the repository's answer key, the
 run's token file, the host user's home), what the glob patterns of ``globs`` find (another rollout's
-files where the host keeps them), the entries of ``/`` and of ``home``, the working directories of
+files where the host keeps them), the entries of ``/``, of ``home`` and of the directories of ``list``, the working directories of
 every process it can see (how an audit found the repository: ``/proc/<pid>/cwd``), the HTTP status of
 ``POST /policy_version`` and ``POST /ng_model_calls/pop`` through its model URL and of another
 rollout's model call with its own credential, and whether a TCP connection to each ``host:port`` of
@@ -90,6 +90,7 @@ def main() -> None:
         "found": sorted(f for pattern in probe["globs"] for f in glob.glob(pattern)),
         "top": _listing("/"),
         "home": _listing(probe["home"]),
+        "listings": {p: _listing(p) for p in probe["list"]},
         "cwds": sorted(cwds),
         "policy_version": _status(root + "/policy_version", {"policy_version": 99}, key),
         "pop": _status(root + "/ng_model_calls/pop", {"rollout_ids": ["x"]}, key),

@@ -11,6 +11,8 @@ import glob
 import json
 import os
 import signal
+import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -34,6 +36,8 @@ LOCAL_MODEL = "responses_api_models/local_model/configs/local_model.yaml"
 RIGHT, WRONG = "shortest year", "chemical symbol for sodium"  # rows 0 (B) and 1 (C) of mcqa's examples
 MARK = f"ngtest{os.getpid()}"  # in the argv of the processes the harnesses leave, to find them on the host
 PROBE = "responses_api_agents/harness_agent/tests/probe_harness.py"
+# The base installation's site-packages (what else is installed there) when the venv leaves them out.
+BASE_SITE = sysconfig.get_path("purelib", vars={"base": sys.base_prefix, "platbase": sys.base_prefix})
 CALL = (
     "import sys, openai, os; openai.OpenAI().chat.completions.create(model=os.environ['NG_MODEL'], "
     "messages=[{'role': 'user', 'content': sys.stdin.read()}])"
@@ -352,6 +356,7 @@ def _probe_row(stack: RunHelper, marker: str, globs: list[str], question_of: str
         ],
         "globs": globs,
         "home": str(Path.home()),
+        "list": [BASE_SITE],
         "addresses": addresses,
         "question": "[probe] which letter?",
     }
@@ -400,6 +405,8 @@ def test_a_sandboxed_harness_reaches_its_own_rollouts_model_calls_and_nothing_el
     assert not any(report["readable"].values()), report["readable"]  # answer keys, token file, ~/.cache
     assert report["found"] == [], report  # another rollout's files
     assert report["home"] == [".pyenv"] or report["home"] is None, report  # at most the venv's base Python
+    if sys.prefix != sys.base_prefix and os.listdir(BASE_SITE):  # a venv: the base's own packages hidden
+        assert report["listings"][BASE_SITE] in ([], None), report
     assert "resources_servers" not in (report["top"] or []) and "workspace" in report["top"], report
     assert all(not cwd.startswith(str(Path.cwd())) for cwd in report["cwds"]), report  # no server's cwd
     assert report["policy_version"] == "HTTP 401", report  # the rollout credential sets nothing
@@ -413,6 +420,7 @@ def test_a_sandboxed_harness_reaches_its_own_rollouts_model_calls_and_nothing_el
     host = _probe_report(host_resp.json())
     try:
         assert all(host["readable"].values()), host["readable"]
+        assert host["listings"][BASE_SITE] == sorted(os.listdir(BASE_SITE))
         assert host["found"] and any(cwd.startswith(str(Path.cwd())) for cwd in host["cwds"]), host
         assert all(host["connect"].values()), host
         assert host["policy_version"] == "HTTP 401"  # the trainer credential guards it even there
