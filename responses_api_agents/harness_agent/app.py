@@ -52,6 +52,7 @@ gives each played row its own, and the scripted model picks each rollout's turns
 from __future__ import annotations
 
 import asyncio
+import atexit
 import base64
 import contextlib
 import fnmatch
@@ -282,6 +283,7 @@ def _empty_dir() -> str:
     if not _EMPTY:
         path = tempfile.mkdtemp(prefix="ng-harness-empty-")
         os.chmod(path, 0o555)
+        atexit.register(os.rmdir, path)
         _EMPTY.append(path)
     return _EMPTY[0]
 
@@ -387,6 +389,7 @@ class HarnessAgent(SimpleResponsesAPIAgent):
 
     _layers: dict[str, str] = PrivateAttr(default_factory=dict)  # sha256 of an exported workspace -> layer
     _layers_dir: Path | None = PrivateAttr(default=None)
+    _layers_lock: asyncio.Lock = PrivateAttr(default_factory=asyncio.Lock)
 
     def model_post_init(self, context: Any) -> None:
         super().model_post_init(context)
@@ -653,15 +656,16 @@ class HarnessAgent(SimpleResponsesAPIAgent):
                 f"tar_base64 workspace ({type(e).__name__})"
             ) from None
         digest = hashlib.sha256(data).hexdigest()
-        if digest not in self._layers:
-            if self._layers_dir is None:
-                self._layers_dir = Path(tempfile.mkdtemp(prefix="ng-harness-workspaces-"))
-            path = self._layers_dir / f"{digest}.tar"
-            if not path.exists():
+        async with self._layers_lock:  # a GRPO group's rollouts arrive together: one prepares, all share it
+            if digest not in self._layers:
+                if self._layers_dir is None:
+                    self._layers_dir = Path(tempfile.mkdtemp(prefix="ng-harness-workspaces-"))
+                    atexit.register(shutil.rmtree, self._layers_dir, True)
+                path = self._layers_dir / f"{digest}.tar"
                 path.write_bytes(data)
-            self._layers[digest] = await prepare_workspace(
-                path, workdir_root=self.config.sandbox.workdir_root
-            )
+                self._layers[digest] = await prepare_workspace(
+                    path, workdir_root=self.config.sandbox.workdir_root
+                )
         return self._layers[digest]
 
 
