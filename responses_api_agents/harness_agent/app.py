@@ -86,7 +86,6 @@ from nemo_gym.sandbox import (
     SandboxError,
     SandboxProviderConfig,
     SandboxSession,
-    SandboxUnavailableError,
     SessionClosedError,
     SessionLimits,
     check_sandbox_available,
@@ -104,8 +103,8 @@ HARNESS_FAILED = "harness_failed"
 SANDBOX_UNAVAILABLE = "sandbox_unavailable"
 SANDBOX_MODEL_PORT = 8000  # the model's address inside a harness's sandbox: 127.0.0.1:8000 (its own netns)
 _INSIDE_RUN_DIR = "/run/ng-harness"  # bound read-only: the model socket, the task's files
-_RELAY = Path(__file__).with_name("model_relay.py")
-_RELAY_INSIDE = "/opt/ng-harness/model_relay.py"
+_RELAY_SOURCE = Path(__file__).with_name("model_relay.py").read_bytes()  # copied into each rollout's run dir
+_RELAY_INSIDE = f"{_INSIDE_RUN_DIR}/model_relay.py"
 _CANNOT_START = "ng-harness: cannot start"
 _MAX_RELAY_CONNECTIONS = 64  # open connections per rollout from its harness to the model server
 
@@ -402,12 +401,6 @@ class HarnessAgent(SimpleResponsesAPIAgent):
             )
             return
         check_sandbox_available(self.config.sandbox)  # no bubblewrap: refuse to start
-        if os.geteuid() != 0:
-            raise SandboxUnavailableError(
-                "harness_agent runs each harness in a sandbox session, which needs root (an overlayfs "
-                "workspace in the sandbox's own mount namespace); run the servers as root, or set "
-                "unsafe_host: true (never for training)"
-            )
 
     def setup_webserver(self) -> Any:
         if not self._model_call_capture_enabled():
@@ -718,6 +711,7 @@ class _SandboxPlace(_Place):
             self.run_dir = Path(tempfile.mkdtemp(prefix="ng-harness-run-"))
             (self.run_dir / "task.json").write_bytes(orjson.dumps(params))
             (self.run_dir / "TASK.md").write_text(text)
+            (self.run_dir / "model_relay.py").write_bytes(_RELAY_SOURCE)
             base = urlsplit(self.agent.resolve_model_base_url(config.model_server.name, rollout_id))
             self.relay = _ModelRelay(
                 self.run_dir / "model.sock", base.hostname or "127.0.0.1", base.port or 80
@@ -734,7 +728,6 @@ class _SandboxPlace(_Place):
         for arg in self.argv:  # the harness's own files named in its command, read-only
             if os.path.isabs(arg) and os.path.isfile(arg) and not any(_under(arg, d) for d in dirs):
                 binds[arg] = arg
-        binds[str(_RELAY)] = _RELAY_INSIDE
         binds[str(self.run_dir)] = _INSIDE_RUN_DIR
         try:
             self.session = await SandboxSession.start(

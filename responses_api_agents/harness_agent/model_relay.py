@@ -1,7 +1,8 @@
 """Runs INSIDE a harness's sandbox: the model server at 127.0.0.1:<port>, then the harness itself.
 
 ``python3 -I -S model_relay.py <unix socket> <port> <harness argv...>`` (the sandbox's own Python,
-standard library only; nothing of nemo_gym is imported: the file is bound read-only into the sandbox).
+standard library only; nothing of nemo_gym is imported: harness_agent copies the file into the rollout's
+run dir, bound read-only at /run/ng-harness).
 It listens on 127.0.0.1:<port> in the sandbox's own network namespace (where nothing else of the host's
 network exists), forks a relay process that copies each connection's bytes to and from a new connection
 to ``<unix socket>`` (bound into the sandbox; harness_agent listens on its host end and connects it to the
