@@ -12,6 +12,7 @@ runs, as that user:
   interpreter again, which this user cannot: ``killed_holder`` checks the same with a fork);
 * workspace_tasks' in-process tests of its hidden-test runner (every task fails untouched and passes
   after its reference solution; the runner is out of the workspace's reach);
+* every test of tests/test_sandbox_changes.py (changesets between sessions, binds);
 * ``math_with_code_kernel``: math_with_code's cell protocol in a session's kernel under its default
   limits (numpy, scipy and sympy imported there; state kept between cells).
 
@@ -204,6 +205,7 @@ def main() -> None:
     workspace_tests = _load(
         REPO / "resources_servers" / "workspace_tasks" / "tests" / "test_app.py", "workspace_tasks_tests"
     )
+    changes_tests = _load(REPO / "tests" / "test_sandbox_changes.py", "sandbox_changes_tests")
     math_app = _load(REPO / "resources_servers" / "math_with_code" / "app.py", "math_with_code_app")
     checks: dict[str, Any] = {"killed_holder": lambda: killed_holder(home)}
     for name, fn in vars(session_tests).items():
@@ -214,6 +216,9 @@ def main() -> None:
         "test_the_runner_and_its_tests_are_out_of_the_workspaces_reach",
     ):
         checks[f"workspace_tasks::{name}"] = getattr(workspace_tests, name)
+    for name, fn in vars(changes_tests).items():
+        if name.startswith("test_") and callable(fn):
+            checks[f"changes::{name}"] = fn
     checks["math_with_code_kernel"] = lambda: math_with_code_kernel(math_app)
     unknown = only - set(checks)
     if unknown:

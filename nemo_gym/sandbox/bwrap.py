@@ -135,7 +135,9 @@ class BubblewrapBackend(_BackendBase):
         tmp_bytes: int,
         extra_ro_binds: tuple[tuple[str, str], ...] = (),
     ) -> list[str]:
-        """``extra_ro_binds``: (host path, sandbox path) pairs bound read-only (a session's agent program)."""
+        """``extra_ro_binds``: (host path, sandbox path) pairs bound read-only (a session's agent program).
+        They and ``ro_binds`` are bound after ``/tmp``'s tmpfs, so a host path under /tmp (a repository
+        checked out there, a venv) is seen at its own path, on top of the sandbox's /tmp."""
         setenv: list[str] = []
         for key, value in {**self._base_env(workdir), **env}.items():
             setenv += ["--setenv", key, value]
@@ -160,7 +162,6 @@ class BubblewrapBackend(_BackendBase):
             "--hostname",
             "sandbox",
             *self._system_binds(),
-            *extra,
             "--proc",
             "/proc",
             "--dev",
@@ -169,6 +170,7 @@ class BubblewrapBackend(_BackendBase):
             str(tmp_bytes),
             "--tmpfs",
             "/tmp",
+            *extra,  # after /tmp's tmpfs: a host path under /tmp stays visible at its own path
             "--bind",
             str(bind_dir),
             workdir,

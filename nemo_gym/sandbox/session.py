@@ -30,6 +30,14 @@ Contract
   one). Using a closed session raises :class:`SessionClosedError` naming why it closed.
 * At most ``max_sessions`` sessions per process; :meth:`start` waits up to ``queue_timeout_s`` for one
   to close, then raises :class:`~nemo_gym.sandbox.errors.SandboxBusyError` (servers answer 503).
+* ``start(binds={host path: path inside})`` binds more host paths read-only into that session's sandbox
+  (not ``/``, ``/tmp``, nor at or under ``/workspace``, ``/proc``, ``/dev``; a path under ``/tmp`` sits on
+  top of the sandbox's own /tmp; a fork does not inherit them).
+  ``exec(..., pool_slot=False)`` runs a program without taking one of the pool's CPU slots (a harness
+  that mostly waits for its model).
+* Changesets (:mod:`nemo_gym.sandbox.changes`): :meth:`~SandboxSession.export_changes` packs what the
+  session wrote over its starting layer (files, dirs, symlinks, deletions) into a tar, bounded;
+  :meth:`~SandboxSession.apply_changes` applies one inside another session's sandbox (never on the host).
 * Snapshots: :meth:`~SandboxSession.snapshot` freezes the workspace under an id owned by this session;
   :meth:`~SandboxSession.fork` starts a new session from one, :meth:`~SandboxSession.restore` rolls this
   session back to one (the kernel restarts: kernels are NOT snapshotted). Another session's snapshot id is
@@ -70,14 +78,14 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from nemo_gym.sandbox import trees, workers
+from nemo_gym.sandbox import changes, trees, workers
 from nemo_gym.sandbox.bwrap import BubblewrapBackend
 from nemo_gym.sandbox.cgroups import RunCgroup
 from nemo_gym.sandbox.errors import SandboxBusyError, SandboxError, SandboxUnavailableError
@@ -412,11 +420,18 @@ class SandboxSession:
     """One rollout's long-lived sandbox; see the module docstring. Start with :meth:`start` (or
     ``async with await SandboxSession.start(...)``), end with :meth:`close`."""
 
-    def __init__(self, config: SandboxProviderConfig, limits: SessionLimits, layer: _Layer) -> None:
+    def __init__(
+        self,
+        config: SandboxProviderConfig,
+        limits: SessionLimits,
+        layer: _Layer,
+        binds: tuple[tuple[str, str], ...] = (),
+    ) -> None:
         """Not started: use :meth:`start` / :meth:`fork`."""
         self.id = "session-" + secrets.token_hex(8)
         self.limits = limits
         self._config = config
+        self._binds = binds
         self._backend = BubblewrapBackend.shared(config)
         assert isinstance(self._backend, BubblewrapBackend)
         self._layer = layer
@@ -441,12 +456,17 @@ class SandboxSession:
         files: Mapping[str, str | bytes] | None = None,
         limits: SessionLimits | Mapping[str, Any] | None = None,
         provider: Mapping[str, Any] | SandboxProviderConfig | None = None,
+        binds: Mapping[str, str] | None = None,
     ) -> SandboxSession:
         """Start a session. ``workspace``: a prepared workspace's id, or a directory / tarball (prepared
         once per process, :func:`prepare_workspace`); ``files`` are written over it (relative paths).
+        ``binds``: more host paths bound READ-ONLY into this session's sandbox (host path -> absolute path
+        inside, not ``/`` or ``/tmp``, outside ``/workspace``, ``/proc``, ``/dev``; a fork does not inherit
+        them).
         Waits for a free session slot up to ``limits.queue_timeout_s`` (then SandboxBusyError)."""
         config = _session_config(provider)
         limits = SessionLimits.from_mapping(limits)
+        extra = _checked_binds(binds)
         root = _root(config.workdir_root)
         if workspace is None:
             layer = _empty_layer(root)
@@ -459,7 +479,7 @@ class SandboxSession:
                 )
         else:
             layer = _LAYERS[await prepare_workspace(workspace, workdir_root=config.workdir_root)]
-        session = cls(config, limits, layer)
+        session = cls(config, limits, layer, extra)
         await session._open(files)
         return session
 
@@ -517,7 +537,7 @@ class SandboxSession:
                 env={},
                 status_fd=null,
                 tmp_bytes=resources.tmp_size_mib << 20,
-                extra_ro_binds=((str(root / _AGENT.name), _AGENT_INSIDE),),
+                extra_ro_binds=((str(root / _AGENT.name), _AGENT_INSIDE), *self._binds),
             )
             inner = _shm_capped(inner, resources.tmp_size_mib << 20)
             launcher = _launcher_args(
@@ -685,14 +705,18 @@ class SandboxSession:
                 await sandbox.send({"op": "cancel", "reason": "disk_quota"})
                 return
 
-    async def _op(self, message: dict[str, Any], timeout_s: float, *, user_code: bool) -> tuple[dict, dict]:
+    async def _op(
+        self, message: dict[str, Any], timeout_s: float, *, user_code: bool, slot: bool = True
+    ) -> tuple[dict, dict]:
         async with self._lock:
             sandbox = self._check_open()
             self._busy = True
             try:
                 before = _counters(sandbox.cgroups)
                 start = time.monotonic()
-                if user_code:
+                if user_code and not slot:
+                    reply = await self._request(message, timeout_s, watch_quota=True)
+                elif user_code:
                     sem = _command_slot()
                     async with asyncio.timeout(self._config.queue_timeout_s):
                         await sem.acquire()
@@ -775,10 +799,14 @@ class SandboxSession:
         timeout: float | None = None,
         *,
         env: Mapping[str, str] | None = None,
+        pool_slot: bool = True,
     ) -> SandboxExecResult:
         """Run a program in ``/workspace`` (a string: ``/bin/sh -c``). ``timeout``: wall seconds (default
         ``limits.command_wall_time_s``, never more). Processes it leaves in the background are killed
-        when it returns. The result is the program's (timeouts, OOM, caps, quota), never an exception."""
+        when it returns. The result is the program's (timeouts, OOM, caps, quota), never an exception.
+        ``pool_slot=False``: the program does not take one of the pool's CPU slots while it runs (a
+        long-lived program that mostly waits, such as an agent harness calling its model; the session
+        bound and the sandbox's cgroups still hold it)."""
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         if not argv:
             raise ValueError("SandboxSession.exec: empty command")
@@ -796,7 +824,7 @@ class SandboxSession:
             "timeout": wall,
             **self._rlimits(),
         }
-        reply, delta = await self._op(message, wall, user_code=True)
+        reply, delta = await self._op(message, wall, user_code=True, slot=pool_slot)
         return self._result(reply, delta, self.limits.output_limit_bytes)
 
     async def run_python(self, code: str, timeout: float | None = None) -> SandboxExecResult:
@@ -855,6 +883,38 @@ class SandboxSession:
         if "error" in reply:
             raise ValueError(f"list_dir {path!r}: {reply['error']}")
         return [DirEntry(e["name"], e["kind"], int(e["size"])) for e in reply["entries"]]
+
+    # -- changesets (nemo_gym.sandbox.changes) ------------------------------------------------------
+
+    async def export_changes(self, *, max_bytes: int, include: Callable[[str], bool] | None = None) -> bytes:
+        """What this session wrote to its workspace on top of the layer it started from (its ``files``
+        too), as a changeset tar (:func:`nemo_gym.sandbox.changes.pack_upper`: new and changed files,
+        dirs and symlinks, deletions). ``include`` may leave regular files out by their relative path.
+        Past ``max_bytes``: :class:`~nemo_gym.sandbox.changes.ChangesTooLargeError` (a ValueError)."""
+        async with self._lock:
+            sandbox = self._check_open()
+            try:
+                return await asyncio.to_thread(
+                    changes.pack_upper,
+                    sandbox.upper,
+                    max_bytes=max_bytes,
+                    include=include,
+                    opaque_xattrs=sandbox.mount.opaque_xattrs,
+                    fuse_markers=sandbox.mount.fuse_markers,
+                )
+            except trees.TreeChangedError as exc:
+                raise SandboxError(f"cannot export session {self.id}'s changes: {exc}") from exc
+            finally:
+                self._last_used = time.monotonic()
+
+    async def apply_changes(self, data: bytes, timeout: float | None = None) -> SandboxExecResult:
+        """Apply a changeset (:meth:`export_changes` of a session on the same starting layer) to this
+        workspace, inside the sandbox (``changes.APPLY_SOURCE`` as the sandbox's uid, so nothing of it
+        reaches the host). The result's stdout is the applier's JSON line (applied, skipped, the first
+        skipped member and why); return code 2: the data is not a tar."""
+        return await self.exec(
+            [self._config.python, "-I", "-S", "-c", changes.APPLY_SOURCE], stdin=data, timeout=timeout
+        )
 
     # -- snapshots ---------------------------------------------------------------------------------
 
@@ -925,6 +985,25 @@ class SandboxSession:
                 await self.close("its sandbox could not restart at restore()")
                 raise
             self._last_used = time.monotonic()
+
+
+_RESERVED_INSIDE = (SESSION_WORKDIR, "/proc", "/dev", "/opt/nemo_gym")
+
+
+def _checked_binds(binds: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
+    """``start(binds=...)`` as (host path, sandbox path) pairs: an existing host path, an absolute normalised
+    sandbox path that is not ``/`` or ``/tmp`` and not at or under a place the sandbox itself makes (a path
+    under /tmp is bound on top of the sandbox's /tmp)."""
+    out = []
+    for host, inside in (binds or {}).items():
+        if not os.path.exists(host):
+            raise ValueError(f"binds: the host path {host!r} does not exist")
+        if not inside.startswith("/") or os.path.normpath(inside) != inside or inside == "/":
+            raise ValueError(f"binds: {inside!r} must be an absolute, normalised path inside the sandbox")
+        if inside == "/tmp" or any(inside == r or inside.startswith(r + "/") for r in _RESERVED_INSIDE):
+            raise ValueError(f"binds: {inside!r} is at or under a path the sandbox makes itself")
+        out.append((str(host), inside))
+    return tuple(out)
 
 
 def _counters(cgroups: RunCgroup) -> dict[str, float]:

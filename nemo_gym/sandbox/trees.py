@@ -14,7 +14,8 @@ Contract
   ``openat(name, O_NOFOLLOW)`` (a symlink is never entered) and back up through ``..``, checking that it
   lands on the directory it came down from (device and inode): if the tree was moved under it,
   :class:`TreeChangedError`. It never leaves the tree it started in.
-* :func:`tree_bytes` sums what a directory holds for a quota (a file's size where it is sparse);
+* :func:`walk_paths` walks a tree in name order giving each entry's path from its top (a changeset's
+  packing, :mod:`nemo_gym.sandbox.changes`); :func:`tree_bytes` sums what a directory holds for a quota (a file's size where it is sparse);
   :func:`link_tree`
   makes a tree of hard links to an immutable tree; :func:`apply_upper` applies an overlayfs upper dir
   (whiteouts, opaque dirs, changed files copied); :func:`remove_tree` removes a tree (best effort, never
@@ -169,6 +170,64 @@ def _top_grant(root: str | Path, dir_fd: int | None, access: int) -> int | None:
     except OSError:
         return None
     return _grant(str(root), dir_fd, st, access) if stat.S_ISDIR(st.st_mode) else None
+
+
+def walk_paths(root: str | Path, visit: Callable[[int, str, os.stat_result], bool]) -> None:
+    """Depth first under ``root``, parents before their entries, in name order: ``visit(dir_fd, rel,
+    lstat)`` for every entry (``rel``: its path from ``root``, ``/``-separated; ``dir_fd``: its directory,
+    open only during the call, for ``*at`` calls on ``rel``'s last part). A directory is walked into when
+    visit returns True. Iterative at any depth and path length, never through a symlink; entries that
+    vanish are skipped, a tree moved under the walk raises :class:`TreeChangedError`. Not root: a dir of
+    this user's that lacks the owner's read/search bits gets them while it is walked (:func:`_grant`)."""
+    top = _top_grant(root, None, _READ_DIR)
+    cursor = _Cursor(root)
+    try:
+        pending = [sorted(os.listdir(cursor.fd), reverse=True)]
+        below: list[tuple[str, int | None]] = []
+        while pending:
+            if not pending[-1]:
+                pending.pop()
+                if below:
+                    name, mode = below.pop()
+                    cursor.leave()
+                    _put_back(name, cursor.fd, mode)
+                continue
+            name = pending[-1].pop()
+            st = _lstat(name, cursor.fd)
+            rel = "/".join([*(n for n, _ in below), name])
+            if st is None or not visit(cursor.fd, rel, st) or not stat.S_ISDIR(st.st_mode):
+                continue
+            mode = _grant(name, cursor.fd, st, _READ_DIR)
+            try:
+                cursor.enter(name)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+                continue
+            below.append((name, mode))
+            pending.append(sorted(os.listdir(cursor.fd), reverse=True))
+    finally:
+        cursor.close()
+        _put_back(str(root), None, top)
+
+
+def read_at(name: str, dir_fd: int, st: os.stat_result) -> tuple[int, int | None]:
+    """An fd to read the regular file ``name`` (never through a symlink) and the mode to put back with
+    :func:`put_back_at` once read (not root: a file of this user's the sandbox made unreadable gets the
+    owner's read bit meanwhile)."""
+    mode = _grant(name, dir_fd, st, stat.S_IRUSR)
+    try:
+        return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd), mode
+    except BaseException:
+        _put_back(name, dir_fd, mode)
+        raise
+
+
+def put_back_at(name: str, dir_fd: int, mode: int | None) -> None:
+    """Put back the mode :func:`read_at` changed (None: it changed nothing)."""
+    _put_back(name, dir_fd, mode)
 
 
 def _walk_pair(

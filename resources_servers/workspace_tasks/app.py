@@ -37,6 +37,16 @@ Contract
   behaviour on inputs they make up at every run (``tasks.PRELUDE``'s ``RANDOM``: second inputs, a unit
   test planted in tests/, files of random names) and a merge as the repository stores it, so a script
   that recognises a test's probe and answers just that probe fails.
+* An agent that runs its own sandbox (``harness_agent`` with ``workspace: resources_server``: a CLI
+  harness such as mini-swe-agent) gets the task's starting workspace from ``POST /export_workspace``
+  (the rollout's session cookie; ``{"tar_base64": ...}``, the workspace this server built, never its
+  hidden tests; not a tool, so the model cannot call it) and sends what it changed in the ``/verify``
+  body as ``workspace_changes`` (base64 of a :mod:`nemo_gym.sandbox.changes` changeset). ``/verify`` applies
+  it to the rollout's workspace (a fresh sandbox on the task's workspace when no tool ran) inside that
+  sandbox, then snapshots and forks it for the hidden tests as for any rollout; the changeset is not
+  echoed. A changeset the workspace cannot take (a command of the applier killed, past the disk quota) is
+  a 0 with ``failure_reason`` ("the agent's workspace changes could not be applied ..."); one that is not
+  base64 or not a tar is the caller's mistake, a 422.
 * Verdicts come from where the workspace's code cannot write (:data:`_RUNNER`). The runner is
   non-dumpable (no process of the sandbox's uid can ptrace it, read its memory or open its fds through
   /proc), ignores every signal it may ignore, never runs a test or the workspace's code itself, and is
@@ -65,10 +75,13 @@ Contract
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import json
 import posixpath
 import re
 import shutil
+import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,7 +149,16 @@ class WorkspaceSeedSessionRequest(TaskRow, BaseSeedSessionRequest):
 
 
 class WorkspaceVerifyRequest(TaskRow, BaseVerifyRequest):
-    pass
+    workspace_changes: str | None = Field(
+        default=None,
+        description="An agent that ran its own sandbox (harness_agent, workspace: resources_server): base64 of "
+        "the changeset tar of what it changed in the task's workspace (nemo_gym.sandbox.changes), applied to "
+        "the rollout's workspace before the hidden tests",
+    )
+
+
+class ExportWorkspaceResponse(BaseModel):
+    tar_base64: str = Field(description="The task's starting workspace as a tar, base64 (no hidden tests)")
 
 
 class WorkspaceVerifyResponse(BaseVerifyResponse):
@@ -521,6 +543,7 @@ class WorkspaceTasksServer(SimpleResourcesServer):
     _rollouts: RolloutSandboxes = PrivateAttr()
     _workspaces: Path | None = PrivateAttr(default=None)
     _prepared: dict[str, str] = PrivateAttr(default_factory=dict)
+    _exported: dict[str, str] = PrivateAttr(default_factory=dict)  # task id -> its workspace's tar, base64
 
     def model_post_init(self, context: Any) -> None:
         super().model_post_init(context)
@@ -532,6 +555,7 @@ class WorkspaceTasksServer(SimpleResourcesServer):
         app.post("/bash")(self.bash)
         app.post("/str_replace_based_edit_tool")(self.str_replace_based_edit_tool)
         app.post("/end_session")(self.end_session)
+        app.post("/export_workspace")(self.export_workspace)
         return app
 
     async def on_startup(self) -> None:
@@ -603,6 +627,16 @@ class WorkspaceTasksServer(SimpleResourcesServer):
     ) -> BaseSeedSessionResponse:
         self._rollouts.put(get_session_id(request), _Task(body.task_id))
         return BaseSeedSessionResponse()
+
+    async def export_workspace(self, request: Request) -> ExportWorkspaceResponse:
+        """The rollout's task's starting workspace, for an agent that runs its own sandbox on it (not a
+        tool: the model never calls it). Built by this server; the hidden tests are never in it."""
+        task_id = self._rollout(request).data.task_id
+        if task_id not in self._exported:
+            if self._workspaces is None:
+                raise HTTPException(status_code=503, detail="the task workspaces are not built yet")
+            self._exported[task_id] = await asyncio.to_thread(_tar_base64, self._workspaces / task_id)
+        return ExportWorkspaceResponse(tar_base64=self._exported[task_id])
 
     async def end_session(self, request: Request) -> dict[str, bool]:
         entry = self._rollouts.pop(get_session_id(request))
@@ -793,10 +827,18 @@ class WorkspaceTasksServer(SimpleResourcesServer):
 
     async def verify(self, request: Request, body: WorkspaceVerifyRequest) -> WorkspaceVerifyResponse:
         task = TASKS_BY_ID[body.task_id]
+        changes = None
+        if body.workspace_changes is not None:
+            try:
+                changes = base64.b64decode(body.workspace_changes, validate=True)
+            except ValueError as exc:
+                raise HTTPException(
+                    status_code=422, detail=f"workspace_changes is not base64: {exc}"
+                ) from exc
         entry = self._rollouts.pop(get_session_id(request))
         try:
             async with asyncio.timeout(self.config.verify_timeout_s + 60):
-                result = await self._check(task, entry)
+                result = await self._check(task, entry, changes)
         except VerifyInfraError as exc:
             raise HTTPException(status_code=503, detail=str(exc)) from exc
         except TimeoutError as exc:
@@ -816,13 +858,28 @@ class WorkspaceTasksServer(SimpleResourcesServer):
             failure_reason=result.failure_reason,
             commands_run=entry.data.commands_run if entry is not None else 0,
             edits_made=entry.data.edits_made if entry is not None else 0,
+            workspace_changes=None,  # applied, not echoed: a whole changeset is no part of the rollout's line
         )
 
-    async def _check(self, task: Task, entry: RolloutSandbox | None) -> HiddenTestResult:
-        """Fork the rollout's final workspace (or start the untouched one) and run the hidden tests there."""
+    async def _check(
+        self, task: Task, entry: RolloutSandbox | None, changes: bytes | None = None
+    ) -> HiddenTestResult:
+        """Fork the rollout's final workspace (or start the untouched one) and run the hidden tests there.
+        ``changes`` (an agent's own sandbox's changeset) are applied to the rollout's workspace first."""
         limits = self._limits(for_verify=True)
+        applied: SandboxSession | None = None
         try:
-            if entry is not None and entry.sandbox is not None:
+            if changes is not None:
+                if entry is not None and entry.sandbox is not None and entry.live:
+                    target = entry.sandbox
+                else:
+                    target = applied = await self._start(task.task_id)
+                outcome = await self._apply_changes(target, changes)
+                if outcome is not None:
+                    return _result(task.test_names, {}, outcome)
+                snapshot = await target.snapshot()
+                checker = await target.fork(snapshot, limits=limits)
+            elif entry is not None and entry.sandbox is not None:
                 if not entry.live:
                     raise VerifyInfraError(
                         f"the rollout's workspace was lost: its sandbox closed ({entry.sandbox.closed})"
@@ -838,12 +895,41 @@ class WorkspaceTasksServer(SimpleResourcesServer):
                 )
         except SandboxError as exc:
             raise VerifyInfraError(f"the checking sandbox could not start: {exc}") from exc
+        finally:
+            if applied is not None:
+                await applied.close("its changes were applied and forked")
         try:
             return await run_hidden_tests(
                 checker, task, self.config.test_timeout_s, self.config.verify_timeout_s
             )
         finally:
             await checker.close("the hidden tests ran")
+
+    async def _apply_changes(self, session: SandboxSession, changes: bytes) -> str | None:
+        """Apply an agent's changeset to the rollout's workspace (inside its sandbox). None when applied;
+        else why not (a changeset the workspace cannot take, e.g. past its disk quota: the model's
+        doing, as it made the files). Not a tar at all: the caller's mistake, 422."""
+        try:
+            run = await session.apply_changes(changes, timeout=self.config.command_timeout_s)
+        except SessionClosedError as exc:
+            return f"the agent's workspace changes could not be applied: {exc}"
+        if run.return_code == 2:
+            raise HTTPException(
+                status_code=422, detail=f"workspace_changes is not a changeset tar: {run.stdout[:300]}"
+            )
+        if run.return_code != 0 or run.error_type is not None:
+            why = run.error_type or f"exit code {run.return_code}"
+            return f"the agent's workspace changes could not be applied ({why}): {run.stderr[-300:]}"
+        return None
+
+
+def _tar_base64(root: Path) -> str:
+    """A built workspace (this server's own, shallow) as a tar, base64."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for child in sorted(root.iterdir()):
+            tar.add(child, arcname=child.name)
+    return base64.b64encode(buffer.getvalue()).decode()
 
 
 def _sandbox_reason(exc: ValueError) -> str:

@@ -7,8 +7,11 @@ after its reference solution (so each task is solvable and none passes by doing 
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import dataclasses
+import io
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -820,6 +823,59 @@ def test_verify_and_end_session_close_the_rollouts_sandbox(helper: RunHelper) ->
             assert resp.json()["reward"] == 1.0 and resp.json()["commands_run"] == 1
         after = post_json(url + "/bash", {"command": "ls"}, cookies)
         assert after.status_code == 400 and "/seed_session" in after.text  # the rollout is gone
+
+
+def test_an_agents_own_sandbox_gets_the_workspace_and_its_changes_are_judged(
+    helper: RunHelper, tmp_path: Path
+) -> None:
+    """What harness_agent (workspace: resources_server) does, in this process: the task's workspace from
+    /export_workspace (never the hidden tests), the fix made in a sandbox of its own, the changeset in the
+    /verify body. Applied to the rollout's workspace, judged by the hidden tests in a fork: 1; not echoed.
+    A changeset that is not base64, or not a tar, is the caller's mistake: 422, never a score."""
+    url = server_url(helper, ENV)
+    row = _row("git_settings")
+    task = TASKS_BY_ID["git_settings"]
+    cookies = dict(post_json(url + "/seed_session", row).cookies)
+    exported = post_json(url + "/export_workspace", {}, cookies)
+    assert exported.status_code == 200, exported.text
+    data = base64.b64decode(exported.json()["tar_base64"])
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        names = tar.getnames()
+        assert "settings.ini" in names and ".git/MERGE_HEAD" in names
+        blob = b"".join(tar.extractfile(m).read() for m in tar if m.isreg())  # type: ignore[union-attr]
+    assert all(name.encode() not in blob for name in task.test_names)  # the hidden tests are not in it
+    (tmp_path / "workspace.tar").write_bytes(data)
+
+    async def solve_elsewhere() -> bytes:
+        session = await SandboxSession.start(workspace=tmp_path / "workspace.tar")
+        try:
+            for step in task.solution:
+                if step[0] == "write":
+                    await session.write_file(step[1], step[2])
+                else:
+                    assert (await session.exec(step[1])).return_code == 0
+            return await session.export_changes(max_bytes=1 << 20)
+        finally:
+            await session.close()
+
+    changes = base64.b64encode(asyncio.run(solve_elsewhere())).decode()
+    resp = post_json(
+        url + "/verify", {**row, "response": {"output": []}, "workspace_changes": changes}, cookies
+    )
+    assert resp.status_code == 200, resp.text
+    verdict = resp.json()
+    assert (verdict["reward"], verdict["failure_reason"], verdict["commands_run"]) == (1.0, None, 0), verdict
+    assert verdict.get("workspace_changes") is None
+
+    for bad, said in (
+        ("%%%", "not base64"),
+        (base64.b64encode(b"not a tar").decode(), "not a changeset tar"),
+    ):
+        cookies = dict(post_json(url + "/seed_session", row).cookies)
+        resp = post_json(
+            url + "/verify", {**row, "response": {"output": []}, "workspace_changes": bad}, cookies
+        )
+        assert resp.status_code == 422 and said in resp.text, resp.text
 
 
 def test_the_dry_run_config_plays_each_example_rows_reference_solution() -> None:

@@ -1,11 +1,20 @@
 """harness_agent end to end: real servers (mcqa, the scripted model with token ids, harness agents) on
-127.0.0.1, real harness processes on the official openai and anthropic SDKs (examples/harnesses/), their
-calls recorded by the model server and turned into training samples; and every way a harness fails
-ending as a 502 ``harness_failed`` naming the command, never a reward."""
+127.0.0.1, real harness processes on the official openai and anthropic SDKs (examples/harnesses/), in
+real bubblewrap sandboxes, their calls recorded by the model server and turned into training samples;
+every way a harness fails ending as a 502 ``harness_failed`` naming the command, never a reward; and what
+a harness's commands can reach from its sandbox (tests/probe_harness.py), beside the same probe run on
+the host (``unsafe_host: true``), which reaches all of it."""
 
 from __future__ import annotations
 
+import glob
+import json
 import os
+import signal
+import sys
+import sysconfig
+import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,17 +23,25 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from nemo_gym.auth import token_file_for
 from nemo_gym.kit.harness_trajectory import merge_samples
 from nemo_gym.run.cli import RunHelper
 from nemo_gym.tools.testing import example_rows, post_json, running_servers, server_url
-from responses_api_agents.harness_agent.app import HarnessAgentConfig
+from responses_api_agents.harness_agent.app import HarnessAgentConfig, glob_matches
 from responses_api_models.local_model import weights
 
 MCQA = "resources_servers/mcqa/configs/mcqa.yaml"
 HARNESS = "responses_api_agents/harness_agent/configs/mcqa_harness.yaml"
 LOCAL_MODEL = "responses_api_models/local_model/configs/local_model.yaml"
 RIGHT, WRONG = "shortest year", "chemical symbol for sodium"  # rows 0 (B) and 1 (C) of mcqa's examples
-PID_FILE = f"/tmp/ng_harness_test_{os.getpid()}.pid"
+MARK = f"ngtest{os.getpid()}"  # in the argv of the processes the harnesses leave, to find them on the host
+PROBE = "responses_api_agents/harness_agent/tests/probe_harness.py"
+# The base installation's site-packages (what else is installed there) when the venv leaves them out.
+BASE_SITE = sysconfig.get_path("purelib", vars={"base": sys.base_prefix, "platbase": sys.base_prefix})
+CALL = (
+    "import sys, openai, os; openai.OpenAI().chat.completions.create(model=os.environ['NG_MODEL'], "
+    "messages=[{'role': 'user', 'content': sys.stdin.read()}])"
+)
 
 
 def _agent(command: list[str], **more: Any) -> dict[str, Any]:
@@ -50,6 +67,7 @@ SCRIPTS = [
         ],
     },
     {"contains": WRONG, "turns": [{"text": "\\boxed{A}"}]},
+    {"contains": "[probe]", "turns": [{"text": "\\boxed{B}"}]},
 ]
 
 
@@ -72,13 +90,26 @@ def stack() -> Iterator[RunHelper]:
              "sys.exit(4)"]
         ),
         "runs_too_long": _agent(
-            [
-                "python",
-                "-c",
-                "import subprocess, time, os; p = subprocess.Popen(['sleep', '300']); "
-                f"open({PID_FILE!r}, 'w').write(str(p.pid)); time.sleep(300)",
-            ],
-            timeout_s=2,
+            ["python", "-c", f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', '{MARK}-hang']); time.sleep(300)"],
+            timeout_s=3,
+        ),
+        # Calls the model (it answers), then does what a model's command could make it do.
+        "floods_its_output": _agent(
+            ["python", "-c", f"{CALL}; print('x' * 50000)"], max_output_bytes=10000
+        ),
+        "fills_its_workspace": _agent(
+            ["python", "-c", f"{CALL}; open('big.txt', 'w').write('x' * 50000)"],
+            final_files=["*.txt"],
+            max_workspace_changes_bytes=10000,
+        ),
+        "probe_sandboxed": _agent(["python", PROBE]),
+        "probe_on_host": _agent(["python", PROBE], unsafe_host=True),
+        # Keeps its sandbox (and its workspace's files on the host) until the test releases it.
+        "holder": _agent(
+            ["python", "-c", "import os, sys, time, openai; t = time.monotonic()\n"
+             "while not os.path.exists('/run/ng-harness/release') and time.monotonic() < t + 120: time.sleep(0.1)\n"
+             "openai.OpenAI().chat.completions.create(model=os.environ['NG_MODEL'], messages=[{'role': 'user', 'content': sys.stdin.read()}])\n"
+             "print('\\\\boxed{B}')"]
         ),
         "answers_in_a_file": _agent(
             ["python", "-c", "import sys, openai, os; "
@@ -177,7 +208,7 @@ def test_the_policy_version_of_each_call_is_on_its_sample_and_the_rollout(stack:
         ("no_such_command", "could not start"),
         ("exits_nonzero", "exited with status 3; its stderr ends: boom"),
         ("never_calls", "never called the model"),
-        ("runs_too_long", "ran past timeout_s=2.0"),
+        ("runs_too_long", "ran past timeout_s=3.0"),
     ],
 )
 def test_a_failing_harness_is_a_502_naming_it_never_a_reward(stack: RunHelper, agent: str, said: str) -> None:
@@ -186,13 +217,8 @@ def test_a_failing_harness_is_a_502_naming_it_never_a_reward(stack: RunHelper, a
     error = resp.json()["error"]
     assert error["kind"] == "harness_failed" and said in error["message"], error
     assert "reward" not in resp.text
-    if agent == "runs_too_long":  # the harness's whole process group was killed, its child too
-        pid = int(Path(PID_FILE).read_text())
-        deadline = time.monotonic() + 10
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _alive(pid)
-        Path(PID_FILE).unlink()
+    if agent == "runs_too_long":  # the harness's whole sandbox was killed, its child too
+        assert _left_behind(f"{MARK}-hang") == []
 
 
 def test_a_harness_ended_after_its_model_calls_answered_scores_zero_with_the_reason(stack: RunHelper) -> None:
@@ -209,12 +235,45 @@ def test_a_harness_ended_after_its_model_calls_answered_scores_zero_with_the_rea
     assert result["harness"]["model_calls"] == 1 and result["training"]["samples"]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
+@pytest.mark.parametrize(
+    ("agent", "said"),
+    [
+        (
+            "floods_its_output",
+            "killed by signal 9 (its output passed max_output_bytes=10000 and it was stopped)",
+        ),
+        (
+            "fills_its_workspace",
+            "cannot be sent to /verify: the workspace's file 'big.txt' alone has 50000 bytes",
+        ),
+    ],
+)
+def test_a_harness_spoiled_after_its_model_calls_answered_scores_zero_with_the_reason(
+    stack: RunHelper, agent: str, said: str
+) -> None:
+    resp = _run(stack, agent, _row(RIGHT))
+    assert resp.status_code == 200, resp.text
+    result = resp.json()
+    assert result["reward"] == 0.0 and said in result["failure_reason"], result["failure_reason"]
+    assert result["harness"]["model_calls"] == 1
+
+
+def _left_behind(marker: str) -> list[int]:
+    """Live processes on the host whose command line holds ``marker`` (bounded wait for them to go)."""
+    deadline = time.monotonic() + 10
+    while True:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if marker.encode() in cmdline and state != "Z":
+                found.append(int(pid))
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
 
 
 def test_merge_samples_marks_a_call_that_rewrote_history() -> None:
@@ -277,3 +336,133 @@ def test_final_files_patterns_must_stay_in_the_working_directory(pattern: str) -
     config = {**base, "name": "h", "host": "127.0.0.1", "port": 1, "final_files": [pattern]}
     with pytest.raises(ValidationError, match="final_files"):
         HarnessAgentConfig.model_validate(config)
+
+
+def _probe_row(stack: RunHelper, marker: str, globs: list[str], question_of: str = RIGHT) -> dict[str, Any]:
+    head = stack.head_server_config
+    addresses = [f"{head.host}:{head.port}"] + [
+        server_url(stack, name).split("//", 1)[1] for name in ("policy_model", "mcqa")
+    ]
+    token_file = token_file_for(head.port)
+    assert token_file.is_file()  # what a harness on the host reads (the run token: every server, every path)
+    row = _row(question_of)
+    probe = {
+        "marker": marker,
+        "paths": [
+            str(Path.cwd() / "resources_servers/mcqa/data/example.jsonl"),  # the answer key
+            str(Path.cwd() / "resources_servers/file_edit_tasks/data/example.jsonl"),
+            str(token_file),
+            str(Path.home() / ".cache"),
+        ],
+        "globs": globs,
+        "home": str(Path.home()),
+        "list": [BASE_SITE],
+        "addresses": addresses,
+        "question": "[probe] which letter?",
+    }
+    return {**row, "responses_create_params": {"input": json.dumps(probe)}}
+
+
+def _probe_report(result: dict[str, Any]) -> dict[str, Any]:
+    line = next(x for x in result["harness"]["stderr"].splitlines() if x.startswith("PROBE "))
+    return json.loads(line.removeprefix("PROBE "))
+
+
+def test_a_sandboxed_harness_reaches_its_own_rollouts_model_calls_and_nothing_else(stack: RunHelper) -> None:
+    # Another rollout's harness holds its sandbox (its workspace's files on the host) while the probe runs.
+    held = f"{MARK}-held.txt"
+    where = [
+        f"{tempfile.gettempdir()}/nemo-gym-sessions-*/sessions/*/upper/{held}",  # a sandboxed rollout's files
+        f"{tempfile.gettempdir()}/ng_harness_*/{held}",  # an unsafe_host rollout's
+    ]
+    holder: dict[str, Any] = {}
+    thread = threading.Thread(
+        target=lambda: holder.update(
+            resp=_run(stack, "holder", {**_row(RIGHT), "harness_files": {held: "secret"}})
+        )
+    )
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not glob.glob(where[0]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert glob.glob(where[0]), "the holder's sandbox never started"
+
+        resp = _run(stack, "probe_sandboxed", _probe_row(stack, f"{MARK}-sandboxed", where))
+        assert glob.glob(where[0])  # the other rollout's files were there all along
+        host_resp = _run(stack, "probe_on_host", _probe_row(stack, f"{MARK}-host", where))
+    finally:
+        for run_dir in glob.glob(f"{tempfile.gettempdir()}/ng-harness-run-*/"):
+            Path(run_dir, "release").touch()
+        thread.join(timeout=120)
+    assert holder["resp"].status_code == 200 and holder["resp"].json()["reward"] == 1.0
+
+    # In its sandbox: scored as usual (its own rollout's model call works), and nothing else is reachable.
+    assert resp.status_code == 200, resp.text
+    result = resp.json()
+    assert result["reward"] == 1.0 and result["harness"]["model_calls"] == 1, result
+    report = _probe_report(result)
+    assert not any(report["readable"].values()), report["readable"]  # answer keys, token file, ~/.cache
+    assert report["found"] == [], report  # another rollout's files
+    assert report["home"] == [".pyenv"] or report["home"] is None, report  # at most the venv's base Python
+    if sys.prefix != sys.base_prefix and os.listdir(BASE_SITE):  # a venv: the base's own packages hidden
+        assert report["listings"][BASE_SITE] in ([], None), report
+    assert "resources_servers" not in (report["top"] or []) and "workspace" in report["top"], report
+    assert all(not cwd.startswith(str(Path.cwd())) for cwd in report["cwds"]), report  # no server's cwd
+    assert report["policy_version"] == "HTTP 401", report  # the rollout credential sets nothing
+    assert report["pop"] == "HTTP 401", report  # nor reads what the model server recorded
+    assert report["other_rollout"] == "HTTP 401", report  # nor makes another rollout's model calls
+    assert report["connect"] == {a: False for a in report["connect"]}, report  # no server of the host
+    assert _left_behind(f"{MARK}-sandboxed") == []  # its `setsid sleep 1000 &` died with the rollout
+
+    # The same probe on the host (unsafe_host: true) reaches all of it: what the sandbox takes away.
+    assert host_resp.status_code == 200, host_resp.text
+    host = _probe_report(host_resp.json())
+    try:
+        assert all(host["readable"].values()), host["readable"]
+        assert host["listings"][BASE_SITE] == sorted(os.listdir(BASE_SITE))
+        assert host["found"] and any(cwd.startswith(str(Path.cwd())) for cwd in host["cwds"]), host
+        assert all(host["connect"].values()), host
+        assert host["policy_version"] == "HTTP 401"  # the trainer credential guards it even there
+    finally:
+        left = _left_behind(f"{MARK}-host")
+        for pid in left:  # the setsid child a harness on the host leaves behind outlives its rollout
+            os.kill(pid, signal.SIGKILL)
+    assert left, "a setsid child of a harness on the host survives it (what the sandbox's cgroup prevents)"
+
+
+@pytest.mark.parametrize(
+    ("more", "said"),
+    [
+        ({"workspace": "resources_server", "unsafe_host": True}, "sandbox only"),
+        ({"workspace": "resources_server", "final_files": ["*.py"]}, "workspace_changes"),
+        ({"sandbox": {"backend": "unsafe_local_subprocess"}}, "unsafe_host: true"),
+        ({"sandbox_limits": {"memory": 5}}, "Unknown session limit keys"),
+    ],
+)
+def test_configs_that_would_not_sandbox_the_harness_as_asked_are_refused(
+    more: dict[str, Any], said: str
+) -> None:
+    base = _agent(["python", "x.py"])["responses_api_agents"]["harness_agent"]
+    with pytest.raises(ValidationError, match=said):
+        HarnessAgentConfig.model_validate({**base, "name": "h", "host": "127.0.0.1", "port": 1, **more})
+
+
+def test_final_files_patterns_match_as_path_glob_does(tmp_path: Path) -> None:
+    for rel in ("a.py", "b.txt", "pkg/c.py", "pkg/sub/d.py", ".hidden/e.py", "x1.py", "x22.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    files = [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()]
+    for pattern in (
+        "**/*.py",
+        "*.py",
+        "pkg/*.py",
+        "pkg/**/*.py",
+        "**/d.py",
+        "x?.py",
+        "x[0-9]*.py",
+        "**",
+        "*/*",
+    ):
+        expected = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.glob(pattern) if p.is_file())
+        assert sorted(f for f in files if glob_matches(pattern, f)) == expected, pattern

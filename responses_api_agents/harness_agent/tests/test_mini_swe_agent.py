@@ -29,11 +29,18 @@ if importlib.util.find_spec("minisweagent") is None:
 
 ENV = "resources_servers/file_edit_tasks/configs/file_edit_tasks.yaml"
 MINI = "responses_api_agents/harness_agent/configs/mini_swe_agent.yaml"
+WS_ENV = "resources_servers/workspace_tasks/configs/workspace_tasks.yaml"
+WS_MINI = "responses_api_agents/harness_agent/configs/mini_swe_agent_workspace_tasks.yaml"
+WS_AGENT = "workspace_tasks_mini_swe_agent"
 SCRIPTED = "responses_api_models/scripted_model/configs/scripted_model_file_edit_tasks.yaml"
 AGENT = "file_edit_mini_swe_agent"
 BAD_MODEL_AGENT = "mini_with_a_bad_model_name"
 WRONG, MODEL_DOWN = "[edit it wrongly]", "[model server down]"
 SUBMIT = {"name": "bash", "arguments": {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}}
+
+
+def _bash(command: str) -> dict[str, Any]:
+    return {"name": "bash", "arguments": {"command": command}}
 
 
 def _config(path: str) -> dict[str, Any]:
@@ -52,6 +59,24 @@ def stack() -> Iterator[RunHelper]:
             ],
         },
         {"contains": MODEL_DOWN, "turns": [{"http_error": 503}]},
+        {  # workspace_tasks' git_settings: resolve the conflict and commit the merge, in mini's sandbox
+            "contains": "conflict in settings.ini",
+            "turns": [
+                {
+                    "tool_calls": [
+                        _bash(
+                            "printf '[server]\\nport = 8080\\ntimeout = 30\\nretries = 5\\n' > settings.ini"
+                            " && git add settings.ini && git commit -q --no-edit && git status --short"
+                        )
+                    ]
+                },
+                {"tool_calls": [SUBMIT]},
+            ],
+        },
+        {  # workspace_tasks' pyfix_median: the module deleted, not fixed (a deletion crosses over too)
+            "contains": "`stats.median.median`",
+            "turns": [{"tool_calls": [_bash("rm stats/median.py")]}, {"tool_calls": [SUBMIT]}],
+        },
     ]
     # The same mini, asked for a model with no LiteLLM provider: LiteLLM refuses it, mini exits non-zero.
     bad = copy.deepcopy(_config(MINI)[AGENT])
@@ -62,7 +87,7 @@ def stack() -> Iterator[RunHelper]:
         "policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": more + scripts}}},
         BAD_MODEL_AGENT: bad,
     }
-    with running_servers([ENV, MINI, SCRIPTED], extra, with_scripted_model=False) as helper:
+    with running_servers([ENV, MINI, WS_ENV, WS_MINI, SCRIPTED], extra, with_scripted_model=False) as helper:
         yield helper
 
 
@@ -129,3 +154,35 @@ def test_mini_swe_agent_edits_files_and_is_rewarded_with_its_exact_tokens(
         assert (failure["kind"], failure["status"]) == ("harness_failed", 502), failure
         assert "exited with status 1" in failure["error"] and said in failure["error"], failure
         assert "reward" not in failure
+
+
+@pytest.mark.slow  # two more mini rollouts, in parallel
+def test_mini_swe_agent_solves_a_workspace_task_in_its_sandbox_and_the_hidden_tests_judge_it(
+    stack: RunHelper, tmp_path: Path
+) -> None:
+    """mini works in a sandbox of its own on the task's workspace (POST /export_workspace: files and a git
+    repository in the middle of a merge); what it changed (new git objects, a commit, MERGE_HEAD deleted;
+    a deleted module) crosses to workspace_tasks as `workspace_changes`, which applies it to a fresh copy
+    of the task's workspace and runs the hidden tests in a fork."""
+    rows = {r["task_id"]: r for r in example_rows("workspace_tasks")}
+    inputs = [rows["git_settings"], rows["pyfix_median"]]
+    code, out, stderr = collect_rollouts(
+        stack, inputs, tmp_path, WS_AGENT, "+max_attempts=1", "+num_samples_in_parallel=2"
+    )
+    assert code == 0, stderr[-3000:]
+    merged, deleted = out
+    assert (merged["task_id"], merged["reward"], merged["failure_reason"]) == ("git_settings", 1.0, None), (
+        merged
+    )
+    assert merged["tests_passed"] == 1.0 and "workspace_changes" not in merged
+    assert merged["harness"]["exit_code"] == 0 and merged["harness"]["model_calls"] == 2
+    [sample] = merged["training"]["samples"]
+    assert sample["call_indices"] == [0, 1]
+    # The commit ran in mini's sandbox (its bash tool's output came back in the second call's prompt).
+    prompt = bytes(
+        t for t, m in zip(sample["token_ids"], sample["loss_mask"], strict=True) if not m and t < 256
+    )
+    assert b'"returncode": 0' in prompt
+    assert (deleted["task_id"], deleted["reward"]) == ("pyfix_median", 0.0), deleted
+    assert deleted["failure_reason"] == "4 of 4 hidden tests failed", deleted
+    assert deleted["commands_run"] == 0  # nothing ran through the environment's own tools
