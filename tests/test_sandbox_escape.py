@@ -232,6 +232,36 @@ print("WORKDIR_OK", open("inside.txt").read())
     _assert_contained(url, proc)
 
 
+def test_dev_is_read_only_and_dev_shm_is_capped(server) -> None:
+    """Before: bubblewrap's /dev was a writable tmpfs with no size, memory no rlimit bounds (a program could
+    park gigabytes there past its memory limit where no memory cgroup charges it)."""
+    _, url, proc = server
+    code = """
+import errno, os
+try:
+    open("/dev/parked", "wb").write(b"x")
+    print("WROTE /dev")
+except OSError as e:
+    print("DENIED /dev", errno.errorcode.get(e.errno, e.errno))
+written = 0
+try:
+    for i in range(64):  # files of 16 MiB (under the file-size limit), up to 1 GiB in all
+        with open(f"/dev/shm/big{i}", "wb") as f:
+            for _ in range(16):
+                f.write(b"x" * (1 << 20))
+                f.flush()
+                written += 1
+    print("SHM", written)
+except OSError as e:
+    print("SHM STOPPED", written, errno.errorcode.get(e.errno, e.errno))
+"""
+    out = _run(url, code)
+    assert "DENIED /dev EROFS" in out["stdout"], out
+    stopped = [line for line in out["stdout"].splitlines() if line.startswith("SHM STOPPED")]
+    assert stopped and stopped[0].endswith("ENOSPC") and int(stopped[0].split()[2]) < 1024, out
+    _assert_contained(url, proc)
+
+
 def test_fork_bomb_hits_the_process_limit(server) -> None:
     _, url, proc = server
     marker = f"forkbomb-{uuid.uuid4().hex}"

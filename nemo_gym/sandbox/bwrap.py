@@ -8,7 +8,7 @@ Contract
   its own processes), a user namespace in which it is uid/gid 65534 with no capabilities and no further
   user namespaces, ``/usr`` (and the merged-usr links, ``/etc/alternatives``, ``/etc/ld.so.cache``) bound
   READ-ONLY and nothing else of the host (no repo, no /root, no /home, no /etc/passwd), a read-only root,
-  a fresh /proc and /dev, a size-capped tmpfs /tmp, the work dir bound read-write at ``spec.workdir`` (the
+  a fresh /proc and a read-only /dev with a size-capped tmpfs /dev/shm, a size-capped tmpfs /tmp, the work dir bound read-write at ``spec.workdir`` (the
   only writable places), its own hostname (UTS namespace), and an environment of
   only PATH/HOME/LANG/TMPDIR/thread-count variables plus what the caller passes.
 * Limits: RLIMIT_CPU (then SIGXCPU/SIGKILL), RLIMIT_FSIZE, RLIMIT_NOFILE, no core files; the process count
@@ -165,6 +165,15 @@ class BubblewrapBackend(_BackendBase):
             "--proc",
             "/proc",
             "--dev",
+            "/dev",
+            # /dev/shm (POSIX shared memory: multiprocessing's locks and queues) a tmpfs capped as /tmp is,
+            # and the rest of /dev read-only: bubblewrap's /dev is an unbounded tmpfs a program could fill,
+            # memory no rlimit bounds (only a memory cgroup charges it).
+            "--size",
+            str(tmp_bytes),
+            "--tmpfs",
+            "/dev/shm",
+            "--remount-ro",
             "/dev",
             "--size",
             str(tmp_bytes),

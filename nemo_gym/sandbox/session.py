@@ -539,7 +539,6 @@ class SandboxSession:
                 tmp_bytes=resources.tmp_size_mib << 20,
                 extra_ro_binds=((str(root / _AGENT.name), _AGENT_INSIDE), *self._binds),
             )
-            inner = _shm_capped(inner, resources.tmp_size_mib << 20)
             launcher = _launcher_args(
                 resources,
                 cgroups.procs_files(),
@@ -1032,16 +1031,6 @@ def _session_config(provider: Mapping[str, Any] | SandboxProviderConfig | None) 
     if config.run_on == "ray":
         raise SandboxUnavailableError("sandbox sessions run on this machine: run_on must be local or auto")
     return config
-
-
-def _shm_capped(bwrap_argv: list[str], size: int) -> list[str]:
-    """A session's /dev read-only and its /dev/shm (POSIX shared memory: multiprocessing's locks and
-    queues) a tmpfs of ``size`` bytes, as /tmp is: bubblewrap's /dev is an unbounded tmpfs the sandbox
-    could write, memory that no rlimit bounds (a memory cgroup would charge it; without one it was a sink
-    of any size past ``memory_mib``)."""
-    at = next(i for i in range(len(bwrap_argv) - 1) if bwrap_argv[i : i + 2] == ["--dev", "/dev"]) + 2
-    shm = ["--size", str(size), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
-    return [*bwrap_argv[:at], *shm, *bwrap_argv[at:]]
 
 
 def _hard_nproc() -> int:
