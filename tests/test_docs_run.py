@@ -70,6 +70,9 @@ SKIP: dict[tuple[str, str], str] = {
         "responses_api_models/local_model/tests/test_quickstart.py"
     ),
     ("README.md", "bash .ci/run"): "the whole CI run (installs packages, runs every test, this one included)",
+    ("docs/rewards.md", "ng_reward_audit                                   # every environment"): (
+        "audits every environment (minutes); tests/test_reward_audit.py runs every environment's audit"
+    ),
     ("README.md", 'ng_run "+config_paths=[resources_servers/aviary/configs/gsm8k_aviary.yaml,'): (
         "runs local_model on five Aviary rows (3-5 minutes on 2 cores, a real LLM's free output); the same "
         "Aviary server, agent, collection and ng_export_transitions run on the scripted model in "

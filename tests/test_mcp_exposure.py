@@ -52,8 +52,22 @@ def test_harvested_routes_are_served_over_mcp_for_the_session() -> None:
         assert texts[0] == '{"success":true}'
         assert texts[1].startswith("error: HTTP 422") and "count" in texts[1]
         assert texts[2] == '{"count":15}'
-        verify = post_json(base + "/verify", {**STUB, "expected_count": 15}, cookies=cookies)
-        assert verify.json()["reward"] == 1.0
+        # The rollout read the counter over MCP and tells it: what the environment's reward asks for.
+        told = {
+            "output": [
+                {"type": "function_call", "call_id": "c1", "name": "get_counter_value", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": texts[2]},
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": "It is 15."}],
+                },
+            ]
+        }
+        verify = post_json(
+            base + "/verify", {**STUB, "response": told, "expected_count": 15}, cookies=cookies
+        )
+        assert verify.json()["reward"] == 1.0, verify.text
         # Tool calls made over MCP count under their tool, as over HTTP (nemo_gym.server.metrics).
         m = scrape(base)
         assert metric_value(m, "nemo_gym_tool_calls_total", tool="increment_counter", outcome="ok") == 1

@@ -42,13 +42,26 @@ def _inc(*counts: int) -> dict[str, Any]:
 
 
 GET = {"tool_calls": [{"name": "get_counter_value", "arguments": {}}]}
-DONE = {"text": "Done: the counter shows the value above."}
+
+
+def _done(row: dict[str, Any]) -> dict[str, Any]:
+    """The final answer, stating the counter's value (the environment's reward needs it told)."""
+    return {"text": f"Done: the counter shows {row['expected_count']}."}
+
+
 CORRECT_TURNS: list[list[dict[str, Any]]] = [
-    [_inc(5, 12), GET, DONE],
-    [_inc(3), _inc(3), _inc(3), GET, DONE],
-    [_inc(-25, 7), GET, DONE],
-    [GET, _inc(10), GET, DONE],
-    [GET, DONE],
+    [*turns, _done(row)]
+    for row, turns in zip(
+        ROWS,
+        [
+            [_inc(5, 12), GET],
+            [_inc(3), _inc(3), _inc(3), GET],
+            [_inc(-25, 7), GET],
+            [GET, _inc(10), GET],
+            [GET],
+        ],
+        strict=True,
+    )
 ]
 
 
