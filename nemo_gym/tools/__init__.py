@@ -2,7 +2,8 @@
 
 The rollout viewer (:mod:`~nemo_gym.tools.viewer`, ``ng_viewer``), benchmarks (:mod:`~nemo_gym.tools.bench`,
 ``ng_bench*``), re-verification and export of collected rollouts (:mod:`~nemo_gym.tools.reverify`,
-:mod:`~nemo_gym.tools.export_transitions`), the eval workflow (:mod:`~nemo_gym.tools.eval`,
+:mod:`~nemo_gym.tools.export_transitions`), the adversarial audit of environments' rewards
+(:mod:`~nemo_gym.tools.reward_audit`, ``ng_reward_audit``), the eval workflow (:mod:`~nemo_gym.tools.eval`,
 ``ng_e2e_collect_rollouts``), data preparation (:mod:`~nemo_gym.tools.data`), scaffolding a new
 environment (:mod:`~nemo_gym.tools.scaffold`), listing the servers found (:mod:`~nemo_gym.tools.server_list`,
 ``ng_list``), running an environment's own tests (:mod:`~nemo_gym.tools.server_tests`, ``ng_test``) and
