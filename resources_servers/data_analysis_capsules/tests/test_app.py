@@ -214,13 +214,15 @@ def _scripts() -> list[dict[str, Any]]:
                 "contains": f"[crash {cid}]",
                 "turns": [_cell("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")],
             },
-            {  # a cell leaves a timer that kills the kernel after it returned; the next cell finds it dead
+            {  # a cell leaves a timer that kills the kernel after it returned; the next cell finds it dead.
+                # The timer gives the cell's reply 1.5 s to reach the server (0.2 s was too little on a busy
+                # CI machine: the kernel died before the reply, which is the other path), the next cell 5 s.
                 "contains": f"[late crash {cid}]",
                 "turns": [
                     _cell(
-                        "import os, signal, threading\nthreading.Timer(0.2, os.kill, (os.getpid(), signal.SIGKILL)).start()"
+                        "import os, signal, threading\nthreading.Timer(1.5, os.kill, (os.getpid(), signal.SIGKILL)).start()"
                     ),
-                    {**_cell("print('still here?')"), "delay_s": 3.0},
+                    {**_cell("print('still here?')"), "delay_s": 5.0},
                 ],
             },
         ]
