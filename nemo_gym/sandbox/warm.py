@@ -107,8 +107,17 @@ def _sweep_dead_owners_dirs(root: Path, prefix: str = _PRESTART_PREFIX) -> None:
     for pattern in (f"{prefix}*", f".{prefix}*.removed"):
         for path in root.glob(pattern):
             pid = path.name.lstrip(".").removeprefix(prefix).split("-", 1)[0]
-            if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
+            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
                 remove_dir_later(path)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, killed and not yet reaped by its parent, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]
 
 
 def _retrieve(future: asyncio.Future) -> None:
