@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -258,8 +259,11 @@ def helper() -> Iterator[RunHelper]:
             }
         },
     }
-    with running_servers([CONFIG], extra) as h:
-        yield h
+    try:
+        with running_servers([CONFIG], extra) as h:
+            yield h
+    finally:
+        shutil.rmtree(HOST_DIR, ignore_errors=True)
 
 
 def _function_outputs(result: dict[str, Any]) -> list[str]:
