@@ -77,6 +77,38 @@ async def test_file_size_limit() -> None:
     )  # EFBIG (Python ignores SIGXFSZ)
 
 
+# 1 MiB files (each under RLIMIT_FSIZE) in a loop until the run's wall time; empty files likewise.
+FILL = "import time\ni = 0\nwhile True:\n    open(f'f{i}', 'wb').write(bytes(1 << 20))\n    i += 1\n    time.sleep(0.002)"
+EMPTY_FILES = "i = 0\nwhile True:\n    open(f'e{i}', 'w').close()\n    i += 1"
+
+
+@pytest.mark.parametrize("backend", ["bubblewrap", "unsafe_local_subprocess"])
+async def test_disk_quota_bounds_what_a_run_adds_to_its_work_dir(backend: str) -> None:
+    """RLIMIT_FSIZE caps each file, and nothing capped their sum: before, a run of FILL with a 3 s wall
+    time wrote 826 MB into its work dir (788 files; at the default 20 s, gigabytes), and one of
+    EMPTY_FILES made 148,601 files (an inode each), which counted as 0 bytes. Now the work dir is watched
+    while the program runs, which is killed past ``disk_quota_mib``, and every entry counts at least a
+    block. The unsafe backend runs through the one-shot launcher, bubblewrap through a started sandbox."""
+    provider = {"backend": backend}
+    limits = {"wall_time_s": 20, "file_size_mib": 4, "disk_quota_mib": 8}
+    for code in (FILL, EMPTY_FILES):
+        run = await run_in_sandbox(["python3", "-c", code], resources=limits, provider=provider)
+        assert run.error_type == "disk_quota" and run.return_code == 137 and not run.timed_out, run
+        assert (
+            "[disk quota exceeded:" in run.stderr and "past its quota of 8 MiB; it was stopped]" in run.stderr
+        )
+    # Written faster than the watcher looks, and exited: counted when it ends, the same verdict.
+    quick = "for i in range(3):\n    open(f'f{i}', 'wb').write(bytes(4 << 20))\nprint('wrote')"
+    run = await run_in_sandbox(["python3", "-c", quick], resources=limits, provider=provider)
+    assert run.error_type == "disk_quota" and not run.ok and "[disk quota exceeded:" in run.stderr, run
+    # The caller's own files are not the run's: a 10 MB input under an 8 MiB quota, read and written less.
+    reader = "data = open('in.bin', 'rb').read()\nopen('out.bin', 'wb').write(data[:1000])\nprint(len(data))"
+    run = await run_in_sandbox(
+        ["python3", "-c", reader], files={"in.bin": bytes(10 << 20)}, resources=limits, provider=provider
+    )
+    assert run.ok and run.stdout == f"{10 << 20}\n" and "disk quota" not in run.stderr, run
+
+
 async def test_open_files_limit() -> None:
     code = "fs = []\ntry:\n    while True: fs.append(open('/dev/null'))\nexcept OSError as e:\n    print(len(fs), e.errno)"
     result = await run_in_sandbox(["python3", "-c", code], resources={"open_files": 40})

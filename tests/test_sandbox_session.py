@@ -190,6 +190,42 @@ async def test_a_session_reaches_no_network_no_host_process_and_no_new_namespace
         await _close_and_check(session)
 
 
+async def test_the_mount_table_inside_names_no_host_path_of_the_session() -> None:
+    """What the sandbox reads of its own mounts (/proc/self/mountinfo, /proc/mounts) names none of the
+    host's paths behind the session: before, the workspace's line carried the overlay's options with the
+    host paths of its layer, upper and work dirs (``/tmp/nemo-gym-sessions-<server pid>-.../sessions/
+    <session id>-.../upper``), and the agent's line the host path of its file. Now the overlay is mounted
+    with names relative to the session's dir and the agent is a file of the sandbox's own root (read
+    from an fd). A fork (its layer a snapshot, ``layers/ws-...``) is checked too."""
+    session = await SandboxSession.start(files={"a.txt": "a"}, limits=FAST)
+    fork = None
+    try:
+        snap = await session.snapshot()
+        fork = await session.fork(snap)
+        read = "cat /proc/self/mountinfo /proc/mounts; ls -l /proc/self/fd/; cat /proc/self/cgroup"
+        for one in (session, fork):
+            assert one._sandbox is not None
+            seen = await one.exec(read)
+            assert seen.ok, seen
+            host_paths = [
+                str(one._sandbox.dirs),  # the session's own dir on the host (its id, the server's pid)
+                str(one._sandbox.dirs.parent.parent),  # this process's sessions dir
+                str(one._layer.path),  # the layer it started from (a snapshot's id)
+                "nemo-gym-sessions-",
+                snap,
+            ]
+            for path in host_paths:
+                assert path not in seen.stdout, (path, seen.stdout)
+            workspace = next(line for line in seen.stdout.splitlines() if " /workspace " in line)
+            assert "lowerdir=lower,upperdir=upper,workdir=work" in workspace or "fuse" in workspace, workspace
+            assert "/opt/nemo_gym" not in seen.stdout  # the agent: a file of the root, no mount of its own
+            assert (await one.exec("head -c 40 /opt/nemo_gym/session_agent.py")).ok
+            refused = await one.exec("echo x >> /opt/nemo_gym/session_agent.py")
+            assert refused.return_code != 0 and "Read-only file system" in refused.stderr, refused
+    finally:
+        await _close_and_check(*([fork] if fork else []), session)
+
+
 async def test_memory_held_by_many_processes_together_is_bounded() -> None:
     """Three processes of 120 MiB each under a 256 MiB session: the memory cgroup OOM-kills one; without
     one (not root) no process passes its own RLIMIT_AS, and the agent's samples of the sandbox's total stop

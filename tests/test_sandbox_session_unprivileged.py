@@ -41,6 +41,7 @@ FUSE_CHECKS = (
     "test_sessions_cannot_see_each_other_before_or_after_a_fork",
     "test_opaque_dirs_and_whiteouts_reach_a_snapshot",
     "test_a_session_reaches_no_network_no_host_process_and_no_new_namespace",
+    "test_the_mount_table_inside_names_no_host_path_of_the_session",
     "changes::test_a_sessions_changes_make_another_session_on_the_same_workspace_the_same",
 )
 

@@ -16,7 +16,10 @@ Contract
   the cap is killed), ``return_code`` (the program's exit code; ``128 + n`` if it died of signal ``n``),
   ``timed_out`` (wall clock or CPU time limit), ``oom_killed``, ``pids_limit_hit``, ``wall_time_s``,
   ``cpu_time_s`` (the whole process tree's, when a cpuacct cgroup is available) and
-  ``error_type`` (``"timeout" | "oom" | "output_limit" | None``). These are the PROGRAM's outcomes.
+  ``error_type`` (``"timeout" | "oom" | "output_limit" | "disk_quota" | None``). These are the PROGRAM's
+  outcomes. ``disk_quota``: the run added more than ``disk_quota_mib`` to its work dir (all files
+  together; RLIMIT_FSIZE caps each): killed once seen (polled every 0.5 s), or past it when it ended; its
+  stderr ends with a ``[disk quota exceeded: ...]`` line.
 * Failures of the sandbox itself (backend missing, set-up failed, work dir unwritable, the queue wait
   bound passed) raise :class:`SandboxError` subclasses: callers report them as infrastructure failures,
   never as a reward of 0.

@@ -12,8 +12,12 @@ Contract
   process group is SIGKILLed), SIGKILL at the wall-clock limit or on cancellation, then every pid left in
   the run's cgroups is killed and the cgroups removed (in the clean-up thread). Subclasses give the argv
   (``_command``), the program's exit code (``_program_rc``) and their start-failure check.
+* A run's work dir has a total disk bound (``limits.disk_quota_mib``, :mod:`nemo_gym.sandbox.disk_quota`):
+  what it holds beyond what it held when the run started is watched while the program runs (past the
+  quota the tree is SIGKILLed) and counted once more when it ends.
 * :meth:`_BackendBase._result` turns a finished run into a :class:`SandboxExecResult` (timeout: wall clock
-  or CPU time; oom; output cap; pids limit hit; the tree's CPU seconds) or raises :class:`SandboxError`
+  or CPU time; oom; output cap; disk quota, with a marker line on stderr; pids limit hit; the tree's CPU
+  seconds) or raises :class:`SandboxError`
   when the sandbox, not the program, failed (it could not join its cgroups or set its limits).
 """
 
@@ -28,7 +32,7 @@ import shutil
 import signal
 from pathlib import Path
 
-from nemo_gym.sandbox import workers
+from nemo_gym.sandbox import disk_quota, workers
 from nemo_gym.sandbox.cgroup_mode import open_cgroups
 from nemo_gym.sandbox.cgroups import CgroupDriver, RunCgroup
 from nemo_gym.sandbox.errors import SandboxError, SandboxUnavailableError
@@ -114,8 +118,10 @@ class _BackendBase:
         stdin: bytes | None,
         limits: SandboxResources,
     ) -> SandboxExecResult:
+        baseline = await disk_quota.used_bytes([host_dir])  # what the run adds is what counts
         cgroups = self.cgroup_driver().create(limits)  # a few cgroupfs writes: microseconds
         status_r, status_w = os.pipe()
+        watcher: asyncio.Future | None = None
         os.set_blocking(status_r, False)
         proc: asyncio.subprocess.Process | None = None
         kill_reason: list[str] = []
@@ -173,10 +179,15 @@ class _BackendBase:
             out_task = asyncio.ensure_future(_read_capped(proc.stdout, cap, lambda: kill("output_limit")))
             err_task = asyncio.ensure_future(_read_capped(proc.stderr, cap, lambda: kill("output_limit")))
             everything = asyncio.gather(out_task, err_task, feed(), proc.wait())
+            quota = limits.disk_quota_bytes
+            watcher = asyncio.ensure_future(
+                disk_quota.watch([host_dir], baseline + quota, lambda _used: kill("disk_quota"))
+            )
             try:
                 await asyncio.wait_for(asyncio.shield(everything), limits.wall_time_s)
             except TimeoutError:
                 kill("timeout")
+            watcher.cancel()
             if proc.returncode is None or not everything.done():
                 # Killed: the pid namespace goes with bwrap; the cgroup sweep gets anything else.
                 await asyncio.to_thread(cgroups.destroy, False)
@@ -192,6 +203,7 @@ class _BackendBase:
             with contextlib.suppress(BlockingIOError, OSError):
                 while chunk := os.read(status_r, 65536):
                     status += chunk
+            written = await disk_quota.used_bytes([host_dir]) - baseline
             return self._result(
                 status=_parse_status(status),
                 outer_rc=outer_rc,
@@ -202,8 +214,11 @@ class _BackendBase:
                 kill_reason=kill_reason[0] if kill_reason else None,
                 cgroups=cgroups,
                 limits_cpu=math.ceil(limits.cpu_time_s),
+                disk=(written, quota),
             )
         finally:
+            if watcher is not None:
+                watcher.cancel()
             if proc is not None and proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
@@ -240,7 +255,9 @@ class _BackendBase:
         kill_reason: str | None,
         cgroups: RunCgroup,
         limits_cpu: float,
+        disk: tuple[int, int] | None = None,
     ) -> SandboxExecResult:
+        """``disk``: (bytes the run added to its work dir, its quota), when counted."""
         if outer_rc == _JOIN_FAILED and "child-pid" not in status and kill_reason is None:
             raise SandboxError(
                 f"the sandbox could not join its cgroups or set its limits: {stderr.decode(errors='replace')[-500:]}"
@@ -256,6 +273,7 @@ class _BackendBase:
             rc == 128 + signal.SIGKILL and not oom and cpu_used is not None and cpu_used >= limits_cpu
         )
         timed_out = kill_reason == "timeout" or cpu_out
+        over_quota = kill_reason == "disk_quota" or (disk is not None and disk[0] > disk[1])
         error_type = None
         if timed_out:
             error_type = "timeout"
@@ -263,9 +281,14 @@ class _BackendBase:
             error_type = "oom"
         elif kill_reason == "output_limit":
             error_type = "output_limit"
+        elif over_quota:
+            error_type = "disk_quota"
+        stderr_text = stderr.decode(errors="replace")
+        if over_quota and disk is not None:
+            stderr_text += disk_quota.note(disk[0], disk[1], stopped=kill_reason == "disk_quota")
         return SandboxExecResult(
             stdout=stdout.decode(errors="replace"),
-            stderr=stderr.decode(errors="replace"),
+            stderr=stderr_text,
             return_code=rc,
             error_type=error_type,
             timed_out=timed_out,

@@ -134,10 +134,14 @@ class BubblewrapBackend(_BackendBase):
         status_fd: int,
         tmp_bytes: int,
         extra_ro_binds: tuple[tuple[str, str], ...] = (),
+        files: tuple[tuple[int, str], ...] = (),
     ) -> list[str]:
-        """``extra_ro_binds``: (host path, sandbox path) pairs bound read-only (a session's agent program).
+        """``extra_ro_binds``: (host path, sandbox path) pairs bound read-only (a session's ``binds``).
         They and ``ro_binds`` are bound after ``/tmp``'s tmpfs, so a host path under /tmp (a repository
-        checked out there, a venv) is seen at its own path, on top of the sandbox's /tmp."""
+        checked out there, a venv) is seen at its own path, on top of the sandbox's /tmp. ``files``: (fd,
+        sandbox path) pairs: bubblewrap copies what the fd holds into a file of the sandbox's own root
+        (read-only with it; a session's agent program): no mount of its own, so no host path in
+        ``/proc/self/mountinfo``, as a bind would show."""
         setenv: list[str] = []
         for key, value in {**self._base_env(workdir), **env}.items():
             setenv += ["--setenv", key, value]
@@ -146,6 +150,8 @@ class BubblewrapBackend(_BackendBase):
             extra += ["--ro-bind", path, path]
         for source, target in extra_ro_binds:
             extra += ["--ro-bind", source, target]
+        for fd, target in files:
+            extra += ["--file", str(fd), target]
         return [
             "bwrap",
             "--unshare-all",

@@ -100,7 +100,7 @@ LOG = logging.getLogger("nemo_gym.sandbox")
 
 SESSION_WORKDIR = "/workspace"
 _AGENT = Path(__file__).with_name("session_agent.py")
-# Read once, with the module: each process's sessions dir gets a copy, which its sandboxes bind (below).
+# Read once, with the module: each sandbox gets it as a file of its own root (_agent_fd).
 _AGENT_SOURCE = _AGENT.read_bytes()
 _AGENT_INSIDE = "/opt/nemo_gym/session_agent.py"
 _ROOT_PREFIX = "nemo-gym-sessions-"  # + owner pid + "-": one dir per process (layers and sessions' dirs)
@@ -237,11 +237,25 @@ def _root(workdir_root: str | None) -> Path:
         root = Path(tempfile.mkdtemp(prefix=f"{_ROOT_PREFIX}{os.getpid()}-", dir=base))
         (root / "layers").mkdir()
         (root / "sessions").mkdir()
-        # The sandboxes bind this copy of their agent, not the installed file: bubblewrap opens it as the
-        # server's user, in a user namespace, which may not reach the installation (another user's dir).
-        (root / _AGENT.name).write_bytes(_AGENT_SOURCE)
         _ROOT[key] = root
     return root
+
+
+def _agent_fd() -> int:
+    """A memfd holding the agent's source, inheritable, at offset 0: bubblewrap copies it into a file of
+    the sandbox's own root (``--file``), read-only with that root. A bind of a host file would show its
+    host path in the sandbox's /proc/self/mountinfo, and bubblewrap would open it as the server's user in
+    a user namespace, which may not reach the installation (another user's dir)."""
+    fd = os.memfd_create("session_agent.py", 0)  # no MFD_CLOEXEC: it goes through the launcher to bwrap
+    try:
+        view = memoryview(_AGENT_SOURCE)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _new_layer_dir(root: Path) -> tuple[str, Path]:
@@ -512,6 +526,9 @@ class SandboxSession:
         dirs = Path(tempfile.mkdtemp(prefix=f"{self.id}-", dir=root / "sessions"))
         for name in ("upper", "work", "merged"):
             (dirs / name).mkdir()
+        # The overlay is mounted from inside ``dirs`` with these names (session_mount): the layer is
+        # reached through this link, so the mount's options name no host path.
+        (dirs / "lower").symlink_to(self._layer.path)
         for rel, content in (files or {}).items():
             target = dirs / "upper" / safe_relative(rel)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -528,7 +545,9 @@ class SandboxSession:
         if not mount.privileged and not cgroups.limits_processes:
             nproc = min(self.limits.processes, _hard_nproc())
         null = os.open(os.devnull, os.O_WRONLY)
+        agent = -1
         try:
+            agent = _agent_fd()
             inner = self._backend._bwrap_argv(
                 [self._config.python, "-I", "-S", _AGENT_INSIDE],
                 bind_dir=dirs / "merged",
@@ -537,7 +556,8 @@ class SandboxSession:
                 env={},
                 status_fd=null,
                 tmp_bytes=resources.tmp_size_mib << 20,
-                extra_ro_binds=((str(root / _AGENT.name), _AGENT_INSIDE), *self._binds),
+                extra_ro_binds=self._binds,
+                files=((agent, _AGENT_INSIDE),),
             )
             launcher = _launcher_args(
                 resources,
@@ -545,14 +565,14 @@ class SandboxSession:
                 memory_by_cgroup=cgroups.memory_limited,
                 pids_by_cgroup=cgroups.limits_processes or not mount.privileged,
             )
-            mounting = mount.argv(self._layer.path, dirs / "upper", dirs / "work", dirs / "merged", nproc)
+            mounting = mount.argv(dirs, nproc)
             argv = [*launcher, *mounting, *inner]
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
-                pass_fds=(null,),
+                pass_fds=(null, agent),
                 env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                 cwd="/",
                 start_new_session=True,
@@ -564,6 +584,8 @@ class SandboxSession:
             raise SandboxError(f"cannot start the session's sandbox: {exc}") from exc
         finally:
             os.close(null)
+            if agent >= 0:
+                os.close(agent)
         sandbox = _Sandbox(proc, cgroups, dirs, mount)
         sandbox.nproc = nproc
         sandbox.stderr_task = asyncio.get_running_loop().create_task(sandbox.drain_stderr())

@@ -19,8 +19,10 @@ Contract
   ``NEMO_GYM_SANDBOX_SESSION_MOUNT=userns|fuse`` forces a non-root mode (tests, diagnosis); root always
   uses ``root``. No mode that works: :class:`~nemo_gym.sandbox.errors.SandboxUnavailableError` saying
   what was tried and what to install.
-* :meth:`WorkspaceMount.argv` is the argv that mounts ``lower`` + ``upper`` (+ ``work``) at ``merged`` in
-  the fresh namespaces, then runs the rest (bubblewrap). ``processes`` (not root, no pids cgroup) sets
+* :meth:`WorkspaceMount.argv` is the argv that mounts ``lower`` + ``upper`` (+ ``work``) at ``merged`` (the
+  entries of one session dir) in the fresh namespaces, then runs the rest (bubblewrap). The mount is made
+  from inside that dir with those names, so its options, which the sandbox reads in
+  ``/proc/self/mountinfo``, name no host path. ``processes`` (not root, no pids cgroup) sets
   RLIMIT_NPROC INSIDE the user namespace, just before bubblewrap: the kernel then counts the session's
   own tasks (those of its namespace), not every process of this user on the host, which it would if the
   limit were set before the namespace was made. :attr:`WorkspaceMount.outside_tasks` is how many tasks
@@ -47,34 +49,42 @@ LOG = logging.getLogger("nemo_gym.sandbox")
 _PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 _MOUNT_FAILED = 121
 _OPTS = "redirect_dir=off,metacopy=off,index=off"
+# Every mount is made from inside the session's dir ($1) with the names of its entries (lower: the layer,
+# or a symlink to it; upper, work, merged): the kernel keeps the options as given, and the sandbox reads
+# them in /proc/self/mountinfo, so they say nothing of the host's paths (before: the layer's, the upper and
+# work dirs' full paths, with this process's pid and the session's id in them).
 # Root: the layer is the only lower dir; overlayfs never writes it; redirect_dir/metacopy off keep the upper
 # dir self-contained (a renamed dir is copied, a changed file's data is in the upper dir), so a snapshot can
 # read it alone.
 _MOUNT_ROOT = (
-    f'mount -t overlay nemo-gym-workspace -o "lowerdir=$1,upperdir=$2,workdir=$3,{_OPTS}" "$4" '
-    f'|| exit {_MOUNT_FAILED}; shift 5; exec "$@"'
+    f'cd "$1" || exit {_MOUNT_FAILED}; '
+    f'mount -t overlay nemo-gym-workspace -o "lowerdir=lower,upperdir=upper,workdir=work,{_OPTS}" merged '
+    f'|| exit {_MOUNT_FAILED}; cd /; shift 2; exec "$@"'
 )
 # A user namespace: userxattr (its marks as user.* xattrs), which needs redirects off for both creating and
 # following (nofollow); then RLIMIT_NPROC (inside the namespace: it counts the session's tasks only).
 _MOUNT_USERNS = (
-    'mount -t overlay nemo-gym-workspace -o "lowerdir=$1,upperdir=$2,workdir=$3,userxattr,'
-    f'redirect_dir=nofollow,metacopy=off,index=off" "$4" || exit {_MOUNT_FAILED}; '
-    f'[ -z "$5" ] || ulimit -p "$5" || exit {_MOUNT_FAILED}; shift 5; exec "$@"'
+    f'cd "$1" || exit {_MOUNT_FAILED}; '
+    'mount -t overlay nemo-gym-workspace -o "lowerdir=lower,upperdir=upper,workdir=work,userxattr,'
+    f'redirect_dir=nofollow,metacopy=off,index=off" merged || exit {_MOUNT_FAILED}; cd /; '
+    f'[ -z "$2" ] || ulimit -p "$2" || exit {_MOUNT_FAILED}; shift 2; exec "$@"'
 )
 # fuse-overlayfs stays in the foreground as this shell's child (in its own network namespace), so killing
 # the process group ends it with the sandbox, and so does the sandbox's end (the shell kills it then).
 _MOUNT_FUSE = f"""
-unshare --net fuse-overlayfs -f -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" </dev/null >/dev/null 2>&1 &
+cd "$1" || exit {_MOUNT_FAILED}
+unshare --net fuse-overlayfs -f -o "lowerdir=lower,upperdir=upper,workdir=work" merged </dev/null >/dev/null 2>&1 &
 fuse=$!
 i=0
-until mountpoint -q "$4"; do
+until mountpoint -q merged; do
   kill -0 $fuse 2>/dev/null || exit {_MOUNT_FAILED}
   i=$((i + 1))
   [ $i -le 2000 ] || {{ kill $fuse; exit {_MOUNT_FAILED}; }}
   sleep 0.005
 done
-[ -z "$5" ] || ulimit -p "$5" || {{ kill $fuse; exit {_MOUNT_FAILED}; }}
-shift 5
+cd /
+[ -z "$2" ] || ulimit -p "$2" || {{ kill $fuse; exit {_MOUNT_FAILED}; }}
+shift 2
 "$@"
 rc=$?
 kill $fuse 2>/dev/null
@@ -98,10 +108,11 @@ class WorkspaceMount:
     def privileged(self) -> bool:
         return self.kind == "root"
 
-    def argv(self, lower: Path, upper: Path, work: Path, merged: Path, processes: int | None) -> list[str]:
-        """Mount, then run what follows (appended by the caller). ``processes``: RLIMIT_NPROC set inside
-        the user namespace (not root, and no pids cgroup; None: not set here)."""
-        dirs = [str(lower), str(upper), str(work), str(merged), "" if processes is None else str(processes)]
+    def argv(self, dirs: Path, processes: int | None) -> list[str]:
+        """Mount ``dirs/merged`` (from ``dirs/lower``: the layer, or a symlink to it; ``dirs/upper``,
+        ``dirs/work``), then run what follows (appended by the caller). ``processes``: RLIMIT_NPROC set
+        inside the user namespace (not root, and no pids cgroup; None: not set here)."""
+        args = [str(dirs), "" if processes is None else str(processes)]
         if self.kind == "root":
             return [
                 "unshare",
@@ -112,10 +123,10 @@ class WorkspaceMount:
                 "-c",
                 _MOUNT_ROOT,
                 "mount",
-                *dirs,
+                *args,
             ]
         script = _MOUNT_USERNS if self.kind == "userns" else _MOUNT_FUSE
-        return [*_USERNS, "/bin/sh", "-c", script, "mount", *dirs]
+        return [*_USERNS, "/bin/sh", "-c", script, "mount", *args]
 
 
 _ROOT_MOUNT = WorkspaceMount(
@@ -207,7 +218,7 @@ def _probe(mode: WorkspaceMount, probe_dir: Path) -> str | None:
             (base / name).mkdir()
         (base / "lower" / "seen").write_text("x")
         check = ["/bin/sh", "-c", 'test -f "$1/seen" && : > "$1/written"', "check", str(base / "merged")]
-        argv = mode.argv(base / "lower", base / "upper", base / "work", base / "merged", None) + check
+        argv = mode.argv(base, None) + check
         try:
             done = subprocess.run(
                 argv, capture_output=True, timeout=20, env={"PATH": _PATH}, cwd="/", stdin=subprocess.DEVNULL

@@ -30,8 +30,13 @@ class SandboxResources:
 
     ``cpu``/``memory_mib``/``disk_gib``/``gpu``/``gpu_type`` keep upstream's keys: ``memory_mib`` is the
     memory cap of the program's whole process tree; ``disk_gib`` caps each written file (RLIMIT_FSIZE) when
-    ``file_size_mib`` is not given; ``cpu`` (cores) is accepted and not enforced (the CPU-time limit and
-    the pool bound are); a GPU cannot be requested.
+    ``file_size_mib`` is not given, and what the run adds to its work dir when ``disk_quota_mib`` is not
+    given; ``cpu`` (cores) is accepted and not enforced (the CPU-time limit and the pool bound are); a GPU
+    cannot be requested.
+
+    ``disk_quota_mib`` (default 512) bounds the total a run adds to its work dir (all files together;
+    :mod:`nemo_gym.sandbox.disk_quota`): watched while the program runs, which is killed past it, and
+    counted when it ends (``error_type == "disk_quota"``).
     """
 
     cpu: float | None = None
@@ -46,6 +51,7 @@ class SandboxResources:
     processes: int = 64
     output_limit_bytes: int = 1_000_000
     tmp_size_mib: int = 64
+    disk_quota_mib: int | None = None
 
     def __post_init__(self) -> None:
         if self.gpu:
@@ -60,8 +66,10 @@ class SandboxResources:
         ):
             if getattr(self, name) is None or getattr(self, name) <= 0:
                 raise ValueError(f"SandboxResources.{name} must be > 0, got {getattr(self, name)!r}")
-        if self.memory_mib is not None and self.memory_mib <= 0:
-            raise ValueError(f"SandboxResources.memory_mib must be > 0 or None, got {self.memory_mib!r}")
+        for name in ("memory_mib", "disk_quota_mib"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"SandboxResources.{name} must be > 0 or None, got {value!r}")
 
     @classmethod
     def from_mapping(cls, resources: Mapping[str, Any] | SandboxResources | None) -> SandboxResources:
@@ -82,6 +90,15 @@ class SandboxResources:
         if self.disk_gib is not None:
             return self.disk_gib << 30
         return 64 << 20
+
+    @property
+    def disk_quota_bytes(self) -> int:
+        """What one run may add to its work dir, all files together."""
+        if self.disk_quota_mib is not None:
+            return self.disk_quota_mib << 20
+        if self.disk_gib is not None:
+            return self.disk_gib << 30
+        return 512 << 20
 
 
 @dataclass

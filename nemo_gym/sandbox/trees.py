@@ -15,7 +15,8 @@ Contract
   lands on the directory it came down from (device and inode): if the tree was moved under it,
   :class:`TreeChangedError`. It never leaves the tree it started in.
 * :func:`walk_paths` walks a tree in name order giving each entry's path from its top (a changeset's
-  packing, :mod:`nemo_gym.sandbox.changes`); :func:`tree_bytes` sums what a directory holds for a quota (a file's size where it is sparse);
+  packing, :mod:`nemo_gym.sandbox.changes`); :func:`tree_bytes` sums what a directory holds for a quota (a file's size where it is sparse,
+  optionally a floor per entry);
   :func:`link_tree`
   makes a tree of hard links to an immutable tree; :func:`apply_upper` applies an overlayfs upper dir
   (whiteouts, opaque dirs, changed files copied); :func:`remove_tree` removes a tree (best effort, never
@@ -276,9 +277,10 @@ def _walk_pair(
         _put_back(str(src), None, top)
 
 
-def tree_bytes(path: str | Path, max_entries: int | None = None) -> int | None:
+def tree_bytes(path: str | Path, max_entries: int | None = None, min_entry_bytes: int = 0) -> int | None:
     """What ``path`` holds for a quota: a regular file counts what it can become (its size, even where it
-    is sparse, or its blocks if more), a dir or link its blocks. None when there are more than
+    is sparse, or its blocks if more), a dir or link its blocks; every entry at least ``min_entry_bytes``
+    (an inode each: so a flood of empty files is bounded too). None when there are more than
     ``max_entries`` entries (the caller then walks it in a thread). Entries that vanish during the walk
     are skipped; a tree moved under the walk (:class:`TreeChangedError`) raises."""
     total = seen = 0
@@ -292,7 +294,11 @@ def tree_bytes(path: str | Path, max_entries: int | None = None) -> int | None:
         if max_entries is not None and seen > max_entries:
             raise _Enough
         blocks = st.st_blocks * 512
-        total += max(blocks, st.st_size) if stat.S_ISREG(st.st_mode) else blocks
+        total += (
+            max(blocks, st.st_size, min_entry_bytes)
+            if stat.S_ISREG(st.st_mode)
+            else max(blocks, min_entry_bytes)
+        )
         return True
 
     try:

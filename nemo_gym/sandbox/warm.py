@@ -7,7 +7,8 @@ Contract
   writes the run's limits to its cgroups and sends the command (up to a random marker line, or as
   ``+N`` and N bytes past :data:`_LONG_COMMAND`), which sets the rlimits and execs the program; the
   program keeps the rest of stdin and has no fd but stdin, stdout and stderr. Output is capped, the
-  wall-clock limit and cancellation SIGKILL the tree, and the result is classified by the backend.
+  wall-clock limit, the work dir's disk quota (:mod:`nemo_gym.sandbox.disk_quota`) and cancellation
+  SIGKILL the tree, and the result is classified by the backend.
 * It is never reused: :meth:`release` (after the run) and :meth:`discard` (idle, unused) kill what is
   left, close its fds and remove its cgroups (and its own dir unless a work dir adopted it). An idle
   one dies with this process (``--die-with-parent``; stdin EOF).
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from nemo_gym.sandbox import workers
+from nemo_gym.sandbox import disk_quota, workers
 from nemo_gym.sandbox.cgroups import CgroupDriver, RunCgroup
 from nemo_gym.sandbox.errors import SandboxError
 from nemo_gym.sandbox.launch import _JOIN_FAILED, _READ_CHUNK, DASH, _dash_ulimits, _parse_status, _sh_quote
@@ -72,6 +73,7 @@ class _WarmBackend(Protocol):
         kill_reason: str | None,
         cgroups: RunCgroup,
         limits_cpu: float,
+        disk: tuple[int, int] | None = None,
     ) -> SandboxExecResult: ...
 
 
@@ -105,8 +107,17 @@ def _sweep_dead_owners_dirs(root: Path, prefix: str = _PRESTART_PREFIX) -> None:
     for pattern in (f"{prefix}*", f".{prefix}*.removed"):
         for path in root.glob(pattern):
             pid = path.name.lstrip(".").removeprefix(prefix).split("-", 1)[0]
-            if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
+            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
                 remove_dir_later(path)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, killed and not yet reaped by its parent, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]
 
 
 def _retrieve(future: asyncio.Future) -> None:
@@ -223,6 +234,7 @@ class _WarmSandbox:
     ) -> SandboxExecResult:
         proc = self.proc
         assert proc is not None and not self.finished
+        baseline = await disk_quota.used_bytes([self.bind_dir])  # what the run adds is what counts
         self.cgroups.apply(limits)
         script = self._script(argv, cwd=cwd, env=env, limits=limits, stdin=stdin is not None)
         if self._marker in script:  # 128 random bits: only if someone knew them
@@ -248,11 +260,16 @@ class _WarmSandbox:
             self._write_all(payload),
             self._wait_exit(),
         )
+        quota = limits.disk_quota_bytes
+        watcher = asyncio.ensure_future(
+            disk_quota.watch([self.bind_dir], baseline + quota, lambda _used: kill("disk_quota"))
+        )
         try:
             try:
                 await asyncio.wait_for(asyncio.shield(everything), limits.wall_time_s)
             except TimeoutError:
                 kill("timeout")
+            watcher.cancel()
             if proc.returncode is None or not everything.done():
                 # Killed: the pid namespace goes with bwrap; the cgroup sweep gets anything else.
                 await asyncio.to_thread(self.cgroups.destroy, False)
@@ -263,6 +280,7 @@ class _WarmSandbox:
                         "the sandboxed program's output pipes stayed open after it was killed"
                     ) from None
         finally:
+            watcher.cancel()
             if not everything.done():
                 kill("cancelled")
                 everything.cancel()
@@ -274,6 +292,7 @@ class _WarmSandbox:
         with contextlib.suppress(BlockingIOError, OSError):
             while chunk := os.read(self._fds["status"], 65536):
                 status += chunk
+        written = await disk_quota.used_bytes([self.bind_dir]) - baseline
         return self.backend._result(
             status=_parse_status(status),
             outer_rc=outer_rc,
@@ -284,6 +303,7 @@ class _WarmSandbox:
             kill_reason=kill_reason[0] if kill_reason else None,
             cgroups=self.cgroups,
             limits_cpu=math.ceil(limits.cpu_time_s),
+            disk=(written, quota),
         )
 
     async def _readable(self, fd: int, writer: bool = False) -> None:

@@ -25,7 +25,19 @@ Contract
   cgroup. The server keeps at most ``KernelLimits.output_chars`` of one cell run's output
   (:class:`BoundedOutputClient`) and no kernel message larger than ``MAX_KERNEL_MESSAGE_BYTES``; a cell
   past that output or past ``cell_timeout_s`` is interrupted (a message on the kernel's control channel)
-  and becomes a tool error.
+  and becomes a tool error. The kernel's /tmp and /dev/shm are tmpfs of ``KernelLimits.tmp_size_mib``.
+* The work dir's disk quota (``KernelLimits.work_dir_quota_mib``): what the cells add to the work dir
+  (and the kernel's ipc dir) beyond the task's files is counted while the kernel lives, every 0.5 s and
+  after each cell (:mod:`nemo_gym.sandbox.disk_quota`). Past it the running cell is interrupted (a note
+  in its output, and a tool error); one that does not stop within a second has its kernel killed, and so
+  has a kernel in which something keeps writing while no cell runs (:attr:`LimitedNBEnvironmentState.
+  disk_killed`: later cells fail saying why). A dir left over the quota stops nothing until it grows
+  again, so the model can delete files and go on.
+* Files: each episode's dirs lie under one dir per server process (:func:`_kernels_root`, named with its
+  pid; a dead process's are removed by the next one): ``work`` (the kernel's, bound into its sandbox),
+  ``ipc`` (its sockets) and ``notebook`` (the notebook file and its Markdown view, read and written by
+  the server only, never where a cell could put a link the server would follow). ``list_workdir`` never
+  follows a link and is bounded (:func:`_list_dir`). Closing the env removes them all.
 """
 
 from __future__ import annotations
@@ -36,12 +48,14 @@ import os
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import asyncio  # noqa: E402
+import atexit  # noqa: E402
 import contextlib  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import resource  # noqa: E402
 import shutil
 import signal
+import stat
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -51,16 +65,40 @@ import nbformat
 import zmq
 from jupyter_client.kernelspec import NATIVE_KERNEL_NAME
 from jupyter_client.manager import AsyncKernelManager
-from pydantic import BaseModel, Field, PrivateAttr
+from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
 from aviary.core import Message, Messages, TaskDataset, Tool
 from aviary.envs.notebook import NBEnvironment
 from aviary.envs.notebook.env import NBEnvironmentState
+from nemo_gym.sandbox import disk_quota, trees
+from nemo_gym.sandbox.warm import _sweep_dead_owners_dirs
+from nemo_gym.sandbox.workers import remove_dir_later
 from resources_servers.aviary.app import AviaryResourcesServer, resolve_data_path
 from resources_servers.aviary.offline import DatasetFileError, tool_of
 from resources_servers.aviary.schemas import AviaryResourcesServerConfig
 
 logger = logging.getLogger(__name__)
+
+
+# Every episode's dirs live under one dir per server process, named with its pid: what a killed server's
+# kernels wrote is removed by the next process that starts one (the kernels themselves die with it).
+_KERNELS_PREFIX = "nemo-gym-kernels-"  # + owner pid + "-"
+_KERNELS_ROOT: dict[int, Path] = {}
+
+
+def _kernels_root() -> Path:
+    """This process's dir for its episodes' dirs, under the temp dir (made once per process, removed at
+    exit). The dirs of processes that died without cleaning up are removed first (in the sandbox's
+    clean-up thread)."""
+    pid = os.getpid()
+    root = _KERNELS_ROOT.get(pid)
+    if root is None or not root.is_dir():
+        base = Path(tempfile.gettempdir())
+        _sweep_dead_owners_dirs(base, _KERNELS_PREFIX)
+        root = Path(tempfile.mkdtemp(prefix=f"{_KERNELS_PREFIX}{pid}-", dir=base))
+        _KERNELS_ROOT[pid] = root
+        atexit.register(trees.remove_tree, root)
+    return root
 
 
 # One thread, alive as long as the process, that starts every kernel process (see _async_launch_kernel).
@@ -117,12 +155,13 @@ def _system_binds() -> list[str]:
     return args
 
 
-def bwrap_argv(work_dir: Path, ipc_dir: Path) -> list[str]:
+def bwrap_argv(work_dir: Path, ipc_dir: Path, tmp_bytes: int = 256 << 20) -> list[str]:
     """bubblewrap around the kernel: only the system files and the Python environment, read-only (no
     repository, no task file, no home directory); writable ``work_dir`` and ``ipc_dir`` (ZMQ over Unix
-    sockets there, where the connection file is too) and a private /tmp; no network; its own pid
-    namespace (it sees and can signal its own processes only, and they all die with it), no
-    capabilities, no further user namespaces; dies with its parent."""
+    sockets there, where the connection file is too), a private /tmp and /dev/shm (tmpfs of
+    ``tmp_bytes`` each; the rest of /dev read-only: bubblewrap's own /dev is a tmpfs without a bound); no
+    network; its own pid namespace (it sees and can signal its own processes only, and they all die
+    with it), no capabilities, no further user namespaces; dies with its parent."""
     binds: list[str] = []
     for path in _python_dirs():
         binds += ["--ro-bind", path, path]
@@ -131,6 +170,10 @@ def bwrap_argv(work_dir: Path, ipc_dir: Path) -> list[str]:
         *_system_binds(),
         "--proc", "/proc",
         "--dev", "/dev",
+        "--size", str(tmp_bytes),
+        "--tmpfs", "/dev/shm",
+        "--remount-ro", "/dev",
+        "--size", str(tmp_bytes),
         "--tmpfs", "/tmp",
         *binds,  # after the tmpfs: a Python environment under /tmp (a CI clone) stays visible
         "--bind", str(work_dir), str(work_dir),
@@ -177,6 +220,16 @@ class KernelLimits(BaseModel):
         gt=0,
         description="What the server keeps of one cell run's output (each output counts 200 more); the rest "
         "is dropped with a note",
+    )
+    work_dir_quota_mib: int = Field(
+        default=1024,
+        gt=0,
+        description="What the kernel's work dir may hold, all files together (each counts its size, and at "
+        "least 4 KiB): a cell that writes past it is interrupted, a writer left running without a cell "
+        "gets the kernel killed",
+    )
+    tmp_size_mib: int = Field(
+        default=256, gt=0, description="Size of the sandboxed kernel's /tmp and /dev/shm (tmpfs: memory)"
     )
 
 
@@ -285,6 +338,52 @@ class BoundedOutputClient:
                 return {**msg, "msg_type": "stream", "content": {"name": "stderr", "text": note}}
 
 
+_LIST_MAX_ENTRIES = 1000  # what list_workdir shows at most
+_LIST_MAX_DEPTH = 16
+
+
+class _ListFull(Exception):
+    pass
+
+
+def _list_dir(root: Path) -> dict[str, Any]:
+    """The work dir as Aviary's ``list_workdir`` shows it (``{"files": [...], "directories": {}, "<dir>":
+    {...}}``), walked on the host by directory fds (:func:`nemo_gym.sandbox.trees.walk_paths`): never
+    through a symlink (a link is listed by its name, as a file: Aviary's listing followed a link a cell
+    made to any dir of the host), at most :data:`_LIST_MAX_ENTRIES` entries and :data:`_LIST_MAX_DEPTH`
+    levels (a note says what was left out)."""
+    top: dict[str, Any] = {}
+    index: dict[str, dict[str, Any]] = {"": top}
+    count = 0
+
+    def visit(_fd: int, rel: str, st: os.stat_result) -> bool:
+        nonlocal count
+        parent_rel, _, name = rel.rpartition("/")
+        parent = index.get(parent_rel)
+        if parent is None:
+            return False
+        if count >= _LIST_MAX_ENTRIES:
+            raise _ListFull
+        count += 1
+        if not stat.S_ISDIR(st.st_mode):
+            parent.setdefault("files", []).append(name)
+            return False
+        parent.setdefault("directories", {})
+        if rel.count("/") + 1 >= _LIST_MAX_DEPTH:
+            parent[name] = {"...": f"not listed: deeper than {_LIST_MAX_DEPTH} levels"}
+            return False
+        parent[name] = index[rel] = {}
+        return True
+
+    try:
+        trees.walk_paths(root, visit)
+    except _ListFull:
+        top["..."] = f"not listed: the entries past the first {_LIST_MAX_ENTRIES}"
+    except OSError as exc:  # the tree changed under the walk: what was seen
+        top["..."] = f"not listed: the rest ({exc.strerror or exc})"
+    return top
+
+
 def _output_chars(content: dict[str, Any]) -> int:
     if "text" in content:
         return len(str(content["text"]))
@@ -293,13 +392,36 @@ def _output_chars(content: dict[str, Any]) -> int:
 
 
 class LimitedNBEnvironmentState(NBEnvironmentState):
-    """Aviary's notebook state, with a kernel that is limited, killable and tied to the server."""
+    """Aviary's notebook state, with a kernel that is limited, killable and tied to the server, a work dir
+    whose total size is bounded (:meth:`passed_quota`, watched while the kernel lives), and the notebook
+    file beside the work dir, out of the kernel's reach."""
 
     limits: KernelLimits = Field(default_factory=KernelLimits)
     sandbox: bool = True
     kernel_pid: int | None = None
     ipc_dir: Path | None = None
+    disk_note: str | None = None  # what the work dir's quota stopped last (the model reads it)
+    disk_killed: str | None = None  # why the quota killed the kernel (its variables are lost)
     _cgroup: Any = PrivateAttr(default=None)  # the kernel tree's cgroups (nemo_gym.sandbox.cgroups), or None
+    _disk_watch: asyncio.Task | None = PrivateAttr(default=None)
+    _disk_base: int = PrivateAttr(default=0)  # what the work dir held at the start (the task's files)
+    _disk_ceiling: int = PrivateAttr(default=0)  # past the quota: what the cells had added when last stopped
+    _cell_stop: asyncio.Event | None = PrivateAttr(default=None)  # the running cell's; set: stop it
+
+    @model_validator(mode="after")
+    def post_init(self) -> Self:
+        """Replaces Aviary's check that the notebook lies in the work dir: here it lies beside it, in a dir
+        only the server writes (:meth:`CSVAnalysisEnv._set_work_dir`), so a link a cell puts in the work
+        dir is never followed by the server's reads and writes of the notebook. A fresh notebook."""
+        self._nb = nbformat.v4.new_notebook()
+        self._nb.metadata.kernelspec = self.language.make_kernelspec()
+        return self
+
+    def get_container_path(self, path: Path) -> Path:
+        """A path as the model is shown it: relative to the work dir (the notebook: its name)."""
+        return (
+            Path(path.relative_to(self.work_dir)) if path.is_relative_to(self.work_dir) else Path(path.name)
+        )
 
     async def start_kernel(self) -> None:
         km = SandboxedKernelManager(kernel_name=NATIVE_KERNEL_NAME)
@@ -307,13 +429,15 @@ class LimitedNBEnvironmentState(NBEnvironmentState):
         # otherwise be held in the server's memory whole); a larger one disconnects the kernel's stream.
         km.context.setsockopt(zmq.MAXMSGSIZE, MAX_KERNEL_MESSAGE_BYTES)
         if self.sandbox:
-            self.ipc_dir = Path(tempfile.mkdtemp(prefix="ng-kernel-ipc-"))
+            self.ipc_dir = self.work_dir.parent / "ipc"  # beside the work dir: removed with it
+            self.ipc_dir.mkdir(mode=0o700, exist_ok=True)
             km.transport = "ipc"
             km.ip = str(self.ipc_dir / "k")
             km.connection_file = str(self.ipc_dir / "kernel.json")  # visible inside (/tmp is private there)
-            km.wrapper_argv = bwrap_argv(self.work_dir, self.ipc_dir)
+            km.wrapper_argv = bwrap_argv(self.work_dir, self.ipc_dir, self.limits.tmp_size_mib << 20)
         km.output_chars = self.limits.output_chars
         self._kernel_manager = km
+        self._disk_base = await self.disk_used()  # the task's files: what the cells add is what counts
         self._cgroup = _kernel_cgroup(self.limits)
         procs_files = self._cgroup.procs_files() if self._cgroup is not None else []
         await km.start_kernel(
@@ -333,6 +457,68 @@ class LimitedNBEnvironmentState(NBEnvironmentState):
                     "kernel %s did not join its pids cgroup: its process count is not bounded",
                     self.kernel_pid,
                 )
+        self._disk_ceiling = self.quota_bytes
+        self._disk_watch = asyncio.get_running_loop().create_task(self._watch_disk())
+
+    # -- the work dir's disk quota ----------------------------------------------------------------
+
+    @property
+    def quota_bytes(self) -> int:
+        return self.limits.work_dir_quota_mib << 20
+
+    async def disk_used(self) -> int:
+        """What the kernel's writable dirs hold for the quota (:mod:`nemo_gym.sandbox.disk_quota`)."""
+        return await disk_quota.used_bytes([self.work_dir, *([self.ipc_dir] if self.ipc_dir else [])])
+
+    def passed_quota(self, used: int) -> bool:
+        """Whether the dirs, holding ``used`` bytes, just went past the quota: the cells added more than
+        the quota to what the task's files took, and more than when the quota last stopped something (so
+        a dir left over it, which the model may clean up, stops nothing until it grows again). Sets
+        :attr:`disk_note` when it did."""
+        added, quota = used - self._disk_base, self.quota_bytes
+        if added <= quota:
+            self._disk_ceiling = quota
+            return False
+        if added <= self._disk_ceiling:
+            return False
+        self._disk_ceiling = added
+        self.disk_note = (
+            f"the cells wrote {added / 2**20:.1f} MiB to the work dir, past its disk quota of "
+            f"{self.limits.work_dir_quota_mib} MiB (all files together)"
+        )
+        return True
+
+    def settle_disk(self, used: int) -> None:
+        """A stopped cell's writes are in: what the dirs hold now is the ceiling, until they shrink."""
+        self._disk_ceiling = max(self.quota_bytes, used - self._disk_base)
+
+    def cell_started(self) -> asyncio.Event:
+        self._cell_stop = asyncio.Event()
+        return self._cell_stop
+
+    def cell_ended(self) -> None:
+        self._cell_stop = None
+
+    async def _watch_disk(self) -> None:
+        """While the kernel lives: every 0.5 s, past the quota, stop the running cell (its runner
+        interrupts it, and kills the kernel if it does not stop), or, with no cell running (a thread or
+        process a cell left keeps writing), kill the kernel."""
+        while True:
+            await asyncio.sleep(disk_quota.POLL_S)
+            stop = self._cell_stop
+            if stop is not None and stop.is_set():
+                continue  # the cell's runner is stopping it
+            if not self.passed_quota(await self.disk_used()):
+                continue
+            if stop is not None:
+                stop.set()
+                continue
+            self.disk_killed = (
+                f"{self.disk_note}, and what an earlier cell started kept writing while no cell ran"
+            )
+            logger.info("kernel %s killed: %s", self.kernel_pid, self.disk_killed)
+            self.kill_kernel()
+            return
 
     async def close(self) -> None:
         try:
@@ -345,9 +531,14 @@ class LimitedNBEnvironmentState(NBEnvironmentState):
 
     def kill_kernel(self) -> None:
         """Kill the kernel's process group (it runs in its own session) and everything left in its cgroup
-        (children that left the group), whatever state it is in."""
-        if self.ipc_dir is not None:
-            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+        (children that left the group), whatever state it is in; stop watching its work dir."""
+        watch, self._disk_watch = self._disk_watch, None
+        try:
+            current = asyncio.current_task()
+        except RuntimeError:  # no running loop (interpreter exit)
+            current = None
+        if watch is not None and watch is not current:
+            watch.cancel()
         if self.kernel_pid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.kernel_pid, signal.SIGKILL)
@@ -402,6 +593,38 @@ class CSVAnalysisEnv(NBEnvironment[LimitedNBEnvironmentState]):
         self.limits = limits or KernelLimits()
         self.sandbox = sandbox
 
+    def _set_work_dir(self) -> tuple[Path, Path]:
+        """A fresh dir per episode under this process's kernels' dir (:func:`_kernels_root`): ``work``, a
+        copy of ``files_dir`` (the kernel's: bound into its sandbox, its cwd), ``ipc`` (the kernel's ZMQ
+        sockets, made at its start) and ``notebook`` (the notebook file and its Markdown view, which only
+        the server reads and writes: never a path a cell can replace with a link). Returns the notebook's
+        path and the work dir, as Aviary's does."""
+        self._cleanup_tmp_work_dir()
+        episode = Path(tempfile.mkdtemp(prefix="env-", dir=_kernels_root()))
+        work = episode / "work"
+        if self.work_dir.is_dir():
+            shutil.copytree(self.work_dir, work)
+        else:
+            work.mkdir()
+        (episode / "notebook").mkdir(mode=0o700)
+        return episode / "notebook" / self.NOTEBOOK_NAME, work
+
+    def _cleanup_tmp_work_dir(self) -> None:
+        """Remove the episode's dirs (what its cells wrote, at any depth, in dirs a cell locked) in the
+        sandbox's clean-up thread: renamed away at once, so its path is free."""
+        state = getattr(self, "state", None)
+        if state is None:
+            return
+        episode = state.work_dir.parent
+        if not episode.parent.name.startswith(_KERNELS_PREFIX) or not episode.exists():
+            return  # not a dir this module made (or already removed)
+        trash = episode.with_name(f".{episode.name}.removed")
+        try:
+            os.rename(episode, trash)
+        except OSError:
+            trash = episode
+        remove_dir_later(trash)
+
     async def reset(self) -> tuple[Messages, list[Tool]]:
         nb_path, work_dir = self._set_work_dir()
         self.state = await LimitedNBEnvironmentState.create(
@@ -427,40 +650,78 @@ class CSVAnalysisEnv(NBEnvironment[LimitedNBEnvironmentState]):
 
     edit_cell.__doc__ = NBEnvironment.edit_cell.__doc__  # the tool's description: Aviary's, unchanged
 
+    async def list_workdir(self) -> str:
+        return json.dumps(await asyncio.to_thread(_list_dir, self.state.work_dir), indent=2)
+
+    list_workdir.__doc__ = NBEnvironment.list_workdir.__doc__  # the tool's description: Aviary's
+
     async def _run_notebook_local(self, cell_idx: int | None = None) -> str:
         """Run the notebook's code cells (or only ``cell_idx``) in the kernel, as Aviary does, but a cell
-        whose output passes ``KernelLimits.output_chars`` (its client drops the rest) or that runs past
-        ``cell_execution_timeout`` is interrupted, so the kernel is free for the next cell (Aviary left it
-        running, printing or looping, until its CPU limit). Both raise: the model reads why as the tool's
-        error."""
-        km = self.state._kernel_manager
+        whose output passes ``KernelLimits.output_chars`` (its client drops the rest), that runs past
+        ``cell_execution_timeout``, or that writes its work dir past ``KernelLimits.work_dir_quota_mib``
+        is interrupted, so the kernel is free for the next cell (Aviary left it running, printing or
+        looping, until its CPU limit). A cell that the quota stopped and that does not stop when
+        interrupted has its kernel killed. All raise: the model reads why as the tool's error (a cell
+        over the quota also in its output)."""
+        state = self.state
+        if state.disk_killed:
+            raise RuntimeError(
+                f"the kernel was killed at its work dir's disk quota: {state.disk_killed}. Its variables are "
+                "lost and no cell can run"
+            )
+        km = state._kernel_manager
         client = km.client()
         client.start_channels()
         try:
-            for idx, cell in enumerate(self.state.cells):
+            for idx, cell in enumerate(state.cells):
                 if cell.cell_type != "code" or (cell_idx is not None and idx != cell_idx):
                     continue
                 cell.outputs = []
-                msg_id = client.execute(cell.source)
+                stop = state.cell_started()
                 try:
-                    async with asyncio.timeout(self.cell_execution_timeout):
-                        await _collect_outputs(client, msg_id, cell)
-                except (TimeoutError, _OutputLimitError) as exc:
-                    await _interrupt(km, client, msg_id)
-                    if isinstance(exc, _OutputLimitError):
-                        raise RuntimeError(
-                            f"cell {idx} printed more than {self.limits.output_chars:,} characters; it was "
-                            "interrupted and its output cut"
+                    msg_id = client.execute(cell.source)
+                    try:
+                        async with asyncio.timeout(self.cell_execution_timeout):
+                            await _collect_outputs(client, msg_id, cell, stop)
+                    except _DiskQuotaError:
+                        stopped = await _interrupt(km, client, msg_id, _DISK_INTERRUPT_GRACE_S)
+                        await self._stopped_for_disk(idx, cell, killed=not stopped)
+                    except (TimeoutError, _OutputLimitError) as exc:
+                        await _interrupt(km, client, msg_id)
+                        if isinstance(exc, _OutputLimitError):
+                            raise RuntimeError(
+                                f"cell {idx} printed more than {self.limits.output_chars:,} characters; it "
+                                "was interrupted and its output cut"
+                            ) from None
+                        raise TimeoutError(
+                            f"Notebook execution timed out after {self.cell_execution_timeout} seconds; the "
+                            "cell was interrupted"
                         ) from None
-                    raise TimeoutError(
-                        f"Notebook execution timed out after {self.cell_execution_timeout} seconds; the "
-                        "cell was interrupted"
-                    ) from None
+                    # It ended: what it wrote is counted once more (past the quota between two looks).
+                    if stop.is_set() or state.passed_quota(await state.disk_used()):
+                        await self._stopped_for_disk(idx, cell, killed=False, ended=True)
+                finally:
+                    state.cell_ended()
         finally:
             client.stop_channels()
-            self.state.save_nb()
-            self.state.reload_nb()
+            state.save_nb()
+            state.reload_nb()
         return "Executed all cells."
+
+    async def _stopped_for_disk(self, idx: int, cell: Any, *, killed: bool, ended: bool = False) -> None:
+        """Cell ``idx`` wrote past the work dir's quota: note it in the cell's output and raise the tool
+        error the model reads. ``killed``: it did not stop when interrupted, so the kernel is killed."""
+        state = self.state
+        if killed:
+            state.disk_killed = f"{state.disk_note}, and cell {idx} did not stop when interrupted"
+            state.kill_kernel()
+            what = "it did not stop when interrupted, so the kernel was killed (its variables are lost)"
+        else:
+            state.settle_disk(await state.disk_used())
+            what = ("it ran to its end" if ended else "it was interrupted") + ". Delete files to go on"
+        note = f"[disk quota: cell {idx} wrote too much: {state.disk_note}; {what}.]"
+        cell.outputs.append(nbformat.v4.new_output(output_type="stream", name="stderr", text=note + "\n"))
+        raise RuntimeError(note)
 
     async def submit_answer(self, answer: str) -> str:
         """Submit the final answer to the question. This ends the episode.
@@ -478,19 +739,26 @@ class CSVAnalysisEnv(NBEnvironment[LimitedNBEnvironmentState]):
 
     async def close(self) -> None:
         try:
-            await super().close()
+            await super().close()  # shuts the kernel down, then _cleanup_tmp_work_dir
         finally:
             if hasattr(self, "state"):
                 self.state.kill_kernel()
-                shutil.rmtree(self.state.work_dir, ignore_errors=True)
+                self._cleanup_tmp_work_dir()
 
 
 MAX_KERNEL_MESSAGE_BYTES = 16 << 20  # largest ZMQ message a kernel may send the server
 _INTERRUPT_GRACE_S = 5.0  # how long an interrupted cell has to stop
+# ... when it wrote past the work dir's quota: it may still be writing at the disk's speed meanwhile (a cell
+# that stops on KeyboardInterrupt stops within milliseconds).
+_DISK_INTERRUPT_GRACE_S = 1.0
 
 
 class _OutputLimitError(Exception):
     """A cell's outputs passed ``KernelLimits.output_chars``."""
+
+
+class _DiskQuotaError(Exception):
+    """The work dir's quota watcher asked the running cell to stop."""
 
 
 def _output_of(kind: str, content: dict[str, Any]) -> Any:
@@ -518,12 +786,30 @@ def _output_of(kind: str, content: dict[str, Any]) -> Any:
     return None
 
 
-async def _collect_outputs(client: Any, msg_id: str, cell: Any) -> None:
+async def _collect_outputs(client: Any, msg_id: str, cell: Any, stop: asyncio.Event | None = None) -> None:
     """The cell's outputs until the kernel is idle again. The client (:class:`BoundedOutputClient`) keeps
-    a bounded part of them: once it dropped some, :class:`_OutputLimitError` is raised."""
+    a bounded part of them: once it dropped some, :class:`_OutputLimitError` is raised; once ``stop`` is
+    set (the work dir's quota), :class:`_DiskQuotaError`."""
+    if stop is None:
+        return await _collect_until_idle(client, msg_id, cell)
+    collect = asyncio.ensure_future(_collect_until_idle(client, msg_id, cell))
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({collect, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not collect.done():
+            collect.cancel()
+            await asyncio.gather(collect, return_exceptions=True)
+    if collect.cancelled():
+        raise _DiskQuotaError
+    return collect.result()
+
+
+async def _collect_until_idle(client: Any, msg_id: str, cell: Any) -> None:
     while True:
         msg = await client.get_iopub_msg()
-        if msg["parent_header"].get("msg_id") != msg_id:
+        if not _of_cell(msg, msg_id):
             continue
         kind, content = msg["msg_type"], msg["content"]
         if kind == "status" and content.get("execution_state") == "idle":
@@ -535,17 +821,28 @@ async def _collect_outputs(client: Any, msg_id: str, cell: Any) -> None:
             raise _OutputLimitError
 
 
-async def _interrupt(km: Any, client: Any, msg_id: str) -> None:
-    """Interrupt the running cell and wait (bounded) for the kernel to be idle, dropping its output."""
+def _of_cell(msg: dict[str, Any], msg_id: str) -> bool:
+    """Whether an iopub message is of the cell run ``msg_id``. Its parent's type counts too: the kernel
+    manager's session numbers its messages as the client's does, so the interrupt request's own busy/idle
+    statuses can carry the cell's msg_id (taken for the cell's idle, they ended the wait for a cell that
+    ignores SIGINT at once)."""
+    parent = msg["parent_header"]
+    return parent.get("msg_id") == msg_id and parent.get("msg_type", "execute_request") == "execute_request"
+
+
+async def _interrupt(km: Any, client: Any, msg_id: str, grace_s: float = _INTERRUPT_GRACE_S) -> bool:
+    """Interrupt the running cell and wait (``grace_s``) for the kernel to be idle, dropping its output.
+    Whether it became idle within the grace."""
     with contextlib.suppress(Exception):
         await km.interrupt_kernel()
     with contextlib.suppress(Exception):
-        async with asyncio.timeout(_INTERRUPT_GRACE_S):
+        async with asyncio.timeout(grace_s):
             while True:
                 msg = await client.get_iopub_msg()
-                if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status":
+                if _of_cell(msg, msg_id) and msg["msg_type"] == "status":
                     if msg["content"].get("execution_state") == "idle":
-                        return
+                        return True
+    return False
 
 
 def answers_match(proposed: Any, expected: Any, rel_tol: float) -> bool:

@@ -19,7 +19,8 @@ Contract
 * reward = 1.0 iff every test passes (``reasoning_format_penalty`` instead when the answer breaks the
   <think> format, as upstream). ``result`` = per-test booleans, ``pass_fraction`` = passed / total,
   ``failure_reason`` = the first failing test's reason (``compile_error``, ``runtime_error``,
-  ``wrong_answer``, ``timeout``, ``memory``, ``output_limit``), ``metadata.tests`` = each test's reason,
+  ``wrong_answer``, ``timeout``, ``memory``, ``output_limit``, ``disk_quota``), ``metadata.tests`` = each
+  test's reason,
   CPU and wall seconds and (capped) stderr tail. All of these are the program's fault: reward 0 with the reason recorded.
 * A sandbox that cannot run (bubblewrap missing, set-up failure, the queue bound passed) is an
   infrastructure failure: ``/verify`` answers 503, never a reward of 0. A row without valid unit tests is a
@@ -66,6 +67,9 @@ class CompCodingResourcesServerConfig(BaseResourcesServerConfig):
     memory_mib: int = Field(default=512, ge=32, description="Memory cap per unit test (process tree)")
     max_output_bytes: int = Field(
         default=4_000_000, ge=1024, description="stdout kept per test; more fails it"
+    )
+    disk_quota_mib: int = Field(
+        default=512, ge=1, description="What one test's program may write to its work dir, all files together"
     )
     sandbox: SandboxProviderConfig = Field(default_factory=SandboxProviderConfig)
 
@@ -246,6 +250,8 @@ def _reason(run: SandboxExecResult, passed: bool) -> str | None:
         return "memory"
     if run.error_type == "output_limit":
         return "output_limit"
+    if run.error_type == "disk_quota":
+        return "disk_quota"
     if run.return_code != 0:
         tail = run.stderr[-2000:]
         if "SyntaxError" in tail or "IndentationError" in tail:
@@ -281,6 +287,7 @@ class CompCodingResourcesServer(SimpleResourcesServer):
             cpu_time_s=t,
             wall_time_s=t + 1.0,  # the CPU limit decides for busy programs; wall catches sleepers
             output_limit_bytes=self.config.max_output_bytes,
+            disk_quota_mib=self.config.disk_quota_mib,
         )
 
     async def _run_tests(

@@ -26,7 +26,8 @@ Contract
   later calls of the same model turn are not run (Aviary runs them all, in order).
 * What the model's code did is its score: a kernel that dies while the model's cell runs, or is found
   dead at a later cell (an earlier cell's code may still run in it), ends the episode with reward 0,
-  ``kernel_died``. Only what the model cannot have caused is infrastructure, never a 0: a kernel that
+  ``kernel_died`` (the kernel's work dir's disk quota killing it is such a death: the reason says so;
+  a cell that the quota only interrupted is a tool error, and the episode goes on). Only what the model cannot have caused is infrastructure, never a 0: a kernel that
   cannot start is a 503 at ``/seed_session``; one found dead at the model's first cell (none of its
   code has run there) makes ``/verify`` answer 503 naming it. A cell that merely runs past
   ``cell_timeout_s`` is the model's: a tool error it reads.
@@ -244,6 +245,8 @@ class CapsuleEnv(CSVAnalysisEnv):
     def _killed_by_model(self, why: str) -> str:
         """The kernel died of the model's code: the episode ends, scored 0 (``kernel_died``)."""
         self.kernel_killed = why + " (the model's code killed or crashed it)"
+        if self.state.disk_killed:  # the work dir's disk quota killed it (notebook_app)
+            self.kernel_killed = f"{why}: killed at its work dir's disk quota: {self.state.disk_killed}"
         self.state.done = True
         return f"Error: {self.kernel_killed}. The episode ends without an answer."
 

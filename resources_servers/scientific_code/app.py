@@ -27,7 +27,7 @@ Contract
   shape off the target), ``not_numeric``/``too_large`` (a value that is not an array of numbers),
   ``timeout`` (a definition or test past ``step_timeout_s``, or the whole run past
   ``run_timeout_s`` after the harness started: the model's code did not finish), ``memory``,
-  ``output_limit``, ``crashed`` (the process ended inside the model's code), ``tampered_output`` (a line
+  ``output_limit``, ``disk_quota`` (files past the sandbox's work dir quota), ``crashed`` (the process ended inside the model's code), ``tampered_output`` (a line
   with the harness's nonce that the harness did not write: the model's code can read the nonce, so the
   server reads those lines as the exact sequence and shapes the harness writes, :func:`harness_records`;
   that step and the later ones fail, never a 500).
@@ -438,6 +438,8 @@ def harness_records(run: SandboxExecResult, nonce: str, test_counts: Sequence[in
         ended, why = "memory", "the process ran out of memory"
     elif run.error_type == "output_limit":
         ended, why = "output_limit", "the process wrote more than the output limit"
+    elif run.error_type == "disk_quota":
+        ended, why = "disk_quota", "the process wrote more files than its work dir's disk quota"
     else:
         ended, why = "crashed", f"the process ended (code {run.return_code}): {run.stderr[-300:].strip()}"
     for record in records:

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
+import subprocess
+import sys
+import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +51,7 @@ _LISTENER.bind(("127.0.0.1", 0))
 _LISTENER.listen()
 # The task file with the answers, in this checkout: the kernel must not see it.
 TASKS = Path(__file__).resolve().parents[1] / "data" / "notebook_tasks.jsonl"
+REPO = Path(__file__).resolve().parents[3]
 SANDBOX_PROBE = f"""import os, signal, socket, time
 s = socket.socket()
 s.settimeout(2)
@@ -64,6 +70,9 @@ try:
 except OSError as e:
     print("KEY hidden", e.errno)
 print("PIDS", len([p for p in os.listdir("/proc") if p.isdigit()]), "PPID", os.getppid())
+for path in ("/tmp", "/dev/shm"):
+    st = os.statvfs(path)
+    print("SIZE", path, st.f_blocks * st.f_frsize)
 kids = []
 try:
     for _ in range(700):
@@ -80,6 +89,44 @@ for kid in kids:
 print("FORKS", len(kids))
 """
 
+
+# The work dir's disk quota of the SHORT server (kernel_limits.work_dir_quota_mib).
+QUOTA_MIB = 16
+# 200 files of 1 MiB, each under RLIMIT_FSIZE (bounded, so that the unfixed server wrote 200 MiB, no more).
+FILL = """import time
+n = 0
+for n in range(1, 201):
+    with open(f'fill{n}', 'wb') as f:
+        f.write(bytes(1 << 20))
+    time.sleep(0.01)
+print('wrote', n)
+"""
+CLEAN = "import glob, os\nfor f in glob.glob('fill*'):\n    os.remove(f)\nopen('small', 'wb').write(bytes(1000))\nprint('cleaned')"
+# A thread the cell leaves behind writes after the cell returned, while the model thinks.
+BACKGROUND = """import threading, time
+def write():
+    time.sleep(1)
+    for i in range(200):
+        with open(f'bg{i}', 'wb') as f:
+            f.write(bytes(1 << 20))
+        time.sleep(0.01)
+threading.Thread(target=write, daemon=True).start()
+print('started')
+"""
+# Host paths a cell must not reach through the server: a file the server would write the notebook over
+# (through a symlink the cell puts in place of notebook.ipynb / notebook.md), a dir the server would list.
+HOST_DIR = Path(tempfile.mkdtemp(prefix="nb-host-"))
+HOST_MARK = f"host-only-{uuid.uuid4().hex[:8]}.txt"
+(HOST_DIR / HOST_MARK).write_text("x")
+for _victim in ("victim.ipynb", "victim.md"):
+    (HOST_DIR / _victim).write_text("original")
+THROUGH_LINKS = f"""import os
+for name, target in (("notebook.ipynb", "victim.ipynb"), ("notebook.md", "victim.md"), ("peek", "")):
+    if os.path.lexists(name):
+        os.remove(name)
+    os.symlink(os.path.join({str(HOST_DIR)!r}, target), name)
+print('linked')
+"""
 
 # 3 MB of output in 3,000 flushed prints: the server keeps OUTPUT_CHARS of it (and says so).
 OUTPUT_CHARS = 100_000
@@ -127,6 +174,24 @@ SCRIPTS = [
     },
     {"contains": "[daemon]", "turns": [_cell(DAEMON), _submit("0")]},
     {
+        "contains": "[disk]",
+        "turns": [
+            _cell(FILL),
+            _cell(CLEAN),
+            _cell(BACKGROUND),
+            {**_cell("print('still here?')"), "delay_s": 3.0},
+            _submit("0"),
+        ],
+    },
+    {
+        "contains": "[host]",
+        "turns": [
+            _cell(THROUGH_LINKS),
+            {"tool_calls": [{"name": "list_workdir", "arguments": {}}]},
+            _submit("0"),
+        ],
+    },
+    {
         "contains": "[slow]",
         "turns": [_cell("print(1)"), {"delay_s": 60.0, **_cell("print(2)")}, _cell("print(3)")],
     },
@@ -173,7 +238,11 @@ def helper() -> Iterator[RunHelper]:
                 "aviary": {
                     "entrypoint": "notebook_app.py",
                     "idle_timeout_s": 300.0,
-                    "kernel_limits": {"address_space_bytes": LIMIT_AS, "output_chars": OUTPUT_CHARS},
+                    "kernel_limits": {
+                        "address_space_bytes": LIMIT_AS,
+                        "output_chars": OUTPUT_CHARS,
+                        "work_dir_quota_mib": QUOTA_MIB,
+                    },
                 }
             }
         },
@@ -190,8 +259,53 @@ def helper() -> Iterator[RunHelper]:
             }
         },
     }
-    with running_servers([CONFIG], extra) as h:
-        yield h
+    try:
+        with running_servers([CONFIG], extra) as h:
+            yield h
+    finally:
+        shutil.rmtree(HOST_DIR, ignore_errors=True)
+
+
+def _function_outputs(result: dict[str, Any]) -> list[str]:
+    return [o["output"] for o in result["response"]["output"] if o.get("type") == "function_call_output"]
+
+
+def test_the_work_dirs_disk_quota_stops_a_filling_cell_and_a_writer_left_behind(helper: RunHelper) -> None:
+    """RLIMIT_FSIZE caps each file, and nothing capped how many a cell writes. Before: FILL wrote its 200
+    MiB ("wrote 200") and BACKGROUND's thread 200 MiB more after its cell returned (a cell that writes
+    until its time bound fills the host's disk). Now the work dir is watched while the kernel lives: the
+    filling cell is interrupted past the quota (the model reads why, and the episode goes on: it deletes
+    files and works again), and a writer left behind, with no cell running, gets the kernel killed (the
+    next cell says why)."""
+    result = run_rollout(helper, SHORT_AGENT, _row(0, "[disk]"), timeout=180)
+    outputs = _function_outputs(result)
+    views = [o["content"] for o in result["response"]["output"] if o.get("is_env_state")]
+    assert "disk quota" in outputs[0] and "interrupted" in outputs[0], outputs[0][-600:]
+    assert f"past its disk quota of {QUOTA_MIB} MiB" in outputs[0], outputs[0][-600:]
+    assert "wrote 200" not in views[1] and "disk quota" in views[1], views[1][-600:]
+    assert outputs[1] == "Appended new cell (#1)." and "cleaned" in views[2], (outputs[1], views[2][-400:])
+    assert outputs[2] == "Appended new cell (#2)." and "started" in views[3], views[3][-400:]
+    assert "kernel was killed at its work dir's disk quota" in outputs[3], outputs[3][-600:]
+    assert "kept writing while no cell ran" in outputs[3], outputs[3][-600:]
+    assert result["reward"] == 0.0
+    # Closed with the rollout: nothing it wrote is left on the host (the server's episode dirs).
+    (root,) = Path(tempfile.gettempdir()).glob(f"nemo-gym-kernels-{_pid(helper, SHORT)}-*")
+    assert _wait_until(lambda: not any(root.iterdir()), 30), list(root.iterdir())
+
+
+def test_a_cell_reaches_no_host_path_through_the_servers_file_operations(helper: RunHelper) -> None:
+    """The server reads and writes the notebook and lists the work dir on the host, as root: a cell that
+    put symlinks there had the server follow them. Before: the notebook's JSON was written over
+    ``victim.ipynb`` and its Markdown over ``victim.md`` (any file of the host), and list_workdir listed
+    the host dir behind ``peek``. Now the notebook lives beside the work dir, out of the kernel's reach, and
+    the listing never follows a symlink."""
+    result = run_rollout(helper, SHORT_AGENT, _row(0, "[host]"), timeout=180)
+    outputs = _function_outputs(result)
+    views = [o["content"] for o in result["response"]["output"] if o.get("is_env_state")]
+    assert "linked" in views[1], views[1][-400:]
+    assert (HOST_DIR / "victim.ipynb").read_text() == "original"
+    assert (HOST_DIR / "victim.md").read_text() == "original"
+    assert HOST_MARK not in outputs[1] and "peek" in outputs[1], outputs[1][-600:]
 
 
 def _pid(helper: RunHelper, name: str) -> int:
@@ -298,6 +412,9 @@ def test_kernel_has_rlimits_and_no_server_environment(helper: RunHelper) -> None
     pids = int(probe.split("PIDS ")[1].split()[0])
     assert pids < 20 and "PPID 1\n" in probe, probe[-900:]
     assert "FORK blocked 11" in probe and int(probe.split("FORKS ")[1].split()[0]) < 512, probe[-900:]
+    # /tmp and /dev/shm are tmpfs (memory) of a bounded size (before: half the machine's memory each).
+    for path in ("/tmp", "/dev/shm"):
+        assert int(probe.split(f"SIZE {path} ")[1].split()[0]) == 256 << 20, probe[-900:]
     assert not Path("/usr/escape.txt").exists()
     # 3 MB printed: the server kept about OUTPUT_CHARS of it, and the notebook says the rest was dropped.
     assert f"the output past {OUTPUT_CHARS} characters was not kept" in views[4], views[4][-600:]
@@ -366,5 +483,14 @@ def test_kernel_dies_with_a_killed_server(helper: RunHelper) -> None:
     # The kernel's python appears once bubblewrap has exec'ed it (bounded wait).
     assert _wait_until(lambda: len(_kernels(server_pid)) == 1)
     (kernel,) = _kernels(server_pid)
+    work_dir = Path(kernel.cwd())
+    assert work_dir.is_dir()
     os.kill(server_pid, signal.SIGKILL)
     assert _wait_until(lambda: not kernel.is_running() or kernel.status() == psutil.STATUS_ZOMBIE, 30)
+    # Its work dir (what its cells wrote) is still on the host: the dead server never closed the env. The
+    # next process that starts a kernel removes the dirs of servers that died (before: /tmp/tmpXXXX, left
+    # for ever).
+    assert work_dir.exists()
+    next_server = "from resources_servers.aviary.notebook_app import _kernels_root\n_kernels_root()"
+    subprocess.run([sys.executable, "-c", next_server], cwd=REPO, check=True, timeout=120)
+    assert _wait_until(lambda: not work_dir.exists(), 30), work_dir

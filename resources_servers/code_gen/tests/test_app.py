@@ -42,6 +42,9 @@ FAILING = {
     "loop": ("while True:\n    pass", "timeout"),
     "memory": ("x = []\nwhile True:\n    x.append(bytearray(8 << 20))", "memory"),
     "flood": ("import sys\nwhile True:\n    sys.stdout.write('9' * 65536)", "output_limit"),
+    # 1 MiB files (each under RLIMIT_FSIZE) until the time limit: before, each test wrote ~800 MB to the
+    # host's disk in its 3 s and failed as `timeout`.
+    "disk": ("i = 0\nwhile True:\n    open(f'f{i}', 'wb').write(bytes(1 << 20))\n    i += 1", "disk_quota"),
 }
 
 
@@ -75,7 +78,12 @@ def helper() -> Iterator[RunHelper]:
         "policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": _scripts()}}},
         ENV: {
             "resources_servers": {
-                ENV: {"unit_test_timeout_secs": 2, "memory_mib": 128, "max_output_bytes": 100000}
+                ENV: {
+                    "unit_test_timeout_secs": 2,
+                    "memory_mib": 128,
+                    "max_output_bytes": 100000,
+                    "disk_quota_mib": 8,
+                }
             }
         },
     }

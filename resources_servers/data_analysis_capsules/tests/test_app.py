@@ -203,6 +203,20 @@ def _tagged(row: dict[str, Any], tag: str) -> dict[str, Any]:
     return out
 
 
+# The work dir's disk quota of the tests' server (kernel_limits.work_dir_quota_mib).
+QUOTA_MIB = 16
+# A cell that ignores the interrupt and writes 1 MiB files (each under RLIMIT_FSIZE) for ~10 s: 200 MiB in
+# all, so that the unfixed server wrote that much and no more.
+DISK_NO_SIGINT = """import signal, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+for n in range(200):
+    with open(f'fill{n}', 'wb') as f:
+        f.write(bytes(1 << 20))
+    time.sleep(0.05)
+print('wrote all')
+"""
+
+
 def _scripts() -> list[dict[str, Any]]:
     rules = []
     for row in ALL:
@@ -239,6 +253,8 @@ def _scripts() -> list[dict[str, Any]]:
     for tag, answers in several.items():
         calls = [{"name": "submit_answer", "arguments": {"answer": a}} for a in answers]
         rules.append({"contains": f"[{tag}]", "turns": [{"tool_calls": calls}]})
+    ttest = BY_CAPSULE["ttest_pvalue"]
+    rules.append({"contains": "[disk]", "turns": [_cell(DISK_NO_SIGINT), _submit(_answer_text(ttest))]})
     kill = "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"
     rules.append(
         {
@@ -264,7 +280,10 @@ def _scripts() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def helper() -> Iterator[RunHelper]:
-    extra = {"policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": _scripts()}}}}
+    extra = {
+        "policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": _scripts()}}},
+        ENV: {"resources_servers": {ENV: {"kernel_limits": {"work_dir_quota_mib": QUOTA_MIB}}}},
+    }
     with running_servers([CONFIG], extra) as h:
         yield h
 
@@ -343,6 +362,24 @@ def test_a_cell_that_kills_its_own_kernel_is_the_models_zero(helper: RunHelper) 
     crash, late = results
     assert "kernel died while the model's cell ran" in crash["reason"] and crash["cells_run"] == 1
     assert "kernel died after the model's earlier cells ran" in late["reason"] and late["cells_run"] == 2
+
+
+def test_a_cell_that_fills_the_work_dir_and_ignores_the_interrupt_is_the_models_zero(
+    helper: RunHelper,
+) -> None:
+    """The kernel's work dir has a disk quota (``kernel_limits.work_dir_quota_mib``, 16 MiB here): a cell
+    past it is interrupted; this one ignores SIGINT and keeps writing, so its kernel is killed, which is
+    the model's doing: 0, ``kernel_died``, the reason names the quota. Before: nothing bounded the dir's
+    total, the cell wrote its 200 MiB ("wrote all") and the right answer after it earned 1 (a cell that
+    writes until its time bound fills the host's disk)."""
+    resp = post_json(
+        server_url(helper, AGENT) + "/run", _tagged(BY_CAPSULE["ttest_pvalue"], "disk"), timeout=180
+    )
+    assert resp.status_code == 200, resp.text[:2000]
+    result = resp.json()
+    assert (result["reward"], result["failure_reason"]) == (0.0, "kernel_died"), result["reason"]
+    assert "disk quota" in result["reason"] and "did not stop when interrupted" in result["reason"]
+    assert result["submitted_answer"] is None and result["cells_run"] == 1
 
 
 def test_a_turn_of_several_answers_counts_only_the_first(helper: RunHelper) -> None:

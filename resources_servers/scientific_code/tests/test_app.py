@@ -336,6 +336,9 @@ def test_how_a_run_ended_decides_between_infrastructure_and_the_model() -> None:
     assert [r["code"] for r in records] == [None, None] and records[0]["ended"][0] == "timeout"
     assert harness_records(run('n0 {"ready": true}\n', oom_killed=True), "n0", [1])[0]["ended"][0] == "memory"
     assert harness_records(run('n0 {"ready": true}\n', rc=3), "n0", [1])[0]["ended"][0] == "crashed"
+    # Killed at its work dir's disk quota (before: "crashed", code 137, the sandbox's kill unnamed).
+    quota = run('n0 {"ready": true}\n', rc=137, error_type="disk_quota")
+    assert harness_records(quota, "n0", [1])[0]["ended"][0] == "disk_quota"
 
 
 def test_the_harness_lines_are_read_as_the_exact_sequence_it_writes() -> None:
