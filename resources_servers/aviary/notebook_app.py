@@ -673,6 +673,11 @@ class CSVAnalysisEnv(NBEnvironment[LimitedNBEnvironmentState]):
         client = km.client()
         client.start_channels()
         try:
+            # Until the kernel answered on the shell channel and its iopub messages reach this client: a
+            # subscriber joins late, and a fast cell's busy/idle sent before it joined were lost (the wait for
+            # the cell's idle then ran to the timeout). A dead kernel is told by the cell's run below.
+            with contextlib.suppress(RuntimeError):
+                await client.wait_for_ready(timeout=_READY_WAIT_S)
             for idx, cell in enumerate(state.cells):
                 if cell.cell_type != "code" or (cell_idx is not None and idx != cell_idx):
                     continue
@@ -748,6 +753,7 @@ class CSVAnalysisEnv(NBEnvironment[LimitedNBEnvironmentState]):
 
 MAX_KERNEL_MESSAGE_BYTES = 16 << 20  # largest ZMQ message a kernel may send the server
 _INTERRUPT_GRACE_S = 5.0  # how long an interrupted cell has to stop
+_READY_WAIT_S = 60.0  # how long a new client waits for the kernel's channels (a bound on a busy machine)
 # ... when it wrote past the work dir's quota: it may still be writing at the disk's speed meanwhile (a cell
 # that stops on KeyboardInterrupt stops within milliseconds).
 _DISK_INTERRUPT_GRACE_S = 1.0
