@@ -25,6 +25,8 @@ the end (checked: no process is left whose working directory is in the scratch c
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -34,8 +36,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -514,6 +518,11 @@ def _netns_prefix() -> list[str]:
     return prefix if probe.returncode == 0 else []
 
 
+# Each document runs on any pytest-xdist worker (docs/testing.md): in a network namespace of its own, or,
+# where none can be made, on the host's port 11000 one at a time (_port_11000_alone).
+SPLIT_ACROSS_WORKERS = True
+
+
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
         try:
@@ -739,12 +748,36 @@ def _runnable_docs() -> list[str]:
 
 @pytest.fixture(scope="module")
 def netns() -> list[str]:
-    prefix = _netns_prefix()
-    if not prefix and not _port_free(11000):
-        pytest.fail(
-            "no private network namespace (unshare) here, and port 11000, the documents' head port, is busy"
-        )
-    return prefix
+    return _netns_prefix()
+
+
+@contextlib.contextmanager
+def _port_11000_alone(netns: list[str]) -> Iterator[None]:
+    """Without a network namespace of its own, a document's servers use the host's port 11000: one
+    document at a time on this machine (a lock file, held across pytest-xdist workers; the wait is
+    bounded by every other document's timeout), and the port must be free."""
+    if netns:
+        yield
+        return
+    with (Path(tempfile.gettempdir()) / "nemo-gym-docs-port-11000.lock").open("a") as lock:
+        deadline = time.monotonic() + DOC_TIMEOUT_S * len(_runnable_docs())
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail("another document held port 11000 past every document's timeout")
+                time.sleep(0.2)
+        try:
+            if not _port_free(11000):
+                pytest.fail(
+                    "no private network namespace (unshare) here, and port 11000, the documents' head port, "
+                    "is busy"
+                )
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.mark.slow
@@ -758,7 +791,8 @@ def test_doc_runs_as_pasted(doc: str, tmp_path: Path, netns: list[str]) -> None:
         for b in extract_blocks((work / doc).read_text(), doc)
         if _lookup(SKIP, b) is None and (b.runnable or _lookup(BLOCK_FILES, b) is not None)
     ]
-    run = run_doc(blocks, work, BLOCK_FILES, netns)
+    with _port_11000_alone(netns):
+        run = run_doc(blocks, work, BLOCK_FILES, netns)
     failure = run.failure()
     assert failure is None, textwrap.indent(failure, "  ")
     if doc in CHECKS:

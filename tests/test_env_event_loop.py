@@ -21,6 +21,7 @@ from nemo_gym.tools.loop_check import check_loop_lag, drive_rollouts
 from nemo_gym.tools.testing import example_rows, running_servers
 
 NUM_ROLLOUTS = 150
+SPLIT_ACROSS_WORKERS = True  # each test starts its own servers: any worker may run it (docs/testing.md)
 CONCURRENCY = 8
 
 # The scripted policy model also answers the judge's prompts, with a verdict (no outside judge).

@@ -117,3 +117,64 @@ def test_a_server_folder_whose_requirements_are_missing_is_skipped_before_import
         )  # collection
     else:
         assert run.returncode == 0 and "3 passed, 1 skipped" in run.stdout, run.stdout
+
+
+SLOW_FILE = """
+import time
+
+def test_slow():
+    time.sleep(0.6)  # at least 0.6 s, whatever the machine: the file's share is far past the others'
+"""
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2", "--dist", "loadfile"]], ids=["serial", "xdist-2"])
+def test_a_file_past_its_share_of_the_suite_fails_the_run_naming_it(
+    tmp_path: Path, workers: list[str]
+) -> None:
+    """``--max-file-share`` (``.ci/run``): the table of files by test time is printed and a file past the
+    bound fails an otherwise green run, naming the file; under pytest-xdist the controller sums every
+    worker's reports. With a bound it is within, the same run passes and prints the table."""
+    (tmp_path / "test_slow.py").write_text(SLOW_FILE)
+    over = _pytest(tmp_path, "def test_quick():\n    pass\n", {}, "--max-file-share", "60", *workers)
+    assert over.returncode == pytest.ExitCode.TESTS_FAILED, over.stdout + over.stderr
+    assert "3 passed" in over.stdout, over.stdout
+    assert "BUDGET: test_slow.py takes" in over.stdout and "past the bound of 60%" in over.stdout, over.stdout
+    assert "BUDGET: test_sample.py" not in over.stdout and "BUDGET: test_other.py" not in over.stdout
+    within = _pytest(tmp_path, "def test_quick():\n    pass\n", {}, "--max-file-share", "100", *workers)
+    assert within.returncode == 0, within.stdout + within.stderr
+    assert "test time by file:" in within.stdout and "test_slow.py" in within.stdout, within.stdout
+    assert "BUDGET:" not in within.stdout, within.stdout
+
+
+RECORDING_FILE = """
+import os
+import time
+from pathlib import Path
+{flag}
+
+import pytest
+
+@pytest.mark.parametrize("i", range(6))
+def test_records_its_worker(i):
+    time.sleep({pause})  # the split file's tests last, so that both workers take some (they are dealt first)
+    with Path({out!r}).open("a") as f:
+        f.write(f"{{__name__.rsplit('.', 1)[-1]}} {{os.environ['PYTEST_XDIST_WORKER']}}\\n")
+"""
+
+
+def test_a_files_tests_share_one_worker_unless_it_is_marked_split(tmp_path: Path) -> None:
+    """Under ``--dist loadfile`` (``.ci/run``) a file's tests run on one worker (they may share
+    module-scoped servers); a file that sets ``SPLIT_ACROSS_WORKERS = True`` has its tests spread."""
+    out = tmp_path / "workers.txt"
+    (tmp_path / "test_kept.py").write_text(RECORDING_FILE.format(flag="", out=str(out), pause=0))
+    (tmp_path / "test_a_split.py").write_text(
+        RECORDING_FILE.format(flag="SPLIT_ACROSS_WORKERS = True", out=str(out), pause=0.3)
+    )
+    run = _pytest(tmp_path, "def test_quick():\n    pass\n", {}, "-n", "2", "--dist", "loadfile")
+    assert run.returncode == 0, run.stdout + run.stderr
+    seen: dict[str, set[str]] = {}
+    for line in out.read_text().splitlines():
+        module, worker = line.split()
+        seen.setdefault(module, set()).add(worker)
+    assert len(seen["test_kept"]) == 1, seen
+    assert seen["test_a_split"] == {"gw0", "gw1"}, seen

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -152,9 +154,11 @@ def _wait_gone(pids: set[int], bound_s: float = 20.0) -> set[int]:
 
 
 @pytest.fixture(scope="module")
-def ray_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+def ray_env() -> Iterator[None]:
     """The environment every Ray process of this module runs with (private temp dir, no telemetry)."""
-    tmp = tmp_path_factory.mktemp("ray")
+    # A short dir of its own: Ray's socket paths under it must fit AF_UNIX's 107 bytes, and pytest's
+    # tmp_path (``.../pytest-of-<user>/pytest-N/popen-gwN/...`` under pytest-xdist) leaves too little room.
+    tmp = Path(tempfile.mkdtemp(prefix="ngray-"))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RAY_TMPDIR", str(tmp))
         mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
@@ -162,7 +166,10 @@ def ray_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         # A secret in the environment the nodes (and so the replica actors) start with.
         mp.setenv(NODE_SECRET_VAR, NODE_SECRET)
         mp.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
-        yield
+        try:
+            yield
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

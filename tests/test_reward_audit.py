@@ -27,6 +27,7 @@ from nemo_gym.tools.reward_audit.spec import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
+SPLIT_ACROSS_WORKERS = True  # each test starts its own servers: any worker may run it (docs/testing.md)
 ENVIRONMENTS = environment_folders(ROOT)
 WEATHER = "resources_servers/example_single_tool_call"
 

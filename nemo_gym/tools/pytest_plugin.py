@@ -138,3 +138,110 @@ def pytest_pycollect_makemodule(module_path: Path, parent: Any) -> pytest.Module
         f'pip install -r {folder / "requirements.txt"} (or pip install -e ".[dev]" for everything)'
     )
     return module
+
+
+# -- the suite's budget (docs/testing.md) -------------------------------------------------------------
+# ``--max-file-share PERCENT`` (``.ci/run`` passes it): after the run, every test file's share of the
+# suite's summed test time (setup + call + teardown of its tests, on whichever worker ran them) is
+# reported, the largest first, and a file past PERCENT fails the run, naming it. It is a check on the
+# suite's shape, not a timed test: a slow new test is noticed in the change that adds it, whatever the
+# machine's speed.
+
+_FILE_SECONDS: dict[str, float] = {}
+_BUDGET_FAILURE = "nemo_gym_budget_failure"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.getgroup("nemo_gym").addoption(
+        "--max-file-share",
+        type=float,
+        default=None,
+        metavar="PERCENT",
+        help="fail the run when one test file takes more than PERCENT of the suite's summed test time",
+    )
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def file_shares(seconds: dict[str, float]) -> list[tuple[str, float, float]]:
+    """``(file, seconds, percent of the total)``, the largest first."""
+    total = sum(seconds.values()) or 1.0
+    rows = [(path, s, 100.0 * s / total) for path, s in seconds.items()]
+    return sorted(rows, key=lambda row: -row[1])
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")  # a pytest-xdist worker: the controller judges the whole run
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    limit = session.config.getoption("max_file_share")
+    if limit is None or _is_worker(session.config) or not _FILE_SECONDS:
+        return
+    over = [(path, share) for path, _, share in file_shares(_FILE_SECONDS) if share > limit]
+    if over:
+        setattr(session.config, _BUDGET_FAILURE, over)
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    limit = config.getoption("max_file_share")
+    if limit is None or _is_worker(config) or not _FILE_SECONDS:
+        return
+    rows = file_shares(_FILE_SECONDS)
+    total = sum(s for _, s, _ in rows)
+    tr = terminalreporter
+    tr.section(f"test time by file: {total:.0f} s summed over {len(rows)} files (bound {limit:g}% each)")
+    for path, seconds, share in rows[:15]:
+        tr.write_line(f"{share:5.1f}%  {seconds:7.1f} s  {path}")
+    for path, share in getattr(config, _BUDGET_FAILURE, []):
+        tr.write_line(
+            f"BUDGET: {path} takes {share:.1f}% of the suite's test time, past the bound of {limit:g}% "
+            "(docs/testing.md: share its servers between tests, or split it)",
+            red=True,
+            bold=True,
+        )
+
+
+# -- where tests run under pytest-xdist (docs/testing.md) ---------------------------------------------
+# ``.ci/run`` runs the suite with ``-n <workers> --dist loadfile``: a test file's tests stay together on
+# one worker (they share module-scoped servers, clusters and loaded models, started once), unless the
+# file sets ``SPLIT_ACROSS_WORKERS = True`` (a line of its own at module level): its tests share nothing
+# costly, so each may run on any worker, and a long file of independent tests no longer decides when the
+# suite ends. (Not pytest-xdist's ``loadgroup``: its groups are lost under pytest 9.2, whose test ids no
+# longer read the ``_nodeid`` that xdist rewrites.)
+
+SPLIT_FLAG = "SPLIT_ACROSS_WORKERS"
+_SPLIT_LINE = re.compile(rf"^{SPLIT_FLAG}\s*=\s*True\b", re.MULTILINE)
+
+
+@functools.cache
+def splits_across_workers(path: Path) -> bool:
+    """Whether the test file at ``path`` declares ``SPLIT_ACROSS_WORKERS = True``."""
+    try:
+        return _SPLIT_LINE.search(path.read_text(encoding="utf-8")) is not None
+    except OSError:
+        return False
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    rootpath = config.rootpath
+
+    class FileOrTestScheduling(LoadFileScheduling):
+        """pytest-xdist's ``loadfile``, but a file that declares the flag is split into its tests."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return nodeid if splits_across_workers(rootpath / path) else path
+
+    return FileOrTestScheduling(config, log)
