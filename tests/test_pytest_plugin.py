@@ -131,18 +131,18 @@ def test_slow():
 def test_a_file_past_its_share_of_the_suite_fails_the_run_naming_it(
     tmp_path: Path, workers: list[str]
 ) -> None:
-    """``--max-file-share`` (``.ci/run``): the table of files by test time is printed and a file past the
-    bound fails an otherwise green run, naming the file; under pytest-xdist the controller sums every
-    worker's reports. With a bound it is within, the same run passes and prints the table."""
+    """``--max-unit-share`` (``.ci/run``): the table of units (files) by test time is printed and a file
+    past the bound fails an otherwise green run, naming the file; under pytest-xdist the controller sums
+    every worker's reports. With a bound it is within, the same run passes and prints the table."""
     (tmp_path / "test_slow.py").write_text(SLOW_FILE)
-    over = _pytest(tmp_path, "def test_quick():\n    pass\n", {}, "--max-file-share", "60", *workers)
+    over = _pytest(tmp_path, "def test_quick():\n    pass\n", {}, "--max-unit-share", "60", *workers)
     assert over.returncode == pytest.ExitCode.TESTS_FAILED, over.stdout + over.stderr
     assert "3 passed" in over.stdout, over.stdout
     assert "BUDGET: test_slow.py takes" in over.stdout and "past the bound of 60%" in over.stdout, over.stdout
     assert "BUDGET: test_sample.py" not in over.stdout and "BUDGET: test_other.py" not in over.stdout
-    within = _pytest(tmp_path, "def test_quick():\n    pass\n", {}, "--max-file-share", "100", *workers)
+    within = _pytest(tmp_path, "def test_quick():\n    pass\n", {}, "--max-unit-share", "100", *workers)
     assert within.returncode == 0, within.stdout + within.stderr
-    assert "test time by file:" in within.stdout and "test_slow.py" in within.stdout, within.stdout
+    assert "test time by unit of work:" in within.stdout and "test_slow.py" in within.stdout, within.stdout
     assert "BUDGET:" not in within.stdout, within.stdout
 
 
@@ -178,3 +178,30 @@ def test_a_files_tests_share_one_worker_unless_it_is_marked_split(tmp_path: Path
         seen.setdefault(module, set()).add(worker)
     assert len(seen["test_kept"]) == 1, seen
     assert seen["test_a_split"] == {"gw0", "gw1"}, seen
+
+
+TWO_SLOW_TESTS = """
+import time
+{flag}
+
+def test_one():
+    time.sleep(0.5)
+
+def test_two():
+    time.sleep(0.5)
+"""
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["kept-whole", "split"])
+def test_a_file_that_splits_is_judged_test_by_test(tmp_path: Path, split: bool) -> None:
+    """A worker is dealt a split file's tests one by one, so the bound applies to each of them: two
+    half-second tests are ~50% each (within 70%), while the same file kept whole is ~100% (past it)."""
+    flag = "SPLIT_ACROSS_WORKERS = True" if split else ""
+    (tmp_path / "test_pair.py").write_text(TWO_SLOW_TESTS.format(flag=flag))
+    run = _pytest(tmp_path, "def test_quick():\n    pass\n", {}, "--max-unit-share", "70")
+    if split:
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "test_pair.py::test_one" in run.stdout and "BUDGET:" not in run.stdout, run.stdout
+    else:
+        assert run.returncode == pytest.ExitCode.TESTS_FAILED, run.stdout + run.stderr
+        assert "BUDGET: test_pair.py takes" in run.stdout, run.stdout

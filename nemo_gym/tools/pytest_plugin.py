@@ -45,6 +45,7 @@ def skips_are_failures() -> str | None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _ROOT[:] = [config.rootpath]
     if not os.environ.get("NEMO_GYM_RUN_DIR"):
         os.environ["NEMO_GYM_RUN_DIR"] = tempfile.mkdtemp(prefix="nemo_gym_test_runs-")
     if not config.pluginmanager.hasplugin("asyncio"):
@@ -140,74 +141,6 @@ def pytest_pycollect_makemodule(module_path: Path, parent: Any) -> pytest.Module
     return module
 
 
-# -- the suite's budget (docs/testing.md) -------------------------------------------------------------
-# ``--max-file-share PERCENT`` (``.ci/run`` passes it): after the run, every test file's share of the
-# suite's summed test time (setup + call + teardown of its tests, on whichever worker ran them) is
-# reported, the largest first, and a file past PERCENT fails the run, naming it. It is a check on the
-# suite's shape, not a timed test: a slow new test is noticed in the change that adds it, whatever the
-# machine's speed.
-
-_FILE_SECONDS: dict[str, float] = {}
-_BUDGET_FAILURE = "nemo_gym_budget_failure"
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.getgroup("nemo_gym").addoption(
-        "--max-file-share",
-        type=float,
-        default=None,
-        metavar="PERCENT",
-        help="fail the run when one test file takes more than PERCENT of the suite's summed test time",
-    )
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    path = report.nodeid.split("::", 1)[0]
-    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
-
-
-def file_shares(seconds: dict[str, float]) -> list[tuple[str, float, float]]:
-    """``(file, seconds, percent of the total)``, the largest first."""
-    total = sum(seconds.values()) or 1.0
-    rows = [(path, s, 100.0 * s / total) for path, s in seconds.items()]
-    return sorted(rows, key=lambda row: -row[1])
-
-
-def _is_worker(config: pytest.Config) -> bool:
-    return hasattr(config, "workerinput")  # a pytest-xdist worker: the controller judges the whole run
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    limit = session.config.getoption("max_file_share")
-    if limit is None or _is_worker(session.config) or not _FILE_SECONDS:
-        return
-    over = [(path, share) for path, _, share in file_shares(_FILE_SECONDS) if share > limit]
-    if over:
-        setattr(session.config, _BUDGET_FAILURE, over)
-        if session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    limit = config.getoption("max_file_share")
-    if limit is None or _is_worker(config) or not _FILE_SECONDS:
-        return
-    rows = file_shares(_FILE_SECONDS)
-    total = sum(s for _, s, _ in rows)
-    tr = terminalreporter
-    tr.section(f"test time by file: {total:.0f} s summed over {len(rows)} files (bound {limit:g}% each)")
-    for path, seconds, share in rows[:15]:
-        tr.write_line(f"{share:5.1f}%  {seconds:7.1f} s  {path}")
-    for path, share in getattr(config, _BUDGET_FAILURE, []):
-        tr.write_line(
-            f"BUDGET: {path} takes {share:.1f}% of the suite's test time, past the bound of {limit:g}% "
-            "(docs/testing.md: share its servers between tests, or split it)",
-            red=True,
-            bold=True,
-        )
-
-
 # -- where tests run under pytest-xdist (docs/testing.md) ---------------------------------------------
 # ``.ci/run`` runs the suite with ``-n <workers> --dist loadfile``: a test file's tests stay together on
 # one worker (they share module-scoped servers, clusters and loaded models, started once), unless the
@@ -241,7 +174,86 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         """pytest-xdist's ``loadfile``, but a file that declares the flag is split into its tests."""
 
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return nodeid if splits_across_workers(rootpath / path) else path
+            return work_unit(nodeid, rootpath)
 
     return FileOrTestScheduling(config, log)
+
+
+# -- the suite's budget (docs/testing.md) -------------------------------------------------------------
+# ``--max-unit-share PERCENT`` (``.ci/run`` passes it): after the run, the test time (set-up + call +
+# tear-down, on whichever worker ran it) of every unit of work the workers are dealt (a file, or one
+# test of a file that splits) is reported as a share of the suite's summed test time, the largest first,
+# and a unit past PERCENT fails the run, naming it. With W workers a unit past 1/W of the suite alone
+# decides the wall time; the bound keeps every unit well under that. A check on the suite's shape, not a
+# timed test: a slow new test is noticed in the change that adds it, whatever the machine's speed.
+
+_UNIT_SECONDS: dict[str, float] = {}
+_BUDGET_FAILURE = "nemo_gym_budget_failure"
+_ROOT: list[Path] = []  # the run's root dir (set at configure): where split flags are read
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.getgroup("nemo_gym").addoption(
+        "--max-unit-share",
+        type=float,
+        default=None,
+        metavar="PERCENT",
+        help="fail the run when one file (or one test of a file that splits across workers) takes more "
+        "than PERCENT of the suite's summed test time",
+    )
+
+
+def work_unit(nodeid: str, rootpath: Path) -> str:
+    """What a worker is dealt whole: the test's file, or the test itself when its file splits."""
+    path = nodeid.split("::", 1)[0]
+    return nodeid if splits_across_workers(rootpath / path) else path
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _ROOT:
+        unit = work_unit(report.nodeid, _ROOT[0])
+        _UNIT_SECONDS[unit] = _UNIT_SECONDS.get(unit, 0.0) + report.duration
+
+
+def unit_shares(seconds: dict[str, float]) -> list[tuple[str, float, float]]:
+    """``(unit, seconds, percent of the total)``, the largest first."""
+    total = sum(seconds.values()) or 1.0
+    rows = [(unit, s, 100.0 * s / total) for unit, s in seconds.items()]
+    return sorted(rows, key=lambda row: -row[1])
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")  # a pytest-xdist worker: the controller judges the whole run
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    limit = session.config.getoption("max_unit_share")
+    if limit is None or _is_worker(session.config) or not _UNIT_SECONDS:
+        return
+    over = [(unit, share) for unit, _, share in unit_shares(_UNIT_SECONDS) if share > limit]
+    if over:
+        setattr(session.config, _BUDGET_FAILURE, over)
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    limit = config.getoption("max_unit_share")
+    if limit is None or _is_worker(config) or not _UNIT_SECONDS:
+        return
+    rows = unit_shares(_UNIT_SECONDS)
+    total = sum(s for _, s, _ in rows)
+    tr = terminalreporter
+    tr.section(
+        f"test time by unit of work: {total:.0f} s summed over {len(rows)} units (bound {limit:g}% each)"
+    )
+    for unit, seconds, share in rows[:15]:
+        tr.write_line(f"{share:5.1f}%  {seconds:7.1f} s  {unit}")
+    for unit, share in getattr(config, _BUDGET_FAILURE, []):
+        tr.write_line(
+            f"BUDGET: {unit} takes {share:.1f}% of the suite's test time, past the bound of {limit:g}% "
+            "(docs/testing.md: share its servers between tests, or split its file across workers)",
+            red=True,
+            bold=True,
+        )

@@ -1,0 +1,87 @@
+"""Where the suite's time goes: tables for docs/testing.md from a run's ``--durations=0`` report.
+
+    python -m pytest -q -n 4 --dist loadfile --durations=0 > run.txt
+    python tests/suite_profile.py run.txt
+
+Prints two markdown tables: test time by kind of work (each file counted under the kind that dominates
+it, :data:`KINDS`) and by phase (set-up is mostly module fixtures starting servers), then the 25 files
+that take the most. Times are summed over workers, so they add up to more than the wall time.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+LINE = re.compile(r"^\s*([\d.]+)s (setup|call|teardown)\s+(\S+)")
+
+# The first pattern a file's path matches names its kind.
+KINDS: list[tuple[str, str]] = [
+    (
+        "reward audits (every environment's servers, the battery played through its agent)",
+        r"test_reward_audit",
+    ),
+    ("documents run as pasted (each in a fresh copy of the repo)", r"test_docs_run"),
+    ("Ray cluster (two nodes per module)", r"test_ray\.py"),
+    ("Chromium (ng_viewer in a real browser)", r"test_viewer_browser"),
+    (
+        "local model generation (llama.cpp on the CPU)",
+        r"local_model/|test_trainer_startup|test_examples|test_harness_tokens|test_messages_api|"
+        r"test_model_call_capture|test_quickstart|test_local",
+    ),
+    (
+        "sandboxes (bubblewrap runs and sessions, notebook kernels)",
+        r"test_sandbox|aviary/tests/test_notebook|data_analysis_capsules|workspace_tasks|math_with_code|"
+        r"code_gen|scientific_code|harness_agent|file_edit_tasks",
+    ),
+    (
+        "load and concurrency checks (many rollouts in flight)",
+        r"test_env_event_loop|test_fd_limits|test_bench|test_loop_check|test_concurrency|test_load",
+    ),
+    ("servers started per test or module (ng_run, scripted model, HTTP)", r""),
+]
+
+
+def read(path: Path) -> list[tuple[float, str, str]]:
+    """``(seconds, phase, file)`` of every line of the report."""
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        match = LINE.match(line)
+        if match:
+            seconds, phase, nodeid = match.groups()
+            out.append((float(seconds), phase, nodeid.split("::", 1)[0]))
+    return out
+
+
+def kind_of(file: str) -> str:
+    return next(name for name, pattern in KINDS if re.search(pattern, file))
+
+
+def tables(rows: list[tuple[float, str, str]]) -> str:
+    total = sum(s for s, _, _ in rows) or 1.0
+    by_file: Counter[str] = Counter()
+    by_phase: Counter[str] = Counter()
+    for seconds, phase, file in rows:
+        by_file[file] += seconds
+        by_phase[phase] += seconds
+    by_kind: Counter[str] = Counter()
+    files_of: Counter[str] = Counter()
+    for file, seconds in by_file.items():
+        by_kind[kind_of(file)] += seconds
+        files_of[kind_of(file)] += 1
+    out = [f"Test time summed over workers: {total:,.0f} s in {len(by_file)} files.", ""]
+    out += ["| kind of work | files | seconds | share |", "|---|---:|---:|---:|"]
+    out += [f"| {k} | {files_of[k]} | {s:,.0f} | {100 * s / total:.1f}% |" for k, s in by_kind.most_common()]
+    out += ["", "| phase | seconds | share |", "|---|---:|---:|"]
+    out += [f"| {p} | {s:,.0f} | {100 * s / total:.1f}% |" for p, s in by_phase.most_common()]
+    out += ["", "| file | seconds | share |", "|---|---:|---:|"]
+    out += [f"| `{f}` | {s:,.0f} | {100 * s / total:.1f}% |" for f, s in by_file.most_common(25)]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python tests/suite_profile.py <pytest output with --durations=0>")
+    print(tables(read(Path(sys.argv[1]))))
