@@ -74,6 +74,9 @@ SKIP: dict[tuple[str, str], str] = {
         "responses_api_models/local_model/tests/test_quickstart.py"
     ),
     ("README.md", "bash .ci/run"): "the whole CI run (installs packages, runs every test, this one included)",
+    ("docs/testing.md", ". .venv/bin/activate"): (
+        "runs the whole suite, this test included (.ci/run runs it); its parts run as the suite"
+    ),
     ("docs/rewards.md", "ng_reward_audit                                   # every environment"): (
         "audits every environment (minutes); tests/test_reward_audit.py runs every environment's audit"
     ),
