@@ -27,7 +27,8 @@ Slow and silent clients (:class:`ConnectionLimits`) cannot hold places either:
   the oldest untrusted connections that have not sent a whole request head within a grace period (a quarter of the head
   timeout, at most 1 s) are closed, at each accept and at each sweep, so a client with the token finds
   a place while silent connections hold all the others. A connection is never closed so before its
-  grace period: its request may simply not have been read yet.
+  grace period, nor while its socket holds bytes not read yet: its request may simply not have been
+  read (a busy event loop can take longer than the grace to get to it).
 
 One sweep per ``min(timeouts) / 4`` (at most once a second) checks the open connections; per request the
 cost is a clock read and a few attribute tests in ``data_received``.
@@ -38,8 +39,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fcntl
 import logging
 import socket
+import sys
+import termios
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -102,6 +106,19 @@ class ConnectionLimits:
     @property
     def sweep_interval_s(self) -> float:
         return min(1.0, max(0.02, min(self.head_timeout_s, self.body_idle_timeout_s) / 4))
+
+
+def _has_unread_bytes(transport: Any) -> bool:
+    """Whether the connection's socket holds bytes this process has not read yet: its client is not
+    silent, the event loop has not got to it (on a busy machine that can take longer than the grace)."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return False
+    try:
+        buf = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except OSError:
+        return False
+    return int.from_bytes(buf, sys.byteorder) > 0
 
 
 class _Gate:
@@ -225,7 +242,7 @@ class _Gate:
                 if cycle is not None and not cycle.response_complete:
                     continue  # a request is being served
                 since = conn._ng_rx
-            if since < stale_before:
+            if since < stale_before and not _has_unread_bytes(conn.transport):
                 victims.append(conn)
         for conn in victims:
             del self.untrusted[conn]
