@@ -328,7 +328,12 @@ async def test_disk_quota_stops_a_filling_command_with_a_clear_result() -> None:
         assert "over its disk quota" in fill.stderr
         with pytest.raises(ValueError, match="disk quota"):
             await session.write_file("more.bin", b"x" * (1 << 20))
-        assert (await session.exec("rm -f f*; echo ok")).stdout == "ok\n"
+        # Over the quota, a command that adds to it is stopped, one that deletes runs to its end (however
+        # slow: the watcher polls every 0.5 s, and it used to stop a cleaning command that began over it).
+        more = await session.exec("head -c 1000000 /dev/zero > g; sleep 3; echo done")
+        assert more.error_type == "disk_quota" and "done" not in more.stdout, more
+        cleaned = await session.exec("sleep 1.5; rm -f f* g; echo ok")
+        assert cleaned.stdout == "ok\n" and cleaned.error_type is None, cleaned
         again = await session.exec("head -c 1000 /dev/zero > small; echo fine")
         assert again.ok and again.error_type is None  # back under the quota: goes on
         big = await session.exec("head -c 5000000 /dev/zero > one")  # past file_size_mib: EFBIG

@@ -118,6 +118,7 @@ _MSG_MAX = 1 << 16
 HELLO_TIMEOUT_S = 60.0  # the most a spawn waits for the zygote to finish importing (then: Popen)
 REPARENT_TIMEOUT_S = 5.0
 STOP_TIMEOUT_S = 2.0
+KILLED_REAP_TIMEOUT_S = 30.0
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
@@ -433,7 +434,9 @@ class Zygote:
                 self.process.wait(timeout=STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-                self.process.wait(timeout=STOP_TIMEOUT_S)
+                # A killed process always ends, but on a busy machine its exit (tearing down its memory
+                # and the fork server's copy-on-write pages) can take longer than the polite bound.
+                self.process.wait(timeout=KILLED_REAP_TIMEOUT_S)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -719,10 +719,13 @@ class SandboxSession:
                 quota_task.cancel()
 
     async def _watch_quota(self, sandbox: _Sandbox) -> None:
-        quota = self.limits.disk_quota_mib << 20
+        """Stop the running command once the workspace holds more than the quota, or, when it began
+        over the quota, more than it held then: a command that deletes files to get back under it runs
+        (on a busy machine it may take longer than one poll), one that adds to it is stopped."""
+        bound = max(self.limits.disk_quota_mib << 20, await _used_bytes(sandbox.upper))
         while True:
             await asyncio.sleep(_QUOTA_POLL_S)
-            if await _used_bytes(sandbox.upper) > quota:
+            if await _used_bytes(sandbox.upper) > bound:
                 await sandbox.send({"op": "cancel", "reason": "disk_quota"})
                 return
 
