@@ -238,9 +238,11 @@ def test_children_die_when_ng_run_is_sigkilled(launch: Launcher) -> None:
     run.send_signal(signal.SIGKILL)
     assert run.wait_exit(HANG_BOUND_S) == -signal.SIGKILL
     _assert_nothing_left(run)
-    for server in servers:
+    # A killed server may still be exiting (its memory torn down; slow on a busy machine): bounded wait.
+    _, alive = psutil.wait_procs(servers, timeout=HANG_BOUND_S)
+    for server in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
-            assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE, server
+            assert server.status() == psutil.STATUS_ZOMBIE, server
 
 
 def test_server_crashing_at_startup(tmp_path: Path, launch: Launcher) -> None:

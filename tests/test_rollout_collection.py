@@ -46,7 +46,7 @@ from nemo_gym.errors import UpstreamError
 from nemo_gym.kit.rollout_stats import k_values
 from nemo_gym.rollout_collection import collect_main
 from nemo_gym.server_utils import ServerClient
-from nemo_gym.tools.testing import example_rows, running_servers
+from nemo_gym.tools.testing import example_rows, refusing_port, running_servers
 from resources_servers.example_single_tool_call.app import weather_report
 
 REPO = Path(PACKAGE_PARENT_DIR)
@@ -460,12 +460,6 @@ def weather() -> Iterator[RunHelper]:
 # 3. Malformed input and refused outputs.
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_malformed_input_reported_all_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = example_rows(WEATHER)[0]
     lines = [
@@ -483,7 +477,7 @@ def test_malformed_input_reported_all_at_once(tmp_path: Path, capsys: pytest.Cap
     input_path.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.jsonl"
     # No server answers at this port: bad input is reported before anything is contacted.
-    code, _, stderr = collect_here(base_args(input_path, out, agent=None), _closed_port(), capsys)
+    code, _, stderr = collect_here(base_args(input_path, out, agent=None), refusing_port(), capsys)
     assert code == 2
     where = str(input_path)
     assert "5 line(s)" in stderr and "nothing was sent" in stderr

@@ -10,7 +10,6 @@ then every HTTP answer, every line of output and every file written is searched 
 
 from __future__ import annotations
 
-import socket
 import textwrap
 import uuid
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ import pytest
 
 from nemo_gym.auth import auth_headers
 from nemo_gym.redaction import REDACTED
-from nemo_gym.tools.testing import post_json, running_servers, server_url
+from nemo_gym.tools.testing import post_json, refusing_port, running_servers, server_url
 from tests.conftest import READY_WAIT_S, REPO, LaunchedProcess, Launcher, get_json, write_server_folder
 
 PROBE_APP = """
@@ -89,13 +88,6 @@ PROBE = "secret_probe"
 AGENT = "secret_probe_agent"
 
 
-def _dead_port() -> int:
-    """A port nobody listens on (bound then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Planted:
     """The secrets of one test run, each unique, and the files that plant them."""
 
@@ -116,7 +108,7 @@ class Planted:
         s = self.secrets
         (root / "env.yaml").write_text(
             textwrap.dedent(f"""\
-                policy_base_url: http://127.0.0.1:{_dead_port()}/v1?api-key={s["env.yaml policy_base_url api-key parameter"]}
+                policy_base_url: http://127.0.0.1:{refusing_port()}/v1?api-key={s["env.yaml policy_base_url api-key parameter"]}
                 policy_api_key: {s["env.yaml policy_api_key"]}
                 policy_model_name: probe-model
             """)

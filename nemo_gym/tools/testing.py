@@ -4,7 +4,7 @@
 with the head server on a free port (so tests can run side by side) and stops it afterwards.
 ``post_json`` / ``run_rollout`` talk real HTTP to the started servers. ``numeric_differences`` compares
 generated data with stored data number by number, within a tolerance (floating-point results differ in
-their last digits between CPUs).
+their last digits between CPUs). ``refusing_port()`` is a port that refuses every connection.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,18 @@ from nemo_gym.config.types import POLICY_VERSION_PATH
 from nemo_gym.run.cli import RunHelper
 
 SCRIPTED_MODEL_CONFIG = "responses_api_models/scripted_model/configs/scripted_model.yaml"
+_REFUSING_SOCKETS: list[socket.socket] = []
+
+
+def refusing_port() -> int:
+    """A port of 127.0.0.1 that refuses every connection for the rest of this process: bound by it and
+    never listened on. (A port bound and released is free for anyone: on a machine running tests side by
+    side, another test's server took one, and the "unreachable" endpoint answered 401.)"""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    _REFUSING_SOCKETS.append(sock)
+    return sock.getsockname()[1]
+
 
 # The get_weather tool of example_single_tool_call, as a Responses API tool and as a Chat Completions tool.
 WEATHER_TOOL: dict[str, Any] = {

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ from openai.types.responses import Response, ResponseFunctionToolCall, ResponseO
 from pydantic import ValidationError
 
 from nemo_gym.auth import client_token_for_url
-from nemo_gym.tools.testing import get, post_json, running_servers, server_url
+from nemo_gym.tools.testing import get, post_json, refusing_port, running_servers, server_url
 
 HERE = Path(__file__).resolve().parent
 FAKE_PATH = HERE.parents[1] / "vllm_model" / "tests" / "fake_vllm_backend.py"
@@ -54,12 +53,6 @@ def _load(path: Path, name: str) -> ModuleType:
 
 FAKE = _load(FAKE_PATH, "openai_model_test_fake_backend")
 APP = _load(HERE.parent / "app.py", "openai_model_test_app")
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +90,7 @@ def helper(backend: Any, log_dir: Path) -> Iterator[Any]:
         "bad_key_model": instance(openai_api_key=BAD_KEY),
         "bad_model_model": instance(openai_model="gpt-nope"),
         "bad_url_model": instance(openai_base_url=backend.url + "/wrong/v1"),
-        "down_model": instance(openai_base_url=f"http://127.0.0.1:{_closed_port()}/v1", max_retries=2),
+        "down_model": instance(openai_base_url=f"http://127.0.0.1:{refusing_port()}/v1", max_retries=2),
     }
     with running_servers([OPENAI_CONFIG], extra, with_scripted_model=False) as run:
         yield run
