@@ -697,9 +697,11 @@ class SandboxSession:
         sandbox = self._check_open()
         quota_task: asyncio.Task | None = None
         try:
+            # What the workspace holds before the command runs (measured first: the command may write at once).
+            held = await _used_bytes(sandbox.upper) if watch_quota else 0
             await sandbox.send(message)
             if watch_quota:
-                quota_task = asyncio.get_running_loop().create_task(self._watch_quota(sandbox))
+                quota_task = asyncio.get_running_loop().create_task(self._watch_quota(sandbox, held))
             async with asyncio.timeout(timeout_s + 10):
                 return await sandbox.receive()
         except asyncio.CancelledError:
@@ -718,11 +720,11 @@ class SandboxSession:
             if quota_task is not None:
                 quota_task.cancel()
 
-    async def _watch_quota(self, sandbox: _Sandbox) -> None:
+    async def _watch_quota(self, sandbox: _Sandbox, held: int) -> None:
         """Stop the running command once the workspace holds more than the quota, or, when it began
-        over the quota, more than it held then: a command that deletes files to get back under it runs
-        (on a busy machine it may take longer than one poll), one that adds to it is stopped."""
-        bound = max(self.limits.disk_quota_mib << 20, await _used_bytes(sandbox.upper))
+        over the quota, more than it ``held`` then: a command that deletes files to get back under it
+        runs (on a busy machine it may take longer than one poll), one that adds to it is stopped."""
+        bound = max(self.limits.disk_quota_mib << 20, held)
         while True:
             await asyncio.sleep(_QUOTA_POLL_S)
             if await _used_bytes(sandbox.upper) > bound:
