@@ -45,7 +45,8 @@ def skips_are_failures() -> str | None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    _ROOT[:] = [config.rootpath]
+    # Test time is tallied only for the budget check (the controller judges; workers' tallies go unused).
+    _ROOT[:] = [config.rootpath] if config.getoption("max_unit_share") is not None else []
     if not os.environ.get("NEMO_GYM_RUN_DIR"):
         os.environ["NEMO_GYM_RUN_DIR"] = tempfile.mkdtemp(prefix="nemo_gym_test_runs-")
     if not config.pluginmanager.hasplugin("asyncio"):
@@ -189,7 +190,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 _UNIT_SECONDS: dict[str, float] = {}
 _BUDGET_FAILURE = "nemo_gym_budget_failure"
-_ROOT: list[Path] = []  # the run's root dir (set at configure): where split flags are read
+_ROOT: list[Path] = []  # the run's root dir when the budget is checked (set at configure), else empty
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
