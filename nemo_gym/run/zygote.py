@@ -603,11 +603,14 @@ def _server_setup(
     deadline = time.monotonic() + REPARENT_TIMEOUT_S
     while os.getppid() != launcher_pid:  # the middle process is exiting
         if time.monotonic() > deadline:
-            os._exit(1)
+            _die_before_start(
+                fds[0],
+                f"its parent is pid {os.getppid()}, not the launcher {launcher_pid}, after {REPARENT_TIMEOUT_S:g} s",
+            )
         time.sleep(0.0005)
     _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != launcher_pid:  # the launcher died before the signal was asked for
-        os._exit(1)
+        _die_before_start(fds[0], f"the launcher {launcher_pid} exited")
     for sig, handler in handlers.items():
         if handler is None:  # set outside Python: left as it is
             continue
@@ -639,8 +642,18 @@ def _server_setup(
     os.close(spec_r)
     spec = json.loads(b"".join(chunks) or b"null")
     if not spec:
-        os._exit(1)  # the launcher gave up on it
+        _die_before_start(1, "the launcher sent no spec (it gave up on this server)")
     return spec
+
+
+def _die_before_start(out_fd: int, why: str) -> NoReturn:
+    """Exit a forked server that cannot start, saying why on its output (its log: a bare exit code
+    would leave the launcher's error without a cause)."""
+    try:
+        os.write(out_fd, f"nemo_gym fork server: this server was not started: {why}\n".encode())
+    except OSError:
+        pass
+    os._exit(1)
 
 
 def _show_environ(env: Mapping[str, str], region: tuple[int, int]) -> None:

@@ -155,6 +155,16 @@ def report_config_verdict(problems: list[dict[str, Any]]) -> bool:
     return True
 
 
+def _say_parent_gone(parent_pid: int) -> None:
+    try:
+        os.write(
+            2,
+            f"nemo_gym: the launcher (pid {parent_pid}) is gone (parent is now pid {os.getppid()}): exiting\n".encode(),
+        )
+    except OSError:
+        pass
+
+
 def die_with_parent() -> None:
     """Make this process exit when the launcher dies, however it dies (even SIGKILL)."""
     parent = os.environ.get(NEMO_GYM_PARENT_PID_ENV_VAR_NAME)
@@ -170,12 +180,14 @@ def die_with_parent() -> None:
         except OSError:
             pass
     if os.getppid() != parent_pid:
+        _say_parent_gone(parent_pid)
         os._exit(1)
 
     def watch() -> None:
         while True:
             time.sleep(0.5)
             if os.getppid() != parent_pid:
+                _say_parent_gone(parent_pid)
                 os.kill(os.getpid(), signal.SIGTERM)
                 time.sleep(5)
                 os._exit(1)

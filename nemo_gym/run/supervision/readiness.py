@@ -32,6 +32,7 @@ RAY_DEAD_CHECK_S = 1.0  # how often dead_server() asks the Ray replicas' actors 
 POLL_FIRST_S = 0.005  # the first pause after a refused or failed poll; doubles each time...
 POLL_MAX_S = 0.1  # ...up to this
 POLL_TIMEOUT_S = 1.0  # a poll waiting in a starting child's backlog is sent again after this
+EXITED_LOG_WAIT_S = 5.0  # the most an error message waits for an exited server's last log lines
 
 
 def answers_ok(host: str, port: int, headers: dict[str, str], timeout: float) -> bool | None:
@@ -114,7 +115,10 @@ class ReadinessMixin:
 
     def _tail_text(self, child: ChildServer) -> str:
         if child.reader is not None:
-            child.reader.join(timeout=0.5)
+            # An exited server's last lines are on their way through its output pipe (a busy machine
+            # can hold the reader back for seconds); a live one's reader never ends.
+            exited = child.process is not None and child.process.poll() is not None
+            child.reader.join(timeout=EXITED_LOG_WAIT_S if exited else 0.5)
         lines = list(child.tail) or ["(no output)"]
         return f"--- last log lines of {child.label} ---\n" + "\n".join(lines)
 
