@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from nemo_gym.kit.script import ScriptedTurn
+from nemo_gym.tools.reward_audit.battery import Play
 from nemo_gym.tools.reward_audit.cli import format_result, main, markdown_table
-from nemo_gym.tools.reward_audit.play import run_audit
+from nemo_gym.tools.reward_audit.play import CONTROL_TIME_FACTOR, Outcome, _judge_times, run_audit
 from nemo_gym.tools.reward_audit.spec import (
     EXPLOITS_FILE,
     Audit,
@@ -100,6 +101,24 @@ def test_the_oversized_answer_is_scored_zero_with_a_reason_before_the_verifier()
     assert oversized.reason.startswith("the answer is too long: the model wrote 10,0")
     control = next(o for o in result.outcomes if o.play.earn)
     assert control.reward == 1 and control.ok
+
+
+def test_a_play_with_a_bound_of_its_own_fails_past_it_counted_beyond_the_controls_time() -> None:
+    control = Play("control", "-", "control", [], 0, earn=True)
+    slow = Play("pathological_markup", "-", "generic", [], 0, timeout_s=60.0)
+    plain = Play("shotgun", "-", "generic", [], 0)
+    allowed = 60.0 + CONTROL_TIME_FACTOR * 10.0
+
+    def judged(slow_s: float) -> list[Outcome]:
+        outcomes = [Outcome("a", p, 200, r, "", True) for p, r in ((control, 1.0), (slow, 0.0), (plain, 0.0))]
+        return _judge_times(_weather_audit(), outcomes, {0: 10.0, 1: slow_s, 2: 500.0})
+
+    within = judged(allowed - 1)
+    assert all(o.ok for o in within)  # a play without a bound of its own is bounded by the audit only
+    past = judged(allowed + 1)
+    assert not past[1].ok and past[1].verdict == "FAIL (too slow)" and past[1].reward == 0
+    assert f"past its bound of {allowed:.0f} s" in past[1].reason and "the control's 10.0 s" in past[1].reason
+    assert past[0].ok and past[2].ok
 
 
 def test_a_bad_exploit_file_names_the_file_and_the_field(tmp_path: Path) -> None:

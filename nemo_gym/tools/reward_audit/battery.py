@@ -33,7 +33,8 @@ _LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
 # unbounded parts (``<answer>(.*?)</answer>`` tried at every opener) takes time quadratic in their number.
 PATHOLOGICAL_UNIT = "<answer>```bash\n\\boxed{<action>[{Answer: <think>"
 PATHOLOGICAL_CHARS = 1_000_000
-# A linear scan of a megabyte takes milliseconds; this bounds the play, so a quadratic one fails the audit.
+# A linear scan of a megabyte takes milliseconds; this bounds the play beyond what the control took (a
+# harness's rollout costs seconds of its own, more on a busy machine), so a quadratic one fails the audit.
 PATHOLOGICAL_TIMEOUT_S = 60.0
 GENERIC_CANDIDATES = [*"ABCDEFGHIJ", *(str(n) for n in range(-10, 101)), "yes", "no", "true", "false"]
 
@@ -49,7 +50,9 @@ class Play:
     row: int
     earn: bool = False
     covers: list[str] = field(default_factory=list)
-    timeout_s: float | None = None  # a bound of its own (else the audit's)
+    timeout_s: float | None = (
+        None  # a time bound of its own, beyond the control's time (play.CONTROL_TIME_FACTOR)
+    )
 
 
 def lookalike(text: str) -> str:

@@ -13,6 +13,7 @@ import asyncio
 import copy
 import json
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ from nemo_gym.tools.reward_audit.spec import Audit
 
 SCRIPTED_MODEL_CONFIG = "responses_api_models/scripted_model/configs/scripted_model.yaml"
 REASON_FIELDS = ("failure_reason", "reason", "failure", "error")
+# A play with a time bound of its own may take that long beyond this many times the control's time.
+CONTROL_TIME_FACTOR = 3
 
 
 @dataclass
@@ -42,11 +45,14 @@ class Outcome:
     reward: float | None
     reason: str
     ok: bool
+    too_slow: bool = False  # past a time bound of its own (see _judge_times)
 
     @property
     def verdict(self) -> str:
         if self.ok:
             return "pass"
+        if self.too_slow:
+            return "FAIL (too slow)"
         if self.play.earn:
             return "FAIL (the control earned nothing: the audit proves nothing)"
         if self.reward is not None:
@@ -146,23 +152,51 @@ async def _play_all(
     audit: Audit, plays: list[Play], rows: list[dict[str, Any]], run_url: str, token: str
 ) -> list[Outcome]:
     limit = asyncio.Semaphore(audit.concurrency)
+    elapsed: dict[int, float] = {}
 
     async def one(index: int, play: Play, client: httpx.AsyncClient) -> Outcome:
         row = copy.deepcopy(rows[play.row])
         row[ROLLOUT_ID_KEY_NAME] = _rollout_id(audit, index, play)
-        bound = play.timeout_s or audit.timeout_s
         async with limit:
+            start = time.monotonic()
             try:
-                resp = await client.post(run_url, content=orjson.dumps(row), timeout=bound)
+                resp = await client.post(run_url, content=orjson.dumps(row), timeout=audit.timeout_s)
             except httpx.TimeoutException:
-                return _judge(audit, play, None, f"no answer within {bound:g} s (a hang)")
+                return _judge(audit, play, None, f"no answer within {audit.timeout_s:g} s (a hang)")
             except httpx.HTTPError as exc:
                 return _judge(audit, play, None, f"the agent could not be reached: {exc!r}")
+            finally:
+                elapsed[index] = time.monotonic() - start
         return _judge(audit, play, resp, "")
 
     headers = {"content-type": "application/json", **auth_headers(token)}
     async with httpx.AsyncClient(timeout=audit.timeout_s, headers=headers, trust_env=False) as client:
-        return list(await asyncio.gather(*(one(i, p, client) for i, p in enumerate(plays))))
+        outcomes = list(await asyncio.gather(*(one(i, p, client) for i, p in enumerate(plays))))
+    return _judge_times(audit, outcomes, elapsed)
+
+
+def _judge_times(audit: Audit, outcomes: list[Outcome], elapsed: dict[int, float]) -> list[Outcome]:
+    """Fail a play with a time bound of its own that took longer than it allows beyond what the control
+    took (the same environment, harness and machine: on a busy machine both are slow; a parse that is
+    quadratic in a megabyte is slower by hours)."""
+    control = max((elapsed.get(i, 0.0) for i, o in enumerate(outcomes) if o.play.earn), default=0.0)
+    for i, outcome in enumerate(outcomes):
+        play = outcome.play
+        if play.timeout_s is None or i not in elapsed or not outcome.ok:
+            continue
+        allowed = play.timeout_s + CONTROL_TIME_FACTOR * control
+        if elapsed[i] > allowed:
+            outcomes[i] = Outcome(
+                audit.name,
+                play,
+                outcome.status,
+                outcome.reward,
+                f"took {elapsed[i]:.0f} s, past its bound of {allowed:.0f} s ({play.timeout_s:g} s + "
+                f"{CONTROL_TIME_FACTOR} x the control's {control:.1f} s): slower than a linear read",
+                False,
+                too_slow=True,
+            )
+    return outcomes
 
 
 def run_audit(audit: Audit, folder: Path, root: Path) -> AuditResult:
