@@ -2,18 +2,26 @@
 
     python -m pytest -q -n 4 --dist loadfile --durations=0 > run.txt
     python tests/suite_profile.py run.txt
+    python tests/suite_profile.py --unit-seconds run.txt > tests/unit_seconds.json
 
 Prints two markdown tables: test time by kind of work (each file counted under the kind that dominates
 it, :data:`KINDS`) and by phase (set-up is mostly module fixtures starting servers), then the 25 files
 that take the most. Times are summed over workers, so they add up to more than the wall time.
+
+With ``--unit-seconds`` it prints instead the test time of every unit of work (a file, or one test of a
+file that splits across workers) as JSON: the profile the project's pytest plugin deals units by, the
+longest first (``UNIT_SECONDS_FILE``).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections import Counter
 from pathlib import Path
+
+from nemo_gym.tools.pytest_plugin import work_unit
 
 LINE = re.compile(r"^\s*([\d.]+)s (setup|call|teardown)\s+(\S+)")
 
@@ -46,13 +54,26 @@ KINDS: list[tuple[str, str]] = [
 
 def read(path: Path) -> list[tuple[float, str, str]]:
     """``(seconds, phase, file)`` of every line of the report."""
+    return [(seconds, phase, nodeid.split("::", 1)[0]) for seconds, phase, nodeid in read_tests(path)]
+
+
+def read_tests(path: Path) -> list[tuple[float, str, str]]:
+    """``(seconds, phase, test id)`` of every line of the report."""
     out = []
     for line in path.read_text(errors="replace").splitlines():
         match = LINE.match(line)
         if match:
             seconds, phase, nodeid = match.groups()
-            out.append((float(seconds), phase, nodeid.split("::", 1)[0]))
+            out.append((float(seconds), phase, nodeid))
     return out
+
+
+def unit_seconds(rows: list[tuple[float, str, str]], root: Path) -> dict[str, float]:
+    """Test time by unit of work (:func:`nemo_gym.tools.pytest_plugin.work_unit`), rounded to 0.1 s."""
+    out: Counter[str] = Counter()
+    for seconds, _, nodeid in rows:
+        out[work_unit(nodeid, root)] += seconds
+    return {unit: round(s, 1) for unit, s in sorted(out.items(), key=lambda kv: (-kv[1], kv[0]))}
 
 
 def kind_of(file: str) -> str:
@@ -82,6 +103,11 @@ def tables(rows: list[tuple[float, str, str]]) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python tests/suite_profile.py <pytest output with --durations=0>")
-    print(tables(read(Path(sys.argv[1]))))
+    args = sys.argv[1:]
+    if args[:1] == ["--unit-seconds"] and len(args) == 2:
+        root = Path(__file__).resolve().parent.parent
+        print(json.dumps(unit_seconds(read_tests(Path(args[1])), root), indent=1))
+    elif len(args) == 1:
+        print(tables(read(Path(args[0]))))
+    else:
+        sys.exit("usage: python tests/suite_profile.py [--unit-seconds] <pytest output with --durations=0>")

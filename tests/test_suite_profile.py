@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
-from tests.suite_profile import kind_of, read, tables
+from nemo_gym.tools.pytest_plugin import UNIT_SECONDS_FILE, UNKNOWN_UNIT_SECONDS, longest_units_first
+from tests.suite_profile import kind_of, read, read_tests, tables, unit_seconds
+
+ROOT = Path(__file__).resolve().parent.parent
 
 REPORT = """\
 ============================== slowest durations ===============================
@@ -33,3 +40,94 @@ def test_tables_sum_by_kind_phase_and_file(tmp_path: Path) -> None:
     assert kind_of("tests/test_viewer_browser.py").startswith("Chromium")
     assert kind_of("resources_servers/workspace_tasks/tests/test_app.py").startswith("sandboxes")
     assert kind_of("tests/test_anything_else.py").startswith("servers started")
+
+
+def test_unit_seconds_sum_by_unit_of_work(tmp_path: Path) -> None:
+    report = tmp_path / "run.txt"
+    report.write_text(REPORT)
+    seconds = unit_seconds(read_tests(report), ROOT)
+    # A test of a file that splits across workers is its own unit; any other test counts to its file.
+    assert seconds == {
+        "tests/test_reward_audit.py::test_environment_passes_its_reward_audit[aviary]": 40.0,
+        "responses_api_models/local_model/tests/test_app.py": 30.0,
+        "tests/test_ray.py": 20.0,
+        "tests/test_config.py": 10.0,
+    }
+    assert list(seconds) == sorted(seconds, key=lambda u: -seconds[u])
+
+
+def test_units_are_dealt_longest_first_each_keeping_its_tests_in_order() -> None:
+    split = "tests/test_reward_audit.py::test_environment_passes_its_reward_audit"
+    ids = [
+        "tests/test_a.py::t1",
+        "tests/test_a.py::t2",
+        f"{split}[x]",
+        f"{split}[y]",
+        "tests/test_b.py::t1",
+        "tests/test_new.py::t1",
+    ]
+    seconds = {"tests/test_a.py": 5.0, f"{split}[y]": 300.0, "tests/test_b.py": 60.0, f"{split}[x]": 1.0}
+    assert longest_units_first(ids, ROOT, seconds) == [
+        f"{split}[y]",
+        "tests/test_b.py::t1",
+        "tests/test_new.py::t1",  # not in the profile: UNKNOWN_UNIT_SECONDS
+        "tests/test_a.py::t1",
+        "tests/test_a.py::t2",
+        f"{split}[x]",
+    ]
+    assert UNKNOWN_UNIT_SECONDS == 30.0
+
+
+def test_xdist_workers_run_the_recorded_longest_unit_first(tmp_path: Path) -> None:
+    """A project of three files on one worker: they run in the profile's order, not as collected."""
+    for name in ("test_a.py", "test_b.py", "test_c.py"):
+        (tmp_path / name).write_text(
+            "import os\n\ndef test_one():\n"
+            f"    with open(os.environ['ORDER_FILE'], 'a') as f:\n        f.write('{name}\\n')\n"
+        )
+    (tmp_path / "tests").mkdir()
+    (tmp_path / UNIT_SECONDS_FILE).write_text(json.dumps({"test_c.py": 90, "test_a.py": 10, "test_b.py": 50}))
+    order = tmp_path / "order.txt"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-n",
+            "1",
+            "--dist",
+            "loadfile",
+            "-p",
+            "nemo_gym.tools.pytest_plugin",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "ORDER_FILE": str(order), "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert order.read_text().split() == ["test_c.py", "test_b.py", "test_a.py"]
+    (tmp_path / UNIT_SECONDS_FILE).unlink()  # without a profile: as collected
+    order.unlink()
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-n",
+            "1",
+            "--dist",
+            "loadfile",
+            "-p",
+            "nemo_gym.tools.pytest_plugin",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "ORDER_FILE": str(order), "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    assert order.read_text().split() == ["test_a.py", "test_b.py", "test_c.py"]

@@ -48,6 +48,9 @@ import time
 WORKSPACE = "/workspace"
 _CHUNK = 1 << 16
 _SAMPLE_S = 0.2  # how often tasks and memory are sampled while user code runs without cgroups
+# How long an interrupted cell has to stop (KeyboardInterrupt, then its reply) before the kernel is
+# killed and restarted: 1 s lost healthy kernels on a busy machine (load 40 on 2 cores).
+_INTERRUPT_GRACE_S = 5.0
 _COUNT_S = 0.02  # ... and how often its processes are counted (a fork bomb sits at its limit for ~0.1 s)
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _JSON_ESCAPES = {i: f"\\u{i:04x}" for i in range(32)} | {ord('"'): '\\"', ord("\\"): "\\\\"}
@@ -593,7 +596,7 @@ class Agent:
             if now > deadline and reason is None:
                 reason, interrupted_at = "timeout", now
                 kernel.kill(signal.SIGINT)  # KeyboardInterrupt: the state survives if it stops
-            if reason is not None and now > interrupted_at + 1.0:
+            if reason is not None and now > interrupted_at + _INTERRUPT_GRACE_S:
                 break  # it did not stop: killed below
             if kernel.poll() is not None:
                 break

@@ -21,6 +21,7 @@ Contract
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import tempfile
@@ -163,11 +164,59 @@ def splits_across_workers(path: Path) -> bool:
         return False
 
 
+# The longest units first. Workers are dealt units in the order they were collected; pytest-xdist
+# reorders them by their number of tests, which dealt the 33 one-test reward audits (minutes each) last,
+# to a suite whose other workers had finished. Units are dealt longest first instead, by their test time
+# in the last recorded profile (UNIT_SECONDS_FILE, written by ``tests/suite_profile.py --unit-seconds``);
+# a unit not in it counts as UNKNOWN_UNIT_SECONDS. Within a unit, the tests keep their order. The
+# profile only orders the work: a stale one costs time, never a result.
+UNIT_SECONDS_FILE = "tests/unit_seconds.json"
+UNKNOWN_UNIT_SECONDS = 30.0
+
+
+def recorded_unit_seconds(rootpath: Path) -> dict[str, float] | None:
+    """The recorded test time of each unit of work, or None when there is no profile to read."""
+    try:
+        data = json.loads((rootpath / UNIT_SECONDS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    return {str(k): float(v) for k, v in data.items() if isinstance(v, (int, float))}
+
+
+def longest_units_first(nodeids: list[str], rootpath: Path, seconds: dict[str, float]) -> list[str]:
+    """``nodeids`` grouped by unit of work, the units in descending recorded time (ties: as collected),
+    each unit's tests in their collected order."""
+    units: dict[str, list[str]] = {}
+    for nodeid in nodeids:
+        units.setdefault(work_unit(nodeid, rootpath), []).append(nodeid)
+    order = sorted(units, key=lambda unit: -seconds.get(unit, UNKNOWN_UNIT_SECONDS))
+    return [nodeid for unit in order for nodeid in units[unit]]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[Any]) -> None:
+    if not _is_worker(config):  # (a worker's own dist option reads 'no')
+        return
+    seconds = recorded_unit_seconds(config.rootpath)
+    if seconds is None:
+        return
+    position = {
+        nodeid: i
+        for i, nodeid in enumerate(longest_units_first([i.nodeid for i in items], config.rootpath, seconds))
+    }
+    items.sort(key=lambda item: position[item.nodeid])
+
+
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
+
+    if recorded_unit_seconds(config.rootpath) is not None:
+        config.option.loadscopereorder = False  # the workers collected the units longest first
 
     rootpath = config.rootpath
 
