@@ -77,6 +77,10 @@ SKIP: dict[tuple[str, str], str] = {
     ("docs/testing.md", ". .venv/bin/activate"): (
         "runs the whole suite, this test included (.ci/run runs it); its parts run as the suite"
     ),
+    ("docs/testing.md", "python -m pytest -q -n 4 --dist loadfile --durations=0 > run.txt"): (
+        "runs the whole suite to record its profile; tests/test_suite_profile.py checks the profile's "
+        "writer and the order it deals"
+    ),
     ("docs/rewards.md", "ng_reward_audit                                   # every environment"): (
         "audits every environment (minutes); tests/test_reward_audit.py runs every environment's audit"
     ),

@@ -120,6 +120,27 @@ async def test_commands_files_and_a_persistent_kernel() -> None:
         await session.exec("true")
 
 
+async def test_a_session_started_with_sigint_ignored_and_blocked_still_interrupts_its_cells() -> None:
+    """Dispositions and the signal mask pass through fork and exec: a server started as a shell's
+    background job (``ng_run ... &`` ignores SIGINT) or from a thread that blocks it handed both to the
+    kernel, whose cells then could not be interrupted: every timeout lost its variables."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
+    try:
+        session = await SandboxSession.start(limits=FAST)
+        first = await session.run_python("x = 41")  # the kernel starts now, with what this thread has
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        signal.signal(signal.SIGINT, previous)
+    try:
+        assert first.ok, first
+        slow = await session.run_python("import time\nwhile True: time.sleep(0.01)", timeout=1)
+        assert slow.timed_out and slow.return_code == 130 and "KeyboardInterrupt" in slow.stderr, slow
+        assert (await session.run_python("x")).stdout == "41\n"  # interrupted, not restarted
+    finally:
+        await _close_and_check(session)
+
+
 async def test_bad_commands_are_contained_and_the_session_goes_on() -> None:
     session = await SandboxSession.start(limits={**FAST, "output_limit_bytes": 100_000})
     other = await SandboxSession.start(limits=FAST)

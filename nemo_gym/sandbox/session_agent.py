@@ -48,10 +48,10 @@ import time
 WORKSPACE = "/workspace"
 _CHUNK = 1 << 16
 _SAMPLE_S = 0.2  # how often tasks and memory are sampled while user code runs without cgroups
-# How long an interrupted cell has to stop (KeyboardInterrupt, then its reply) before the kernel is
-# killed and restarted: 1 s lost healthy kernels on a busy machine (load 40 on 2 cores).
-_INTERRUPT_GRACE_S = 5.0
 _COUNT_S = 0.02  # ... and how often its processes are counted (a fork bomb sits at its limit for ~0.1 s)
+# How long an interrupted cell has to stop (KeyboardInterrupt, then its reply) before the kernel is
+# killed and restarted (1 s was short for a busy machine: load 40 on 2 cores).
+_INTERRUPT_GRACE_S = 3.0
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _JSON_ESCAPES = {i: f"\\u{i:04x}" for i in range(32)} | {ord('"'): '\\"', ord("\\"): "\\\\"}
 
@@ -212,9 +212,16 @@ def _exit_code(status: int) -> int:
 
 def _spawn(argv: list[str], env: dict[str, str], fds: dict[int, int]) -> int:
     """Start ``argv`` in its own session with ``fds`` (child fd -> our fd) as its only open files
-    besides what it inherits on purpose; returns its pid."""
+    besides what it inherits on purpose, every signal at its default and none blocked (as from a fresh
+    login: an ignored or blocked SIGINT passes through fork and exec, from whatever started the server,
+    and a kernel that inherited one could not be interrupted); returns its pid."""
     actions = [(os.POSIX_SPAWN_DUP2, ours, theirs) for theirs, ours in fds.items()]
-    return os.posix_spawnp(argv[0], argv, env, file_actions=actions, setsid=True)
+    return os.posix_spawnp(
+        argv[0], argv, env, file_actions=actions, setsid=True, setsigmask=(), setsigdef=_CATCHABLE
+    )
+
+
+_CATCHABLE = tuple(s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP))
 
 
 class _Child:
