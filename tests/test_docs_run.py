@@ -77,6 +77,10 @@ SKIP: dict[tuple[str, str], str] = {
     ("docs/testing.md", ". .venv/bin/activate"): (
         "runs the whole suite, this test included (.ci/run runs it); its parts run as the suite"
     ),
+    (
+        "docs/testing.md",
+        "COVERAGE_FILE=$PWD/.cov/.coverage python -m coverage run -m pytest -q -n 4 --dist loadfile",
+    ): ("runs the whole suite under coverage (half an hour); the configuration is pyproject.toml's"),
     ("docs/testing.md", "python -m pytest -q -n 4 --dist loadfile --durations=0 > run.txt"): (
         "runs the whole suite to record its profile; tests/test_suite_profile.py checks the profile's "
         "writer and the order it deals"
