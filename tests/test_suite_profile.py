@@ -78,16 +78,10 @@ def test_units_are_dealt_longest_first_each_keeping_its_tests_in_order() -> None
     assert UNKNOWN_UNIT_SECONDS == 30.0
 
 
-def test_xdist_workers_run_the_recorded_longest_unit_first(tmp_path: Path) -> None:
-    """A project of three files on one worker: they run in the profile's order, not as collected."""
-    for name in ("test_a.py", "test_b.py", "test_c.py"):
-        (tmp_path / name).write_text(
-            "import os\n\ndef test_one():\n"
-            f"    with open(os.environ['ORDER_FILE'], 'a') as f:\n        f.write('{name}\\n')\n"
-        )
-    (tmp_path / "tests").mkdir()
-    (tmp_path / UNIT_SECONDS_FILE).write_text(json.dumps({"test_c.py": 90, "test_a.py": 10, "test_b.py": 50}))
-    order = tmp_path / "order.txt"
+def _order_on_one_worker(project: Path) -> list[str]:
+    """Run ``project``'s tests on one xdist worker; the files in the order they ran."""
+    order = project / "order.txt"
+    order.unlink(missing_ok=True)
     done = subprocess.run(
         [
             sys.executable,
@@ -101,33 +95,25 @@ def test_xdist_workers_run_the_recorded_longest_unit_first(tmp_path: Path) -> No
             "-p",
             "nemo_gym.tools.pytest_plugin",
         ],
-        cwd=tmp_path,
+        cwd=project,
         env={**os.environ, "ORDER_FILE": str(order), "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert order.read_text().split() == ["test_c.py", "test_b.py", "test_a.py"]
+    return order.read_text().split()
+
+
+def test_xdist_workers_run_the_recorded_longest_unit_first(tmp_path: Path) -> None:
+    """A project of three files on one worker: they run in the profile's order, not as collected."""
+    for name in ("test_a.py", "test_b.py", "test_c.py"):
+        (tmp_path / name).write_text(
+            "import os\n\ndef test_one():\n"
+            f"    with open(os.environ['ORDER_FILE'], 'a') as f:\n        f.write('{name}\\n')\n"
+        )
+    (tmp_path / "tests").mkdir()
+    (tmp_path / UNIT_SECONDS_FILE).write_text(json.dumps({"test_c.py": 90, "test_a.py": 10, "test_b.py": 50}))
+    assert _order_on_one_worker(tmp_path) == ["test_c.py", "test_b.py", "test_a.py"]
     (tmp_path / UNIT_SECONDS_FILE).unlink()  # without a profile: as collected
-    order.unlink()
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-n",
-            "1",
-            "--dist",
-            "loadfile",
-            "-p",
-            "nemo_gym.tools.pytest_plugin",
-        ],
-        cwd=tmp_path,
-        env={**os.environ, "ORDER_FILE": str(order), "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        timeout=120,
-        check=True,
-    )
-    assert order.read_text().split() == ["test_a.py", "test_b.py", "test_c.py"]
+    assert _order_on_one_worker(tmp_path) == ["test_a.py", "test_b.py", "test_c.py"]
