@@ -25,6 +25,7 @@ import json
 import os
 import re
 import tempfile
+import time
 from collections.abc import Generator
 from importlib import metadata
 from pathlib import Path
@@ -48,6 +49,7 @@ def skips_are_failures() -> str | None:
 def pytest_configure(config: pytest.Config) -> None:
     # Test time is tallied only for the budget check (the controller judges; workers' tallies go unused).
     _ROOT[:] = [config.rootpath] if config.getoption("max_unit_share") is not None else []
+    _cpu_profile_start(config)
     if not os.environ.get("NEMO_GYM_RUN_DIR"):
         os.environ["NEMO_GYM_RUN_DIR"] = tempfile.mkdtemp(prefix="nemo_gym_test_runs-")
     if not config.pluginmanager.hasplugin("asyncio"):
@@ -251,6 +253,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="fail the run when one file (or one test of a file that splits across workers) takes more "
         "than PERCENT of the suite's summed test time",
     )
+    parser.getgroup("nemo_gym").addoption(
+        "--cpu-profile",
+        default=None,
+        metavar="DIR",
+        help="write the CPU time of every test, its servers and other child processes included, to "
+        "DIR/<worker>.jsonl (each worker joins a cgroup of its own: needs a writable cpuacct cgroup)",
+    )
 
 
 def work_unit(nodeid: str, rootpath: Path) -> str:
@@ -307,3 +316,84 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             red=True,
             bold=True,
         )
+
+
+# -- CPU time per test (docs/testing.md) --------------------------------------------------------------
+# ``--cpu-profile DIR``: the suite is CPU-bound on 2 cores, so what a test costs is its CPU time, the
+# servers, sandboxes, models and clusters it starts included, not its wall time (which counts the time it
+# waited for the other workers). Each worker (or a run without workers) moves itself into a cgroup of its
+# own, which every process it starts inherits, and writes one line per test: the cgroup's CPU time
+# consumed from the test's set-up to the end of its tear-down (a module's shared servers are charged to
+# the test that started them), and its wall time. ``tests/suite_profile.py --cpu DIR`` sums them by unit.
+
+CGROUP_V1_CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+CGROUP_V2 = Path("/sys/fs/cgroup")
+
+
+class CpuCgroup:
+    """A cgroup of this process's own, read for the CPU time of everything started inside it."""
+
+    def __init__(self, name: str) -> None:
+        if (CGROUP_V1_CPUACCT / "cpuacct.usage").is_file():
+            self.dir, self._v2 = CGROUP_V1_CPUACCT / name, False
+        elif (CGROUP_V2 / "cgroup.controllers").is_file():
+            self.dir, self._v2 = CGROUP_V2 / name, True
+        else:
+            raise pytest.UsageError("--cpu-profile needs a cgroup v1 cpuacct or a cgroup v2 hierarchy")
+        try:
+            self.dir.mkdir(exist_ok=True)
+            (self.dir / "cgroup.procs").write_text(str(os.getpid()))
+        except OSError as exc:
+            raise pytest.UsageError(f"--cpu-profile: cannot join a cgroup at {self.dir}: {exc}") from exc
+
+    def seconds(self) -> float:
+        """CPU seconds (user + system) used by every process that has been in the cgroup."""
+        if self._v2:
+            for line in (self.dir / "cpu.stat").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "usage_usec":
+                    return int(value) / 1e6
+            return 0.0
+        return int((self.dir / "cpuacct.usage").read_text()) / 1e9
+
+
+_CPU: dict[str, Any] = {}
+
+
+def _cpu_profile_start(config: pytest.Config) -> None:
+    out = config.getoption("cpu_profile")
+    if out is None or (not _is_worker(config) and getattr(config.option, "numprocesses", None)):
+        return  # the controller of an xdist run runs no test
+    worker = getattr(config, "workerinput", {}).get("workerid", "main")
+    Path(out).mkdir(parents=True, exist_ok=True)
+    _CPU["cgroup"] = CpuCgroup(f"nemo_gym_tests_{os.getpid()}")
+    _CPU["file"] = open(Path(out) / f"{worker}.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: Any) -> Generator[None, Any, Any]:
+    cgroup = _CPU.get("cgroup")
+    if cgroup is None:
+        return (yield)
+    cpu0, wall0 = cgroup.seconds(), time.monotonic()
+    result = yield
+    line = {
+        "nodeid": item.nodeid,
+        "cpu_s": round(cgroup.seconds() - cpu0, 3),
+        "wall_s": round(time.monotonic() - wall0, 3),
+    }
+    _CPU["file"].write(json.dumps(line) + "\n")
+    _CPU["file"].flush()
+    return result
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    cgroup = _CPU.pop("cgroup", None)
+    if cgroup is None:
+        return
+    _CPU.pop("file").close()
+    try:  # back to the parent cgroup; the test's cgroup goes when nothing is left in it
+        (cgroup.dir.parent / "cgroup.procs").write_text(str(os.getpid()))
+        cgroup.dir.rmdir()
+    except OSError:
+        pass  # a process a test left running still holds it
