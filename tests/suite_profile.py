@@ -3,6 +3,7 @@
     python -m pytest -q -n 4 --dist loadfile --durations=0 > run.txt
     python tests/suite_profile.py run.txt
     python tests/suite_profile.py --unit-seconds run.txt > tests/unit_seconds.json
+    python -m pytest -q -n 4 --dist loadfile --cpu-profile cpu/ && python tests/suite_profile.py --cpu cpu/
 
 Prints two markdown tables: test time by kind of work (each file counted under the kind that dominates
 it, :data:`KINDS`) and by phase (set-up is mostly module fixtures starting servers), then the 25 files
@@ -11,6 +12,10 @@ that take the most. Times are summed over workers, so they add up to more than t
 With ``--unit-seconds`` it prints instead the test time of every unit of work (a file, or one test of a
 file that splits across workers) as JSON: the profile the project's pytest plugin deals units by, the
 longest first (``UNIT_SECONDS_FILE``).
+
+With ``--cpu DIR`` (a run with the plugin's ``--cpu-profile DIR``) it prints the units of work by CPU
+time, their servers and child processes included, with their wall time: on 2 cores the suite is
+CPU-bound, so CPU time is what a unit costs the others.
 """
 
 from __future__ import annotations
@@ -102,12 +107,46 @@ def tables(rows: list[tuple[float, str, str]]) -> str:
     return "\n".join(out)
 
 
+def read_cpu(directory: Path) -> list[tuple[str, float, float]]:
+    """``(test id, CPU seconds, wall seconds)`` of every test in a ``--cpu-profile`` directory."""
+    out = []
+    for path in sorted(directory.glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            out.append((row["nodeid"], float(row["cpu_s"]), float(row["wall_s"])))
+    return out
+
+
+def cpu_table(rows: list[tuple[str, float, float]], root: Path, top: int = 40) -> str:
+    cpu: Counter[str] = Counter()
+    wall: Counter[str] = Counter()
+    for nodeid, cpu_s, wall_s in rows:
+        unit = work_unit(nodeid, root)
+        cpu[unit] += cpu_s
+        wall[unit] += wall_s
+    total_cpu, total_wall = sum(cpu.values()) or 1.0, sum(wall.values())
+    out = [
+        f"CPU time of {len(rows)} tests: {total_cpu:,.0f} CPU-s ({total_wall:,.0f} s of test time summed).",
+        "",
+    ]
+    out += ["| unit of work | CPU-s | share | wall s |", "|---|---:|---:|---:|"]
+    out += [
+        f"| `{unit}` | {s:,.0f} | {100 * s / total_cpu:.1f}% | {wall[unit]:,.0f} |"
+        for unit, s in cpu.most_common(top)
+    ]
+    return "\n".join(out)
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
     if args[:1] == ["--unit-seconds"] and len(args) == 2:
         root = Path(__file__).resolve().parent.parent
         print(json.dumps(unit_seconds(read_tests(Path(args[1])), root), indent=1))
+    elif args[:1] == ["--cpu"] and len(args) == 2:
+        print(cpu_table(read_cpu(Path(args[1])), Path(__file__).resolve().parent.parent))
     elif len(args) == 1:
         print(tables(read(Path(args[0]))))
     else:
-        sys.exit("usage: python tests/suite_profile.py [--unit-seconds] <pytest output with --durations=0>")
+        sys.exit(
+            "usage: python tests/suite_profile.py [--unit-seconds] <pytest output with --durations=0> | --cpu <dir>"
+        )

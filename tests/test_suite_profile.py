@@ -8,8 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from nemo_gym.tools.pytest_plugin import UNIT_SECONDS_FILE, UNKNOWN_UNIT_SECONDS, longest_units_first
-from tests.suite_profile import kind_of, read, read_tests, tables, unit_seconds
+from tests.suite_profile import cpu_table, kind_of, read, read_cpu, read_tests, tables, unit_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -117,3 +119,57 @@ def test_xdist_workers_run_the_recorded_longest_unit_first(tmp_path: Path) -> No
     assert _order_on_one_worker(tmp_path) == ["test_c.py", "test_b.py", "test_a.py"]
     (tmp_path / UNIT_SECONDS_FILE).unlink()  # without a profile: as collected
     assert _order_on_one_worker(tmp_path) == ["test_a.py", "test_b.py", "test_c.py"]
+
+
+# A test that burns ~0.6 CPU-s in a child process (a server's CPU is a child's too) and one that sleeps.
+CPU_PROJECT = """\
+import subprocess, sys, time
+
+def test_child_burns():
+    subprocess.run([sys.executable, "-c", "import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.6: pass"], check=True)
+
+def test_sleeps():
+    time.sleep(0.5)
+"""
+
+
+def _cgroup_writable() -> bool:
+    for base in (Path("/sys/fs/cgroup/cpuacct"), Path("/sys/fs/cgroup")):
+        if (base / "cgroup.procs").is_file():
+            return os.access(base, os.W_OK)
+    return False
+
+
+@pytest.mark.skipif(not _cgroup_writable(), reason="--cpu-profile needs a writable cgroup (root)")
+@pytest.mark.parametrize("workers", [None, "2"])
+def test_cpu_profile_counts_child_processes_and_not_waiting(tmp_path: Path, workers: str | None) -> None:
+    (tmp_path / "test_cpu.py").write_text(CPU_PROJECT)
+    out = tmp_path / "cpu"
+    args = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "nemo_gym.tools.pytest_plugin",
+        "--cpu-profile",
+        str(out),
+    ]
+    done = subprocess.run(
+        args + (["-n", workers] if workers else []),
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    files = sorted(p.name for p in out.glob("*.jsonl"))
+    # One file per process that ran tests: the run itself, or each worker (never the xdist controller).
+    assert files == ["main.jsonl"] if workers is None else files and set(files) <= {"gw0.jsonl", "gw1.jsonl"}
+    rows = {nodeid.split("::")[1]: (cpu, wall) for nodeid, cpu, wall in read_cpu(out)}
+    assert set(rows) == {"test_child_burns", "test_sleeps"}
+    assert rows["test_child_burns"][0] >= 0.5  # the child's CPU, counted
+    assert rows["test_sleeps"][0] < 0.2 and rows["test_sleeps"][1] >= 0.5  # waiting is wall time, not CPU
+    table = cpu_table(read_cpu(out), tmp_path)
+    assert "CPU time of 2 tests" in table and "| `test_cpu.py` |" in table
