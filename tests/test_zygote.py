@@ -25,6 +25,7 @@ import pytest
 
 from nemo_gym.config.keys import NEMO_GYM_STARTUP_TRACE_ENV_VAR_NAME
 from nemo_gym.run.server_venvs import READY_MARKER, venv_dir_for
+from nemo_gym.run.supervision.spawning import keep_fork_servers, kept_fork_server
 from nemo_gym.run.zygote import ForkedChild, Zygote, wanted_by_argv
 from nemo_gym.tools.testing import example_rows, post_json, running_servers
 from tests.conftest import (
@@ -259,6 +260,39 @@ def test_a_run_started_again_after_a_server_crash_forks_its_servers_again(
         _assert_rollout(post_json(rows[AGENT]["url"] + "/run", example_rows(ENV)[0]))
     for child in helper.supervisor.children:
         assert child.process is not None and child.process.poll() is not None
+
+
+def test_a_kept_fork_server_serves_run_after_run_and_stops_when_no_longer_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """keep_fork_servers(True) (the suite's plugin turns it on): one fork server forks the servers of
+    every run of this process; off, each run's own fork server stops once its servers are started."""
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv(NEMO_GYM_STARTUP_TRACE_ENV_VAR_NAME, str(trace))
+    keep_fork_servers(True)
+    try:
+        pids = []
+        for _ in range(2):
+            with running_servers([EXAMPLE_CONFIG]) as helper:
+                root = os.path.realpath(helper.supervisor.loaded.root_dir)
+                kept = kept_fork_server(root)
+                assert kept is not None and kept.pid is not None
+                pids.append(kept.pid)
+                rows = {r["name"]: r for r in helper.server_instances()}
+                forked = _forked_pids(trace)
+                assert all(row["pid"] in forked[name] for name, row in rows.items()), (rows, forked)
+                _assert_rollout(post_json(rows[AGENT]["url"] + "/run", example_rows(ENV)[0]))
+            # The run is over; the fork server is not.
+            assert psutil.Process(pids[-1]).status() != psutil.STATUS_ZOMBIE
+        assert pids[0] == pids[1]
+        keep_fork_servers(False)
+        assert kept_fork_server(root) is None
+        assert not psutil.pid_exists(pids[0]) or psutil.Process(pids[0]).status() == psutil.STATUS_ZOMBIE
+        with running_servers([EXAMPLE_CONFIG]) as helper:
+            assert all(isinstance(c.process, ForkedChild) for c in helper.supervisor.children)
+            assert _zygotes(os.getpid()) == []  # its own fork server, stopped once the servers started
+    finally:
+        keep_fork_servers(True)
 
 
 # ------------------------------------------------------------------------------------------------

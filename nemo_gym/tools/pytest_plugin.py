@@ -13,6 +13,8 @@ Contract
   missing (so a machine with only ``.[test]`` runs everything else instead of stopping on import errors).
 * ``pytest-asyncio`` runs the suite's ``async def`` tests; without it the run stops at once with the
   install command, instead of failing every async test one by one.
+* The runs a test session starts fork their servers from one fork server per test process, kept between
+  runs (:func:`nemo_gym.run.supervision.spawning.keep_fork_servers`).
 * The runs a test session starts keep their token files (:mod:`nemo_gym.auth`) in a directory of
   the session's own (``NEMO_GYM_RUN_DIR``, inherited by every process the tests start), never in
   the user's.
@@ -50,6 +52,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # Test time is tallied only for the budget check (the controller judges; workers' tallies go unused).
     _ROOT[:] = [config.rootpath] if config.getoption("max_unit_share") is not None else []
     _cpu_profile_start(config)
+    # Every run a test starts forks its servers from one fork server per worker, kept between runs (the
+    # ~1 CPU-second of imports a new one costs, once per worker instead of once per run).
+    from nemo_gym.run.supervision.spawning import keep_fork_servers
+
+    keep_fork_servers(True)
     if not os.environ.get("NEMO_GYM_RUN_DIR"):
         os.environ["NEMO_GYM_RUN_DIR"] = tempfile.mkdtemp(prefix="nemo_gym_test_runs-")
     if not config.pluginmanager.hasplugin("asyncio"):

@@ -291,7 +291,7 @@ class ServerSupervisor(
         for child in self.children:
             self._spawn(child, self._child_config_yaml(child, run_scrubber), secret, run_scrubber)
         if self._zygote is not None:  # its servers are this process's children now: it has done its work
-            self._zygote.stop()
+            self._stop_zygote()
         else:
             self._start_head_server(head_sock)
             startup_mark("head")

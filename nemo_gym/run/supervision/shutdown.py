@@ -52,8 +52,7 @@ class ShutdownMixin:
                 c.process.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 pass
-        if self._zygote is not None:  # the servers it forked are this process's children, stopped above
-            self._zygote.stop()
+        self._stop_zygote()  # the servers it forked are this process's children, stopped above
         for c in self.children:
             if c.sock is not None:
                 c.sock.close()

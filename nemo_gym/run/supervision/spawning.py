@@ -63,11 +63,52 @@ from nemo_gym.redaction import (
     process_scrubber,
     redact_config,
 )
-from nemo_gym.run.supervision.children import ChildServer, StartupError
+from nemo_gym.run.supervision.children import ChildServer, SpawnerThread, StartupError
 from nemo_gym.run.zygote import HELLO_TIMEOUT_S, ForkedChild, Zygote, ZygoteUnavailable
 from nemo_gym.server.startup import startup_mark
 
 _YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's, when PyYAML has it
+
+
+# -- fork servers kept between runs ------------------------------------------------------------------
+# A process that starts one run after another (a test suite, a trainer that starts servers for each
+# evaluation) can keep one fork server per root for all of them: keep_fork_servers(True). Each run then
+# forks its servers at once instead of waiting for a new fork server to import FastAPI and the server
+# bases again (~1 CPU-second a run). A kept one is started on a thread of its own that lives as long as
+# the process (the parent-death signal follows the thread that forked it) and stops at the process's
+# exit; one that fails is replaced at the next run. Off by default: ng_run starts one run.
+
+_KEEP = {"on": False}
+_KEPT: dict[str, Zygote] = {}
+_KEPT_LOCK = threading.Lock()
+_KEPT_SPAWNER = SpawnerThread()
+
+
+def keep_fork_servers(on: bool = True) -> None:
+    """Keep (True) or stop keeping (False) one fork server per root for every later run of this process."""
+    with _KEPT_LOCK:
+        _KEEP["on"] = on
+        if not on:
+            for zygote in _KEPT.values():
+                zygote.stop()
+            _KEPT.clear()
+
+
+def kept_fork_server(root: str) -> Zygote | None:
+    """This process's kept fork server for ``root`` (started now if it has none, or a broken one), or
+    None when fork servers are not kept."""
+    with _KEPT_LOCK:
+        if not _KEEP["on"]:
+            return None
+        zygote = _KEPT.get(root)
+        if zygote is None or zygote.failure is not None or zygote.stopped:
+            zygote = _KEPT[root] = Zygote.start(root, spawn=_KEPT_SPAWNER.call)
+        return zygote
+
+
+def is_kept(zygote: Zygote) -> bool:
+    """Whether ``zygote`` is kept between runs (then no run stops it)."""
+    return any(kept is zygote for kept in _KEPT.values())
 
 
 class SpawningMixin:
@@ -232,10 +273,15 @@ class SpawningMixin:
         )
         root = os.path.realpath(self.loaded.root_dir)
         if self._zygote is not None and (not wanted or os.path.realpath(self._zygote.root) != root):
-            self._zygote.stop()
+            self._stop_zygote()
             self._zygote = None
         if wanted and self._zygote is None:
-            self._zygote = Zygote.start(root, spawn=self._spawner.call)
+            self._zygote = kept_fork_server(root) or Zygote.start(root, spawn=self._spawner.call)
+
+    def _stop_zygote(self) -> None:
+        """Stop this run's fork server once it has done its work, unless it is kept between runs."""
+        if self._zygote is not None and not is_kept(self._zygote):
+            self._zygote.stop()
 
     def _can_fork(self, child: ChildServer, env: dict[str, str], root: str) -> bool:
         """Whether ``child`` is to be forked from the fork server: it runs on this interpreter with the
