@@ -14,7 +14,8 @@ Contract
   root, then the launcher's) and the run's root as its working directory. It dies with the launcher
   (parent-death signal, and the end of its control socket). ``ng_run`` starts it before it composes
   the config; a supervisor without one starts its own on its spawner thread. The supervisor stops it
-  once every server is started: servers are not started again within a run.
+  once every server is started: servers are not started again within a run (unless the process keeps
+  fork servers between runs: :func:`nemo_gym.run.supervision.spawning.keep_fork_servers`).
 * The zygote imports :data:`PRELOAD_MODULES` (never an environment's code), freezes them out of the
   garbage collector (fewer pages copied after a fork) and answers requests on a ``SOCK_SEQPACKET``
   control socket. It runs no thread and no event loop; before each fork it checks that it is still
