@@ -314,9 +314,12 @@ async def _nemo_rl_rollouts(
     model_block: dict[str, Any],
     rows: list[dict[str, Any]],
     default_host: str = "127.0.0.1",
+    agent_block: dict[str, Any] | None = None,
 ) -> tuple[list[tuple[dict[str, Any], dict[str, Any]]], list[dict[str, Any]], RunHelper]:
     dotenv = _write(tmp_path / "nemo_gym_env.yaml", "policy_api_key: from-dotenv\nrun_label: from-dotenv\n")
     initial = _nemo_rl_initial_config(model_config, model_block, default_host)
+    if agent_block is not None:
+        initial[AGENT] = {"responses_api_agents": agent_block}
     head_port = initial[HEAD_SERVER_KEY_NAME]["port"]
     helper = RunHelper()
     helper.start(
@@ -347,7 +350,9 @@ async def _nemo_rl_rollouts(
             row, result = await asyncio.wait_for(task, BOUND_S)
             results.append((row, result))
         # A failing rollout raises with the HTTP status and the raw body, as NeMo RL reads them.
-        broken = {**examples[0], "expected_city": None}
+        # (One short model turn, whatever the row asked for: the error is the verifier's, not the model's.)
+        broken = {**copy.deepcopy(examples[0]), "expected_city": None}
+        broken["responses_create_params"] |= {"tool_choice": "none", "max_output_tokens": 16}
         with pytest.raises(UpstreamError) as failure:
             for task in rch.run_examples(examples=[broken], head_server_config=head_server_config):
                 await asyncio.wait_for(task, BOUND_S)
@@ -453,11 +458,14 @@ async def test_nemo_rl_startup_on_local_model(tmp_path: Path) -> None:
         row["responses_create_params"]["max_output_tokens"] = 96
         row["responses_create_params"]["temperature"] = 0.0
         # Every turn a forced (grammar-constrained) call: several model turns on any CPU, whatever the
-        # model would choose; the agent stops at its max_steps.
+        # model would choose; the agent stops at its max_steps (3: turns two and three extend turn one).
         row["responses_create_params"]["tool_choice"] = "required"
         row["responses_create_params"]["parallel_tool_calls"] = False
     block = {"local_model": {"return_token_id_information": True}}
-    results, examples, helper = await _nemo_rl_rollouts(tmp_path, LOCAL_MODEL_CONFIG, block, rows)
+    agent = {"simple_agent": {"max_steps": 3}}
+    results, examples, helper = await _nemo_rl_rollouts(
+        tmp_path, LOCAL_MODEL_CONFIG, block, rows, agent_block=agent
+    )
     helper.shutdown()
     _check_nemo_rl_results(results, examples, min_turns=1)
     # Every rollout had several model turns (forced calls), so the check spanned turns.

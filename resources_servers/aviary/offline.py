@@ -38,6 +38,7 @@ from aviary.envs.hotpotqa import HotPotQAEnv, HotPotQAEnvConfig
 from aviary.envs.hotpotqa.env import normalize_answer
 from aviary.utils import EvalAnswerMode, eval_answer
 from nemo_gym.jsonl import iter_jsonl_objects
+from nemo_gym.kit import pyast
 from resources_servers.aviary.app import resolve_data_path
 from resources_servers.aviary.schemas import AviaryResourcesServerConfig
 
@@ -117,7 +118,7 @@ def bounded_calculation(expr: str) -> float | int:
     calculator allows, but no integer may grow past ``MAX_CALCULATOR_BITS`` bits. Aviary's evaluator
     computes ``9**9**9`` (370 million digits) in one C call that holds the GIL: the whole server stops.
     Raises ``ValueError`` (or ``ArithmeticError``, ``RecursionError``, ``MemoryError``) for anything else."""
-    return _calc(ast.parse(expr, mode="eval").body)
+    return _calc(pyast.parse(expr, mode="eval").body)
 
 
 def _calc(node: ast.AST) -> float | int:

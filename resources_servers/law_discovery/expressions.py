@@ -39,6 +39,8 @@ import signal
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from nemo_gym.kit import pyast
+
 MAX_EXPRESSION_CHARS = 500
 MAX_NODES = 200
 # Bounds on what reaches sympy (see the module docstring); physical laws stay far inside them.
@@ -120,7 +122,7 @@ def parse_law(text: str, variables: Iterable[str], target: str | None = None) ->
             raise LawSyntaxError(f"write only the right-hand side of the law for {target or 'the target'}")
         source = right.strip()
     try:
-        tree = ast.parse(source, mode="eval").body
+        tree = pyast.parse(source, mode="eval").body
     except SyntaxError as e:
         raise LawSyntaxError(f"not an arithmetic expression ({e.msg} at column {e.offset})") from None
     nodes = sum(1 for _ in ast.walk(tree))

@@ -60,6 +60,7 @@ from nemo_gym.base_resources_server import (
     ReverifyMode,
     SimpleResourcesServer,
 )
+from nemo_gym.kit import pyast
 from nemo_gym.kit.text import last_code_block
 from nemo_gym.sandbox import (
     SandboxError,
@@ -130,7 +131,7 @@ def function_name(header: str) -> str:
     """The name of the function a step header declares (``ValueError`` if it declares no function).
     Cached: every ``/seed_session`` and ``/verify`` of a row checks the same headers."""
     try:
-        tree = ast.parse(header + "\n    pass")
+        tree = pyast.parse(header + "\n    pass")
     except SyntaxError as e:
         raise ValueError(f"function_header does not parse as a def with its docstring: {e.msg}") from None
     defs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
@@ -155,7 +156,7 @@ class ScientificCodeRow(BaseModel):
 def _checked_imports(dependencies: str) -> str:
     """``dependencies`` if it is import lines only (``ValueError`` otherwise); cached like headers."""
     try:
-        tree = ast.parse(dependencies)
+        tree = pyast.parse(dependencies)
     except SyntaxError as e:
         raise ValueError(f"required_dependencies does not parse: {e.msg}") from None
     if not all(isinstance(n, ast.Import | ast.ImportFrom) for n in tree.body):

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nemo_gym.kit import pyast
+
 NUMPY = "import numpy as np"
 
 
@@ -38,7 +40,7 @@ class Step:
 
     @property
     def function(self) -> ast.FunctionDef:
-        tree = ast.parse(self.reference.strip("\n"))
+        tree = pyast.parse(self.reference.strip("\n"))
         functions = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
         assert len(functions) == 1, "a step's reference is one function"
         return functions[0]

@@ -21,6 +21,8 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nemo_gym.kit import pyast
+
 KINDS = ("python_fix", "cli_flag", "shell_pipeline", "csv_clean", "git_merge", "makefile")
 
 # Defined before every task's hidden tests, in the process that runs one test (cwd /workspace). That process
@@ -173,7 +175,7 @@ class Task:
     @property
     def test_names(self) -> list[str]:
         """The hidden test functions, in order (what the runner reports on)."""
-        tree = ast.parse(self.hidden_tests)
+        tree = pyast.parse(self.hidden_tests)
         return [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
 
 

@@ -393,9 +393,10 @@ def test_queue_bound_is_an_immediate_503_naming_the_setting(urls: dict[str, str]
         "tools": [ESSAY_TOOL],
         "tool_choice": {"type": "function", "name": "write_essay"},
         "temperature": 0,
-        # Cut at 160 tokens (~10 s here): long enough to be running when the second request comes, and the
-        # test need not wait for 1,200 characters (was 400 tokens, ~35 s per n_batch variant).
-        "max_output_tokens": 160,
+        # Cut at 40 tokens (seconds of grammar-constrained decoding, more under load): the second request is
+        # sent as soon as /stats shows this one running, milliseconds later, and the test need not wait for
+        # 1,200 characters (was 400 tokens, then 160: ~25 CPU-seconds per n_batch variant).
+        "max_output_tokens": 40,
     }
     results: dict[str, httpx.Response] = {}
 
