@@ -331,7 +331,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 # waited for the other workers). Each worker (or a run without workers) moves itself into a cgroup of its
 # own, which every process it starts inherits, and writes one line per test: the cgroup's CPU time
 # consumed from the test's set-up to the end of its tear-down (a module's shared servers are charged to
-# the test that started them), and its wall time. ``tests/suite_profile.py --cpu DIR`` sums them by unit.
+# the test that started them), its wall time and when it started. ``tests/suite_profile.py --cpu DIR``
+# sums them by unit.
 
 CGROUP_V1_CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 CGROUP_V2 = Path("/sys/fs/cgroup")
@@ -382,12 +383,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: Any) -> Generator[None,
     cgroup = _CPU.get("cgroup")
     if cgroup is None:
         return (yield)
-    cpu0, wall0 = cgroup.seconds(), time.monotonic()
+    cpu0, wall0, started = cgroup.seconds(), time.monotonic(), time.time()
     result = yield
     line = {
         "nodeid": item.nodeid,
         "cpu_s": round(cgroup.seconds() - cpu0, 3),
         "wall_s": round(time.monotonic() - wall0, 3),
+        "started": round(started, 3),
     }
     _CPU["file"].write(json.dumps(line) + "\n")
     _CPU["file"].flush()
