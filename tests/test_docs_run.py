@@ -85,6 +85,10 @@ SKIP: dict[tuple[str, str], str] = {
         "runs the whole suite to record its profile; tests/test_suite_profile.py checks the profile's "
         "writer and the order it deals"
     ),
+    ("docs/testing.md", "python -m pytest -q -n 4 --dist loadfile --cpu-profile cpu/"): (
+        "runs the whole suite to measure its CPU time; tests/test_suite_profile.py runs --cpu-profile on a "
+        "small project and checks what it counts"
+    ),
     ("docs/rewards.md", "ng_reward_audit                                   # every environment"): (
         "audits every environment (minutes); tests/test_reward_audit.py runs every environment's audit"
     ),
