@@ -9,8 +9,9 @@ then decodes under a grammar built from the tool's schema), limits and errors.
 To catch a test that leans on one machine's arithmetic anyway, the whole module runs twice: with
 ``n_batch: 512`` and with ``n_batch: 8``, which evaluates prompts in other batch shapes and so
 changes the logits' rounding on any one machine (measured: the first log-prob moves from -0.1365 to
--0.1440). Generations are short (a few dozen tokens, temperature 0). Two instances run per variant:
-``policy_model`` (token ids on) and ``busy_model`` (``max_queue: 0``, for the queue bound).
+-0.1440). Generations are short (a few dozen tokens, temperature 0). ``policy_model`` (token ids on)
+runs once per variant; ``busy_model`` (``max_queue: 0``), for the queue bound, which no rounding can
+change, runs once for the module.
 """
 
 from __future__ import annotations
@@ -77,15 +78,21 @@ def urls(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
     extra = {
         "policy_model": {
             "responses_api_models": {"local_model": {"return_token_id_information": True, "n_batch": n_batch}}
-        },
-        "busy_model": {
-            "responses_api_models": {
-                "local_model": {"entrypoint": "app.py", "max_queue": 0, "n_batch": n_batch}
-            }
-        },
+        }
     }
     with running_servers([CONFIG], extra, with_scripted_model=False) as helper:
-        yield {name: server_url(helper, name) for name in ("policy_model", "busy_model")}
+        yield {"policy_model": server_url(helper, "policy_model")}
+
+
+@pytest.fixture(scope="module")
+def busy_url() -> Iterator[str]:
+    """A local model that takes one request at a time (``max_queue: 0``): its name in the config is
+    ``busy_model``, which the 503 names."""
+    extra = {
+        "busy_model": {"responses_api_models": {"local_model": {"entrypoint": "app.py", "max_queue": 0}}}
+    }
+    with running_servers([], extra, with_scripted_model=False) as helper:
+        yield server_url(helper, "busy_model")
 
 
 def _schema_valid_weather_args(arguments: str) -> None:
@@ -385,8 +392,8 @@ def test_bad_requests_are_clear_400s(urls: dict[str, str]) -> None:
     assert image.status_code == 400 and "text only" in image.json()["error"]["message"]
 
 
-def test_queue_bound_is_an_immediate_503_naming_the_setting(urls: dict[str, str]) -> None:
-    base = urls["busy_model"]
+def test_queue_bound_is_an_immediate_503_naming_the_setting(busy_url: str) -> None:
+    base = busy_url
     # Forced to write at least 1,200 characters (the tool's schema): a long generation on any CPU.
     long_body = {
         "input": "Write an essay about the sea.",
