@@ -27,7 +27,7 @@ from nemo_gym.config.keys import NEMO_GYM_STARTUP_TRACE_ENV_VAR_NAME
 from nemo_gym.run.server_venvs import READY_MARKER, venv_dir_for
 from nemo_gym.run.supervision.spawning import keep_fork_servers, kept_fork_server
 from nemo_gym.run.zygote import ForkedChild, Zygote, wanted_by_argv
-from nemo_gym.tools.testing import example_rows, post_json, running_servers
+from nemo_gym.tools.testing import example_rows, post_json, running_servers, server_url
 from tests.conftest import (
     EXAMPLE_CONFIG,
     EXAMPLE_CONFIG_PATHS,
@@ -285,9 +285,27 @@ def test_a_kept_fork_server_serves_run_after_run_and_stops_when_no_longer_kept(
             # The run is over; the fork server is not.
             assert psutil.Process(pids[-1]).status() != psutil.STATUS_ZOMBIE
         assert pids[0] == pids[1]
+        # Replaced, and every server still forked, when it died, or when this process's environment no longer
+        # starts servers as it would (a test that sets PYTHONPATH for its module, as tests/test_ray.py does).
+        os.kill(pids[0], signal.SIGKILL)
+        with running_servers([EXAMPLE_CONFIG]) as helper:
+            assert all(isinstance(c.process, ForkedChild) for c in helper.supervisor.children)
+            replaced = kept_fork_server(root)
+            assert replaced is not None and replaced.pid not in pids
+        pids.append(replaced.pid)
+        monkeypatch.setenv(
+            "PYTHONPATH", os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+        )
+        with running_servers([EXAMPLE_CONFIG]) as helper:
+            assert all(isinstance(c.process, ForkedChild) for c in helper.supervisor.children)
+            again = kept_fork_server(root)
+            assert again is not None and again.pid not in pids
+            _assert_rollout(post_json(server_url(helper, AGENT) + "/run", example_rows(ENV)[0]))
+        assert not psutil.pid_exists(pids[-1]) or psutil.Process(pids[-1]).status() == psutil.STATUS_ZOMBIE
+        pids.append(again.pid)
         keep_fork_servers(False)
         assert kept_fork_server(root) is None
-        assert not psutil.pid_exists(pids[0]) or psutil.Process(pids[0]).status() == psutil.STATUS_ZOMBIE
+        assert not psutil.pid_exists(pids[-1]) or psutil.Process(pids[-1]).status() == psutil.STATUS_ZOMBIE
         with running_servers([EXAMPLE_CONFIG]) as helper:
             assert all(isinstance(c.process, ForkedChild) for c in helper.supervisor.children)
             assert _zygotes(os.getpid()) == []  # its own fork server, stopped once the servers started

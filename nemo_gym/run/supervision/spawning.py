@@ -64,7 +64,7 @@ from nemo_gym.redaction import (
     redact_config,
 )
 from nemo_gym.run.supervision.children import ChildServer, SpawnerThread, StartupError
-from nemo_gym.run.zygote import HELLO_TIMEOUT_S, ForkedChild, Zygote, ZygoteUnavailable
+from nemo_gym.run.zygote import HELLO_TIMEOUT_S, ForkedChild, Zygote, ZygoteUnavailable, zygote_environ
 from nemo_gym.server.startup import startup_mark
 
 _YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's, when PyYAML has it
@@ -95,13 +95,18 @@ def keep_fork_servers(on: bool = True) -> None:
 
 
 def kept_fork_server(root: str) -> Zygote | None:
-    """This process's kept fork server for ``root`` (started now if it has none, or a broken one), or
-    None when fork servers are not kept."""
+    """This process's kept fork server for ``root``, or None when fork servers are not kept. It is started
+    now if there is none, or replaced when it has exited or failed, or when it no longer starts servers
+    as this process would now (its interpreter-start variables, ``PYTHONPATH`` among them, were read from
+    this process's environment when it started, and the environment has changed since)."""
     with _KEPT_LOCK:
         if not _KEEP["on"]:
             return None
         zygote = _KEPT.get(root)
-        if zygote is None or zygote.failure is not None or zygote.stopped:
+        exited = zygote is not None and zygote.process is not None and zygote.process.poll() is not None
+        if zygote is None or exited or not zygote.compatible(sys.executable, zygote_environ(root), root):
+            if zygote is not None:
+                zygote.stop()
             zygote = _KEPT[root] = Zygote.start(root, spawn=_KEPT_SPAWNER.call)
         return zygote
 
