@@ -9,9 +9,11 @@ stops at once with the install command.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,7 +42,7 @@ def test_never_runs():
 
 
 def _pytest(
-    folder: Path, source: str, env_extra: dict[str, str], *args: str
+    folder: Path, source: str, env_extra: dict[str, str], *args: str, preexec_fn: Any = None
 ) -> subprocess.CompletedProcess[str]:
     (folder / "test_sample.py").write_text(source)
     (folder / "test_other.py").write_text("def test_other():\n    pass\n")
@@ -56,6 +58,7 @@ def _pytest(
         capture_output=True,
         text=True,
         timeout=RUN_BOUND_S,
+        preexec_fn=preexec_fn,
     )
 
 
@@ -205,3 +208,28 @@ def test_a_file_that_splits_is_judged_test_by_test(tmp_path: Path, split: bool) 
     else:
         assert run.returncode == pytest.ExitCode.TESTS_FAILED, run.stdout + run.stderr
         assert "BUDGET: test_pair.py takes" in run.stdout, run.stdout
+
+
+SIGINT_PROBE = """\
+import signal, subprocess, sys
+
+def test_sigint_is_the_default_here_and_in_what_it_starts():
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    probe = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout == "True\\n"
+"""
+
+
+def _ignore_and_block_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a script's background job (`bash .ci/run &`) starts
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
+
+
+@pytest.mark.parametrize("workers", [(), ("-n", "1")], ids=["in-process", "xdist"])
+def test_a_suite_started_with_sigint_ignored_runs_its_tests_with_it_at_the_default(
+    tmp_path: Path, workers: tuple[str, ...]
+) -> None:
+    run = _pytest(tmp_path, SIGINT_PROBE, {}, *workers, preexec_fn=_ignore_and_block_sigint)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "2 passed" in run.stdout, run.stdout[-3000:]

@@ -13,6 +13,8 @@ Contract
   missing (so a machine with only ``.[test]`` runs everything else instead of stopping on import errors).
 * ``pytest-asyncio`` runs the suite's ``async def`` tests; without it the run stops at once with the
   install command, instead of failing every async test one by one.
+* The test processes take SIGINT as Python's default even when pytest was started with it ignored (a
+  script's background job) or blocked: what the tests start inherits it.
 * The runs a test session starts fork their servers from one fork server per test process, kept between
   runs (:func:`nemo_gym.run.supervision.spawning.keep_fork_servers`).
 * The runs a test session starts keep their token files (:mod:`nemo_gym.auth`) in a directory of
@@ -26,6 +28,7 @@ import functools
 import json
 import os
 import re
+import signal
 import tempfile
 import time
 from collections.abc import Generator
@@ -52,6 +55,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # Test time is tallied only for the budget check (the controller judges; workers' tallies go unused).
     _ROOT[:] = [config.rootpath] if config.getoption("max_unit_share") is not None else []
     _cpu_profile_start(config)
+    # Ctrl+C as Python's default, whatever started pytest: a script's background job (`bash .ci/run &`)
+    # ignores SIGINT, and an ignored signal passes to every process the tests start, so a test that sends
+    # SIGINT to what it started would pass or hang depending on how the suite was launched.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
     # Every run a test starts forks its servers from one fork server per worker, kept between runs (the
     # ~1 CPU-second of imports a new one costs, once per worker instead of once per run).
     from nemo_gym.run.supervision.spawning import keep_fork_servers
