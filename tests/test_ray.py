@@ -34,6 +34,7 @@ from nemo_gym.kit.verify_pool import (
 )
 from nemo_gym.run.ray import ray_settings
 from nemo_gym.run.supervision.children import StartupError
+from nemo_gym.run.supervision.spawning import kept_fork_server_pids
 from nemo_gym.tools.testing import get, run_rollout, running_servers, server_url
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,7 +131,8 @@ def test_ng_run_names_a_bad_ray_setting_and_starts_nothing() -> None:
 
 
 def _descendants() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+    """This process's descendants, but the fork server it keeps between runs (it outlives them on purpose)."""
+    return {p.pid for p in psutil.Process().children(recursive=True)} - kept_fork_server_pids()
 
 
 def _alive(pids: set[int]) -> set[int]:

@@ -17,6 +17,7 @@ from nemo_gym.cli import RunHelper
 from nemo_gym.errors import UpstreamError
 from nemo_gym.global_config import HEAD_SERVER_KEY_NAME, GlobalConfigDictParserConfig
 from nemo_gym.rollout_collection import RolloutCollectionHelper
+from nemo_gym.run.supervision.spawning import kept_fork_server_pids
 from nemo_gym.server_utils import BaseServerConfig, ServerClient
 from nemo_gym.tools.testing import SCRIPTED_MODEL_CONFIG, example_rows
 from resources_servers.example_single_tool_call.app import weather_report
@@ -71,7 +72,8 @@ def _alive(pid: int) -> bool:
 
 
 def _children_of_this_process() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+    """This process's descendants, but the fork server it keeps between runs (it outlives them on purpose)."""
+    return {p.pid for p in psutil.Process().children(recursive=True)} - kept_fork_server_pids()
 
 
 async def test_trainer_collects_rewards_and_token_ids() -> None:

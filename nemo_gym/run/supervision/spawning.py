@@ -111,6 +111,13 @@ def kept_fork_server(root: str) -> Zygote | None:
         return zygote
 
 
+def kept_fork_server_pids() -> set[int]:
+    """The process ids of this process's kept fork servers (children of this process that outlive its
+    runs on purpose: what a check for processes left behind by a run leaves out)."""
+    with _KEPT_LOCK:
+        return {z.pid for z in _KEPT.values() if z.pid is not None}
+
+
 def is_kept(zygote: Zygote) -> bool:
     """Whether ``zygote`` is kept between runs (then no run stops it)."""
     return any(kept is zygote for kept in _KEPT.values())
