@@ -98,12 +98,15 @@ async def test_a_run_gets_its_own_limits_and_fresh_cgroup_counters_in_a_prestart
     oom = await run_in_sandbox(["python3", "-c", hog], resources={"memory_mib": 100})
     assert oom.oom_killed and oom.error_type == "oom", oom
     busy = await run_in_sandbox(["python3", "-c", "while True: pass"], resources={"cpu_time_s": 1})
-    assert busy.timed_out and busy.cpu_time_s is not None and busy.cpu_time_s >= 0.9, busy
+    # RLIMIT_CPU counts scheduler ticks, the cgroup counts nanoseconds: on a loaded machine the cgroup read
+    # 0.89 s for a 1 s limit, so the kill itself is checked exactly and the counter with room for ticks.
+    assert busy.timed_out and busy.return_code == 128 + signal.SIGXCPU, busy
+    assert busy.cpu_time_s is not None and busy.cpu_time_s >= 0.75, busy
     # The next run starts from zero: no process-limit event, no OOM kill, no CPU time of the last runs.
     after = await run_in_sandbox(["python3", "-c", hog], resources={"memory_mib": 400})
     assert after.ok and after.stdout == f"{300 << 20}\n", after
     assert not after.pids_limit_hit and not after.oom_killed, after
-    # CPU time is read from a fresh counter (the busy run above left >= 0.9 s in its own): a program that
+    # CPU time is read from a fresh counter (the busy run above left >= 0.75 s in its own): a program that
     # does nothing reads far less (a 300 MiB allocation may itself take ~1 s of CPU on a loaded machine).
     idle = await run_in_sandbox(["python3", "-c", "pass"])
     assert idle.ok and idle.cpu_time_s is not None and idle.cpu_time_s < 0.5, idle

@@ -288,7 +288,7 @@ def helper() -> Iterator[RunHelper]:
         "policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": _scripts()}}},
         # A test past 8 s is killed (the hanging median's test_even), the whole run bounded by 60 s.
         ENV: {
-            "resources_servers": {ENV: {"command_timeout_s": 3, "test_timeout_s": 8, "verify_timeout_s": 60}}
+            "resources_servers": {ENV: {"command_timeout_s": 6, "test_timeout_s": 8, "verify_timeout_s": 60}}
         },
     }
     with running_servers([CONFIG], extra) as h:
