@@ -13,13 +13,16 @@ tests/test_architecture.py; each wing's ``__init__`` says what it is for):
 * ``kit/`` (the environment author's helpers; ``sandbox/`` at upstream's path beside it);
 * ``client/`` (talking to the servers of a run);
 * ``server/`` (what runs inside every server: the base classes, the ASGI layer, sessions);
+* ``environment_servers/`` (server folders that ship with the package: NeMo Gym 0.7's generic
+  environment servers, found by ``ng_run`` from any directory);
 * ``run/`` (``ng_run``: start and supervise the servers);
 * ``collection/`` (``ng_collect_rollouts``);
 * ``tools/`` (viewer, benchmarks, eval, scaffolding and the other commands around a run).
 
 The other top-level modules are upstream NeMo Gym's paths kept as thin faces for code written against
 upstream (``server_utils``, ``base_resources_server``, ``base_responses_api_agent``,
-``base_responses_api_model``, ``config_types``, ``global_config``, ``judge``, ``prompt``,
+``base_responses_api_model``, ``base_environment_server``, ``episode_types``, ``config_types``,
+``global_config``, ``judge``, ``prompt``,
 ``reward_profile``, ``responses_converter``, ``rollout_correlation``, ``mcp_auto_exposure``,
 ``rollout_collection``, ``path_utils``, ``cli``): each holds exactly upstream's public names that we
 implement, imported from the module that defines them. Code in this package imports every name from

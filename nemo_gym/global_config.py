@@ -8,9 +8,15 @@ defining modules (tests/test_architecture.py checks both).
 from __future__ import annotations
 
 from nemo_gym import CACHE_DIR, RESULTS_DIR, WORKING_DIR
-from nemo_gym.config.instances import get_first_server_config_dict
+from nemo_gym.config.instances import (
+    environment_server_agent_names,
+    environment_server_agent_refs,
+    get_first_server_config_dict,
+)
 from nemo_gym.config.keys import (
     AGENT_REF_KEY_NAME,
+    AGENT_SERVER_REF_KEY_NAME,
+    AGENT_SERVER_TYPE_KEY_NAME,
     ATTEMPT_INDEX_KEY_NAME,
     CACHE_DIR_KEY_NAME,
     CONFIG_PATHS_KEY_NAME,
@@ -18,6 +24,11 @@ from nemo_gym.config.keys import (
     DEFAULT_HOST_KEY_NAME,
     DISALLOWED_PORTS_KEY_NAME,
     ENTRYPOINT_KEY_NAME,
+    ENVIRONMENT_ROUTING_MODE_KEY_NAME,
+    ENVIRONMENT_SERVER_NAME_KEY_NAME,
+    ENVIRONMENT_SERVER_ROUTES_KEY_NAME,
+    ENVIRONMENT_SERVER_STAMP_KEY_NAME,
+    ENVIRONMENT_SERVER_TYPE_KEY_NAME,
     HEAD_SERVER_KEY_NAME,
     HF_TOKEN_KEY_NAME,
     NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME,
@@ -50,6 +61,15 @@ from nemo_gym.config.types import is_server_ref
 
 __all__ = [
     "AGENT_REF_KEY_NAME",
+    "AGENT_SERVER_REF_KEY_NAME",
+    "AGENT_SERVER_TYPE_KEY_NAME",
+    "ENVIRONMENT_ROUTING_MODE_KEY_NAME",
+    "ENVIRONMENT_SERVER_NAME_KEY_NAME",
+    "ENVIRONMENT_SERVER_ROUTES_KEY_NAME",
+    "ENVIRONMENT_SERVER_STAMP_KEY_NAME",
+    "ENVIRONMENT_SERVER_TYPE_KEY_NAME",
+    "environment_server_agent_names",
+    "environment_server_agent_refs",
     "ATTEMPT_INDEX_KEY_NAME",
     "CACHE_DIR",
     "CACHE_DIR_KEY_NAME",

@@ -178,14 +178,16 @@ def test_collector_keeps_in_flight_rows_and_tasks_bounded_then_resumes_from_a_sp
 
         return real_bounded_map(counted(), *args, **kwargs)
 
-    async def watching_run_one(client: ServerClient, row: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    async def watching_run_one(
+        client: ServerClient, row: dict[str, Any], timeout_s: float, via: str | None = None
+    ) -> dict[str, Any]:
         nonlocal started, ended, most_ahead, most_tasks
         started += 1
         most_ahead = max(most_ahead, pulled - ended)
         if started % 25 == 0:
             most_tasks = max(most_tasks, len(asyncio.all_tasks()))
         try:
-            return await real_run_one(client, row, timeout_s)
+            return await real_run_one(client, row, timeout_s, via)
         finally:
             ended += 1
 

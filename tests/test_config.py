@@ -1080,3 +1080,52 @@ def test_plain_overrides_are_read_without_hydra_and_as_hydra_reads_them() -> Non
         assert (plain.key, _typed(plain.value)) == (hydra[0], _typed(hydra[1])), arg
     assert all(plain_override(arg) is not None for arg in PLAIN_CASES)
     assert read_plainly > 300  # the generated forms exercise the plain reading, not only the fallback
+
+
+ENVIRONMENT_SERVER_YAML = """\
+my_env_server:
+  environment_servers:
+    legacy_agent:
+      entrypoint: app.py
+      agent_server:
+        type: responses_api_agents
+        name: my_agent
+"""
+
+
+def test_an_environment_server_block_is_an_instance_of_the_fourth_kind(cfg_dir: Path) -> None:
+    """NeMo Gym 0.7's ``environment_servers`` block: an instance like the others (0.6 dropped it in
+    silence), its folder found in the package (legacy_agent ships with it), its agent reference checked."""
+    write(cfg_dir, "servers.yaml", VALID_SERVERS_YAML + ENVIRONMENT_SERVER_YAML)
+    instances = validate_global_config(load(cfg_dir, "+config_paths=[servers.yaml]"))
+    kinds = {i.name: (i.server_type, i.impl) for i in instances}
+    assert kinds["my_env_server"] == ("environment_servers", "legacy_agent")
+    assert len(kinds) == 4
+    write(
+        cfg_dir,
+        "bad.yaml",
+        VALID_SERVERS_YAML + ENVIRONMENT_SERVER_YAML.replace("name: my_agent", "name: nobody"),
+    )
+    message = config_error(cfg_dir, "+config_paths=[bad.yaml]")
+    assert "my_env_server.environment_servers.legacy_agent.agent_server" in message
+    assert "'nobody'" in message and "my_agent" in message
+
+
+def test_a_server_block_of_an_unknown_kind_is_an_error_naming_it_never_left_out(cfg_dir: Path) -> None:
+    write(
+        cfg_dir,
+        "servers.yaml",
+        VALID_SERVERS_YAML + "my_gateway:\n  gateway_servers:\n    relay:\n      entrypoint: app.py\n",
+    )
+    message = config_error(cfg_dir, "+config_paths=[servers.yaml]")
+    assert "'my_gateway'" in message and "unknown kind 'gateway_servers'" in message, message
+    assert "servers.yaml:18" in message, message  # the line of the block
+    assert "environment_servers" in message  # the kinds there are
+    # One letter off a kind: said so.
+    write(
+        cfg_dir,
+        "typo.yaml",
+        VALID_SERVERS_YAML + ENVIRONMENT_SERVER_YAML.replace("environment_servers", "enviroment_servers"),
+    )
+    message = config_error(cfg_dir, "+config_paths=[typo.yaml]")
+    assert "'enviroment_servers'" in message and "Did you mean 'environment_servers'" in message, message

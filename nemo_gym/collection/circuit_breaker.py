@@ -34,7 +34,7 @@ def classify_failure(exc: BaseException, agent: str) -> dict[str, Any]:
 
     When the agent answered with an error that names an inner failing call (a server it could not
     reach, a model answering 503, ...), that inner server is the one named; ``via`` records the hop
-    through the agent. The error text is scrubbed of known secrets before it is cut to length.
+    through the agent (or the environment server in front of it, whichever was called). The error text is scrubbed of known secrets before it is cut to length.
     """
     if isinstance(exc, UpstreamError):
         error = exc.detail.get("error") if isinstance(exc.detail, dict) else None
@@ -47,7 +47,7 @@ def classify_failure(exc: BaseException, agent: str) -> dict[str, Any]:
                 "path": inner.get("path"),
                 "status": inner.get("status"),
                 "error": _error_text(inner.get("detail")),
-                "via": {"server": agent, "path": exc.path, "status": exc.status},
+                "via": {"server": exc.server or agent, "path": exc.path, "status": exc.status},
             }
         # The agent's own error (its body says which kind when it is one of our servers).
         kind = error.get("kind") if isinstance(error.get("kind"), str) else exc.kind

@@ -65,6 +65,7 @@ from nemo_gym.collection.output_files import (
     sidecar_paths,
 )
 from nemo_gym.collection.policy_lag import PolicyLagFilter, check_model_server
+from nemo_gym.collection.routing import Route, environment_route
 from nemo_gym.collection.row_schema import CheckedInput, check_input
 from nemo_gym.collection.summary import CollectionSummary, RunCounts
 from nemo_gym.errors import UpstreamError
@@ -119,6 +120,9 @@ class _Plan:
     unreadable: int
     total: int
     todo: int
+    route: (
+        Route  # the environment server each row goes through (None: its agent), nemo_gym.collection.routing
+    )
 
     def statuses(self) -> Iterator[PairStatus]:
         """The earlier runs' :class:`PairStatus` per pair, in key order (none on a fresh run)."""
@@ -192,6 +196,7 @@ async def _plan(cfg: RolloutCollectionConfig, client: ServerClient, checked: Che
     side = sidecar_paths(out_path)
     calls_path = model_calls_path(out_path)
     _check_output_paths(cfg, out_path, {**side, "model_calls": calls_path})
+    route = environment_route(cfg, client.global_config_dict, agents)
     try:
         capture = capture_wanted(client, cfg.observability_enabled)
         if cfg.max_policy_lag is not None:
@@ -240,6 +245,7 @@ async def _plan(cfg: RolloutCollectionConfig, client: ServerClient, checked: Che
         unreadable=resume.unreadable if resume is not None else 0,
         total=total,
         todo=total - n_done - n_exhausted,
+        route=route,
     )
 
 
@@ -283,7 +289,8 @@ async def _run(
     # Both scrubbed of known secrets: a 200 answer may quote one (a model echoing its Authorization header).
     out = LineWriter(plan.out_path, truncate=fresh, scrubbed=True)
     failures = LineWriter(plan.side["failures"], truncate=fresh, scrubbed=True)
-    worker = lambda r: run_one(client, r, cfg.request_timeout_s)  # noqa: E731
+    route = plan.route
+    worker = lambda r: run_one(client, r, cfg.request_timeout_s, route(r))  # noqa: E731
     # Each rollout's policy versions, and the max_policy_lag judgement (nemo_gym.collection.policy_lag).
     lag_filter = PolicyLagFilter(client, cfg.max_policy_lag, cfg.stale_policy, cfg.policy_version_model)
     worker = lag_filter.wrap(worker)

@@ -2,7 +2,8 @@
 
 Contract
 --------
-* :func:`post_run` POSTs a row to its agent's ``/run`` and returns the JSON as the agent returned it;
+* :func:`post_run` POSTs a row to its agent's ``/run`` (or to the environment server in front of it,
+  :mod:`.routing`) and returns the JSON as it was returned;
   a non-2xx raises :class:`UpstreamError` carrying the status, the parsed (or cut) body and the raw
   body as ``response_content``. :func:`run_one` stamps the result with the row's indices and
   ``agent_ref``.
@@ -20,24 +21,33 @@ from typing import Any
 import orjson
 
 from nemo_gym.client.server_client import ServerClient
+from nemo_gym.config.keys import ENVIRONMENT_SERVER_STAMP_KEY_NAME
 from nemo_gym.errors import UpstreamError, response_body
 
 
-async def run_one(client: ServerClient, row: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """POST one materialized row to its agent's /run; a non-2xx raises UpstreamError.
+async def run_one(
+    client: ServerClient, row: dict[str, Any], timeout_s: float, via: str | None = None
+) -> dict[str, Any]:
+    """POST one materialized row to its agent's /run (or to environment server ``via`` in front of it); a
+    non-2xx raises UpstreamError.
 
-    The result is stamped with the row's task/rollout indices and ``agent_ref``."""
-    result = await post_run(client, row, timeout_s)
+    The result is stamped with the row's task/rollout indices and ``agent_ref`` (and
+    ``_ng_environment_server`` when it went through one)."""
+    result = await post_run(client, row, timeout_s, via)
     result["_ng_task_index"] = row["_ng_task_index"]
     result["_ng_rollout_index"] = row["_ng_rollout_index"]
     result["agent_ref"] = row["agent_ref"]
+    if via is not None:
+        result[ENVIRONMENT_SERVER_STAMP_KEY_NAME] = via
     return result
 
 
-async def post_run(client: ServerClient, row: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """The ``/run`` JSON of ``row``'s agent for ``row``, as the agent returned it."""
-    agent = row["agent_ref"]["name"]
-    resp = await client.post(agent, "/run", json=row, timeout_s=timeout_s)
+async def post_run(
+    client: ServerClient, row: dict[str, Any], timeout_s: float, via: str | None = None
+) -> dict[str, Any]:
+    """The ``/run`` JSON for ``row`` of its agent (or of environment server ``via``), as returned."""
+    server = via or row["agent_ref"]["name"]
+    resp = await client.post(server, "/run", json=row, timeout_s=timeout_s)
     if resp.status >= 300:
         body = response_body(resp)
         try:
@@ -45,7 +55,7 @@ async def post_run(client: ServerClient, row: dict[str, Any], timeout_s: float) 
         except orjson.JSONDecodeError:
             detail = body.decode(errors="replace")[:4000]
         kind = "server_error" if resp.status >= 500 else "client_error"
-        error = UpstreamError(agent, "/run", resp.status, detail, kind=kind)
+        error = UpstreamError(server, "/run", resp.status, detail, kind=kind)
         error.response_content = body  # the raw body, as upstream's error carries it (NeMo RL prints it)
         raise error
     return orjson.loads(response_body(resp))

@@ -37,6 +37,8 @@ from nemo_gym.collection.policy_lag import (
     StalePolicy,
     StalePolicyError,
 )
+from nemo_gym.collection.routing import environment_server_instances
+from nemo_gym.config.instances import environment_servers_by_agent
 from nemo_gym.config.types import BaseServerConfig
 from nemo_gym.errors import UpstreamError
 
@@ -90,6 +92,7 @@ class RolloutCollectionHelper:
         examples: list[dict[str, Any]],
         head_server_config: BaseServerConfig | None = None,
         semaphore: asyncio.Semaphore | None = None,
+        environment_server_name: str | None = None,
     ) -> Iterator[Awaitable[tuple[dict[str, Any], dict[str, Any]]]]:
         """Start the examples now (call from a running event loop); yield awaitables in completion order.
 
@@ -103,8 +106,20 @@ class RolloutCollectionHelper:
         The rows start in order as the semaphore lets them: a task exists only for a rollout in
         flight, never one per row up front, so memory is O(in flight) plus the finished results not
         yet awaited. (With a semaphore shared by several calls, their rows take turns.)
+
+        With environment servers in the config (NeMo Gym 0.7), a row goes through the one that fronts its
+        agent, or through ``environment_server_name`` when given (:mod:`nemo_gym.collection.routing`); an
+        agent that several front fails its rows' awaitables with ``ValueError`` naming them.
         """
         client = self._client(head_server_config)
+        fronts = environment_servers_by_agent(client.global_config_dict)
+        if environment_server_name is not None:
+            known = environment_server_instances(client.global_config_dict)
+            if environment_server_name not in known:
+                raise ValueError(
+                    f"environment_server_name={environment_server_name!r} is not an environment server "
+                    f"instance of the running config (environment servers: {', '.join(known) or 'none'})"
+                )
         lag_filter = PolicyLagFilter(
             client, self.max_policy_lag, self.stale_policy, self.policy_version_model
         )
@@ -123,9 +138,11 @@ class RolloutCollectionHelper:
             future.set_exception(error)
             finished.put_nowait(future)
 
-        async def one(row: dict[str, Any], agent: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        async def one(
+            row: dict[str, Any], agent: str, via: str | None
+        ) -> tuple[dict[str, Any], dict[str, Any]]:
             try:
-                result = await post_run(client, row, self.request_timeout_s)
+                result = await post_run(client, row, self.request_timeout_s, via)
             except UpstreamError as e:
                 await breaker.record_failure(agent, classify_failure(e, agent), probe)
                 raise
@@ -145,6 +162,14 @@ class RolloutCollectionHelper:
                     if not isinstance(row.get("agent_ref"), dict) or "name" not in row["agent_ref"]:
                         raise ValueError("each example needs agent_ref: {name: <agent instance>}")
                     agent = row["agent_ref"]["name"]
+                    via = environment_server_name
+                    if via is None and len(fronts.get(agent, [])) > 1:
+                        raise ValueError(
+                            f"agent {agent!r} is fronted by several environment servers "
+                            f"({', '.join(fronts[agent])}): pass environment_server_name"
+                        )
+                    if via is None and fronts.get(agent):
+                        via = fronts[agent][0]
                 except Exception as e:  # a bad row fails its own awaitable, as a task of it would
                     failed(e)
                     continue
@@ -154,7 +179,7 @@ class RolloutCollectionHelper:
                     semaphore.release()
                     failed(ServerDownError(agent, opened))
                     continue
-                task = asyncio.ensure_future(one(row, agent))
+                task = asyncio.ensure_future(one(row, agent, via))
                 in_flight.add(task)
                 task.add_done_callback(ended)
 

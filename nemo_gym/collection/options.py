@@ -71,6 +71,10 @@ class CollectionOptions(BaseModel):
     max_policy_lag: int | None = Field(default=None, ge=0)
     stale_policy: Literal["drop", "mark"] = "drop"
     policy_version_model: str = "policy_model"
+    # Environment servers (NeMo Gym 0.7; nemo_gym.collection.routing): through which server each row runs.
+    environment_routing_mode: Literal["agent", "legacy", "taskset"] = "agent"
+    environment_server_name: str | None = None
+    environment_server_routes: dict[str, str] = Field(default_factory=dict)
 
 
 class RolloutCollectionConfig(CollectionOptions):

@@ -10,6 +10,10 @@ Contract
   root, else an installed package (:mod:`nemo_gym.config.discovery`); :func:`_iter_server_refs` yields the ``{type: ..., name: ...}`` references inside a block.
 * :func:`get_first_server_config_dict` returns an instance's impl block (upstream's name), raising
   ``KeyError`` naming the known instances.
+* A block laid out as a server of a kind not in ``SERVER_TYPES`` is a problem naming the kind, never a
+  block left out of the run in silence.
+* :func:`environment_servers_by_agent` maps each agent to the environment servers that front it (the
+  agent references of an environment server: :func:`environment_server_agent_refs`).
 """
 
 from __future__ import annotations
@@ -22,9 +26,15 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from nemo_gym.config.discovery import find_folder, server_folders
-from nemo_gym.config.keys import PACKAGE_PARENT_DIR, SERVER_TYPES
+from nemo_gym.config.keys import (
+    AGENT_SERVER_REF_KEY_NAME,
+    AGENT_SERVER_TYPE_KEY_NAME,
+    ENVIRONMENT_SERVER_TYPE_KEY_NAME,
+    PACKAGE_PARENT_DIR,
+    SERVER_TYPES,
+)
 from nemo_gym.config.options import LAUNCHER_KEYS
-from nemo_gym.config.problems import ConfigError, Provenance, _close, _format_problems, _loc
+from nemo_gym.config.problems import ConfigError, Provenance, _close, _format_problems, _loc, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -103,6 +113,14 @@ def scan_server_instances(
                     f"Top-level block '{name}'{_loc(prov, f'{name}.{k}')} looks like a server instance but "
                     f"'{k}' is not a server type. Did you mean '{m[0]}'? Server types: {types}."
                 )
+            elif name not in LAUNCHER_KEYS and (kind := _unknown_kind(value)) is not None:
+                # ``name: {<kind>: {<impl>: {entrypoint: ...}}}`` with a kind we do not run: an error, never
+                # a block silently left out of the run (0.6 dropped 0.7's environment_servers this way).
+                broken.add(name)
+                problems.append(
+                    f"Top-level block '{name}'{_loc(prov, f'{name}.{kind}')} is a server of unknown kind "
+                    f"'{kind}'.{did_you_mean(kind, SERVER_TYPES)} Server kinds: {types}."
+                )
             elif name not in LAUNCHER_KEYS and _looks_like_impl_block(value):
                 broken.add(name)
                 impl = next((k for k in keys if isinstance(value._get_node(k), DictConfig)), None)
@@ -163,6 +181,19 @@ def server_instances(cfg: DictConfig, prov: Provenance | None = None) -> list[Se
     if problems:
         raise ConfigError(_format_problems("Invalid server instance configuration", problems))
     return instances
+
+
+def _unknown_kind(value: DictConfig) -> str | None:
+    """The key of ``value`` laid out as a server kind (``{<kind>: {<impl>: {entrypoint: ...}}}``), else None."""
+    for k in value.keys():
+        kind_block = value._get_node(k)
+        if not isinstance(kind_block, DictConfig) or "entrypoint" in kind_block:
+            continue
+        for impl in kind_block.keys():
+            impl_block = kind_block._get_node(impl)
+            if isinstance(impl_block, DictConfig) and "entrypoint" in impl_block:
+                return str(k)
+    return None
 
 
 def _looks_like_impl_block(value: DictConfig) -> bool:
@@ -244,3 +275,38 @@ def get_first_server_config_dict(global_config_dict: DictConfig | dict, top_leve
             f"Server instance {top_level_path!r} has no impl block (<server_type>: {{<impl>: ...}})."
         )
     return impl_block if isinstance(impl_block, DictConfig) else OmegaConf.create(impl_block)
+
+
+def environment_server_agent_refs(server: Any) -> list[Any]:
+    """The agent references in one environment server's impl block: every field whose value is a mapping
+    with ``type: responses_api_agents``, and ``agent_server`` whatever its type says (upstream's rule; an
+    environment server may front several agents, e.g. a user and an assistant)."""
+    if not hasattr(server, "items"):
+        return []
+    return [
+        ref
+        for field, ref in server.items()
+        if hasattr(ref, "get")
+        and (
+            ref.get("type") == AGENT_SERVER_TYPE_KEY_NAME
+            or (field == AGENT_SERVER_REF_KEY_NAME and ref.get("type") is None)
+        )
+    ]
+
+
+def environment_server_agent_names(server: Any) -> list[str]:
+    """The names of the agents one environment server's impl block references."""
+    return [str(ref["name"]) for ref in environment_server_agent_refs(server) if ref.get("name") is not None]
+
+
+def environment_servers_by_agent(cfg: Any) -> dict[str, list[str]]:
+    """Agent instance name -> the environment server instances that front it, in config order."""
+    out: dict[str, list[str]] = {}
+    for name, block in cfg.items():
+        kind_block = block.get(ENVIRONMENT_SERVER_TYPE_KEY_NAME) if hasattr(block, "get") else None
+        if not hasattr(kind_block, "values"):
+            continue
+        for impl_block in kind_block.values():
+            for agent in environment_server_agent_names(impl_block):
+                out.setdefault(agent, []).append(str(name))
+    return out

@@ -12,7 +12,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SERVER_TYPES: tuple[str, ...] = ("resources_servers", "responses_api_agents", "responses_api_models")
+SERVER_TYPES: tuple[str, ...] = (
+    "resources_servers",
+    "responses_api_agents",
+    "responses_api_models",
+    # NeMo Gym 0.7's fourth kind: a server that owns whole episodes (nemo_gym.server.environment).
+    "environment_servers",
+)
+ENVIRONMENT_SERVER_TYPE_KEY_NAME = "environment_servers"
+AGENT_SERVER_TYPE_KEY_NAME = "responses_api_agents"
+# The field of an environment server's config that names the agent it fronts.
+AGENT_SERVER_REF_KEY_NAME = "agent_server"
 HEAD_SERVER_KEY_NAME = "head_server"
 CONFIG_PATHS_KEY_NAME = "config_paths"
 # ``+env=<name>``: load the environment's default config (configs/<name>.yaml) before config_paths.
@@ -46,6 +56,12 @@ RESPONSES_CREATE_PARAMS_KEY_NAME = "responses_create_params"
 RESPONSE_KEY_NAME = "response"
 AGENT_REF_KEY_NAME = "agent_ref"
 SKILLS_REF_KEY_NAME = "skills_ref"
+# The environment server a row was dispatched through (stamped on the row and its result).
+ENVIRONMENT_SERVER_STAMP_KEY_NAME = "_ng_environment_server"
+# Collection options that route rows through environment servers (upstream 0.7's names).
+ENVIRONMENT_ROUTING_MODE_KEY_NAME = "environment_routing_mode"
+ENVIRONMENT_SERVER_NAME_KEY_NAME = "environment_server_name"
+ENVIRONMENT_SERVER_ROUTES_KEY_NAME = "environment_server_routes"
 # Top-level config keys:
 ENTRYPOINT_KEY_NAME = "entrypoint"
 DEFAULT_HOST_KEY_NAME = "default_host"

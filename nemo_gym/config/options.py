@@ -109,6 +109,7 @@ _COLLECT_OPTIONS = (
     "responses_create_params", "num_repeats_add_seed", "resume_from_cache", "overwrite", "max_attempts",
     "pass_threshold", "request_timeout_s", "progress", "circuit_breaker_threshold", "tracker",
     "observability_enabled", "metrics_port", "max_policy_lag", "stale_policy", "policy_version_model",
+    "environment_routing_mode", "environment_server_name", "environment_server_routes",
 )  # fmt: skip
 # Experiment tracking (nemo_gym.collection.tracking.OPTION_KEYS besides ``tracker``; upstream's key names).
 TRACKER_OPTIONS = (

@@ -44,7 +44,14 @@ class Provenance:
 
 
 def _close(word: str, options: list[str] | tuple[str, ...], cutoff: float = 0.6) -> list[str]:
-    return difflib.get_close_matches(word, list(options), n=3, cutoff=cutoff)
+    """Up to three options close to ``word``, best first; one far better than the rest is named alone
+    (``resource_servers``: ``resources_servers``, not also ``environment_servers``)."""
+    scored = sorted(
+        ((difflib.SequenceMatcher(None, word, o).ratio(), o) for o in dict.fromkeys(options)),
+        key=lambda t: -t[0],
+    )
+    scored = [(r, o) for r, o in scored if r >= cutoff][:3]
+    return [o for r, o in scored if r >= scored[0][0] - 0.25] if scored else []
 
 
 def _did_you_mean(word: str, options: list[str] | tuple[str, ...], prefix: str = "") -> str:

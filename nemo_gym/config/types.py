@@ -21,6 +21,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+# The kinds of server (nemo_gym.config.keys.SERVER_TYPES, as a type).
+ServerType = Literal[
+    "resources_servers", "responses_api_agents", "responses_api_models", "environment_servers"
+]
 AGENT_REF_KEY = "agent_ref"
 # Request paths that carry a rollout id: /ng-rollout/<id>/... (see nemo_gym.server.rollout_prefix).
 ROLLOUT_PATH_PREFIX = "ng-rollout"
@@ -66,7 +70,7 @@ class BaseRunServerInstanceConfig(BaseModel):
 
     name: str = ""  # the instance name, filled in by the launcher
     # The instance's server type; upstream code sometimes passes it (``type="resources_servers"``).
-    type: Literal["resources_servers", "responses_api_agents", "responses_api_models"] | None = None
+    type: ServerType | None = None
     entrypoint: str = "app.py"
     host: str = "127.0.0.1"
     port: int | None = None
@@ -111,7 +115,7 @@ class ServerRef(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["resources_servers", "responses_api_agents", "responses_api_models"]
+    type: ServerType
     name: str
 
 
@@ -127,10 +131,15 @@ class AgentServerRef(ServerRef):
     type: Literal["responses_api_agents"] = "responses_api_agents"
 
 
+class EnvironmentServerRef(ServerRef):
+    type: Literal["environment_servers"] = "environment_servers"
+
+
 _REF_CLASSES: dict[str, type[ServerRef]] = {
     "resources_servers": ResourcesServerRef,
     "responses_api_models": ModelServerRef,
     "responses_api_agents": AgentServerRef,
+    "environment_servers": EnvironmentServerRef,
 }
 
 

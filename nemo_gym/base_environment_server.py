@@ -1,0 +1,30 @@
+"""Upstream NeMo Gym's module path ``nemo_gym.base_environment_server`` (0.7), kept as a thin face for code written against upstream.
+
+It holds exactly upstream's public names here that we implement, each imported from the module of ours
+that defines it; the code and its contract live in :mod:`nemo_gym.server.environment`. Our own code imports from the
+defining modules (tests/test_architecture.py checks both).
+"""
+
+from __future__ import annotations
+
+from nemo_gym.server.environment import (
+    BaseEnvironmentServer,
+    BaseEnvironmentServerConfig,
+    CleanupCallback,
+    CleanupContext,
+    CleanupHandle,
+    EpisodeRequestT,
+    EpisodeResponseT,
+    HandledEpisodeError,
+)
+
+__all__ = [
+    "BaseEnvironmentServer",
+    "BaseEnvironmentServerConfig",
+    "CleanupCallback",
+    "CleanupContext",
+    "CleanupHandle",
+    "EpisodeRequestT",
+    "EpisodeResponseT",
+    "HandledEpisodeError",
+]
