@@ -392,3 +392,34 @@ def test_the_package_ships_legacy_agent_where_a_0_7_config_looks_for_it() -> Non
         and (folder / "configs" / "legacy_agent.yaml").is_file()
     )
     assert "agent_server" in textwrap.dedent((folder / "README.md").read_text())
+
+
+def test_routing_reads_a_config_whose_top_level_holds_lists_and_scalars() -> None:
+    """A trainer's config carries top-level lists and values beside the server blocks (NeMo RL's did)."""
+    from omegaconf import OmegaConf
+
+    from nemo_gym.collection.routing import environment_server_instances
+    from nemo_gym.config.instances import environment_servers_by_agent
+
+    cfg = OmegaConf.create(
+        {
+            "stop_strings": ["</answer>"],
+            "seed": 3,
+            "front": {"environment_servers": {"legacy_agent": {"agent_server": {"name": "agent_a"}}}},
+            "user_sim": {
+                "environment_servers": {
+                    "sim": {
+                        "user": {"type": "responses_api_agents", "name": "agent_b"},
+                        "assistant": {"type": "responses_api_agents", "name": "agent_c"},
+                        "resources_server": {"type": "resources_servers", "name": "r"},
+                    }
+                }
+            },
+        }
+    )
+    assert environment_servers_by_agent(cfg) == {
+        "agent_a": ["front"],
+        "agent_b": ["user_sim"],
+        "agent_c": ["user_sim"],
+    }
+    assert environment_server_instances(cfg) == ["front", "user_sim"]

@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from omegaconf import DictConfig
+
 from nemo_gym.collection.options import CollectionOptions, InputError
 from nemo_gym.config.instances import environment_servers_by_agent
 from nemo_gym.config.keys import ENVIRONMENT_SERVER_TYPE_KEY_NAME
@@ -33,7 +35,8 @@ def environment_server_instances(global_config: Mapping[str, Any]) -> list[str]:
     return [
         str(name)
         for name, block in global_config.items()
-        if hasattr(block, "get") and hasattr(block.get(ENVIRONMENT_SERVER_TYPE_KEY_NAME), "keys")
+        if isinstance(block, Mapping | DictConfig)
+        and isinstance(block.get(ENVIRONMENT_SERVER_TYPE_KEY_NAME), Mapping | DictConfig)
     ]
 
 

@@ -281,12 +281,12 @@ def environment_server_agent_refs(server: Any) -> list[Any]:
     """The agent references in one environment server's impl block: every field whose value is a mapping
     with ``type: responses_api_agents``, and ``agent_server`` whatever its type says (upstream's rule; an
     environment server may front several agents, e.g. a user and an assistant)."""
-    if not hasattr(server, "items"):
+    if not isinstance(server, dict | DictConfig):
         return []
     return [
         ref
         for field, ref in server.items()
-        if hasattr(ref, "get")
+        if isinstance(ref, dict | DictConfig)
         and (
             ref.get("type") == AGENT_SERVER_TYPE_KEY_NAME
             or (field == AGENT_SERVER_REF_KEY_NAME and ref.get("type") is None)
@@ -303,8 +303,10 @@ def environment_servers_by_agent(cfg: Any) -> dict[str, list[str]]:
     """Agent instance name -> the environment server instances that front it, in config order."""
     out: dict[str, list[str]] = {}
     for name, block in cfg.items():
-        kind_block = block.get(ENVIRONMENT_SERVER_TYPE_KEY_NAME) if hasattr(block, "get") else None
-        if not hasattr(kind_block, "values"):
+        kind_block = (
+            block.get(ENVIRONMENT_SERVER_TYPE_KEY_NAME) if isinstance(block, dict | DictConfig) else None
+        )
+        if not isinstance(kind_block, dict | DictConfig):
             continue
         for impl_block in kind_block.values():
             for agent in environment_server_agent_names(impl_block):
