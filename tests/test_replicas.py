@@ -69,8 +69,16 @@ def _user_text(row: dict[str, Any]) -> str:
     return next(m["content"] for m in row["responses_create_params"]["input"] if m["role"] == "user")
 
 
-def _extra(resources_replicas: int = 3, agent_replicas: int = 2) -> dict[str, Any]:
-    scripts = [{"contains": _user_text(r), "turns": t} for r, t in zip(ROWS, CORRECT_TURNS, strict=True)]
+def _extra(
+    resources_replicas: int = 3, agent_replicas: int = 2, first_turn_delay_s: float = 0.0
+) -> dict[str, Any]:
+    scripts = [
+        {
+            "contains": _user_text(r),
+            "turns": [{**t[0], "delay_s": first_turn_delay_s}, *t[1:]] if first_turn_delay_s else t,
+        }
+        for r, t in zip(ROWS, CORRECT_TURNS, strict=True)
+    ]
     return {
         "policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": scripts}}},
         ENV: {"resources_servers": {ENV: {"num_replicas": resources_replicas}}},
@@ -234,7 +242,11 @@ def test_one_dead_replica_of_several_does_not_stop_the_run(tmp_path: Path) -> No
     import json
     import threading
 
-    with running_servers([CONFIG], _extra(resources_replicas=2, agent_replicas=1)) as h:
+    # Each rollout's first model turn takes 0.8 s, its session open on its replica meanwhile: 300 rows at 24
+    # in flight take >= 10 s, so the kill lands mid-run however late a loaded machine wakes the killer (a
+    # run of 2.4 s once finished before it, with no session left on the victim and nothing failed).
+    extra = _extra(resources_replicas=2, agent_replicas=1, first_turn_delay_s=0.8)
+    with running_servers([CONFIG], extra) as h:
         victim = next(r for r in _rows(h, ENV) if r["replica"] == 1)
         rows = [copy.deepcopy(ROWS[i % 5]) for i in range(300)]
         output = tmp_path / "output.jsonl"
