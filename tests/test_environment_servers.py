@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -391,7 +390,7 @@ def test_the_package_ships_legacy_agent_where_a_0_7_config_looks_for_it() -> Non
         and (folder / "app.py").is_file()
         and (folder / "configs" / "legacy_agent.yaml").is_file()
     )
-    assert "agent_server" in textwrap.dedent((folder / "README.md").read_text())
+    assert "agent_server" in (folder / "README.md").read_text()
 
 
 def test_routing_reads_a_config_whose_top_level_holds_lists_and_scalars() -> None:
@@ -423,3 +422,36 @@ def test_routing_reads_a_config_whose_top_level_holds_lists_and_scalars() -> Non
         "agent_c": ["user_sim"],
     }
     assert environment_server_instances(cfg) == ["front", "user_sim"]
+
+
+def test_run_examples_sends_each_row_through_the_environment_server_in_front_of_its_agent(
+    run: tuple[RunHelper, Path],
+) -> None:
+    """The trainer's path (``RolloutCollectionHelper.run_examples``) routes as the collector does."""
+    from nemo_gym.rollout_collection import RolloutCollectionHelper
+
+    helper, _work = run
+    env_url = server_url(helper, ENV_SERVER)
+    before = _route_count(env_url, "/run", "200")
+    rows = [{**r, "agent_ref": {"name": AGENT}} for r in example_rows("example_single_tool_call")[:2]]
+    bounded_row = {**rows[0], "agent_ref": {"name": AGENT}}
+
+    async def go() -> tuple[list[float], BaseException | None]:
+        collector = RolloutCollectionHelper(num_samples_in_parallel=2)
+        rewards = [
+            (await f)[1]["reward"]
+            for f in collector.run_examples(rows, head_server_config=helper.head_server_config)
+        ]
+        # A name that is not an environment server instance: refused before anything is sent.
+        try:
+            collector.run_examples([bounded_row], helper.head_server_config, environment_server_name=AGENT)
+            refused = None
+        except ValueError as e:
+            refused = e
+        await collector.aclose()
+        return rewards, refused
+
+    rewards, refused = asyncio.run(go())
+    assert rewards == [1.0, 1.0]
+    assert _route_count(env_url, "/run", "200") - before == 2
+    assert refused is not None and "is not an environment server instance" in str(refused)

@@ -34,7 +34,8 @@ def classify_failure(exc: BaseException, agent: str) -> dict[str, Any]:
 
     When the agent answered with an error that names an inner failing call (a server it could not
     reach, a model answering 503, ...), that inner server is the one named; ``via`` records the hop
-    through the agent (or the environment server in front of it, whichever was called). The error text is scrubbed of known secrets before it is cut to length.
+    through the server called (the agent, or the environment server in front of it). The error text is
+    scrubbed of known secrets before it is cut to length.
     """
     if isinstance(exc, UpstreamError):
         error = exc.detail.get("error") if isinstance(exc.detail, dict) else None

@@ -120,9 +120,8 @@ class _Plan:
     unreadable: int
     total: int
     todo: int
-    route: (
-        Route  # the environment server each row goes through (None: its agent), nemo_gym.collection.routing
-    )
+    # The environment server each row goes through (None: its agent), nemo_gym.collection.routing.
+    route: Route
 
     def statuses(self) -> Iterator[PairStatus]:
         """The earlier runs' :class:`PairStatus` per pair, in key order (none on a fresh run)."""

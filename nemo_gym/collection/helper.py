@@ -37,8 +37,7 @@ from nemo_gym.collection.policy_lag import (
     StalePolicy,
     StalePolicyError,
 )
-from nemo_gym.collection.routing import environment_server_instances
-from nemo_gym.config.instances import environment_servers_by_agent
+from nemo_gym.collection.routing import EnvironmentRouter
 from nemo_gym.config.types import BaseServerConfig
 from nemo_gym.errors import UpstreamError
 
@@ -112,14 +111,7 @@ class RolloutCollectionHelper:
         agent that several front fails its rows' awaitables with ``ValueError`` naming them.
         """
         client = self._client(head_server_config)
-        fronts = environment_servers_by_agent(client.global_config_dict)
-        if environment_server_name is not None:
-            known = environment_server_instances(client.global_config_dict)
-            if environment_server_name not in known:
-                raise ValueError(
-                    f"environment_server_name={environment_server_name!r} is not an environment server "
-                    f"instance of the running config (environment servers: {', '.join(known) or 'none'})"
-                )
+        router = EnvironmentRouter(client.global_config_dict, environment_server_name)
         lag_filter = PolicyLagFilter(
             client, self.max_policy_lag, self.stale_policy, self.policy_version_model
         )
@@ -162,14 +154,7 @@ class RolloutCollectionHelper:
                     if not isinstance(row.get("agent_ref"), dict) or "name" not in row["agent_ref"]:
                         raise ValueError("each example needs agent_ref: {name: <agent instance>}")
                     agent = row["agent_ref"]["name"]
-                    via = environment_server_name
-                    if via is None and len(fronts.get(agent, [])) > 1:
-                        raise ValueError(
-                            f"agent {agent!r} is fronted by several environment servers "
-                            f"({', '.join(fronts[agent])}): pass environment_server_name"
-                        )
-                    if via is None and fronts.get(agent):
-                        via = fronts[agent][0]
+                    via = router(agent)
                 except Exception as e:  # a bad row fails its own awaitable, as a task of it would
                     failed(e)
                     continue

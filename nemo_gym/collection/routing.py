@@ -8,6 +8,7 @@ Contract
   ``{type: responses_api_agents, name: ...}``); a row whose agent no environment server fronts goes to
   the agent directly (upstream generates a relay for it with a deprecation warning; the answer is the
   same). An agent fronted by several environment servers is an :class:`InputError` naming them.
+  :class:`EnvironmentRouter` holds this rule for the collector and for ``run_examples``.
 * ``environment_routing_mode: legacy``: every row goes to ``environment_server_name``, which must be an
   environment server instance of the config.
 * ``environment_routing_mode: taskset`` (materialized tasks, ``task_id``/``task_input`` rows routed by
@@ -40,37 +41,52 @@ def environment_server_instances(global_config: Mapping[str, Any]) -> list[str]:
     ]
 
 
+class EnvironmentRouter:
+    """Agent name -> the environment server its rows go through (None: the agent itself).
+
+    With ``environment_server_name``, that server for every agent (it must be an environment server
+    instance of ``global_config``, else ``ValueError``); otherwise the one server that fronts the agent.
+    Asking for an agent that several front raises ``ValueError`` naming them."""
+
+    def __init__(self, global_config: Mapping[str, Any], environment_server_name: str | None = None) -> None:
+        servers = environment_server_instances(global_config)
+        if environment_server_name is not None and environment_server_name not in servers:
+            raise ValueError(
+                f"environment_server_name={environment_server_name!r} is not an environment server instance "
+                f"of the running config (environment servers: {', '.join(servers) or 'none'})"
+            )
+        self.name = environment_server_name
+        self.fronts = environment_servers_by_agent(global_config) if servers else {}
+
+    def __call__(self, agent: str) -> str | None:
+        if self.name is not None:
+            return self.name
+        fronts = self.fronts.get(agent, [])
+        if len(fronts) > 1:
+            raise ValueError(
+                f"agent {agent!r} is fronted by several environment servers ({', '.join(fronts)}), so its rows "
+                "cannot choose one: name one with environment_server_name (and environment_routing_mode=legacy)"
+            )
+        return fronts[0] if fronts else None
+
+
 def environment_route(cfg: CollectionOptions, global_config: Mapping[str, Any], agents: set[str]) -> Route:
     """A function from a row to the environment server its ``/run`` goes to (None: its agent), after
     checking the options against the config and the input's ``agents``; raises :class:`InputError`."""
-    servers = environment_server_instances(global_config)
     mode = cfg.environment_routing_mode
     if mode == "taskset" or cfg.environment_server_routes:
         raise InputError(
             "environment_routing_mode=taskset and environment_server_routes (materialized task rows with "
             "task_id.taskset and task_input) are not supported yet; use environment_routing_mode=agent or legacy"
         )
-    if mode == "legacy":
-        name = cfg.environment_server_name
-        if name is None:
-            raise InputError("environment_routing_mode=legacy needs +environment_server_name=<instance>")
-        if name not in servers:
-            raise InputError(
-                f"environment_server_name={name!r} is not an environment server instance of the running config "
-                f"(environment servers: {', '.join(servers) or 'none'})"
-            )
-        return lambda _row: name
-    if cfg.environment_server_name is not None:
+    if mode == "legacy" and cfg.environment_server_name is None:
+        raise InputError("environment_routing_mode=legacy needs +environment_server_name=<instance>")
+    if mode != "legacy" and cfg.environment_server_name is not None:
         raise InputError("environment_server_name applies only with environment_routing_mode=legacy")
-    if not servers:
-        return lambda _row: None
-    by_agent = environment_servers_by_agent(global_config)
-    ambiguous = {a: by_agent[a] for a in sorted(agents) if len(by_agent.get(a, [])) > 1}
-    if ambiguous:
-        listed = "; ".join(f"{a}: {', '.join(s)}" for a, s in ambiguous.items())
-        raise InputError(
-            f"agents fronted by several environment servers, so a row cannot choose one ({listed}); "
-            "use +environment_routing_mode=legacy +environment_server_name=<instance>"
-        )
-    front = {a: s[0] for a, s in by_agent.items() if len(s) == 1}
-    return lambda row: front.get(row["agent_ref"]["name"])
+    try:
+        router = EnvironmentRouter(global_config, cfg.environment_server_name)
+        for agent in sorted(agents):  # every agent of the input resolves now, before anything is sent
+            router(agent)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    return lambda row: router(row["agent_ref"]["name"])

@@ -284,11 +284,6 @@ class Zygote:
         return zygote
 
     @property
-    def stopped(self) -> bool:
-        """Whether :meth:`stop` has been called (it forks nothing more)."""
-        return self._stopped
-
-    @property
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 

@@ -24,9 +24,10 @@ Contract
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from abc import abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -177,24 +178,34 @@ class BaseEnvironmentServer(SimpleServer, AggregateMetricsMixin, Generic[Episode
         app.post("/aggregate_metrics", response_model=AggregateMetrics)(aggregate_metrics_endpoint)
         return app
 
+    @contextlib.asynccontextmanager
+    async def episode_slot(self) -> AsyncIterator[str | None]:
+        """Hold one of the ``max_concurrent_episodes`` places while the block runs; yields None, or (holding
+        nothing) why there was no place within ``queue_timeout_seconds``."""
+        if self._admission is None:
+            yield None
+            return
+        try:
+            await asyncio.wait_for(self._admission.acquire(), timeout=self.config.queue_timeout_seconds)
+        except TimeoutError:
+            yield (
+                f"no episode slot within queue_timeout_seconds={self.config.queue_timeout_seconds} "
+                f"(max_concurrent_episodes={self.config.max_concurrent_episodes})"
+            )
+            return
+        try:
+            yield None
+        finally:
+            self._admission.release()
+
     async def run_request(self, request: EpisodeRequestT) -> EpisodeResponseT:
         """One episode through admission, its bound and its clean-up (what ``POST /run`` calls)."""
-        if self._admission is not None:
-            try:
-                await asyncio.wait_for(self._admission.acquire(), timeout=self.config.queue_timeout_seconds)
-            except TimeoutError:
-                reason = (
-                    f"no episode slot within queue_timeout_seconds={self.config.queue_timeout_seconds} "
-                    f"(max_concurrent_episodes={self.config.max_concurrent_episodes})"
-                )
+        async with self.episode_slot() as refused:
+            if refused is not None:
                 return self.failure_response(
-                    request, EpisodeFailure(failure_reason=reason, terminal=False, stage="admission")
+                    request, EpisodeFailure(failure_reason=refused, terminal=False, stage="admission")
                 )
-        try:
             response = await self._bounded_episode(request)
-        finally:
-            if self._admission is not None:
-                self._admission.release()
         response = self.response_model.model_validate(response)
         self.validate_response_identity(request, response)
         return response  # type: ignore[return-value]

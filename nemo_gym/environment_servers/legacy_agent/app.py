@@ -11,7 +11,6 @@ the agent): an agent that hangs holds nothing forever. ``/aggregate_metrics`` is
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable
 
 import orjson
@@ -73,17 +72,10 @@ class LegacyAgentEnvironmentServer(BaseEnvironmentServer):
         return AggregateMetrics.model_validate_json(response_body(resp))
 
     async def relay_run(self, request: Request) -> Response:
-        if self._admission is not None:
-            try:
-                await asyncio.wait_for(self._admission.acquire(), timeout=self.config.queue_timeout_seconds)
-            except TimeoutError:
-                message = (
-                    f"no episode slot within queue_timeout_seconds={self.config.queue_timeout_seconds} "
-                    f"(max_concurrent_episodes={self.config.max_concurrent_episodes})"
-                )
-                body = error_envelope("overloaded", server=self.config.name, path="/run", message=message)
+        async with self.episode_slot() as refused:
+            if refused is not None:
+                body = error_envelope("overloaded", server=self.config.name, path="/run", message=refused)
                 return Response(orjson.dumps(body), status_code=503, media_type="application/json")
-        try:
             upstream = await self.server_client.post(
                 self.config.agent_server.name,
                 "/run",
@@ -93,9 +85,6 @@ class LegacyAgentEnvironmentServer(BaseEnvironmentServer):
                 timeout_s=self.config.episode_timeout_s,
                 timeout_setting=f"{self.config.name}.default_episode_timeout_seconds",
             )
-        finally:
-            if self._admission is not None:
-                self._admission.release()
         body = response_body(upstream)
         response = Response(content=body, status_code=upstream.status)
         # raw_headers, so that repeated headers (Set-Cookie) all reach the caller.
