@@ -32,6 +32,7 @@ import pytest
 import uvicorn
 
 from nemo_gym.auth import auth_headers, read_token_file, token_file_for
+from tests.ray_cluster import driver_of, ray_environment, two_node_cluster
 
 REPO = Path(__file__).resolve().parents[1]
 BIN_DIR = Path(sys.executable).parent
@@ -257,6 +258,24 @@ def launch_module() -> Iterator[Launcher]:
         yield launcher
     finally:
         launcher.cleanup()
+
+
+@pytest.fixture(scope="module")
+def ray_env() -> Iterator[None]:
+    """The environment every Ray process of a test module runs with (tests/ray_cluster.py)."""
+    yield from ray_environment()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(ray_env: None) -> Iterator[Any]:
+    """A real 2-node Ray cluster for one test module (tests/ray_cluster.py), gone afterwards."""
+    yield from two_node_cluster()
+
+
+@pytest.fixture
+def ray_driver(ray_cluster: Any) -> Iterator[Any]:
+    """This test process connected to the module's cluster as a driver (disconnected afterwards)."""
+    yield from driver_of(ray_cluster)
 
 
 @contextlib.contextmanager

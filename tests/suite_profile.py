@@ -37,7 +37,7 @@ KINDS: list[tuple[str, str]] = [
         r"test_reward_audit",
     ),
     ("documents run as pasted (each in a fresh copy of the repo)", r"test_docs_run"),
-    ("Ray cluster (two nodes per module)", r"test_ray\.py"),
+    ("Ray cluster (two nodes per module)", r"test_ray(_tasks|_replicas)?\.py"),
     ("Chromium (ng_viewer in a real browser)", r"test_viewer_browser"),
     (
         "local model generation (llama.cpp on the CPU)",
