@@ -24,7 +24,8 @@ upstream (``server_utils``, ``base_resources_server``, ``base_responses_api_agen
 ``base_responses_api_model``, ``base_environment_server``, ``episode_types``, ``config_types``,
 ``global_config``, ``judge``, ``prompt``,
 ``reward_profile``, ``responses_converter``, ``rollout_correlation``, ``mcp_auto_exposure``,
-``rollout_collection``, ``path_utils``, ``cli``): each holds exactly upstream's public names that we
+``rollout_collection``, ``path_utils``, ``cli``, ``verifier_fixture``, and the package ``testing``): each
+holds exactly upstream's public names that we
 implement, imported from the module that defines them. Code in this package imports every name from
 its defining module, never through a face; environment folders use upstream's paths for upstream's
 names, so they run on either implementation.

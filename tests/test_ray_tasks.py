@@ -99,31 +99,93 @@ def test_run_helper_joins_the_cluster_and_leaves_it_running(ray_cluster: Any) ->
 SO_WRONG = '{"title": "The Left Hand of Darkness", "author": "Ursula K. Le Guin", "year": "1969"}'
 
 
+# A resources server of the user's that declares NeMo Gym 0.7's ``ray_enabled = False``: it never uses the
+# run's cluster, so its run_in_verify_pool runs in its local pool; the answer says which process ran it.
+LOCAL_POOL_APP = """\
+import os
+
+from nemo_gym.base_resources_server import BaseResourcesServerConfig, BaseVerifyRequest, BaseVerifyResponse
+from nemo_gym.base_resources_server import SimpleResourcesServer
+from nemo_gym.kit.verify_pool import run_in_verify_pool
+
+
+class LocalPoolConfig(BaseResourcesServerConfig):
+    pass
+
+
+class LocalPoolResponse(BaseVerifyResponse):
+    verified_in_pid: int
+
+
+class LocalPoolServer(SimpleResourcesServer):
+    ray_enabled = False
+    config: LocalPoolConfig
+
+    async def verify(self, body: BaseVerifyRequest) -> LocalPoolResponse:
+        pid = await run_in_verify_pool(os.getpid, timeout=60)
+        return LocalPoolResponse(**body.model_dump(), reward=1.0, verified_in_pid=pid)
+
+
+if __name__ == "__main__":
+    LocalPoolServer.run_webserver()
+"""
+LOCAL_POOL_CONFIG = """\
+local_pool:
+  resources_servers:
+    local_pool:
+      entrypoint: app.py
+local_pool_agent:
+  responses_api_agents:
+    simple_agent:
+      entrypoint: app.py
+      resources_server: {type: resources_servers, name: local_pool}
+      model_server: {type: responses_api_models, name: policy_model}
+"""
+
+
 @pytest.mark.slow
 def test_servers_of_a_run_verify_as_ray_tasks_on_the_cluster(ray_cluster: Any, tmp_path: Path) -> None:
     """ng_run hands the cluster's address to every server; a server's run_in_verify_pool then runs on
-    the cluster (no local pool worker is started) and rewards are the same as locally."""
+    the cluster (no local pool worker is started) and rewards are the same as locally. A server class
+    that sets ``ray_enabled = False`` keeps its verification in its local pool in the same run."""
     from nemo_gym.tools.testing import collect_rollouts, example_rows
 
+    work = tmp_path / "work"
+    (work / "resources_servers" / "local_pool").mkdir(parents=True)
+    (work / "resources_servers" / "local_pool" / "app.py").write_text(LOCAL_POOL_APP)
+    (work / "local_pool.yaml").write_text(LOCAL_POOL_CONFIG)
     row = example_rows("structured_outputs")[0]
     wrong = json_row_with_marker(row, "[wrong]")
     rules = [
         {"contains": "[wrong]", "turns": [{"text": SO_WRONG}]},
         {"contains": "Le Guin", "turns": [{"text": SO_RIGHT}]},
+        {"contains": "local pool", "turns": [{"text": "done"}]},
     ]
     extra = {
         "ray_head_node_address": ray_cluster.address,
         "policy_model": {"responses_api_models": {"scripted_model": {"scripts_by_input": rules}}},
         "structured_outputs": {"resources_servers": {"structured_outputs": {"pool_threshold_chars": 0}}},
     }
-    with running_servers([SO_CONFIG], extra) as helper:
-        code, out, err = collect_rollouts(helper, [row, wrong], tmp_path, "structured_outputs_simple_agent")
-        assert code == 0, err[-3000:]
-        assert [r["reward"] for r in out] == [1.0, 0.0]
-        assert out[1]["error_type"] == "validation_error"
-        pid = next(r["pid"] for r in helper.server_instances() if r["name"] == "structured_outputs")
-        # The local verify pool would have started worker processes under the server: there are none.
-        assert psutil.Process(pid).children(recursive=True) == []
+    cwd = os.getcwd()
+    os.chdir(work)  # the user's folder is found in the working directory
+    try:
+        with running_servers([SO_CONFIG, str(work / "local_pool.yaml")], extra) as helper:
+            code, out, err = collect_rollouts(
+                helper, [row, wrong], tmp_path / "so", "structured_outputs_simple_agent"
+            )
+            assert code == 0, err[-3000:]
+            assert [r["reward"] for r in out] == [1.0, 0.0]
+            assert out[1]["error_type"] == "validation_error"
+            pids = {r["name"]: r["pid"] for r in helper.server_instances()}
+            # The local verify pool would have started worker processes under the server: there are none.
+            assert psutil.Process(pids["structured_outputs"]).children(recursive=True) == []
+            local_row = {"responses_create_params": {"input": "verify in the local pool"}}
+            code, out, err = collect_rollouts(helper, [local_row], tmp_path / "local", "local_pool_agent")
+            assert code == 0 and out[0]["reward"] == 1.0, err[-3000:]
+            workers = {p.pid for p in psutil.Process(pids["local_pool"]).children(recursive=True)}
+            assert out[0]["verified_in_pid"] in workers, (out[0]["verified_in_pid"], workers)
+    finally:
+        os.chdir(cwd)
 
 
 # ------------------------------------------------------------------------------------------------

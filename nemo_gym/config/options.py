@@ -137,6 +137,7 @@ COMMAND_OPTIONS: dict[str, frozenset[str]] = {
     "ng_check_upstream_env": frozenset(
         {
             "upstream_checkout",
+            "upstream_wheel",
             "envs",
             "output",
             "keep_scratch",

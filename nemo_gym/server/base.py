@@ -189,6 +189,10 @@ class BaseServer(BaseModel):
     uses_sessions: ClassVar[bool] = True
     # The server type its metrics are those of (nemo_gym.server.metrics); each base class sets its own.
     metrics_kind: ClassVar[str] = "server"
+    # Whether this server uses the run's Ray cluster when the run has one (verification as Ray tasks,
+    # nemo_gym.kit.verify_pool): None (NeMo Gym 0.7's "not declared") and True do; False never does, its
+    # verification stays in the local pool. Without a cluster it changes nothing: Ray is never imported.
+    ray_enabled: ClassVar[bool | None] = None
     _metrics: Any = PrivateAttr(default=None)  # its ServerMetrics (None: +metrics_enabled=false)
 
     async def on_startup(self) -> None:
@@ -466,6 +470,10 @@ class BaseServer(BaseModel):
         startup_mark("config")
         report_config_verdict([])  # under ng_run: returns once every server's config is valid
         startup_mark("go")
+        if cls.ray_enabled is False:
+            from nemo_gym.kit.verify_pool import set_verify_ray_address
+
+            set_verify_ray_address("")  # the local pool, whatever the run's cluster
         server = cls(config=config, server_client=ServerClient())
         app = server.complete_app(server.setup_webserver())
         tune_gc_for_throughput()

@@ -6,6 +6,16 @@ Contract
   per-rollout state keyed by ``request.state.session_id``.
 * Each tool is ``POST /<tool_name>`` with a pydantic body; a tool that raises answers 500 with the
   error text, which the agent hands to the model as the tool output.
+* ``POST /seed_session`` also takes NeMo Gym 0.7's environment-server seed (``ResourcesSeedSessionRequest``:
+  a ``resources_session_id`` the caller assigns, the episode, the task and its ``task_data``) and answers
+  ``ResourcesSeedSessionResponse`` naming that id; ``POST /close_session`` (``ResourcesCloseSessionRequest``)
+  releases it through ``close_resources_session``. A server that keeps state per session must: answer a
+  repeated seed of the same id and episode with the same session; refuse a seed of an id already bound to
+  another episode or task, or already closed (a close may race ahead of its seed: the late seed must not
+  create the session); answer a close of an unknown or closed id as done; and raise when releasing fails
+  rather than record the session as closed, so the caller can retry. The default keeps no state and only
+  echoes the id. :func:`nemo_gym.tools.session_conformance.check_resources_session_contract` checks these
+  rules through a server's routes.
 * ``POST /verify`` receives the task row plus the final ``response`` and returns the fields its
   request model declares plus ``reward`` (a float).
 * Request and response models **ignore undeclared fields** (pydantic's default, as upstream): a
@@ -38,12 +48,12 @@ import math
 from abc import abstractmethod
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
 import orjson
 from fastapi import FastAPI
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, create_model, model_validator
 
 from nemo_gym.config.types import BaseRunServerInstanceConfig
 from nemo_gym.kit.reward_profile import AggregateMetricsMixin
@@ -53,7 +63,11 @@ from nemo_gym.openai_utils.responses import (
     text_of_message,
 )
 from nemo_gym.server.base import SimpleServer
+from nemo_gym.server.episodes import EpisodeId, TaskId
+from nemo_gym.server.mcp import MCPServerMetadata
 from nemo_gym.server.metrics.install import observed_verify
+
+VerificationInputT = TypeVar("VerificationInputT")
 
 
 class ReverifyMode(StrEnum):
@@ -83,6 +97,57 @@ class BaseSeedSessionRequest(BaseModel):
 
 class BaseSeedSessionResponse(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+
+class ResourcesSeedSessionRequest(BaseModel):
+    """An environment server's seed: set up state under ``resources_session_id`` (the caller's id) for one
+    episode of one task (the rules a stateful server follows are in the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    resources_session_id: str = Field(min_length=1)
+    episode_id: EpisodeId
+    task_id: TaskId
+    task_data: dict[str, JsonValue]
+
+
+class ResourcesSeedSessionResponse(BaseModel):
+    """The seeded session's id, and how the agent reaches the session's tools over MCP if it does.
+    ``sandbox_access`` describes a sandbox the resources server lends the agent; it is passed on as
+    given (our sandboxes are never lent across servers, so no server here sets it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    resources_session_id: str
+    resources_tools: MCPServerMetadata | None = None
+    sandbox_access: dict[str, JsonValue] | None = None
+
+
+class ResourcesVerifyRequest(BaseModel, Generic[VerificationInputT]):
+    """An environment server's typed output for a resources server to verify."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    episode_id: EpisodeId
+    task_id: TaskId
+    verification_input: VerificationInputT
+
+
+class ResourcesCloseSessionRequest(BaseModel):
+    """Release the state seeded under ``resources_session_id`` for ``episode_id``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    resources_session_id: str
+    episode_id: EpisodeId
+
+
+class ResourcesCloseSessionResponse(BaseModel):
+    """The session that is closed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    resources_session_id: str
 
 
 class BaseRunRequest(BaseModel):
@@ -227,6 +292,7 @@ class SimpleResourcesServer(BaseResourcesServer, AggregateMetricsMixin):
     def setup_webserver(self) -> FastAPI:
         app = super().setup_webserver()
         app.post("/seed_session")(self.seed_session)
+        app.post("/close_session")(self.close_resources_session)
         # The reward observed for nemo_gym.server.metrics; an oversized answer scored 0 before the verifier.
         app.post("/verify")(observed_verify(self._metrics, self._bounded_verify()))
         app.post("/aggregate_metrics")(self.aggregate_metrics)
@@ -246,9 +312,22 @@ class SimpleResourcesServer(BaseResourcesServer, AggregateMetricsMixin):
         """``GET /row_schema``: the JSON schema of what a task row must carry (see :func:`task_row_schema`)."""
         return task_row_schema(type(self))
 
-    async def seed_session(self, body: BaseSeedSessionRequest) -> BaseSeedSessionResponse:
-        """Set up per-rollout state (override; take ``request: Request`` too for the session id)."""
+    async def seed_session(
+        self, body: ResourcesSeedSessionRequest | BaseSeedSessionRequest
+    ) -> ResourcesSeedSessionResponse | BaseSeedSessionResponse:
+        """Set up per-rollout state (override; take ``request: Request`` too for the session id). An agent's
+        ``/run`` seeds with the task row; an environment server with a ``ResourcesSeedSessionRequest``,
+        answered with its id. The default keeps no state."""
+        if isinstance(body, ResourcesSeedSessionRequest):
+            return ResourcesSeedSessionResponse(resources_session_id=body.resources_session_id)
         return BaseSeedSessionResponse()
+
+    async def close_resources_session(
+        self, body: ResourcesCloseSessionRequest
+    ) -> ResourcesCloseSessionResponse:
+        """``POST /close_session``: release what a ``ResourcesSeedSessionRequest`` set up (override, following
+        the rules in the module docstring). The default keeps no state: the session is closed."""
+        return ResourcesCloseSessionResponse(resources_session_id=body.resources_session_id)
 
     @abstractmethod
     async def verify(self, body: BaseVerifyRequest) -> BaseVerifyResponse: ...

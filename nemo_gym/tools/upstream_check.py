@@ -3,8 +3,12 @@
 Contract
 --------
 * ``+upstream_checkout=<path>`` is a work tree of upstream NeMo Gym (it has ``resources_servers/`` and
-  ``nemo_gym/``); ``+envs=[a,b]`` picks folders of its ``resources_servers/`` (default: all). A path that
-  is not such a checkout, or an env that is not a folder there, is an error naming it (exit status 2).
+  ``nemo_gym/``); ``+upstream_wheel=<requirement or .whl>`` (``nemo-gym==0.7.0``) is a released wheel
+  instead, downloaded by pip from the package index (``--no-deps``, within ``+install_timeout_s``; a
+  ``.whl`` path is used as it is) and unpacked in scratch, removed afterwards. One of the two, not both.
+  ``+envs=[a,b]`` picks folders of its ``resources_servers/`` (default: all). A path that is not such a
+  checkout, a wheel pip cannot fetch, or an env that is not a folder there, is an error naming it (exit
+  status 2).
 * Each env is checked in its own scratch copy of this repository (``nemo_gym/``, our agents and model
   servers, ``pyproject.toml``; never the user's tree), with upstream's folder copied into its
   ``resources_servers/`` (replacing ours of that name). A server folder the env's config names that we
@@ -173,10 +177,12 @@ class Options:
     run_tests: bool = True
     install_timeout_s: float = DEFAULT_INSTALL_TIMEOUT_S
     imported_from: str = "upstream"
+    wheel: str | None = None  # +upstream_wheel, when ``upstream`` is that wheel unpacked (removed at the end)
 
 
 OPTION_HELP: dict[str, tuple[str, str]] = {
-    "upstream_checkout": ("PATH", "a work tree of upstream NeMo Gym (required)"),
+    "upstream_checkout": ("PATH", "a work tree of upstream NeMo Gym (this or +upstream_wheel)"),
+    "upstream_wheel": ("REQ", "a released wheel instead: nemo-gym==0.7.0 (fetched by pip) or a .whl file"),
     "envs": ("[a,b]", "folders of its resources_servers/ to check (default: all)"),
     "output": ("FILE", "where the JSON goes (default results/upstream_check/<UTC time>.json)"),
     "keep_scratch": ("true", "keep the scratch copies (their path is printed)"),
@@ -205,9 +211,11 @@ def usage() -> str:
         f"{COMMAND}: {SUMMARY}",
         "",
         f"usage: {COMMAND} +upstream_checkout=<path> [+envs=[a,b]] [+output=<file.json>] [+option=value ...]",
+        f"       {COMMAND} +upstream_wheel=<nemo-gym==X.Y.Z or file.whl> [...]",
         "",
         "Examples:",
         f"  {COMMAND} +upstream_checkout=../Gym",
+        f"  {COMMAND} +upstream_wheel=nemo-gym==0.7.0 +envs=[example_single_tool_call]",
         f'  {COMMAND} +upstream_checkout=../Gym "+envs=[example_single_tool_call,calendar]" +output=check.json',
         "",
         "Options:",
@@ -242,14 +250,43 @@ def parse_options(argv: list[str]) -> Options:
         raise CheckError(str(e)) from None
     cfg = OmegaConf.to_container(loaded.config, resolve=True)
     assert isinstance(cfg, dict)
-    if not cfg.get("upstream_checkout"):
-        raise CheckError("pass +upstream_checkout=<path of an upstream NeMo Gym work tree>. See --help.")
-    upstream = Path(str(cfg["upstream_checkout"])).expanduser().resolve()
+    number = _seconds(cfg)
+    checkout, wheel = cfg.get("upstream_checkout"), cfg.get("upstream_wheel")
+    if checkout and wheel:
+        raise CheckError("pass +upstream_checkout or +upstream_wheel, not both")
+    if not checkout and not wheel:
+        raise CheckError(
+            "pass +upstream_checkout=<path of an upstream NeMo Gym work tree> or "
+            "+upstream_wheel=<nemo-gym==X.Y.Z or a .whl file>. See --help."
+        )
+    install_timeout_s = number("install_timeout_s", DEFAULT_INSTALL_TIMEOUT_S)
+    scratch_dir = Path(str(cfg["scratch_dir"])).expanduser() if cfg.get("scratch_dir") else None
+    if wheel:
+        upstream = unpacked_wheel(str(wheel), scratch_dir, install_timeout_s)
+    else:
+        upstream = Path(str(checkout)).expanduser().resolve()
+    try:
+        return _options(cfg, upstream, str(wheel) if wheel else None, scratch_dir, install_timeout_s, number)
+    except BaseException:
+        if wheel:
+            shutil.rmtree(upstream.parent, ignore_errors=True)
+        raise
+
+
+def _options(
+    cfg: dict[str, Any],
+    upstream: Path,
+    wheel: str | None,
+    scratch_dir: Path | None,
+    install_timeout_s: float,
+    number: Any,
+) -> Options:
+    source = f"+upstream_wheel={wheel}" if wheel else f"+upstream_checkout={upstream}"
     if not upstream.is_dir():
-        raise CheckError(f"+upstream_checkout={upstream}: no such directory")
+        raise CheckError(f"{source}: no such directory")
     if not (upstream / "resources_servers").is_dir() or not (upstream / "nemo_gym").is_dir():
         raise CheckError(
-            f"+upstream_checkout={upstream} is not an upstream NeMo Gym checkout "
+            f"{source} is not an upstream NeMo Gym checkout or wheel "
             "(it needs resources_servers/ and nemo_gym/ at its top)"
         )
     available = upstream_envs(upstream)
@@ -277,16 +314,6 @@ def parse_options(argv: list[str]) -> Options:
         stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
         output = Path.cwd() / "results" / "upstream_check" / f"{stamp}.json"
 
-    def number(key: str, default: float) -> float:
-        value = cfg.get(key, default)
-        try:
-            value = float(value)
-        except (TypeError, ValueError):
-            raise CheckError(f"+{key} must be a number of seconds; got {value!r}") from None
-        if not value > 0 or math.isinf(value):
-            raise CheckError(f"+{key} must be a positive number of seconds; got {value!r}")
-        return value
-
     def flag(key: str, default: bool) -> bool:
         value = cfg.get(key, default)
         if not isinstance(value, bool):
@@ -298,16 +325,97 @@ def parse_options(argv: list[str]) -> Options:
         envs=list(dict.fromkeys(envs)),
         output=output,
         keep_scratch=flag("keep_scratch", False),
-        scratch_dir=Path(str(cfg["scratch_dir"])).expanduser() if cfg.get("scratch_dir") else None,
+        scratch_dir=scratch_dir,
         test_timeout_s=number("test_timeout_s", DEFAULT_TEST_TIMEOUT_S),
         start_timeout_s=number("start_timeout_s", DEFAULT_START_TIMEOUT_S),
         verify_timeout_s=number("verify_timeout_s", DEFAULT_VERIFY_TIMEOUT_S),
         venv_cache_dir=Path(str(cfg["venv_cache_dir"])).expanduser() if cfg.get("venv_cache_dir") else None,
         replay_tool_calls=flag("replay_tool_calls", True),
         run_tests=flag("run_tests", True),
-        install_timeout_s=number("install_timeout_s", DEFAULT_INSTALL_TIMEOUT_S),
+        install_timeout_s=install_timeout_s,
         imported_from=_imported_from(cfg.get("imported_from", "upstream")),
+        wheel=wheel,
     )
+
+
+def _seconds(cfg: dict[str, Any]) -> Any:
+    """``number(key, default)``: option ``key`` of ``cfg`` as a positive, finite number of seconds."""
+
+    def number(key: str, default: float) -> float:
+        value = cfg.get(key, default)
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            raise CheckError(f"+{key} must be a number of seconds; got {value!r}") from None
+        if not value > 0 or math.isinf(value):
+            raise CheckError(f"+{key} must be a positive number of seconds; got {value!r}")
+        return value
+
+    return number
+
+
+def unpacked_wheel(spec: str, scratch_dir: Path | None, timeout_s: float) -> Path:
+    """``spec`` (a requirement pip resolves on the package index, or a ``.whl`` file) unpacked into a new
+    directory ``<tmp>/wheel``; the caller removes ``<tmp>``. :class:`CheckError` names what failed."""
+    import zipfile
+
+    if scratch_dir:
+        scratch_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="ng_check_upstream_wheel_", dir=scratch_dir))
+    try:
+        local = Path(spec).expanduser()
+        if spec.endswith(".whl"):
+            if not local.is_file():
+                raise CheckError(f"+upstream_wheel={spec}: no such file")
+            wheel = local
+        else:
+            wheel = _download_wheel(spec, tmp / "download", timeout_s)
+        target = tmp / "wheel"
+        try:
+            with zipfile.ZipFile(wheel) as archive:
+                for member in archive.infolist():  # a wheel is data: nothing may land outside target
+                    if member.filename.startswith("/") or ".." in Path(member.filename).parts:
+                        raise CheckError(
+                            f"+upstream_wheel={spec}: unsafe path in the wheel: {member.filename}"
+                        )
+                archive.extractall(target)
+        except zipfile.BadZipFile as exc:
+            raise CheckError(f"+upstream_wheel={spec}: {wheel.name} is not a wheel ({exc})") from None
+        return target
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _download_wheel(spec: str, dest: Path, timeout_s: float) -> Path:
+    """The wheel pip downloads for the requirement ``spec`` (no dependencies, any Python version)."""
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--ignore-requires-python", "--disable-pip-version-check", "-q", "-d", str(dest), spec,
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        raise CheckError(f"+upstream_wheel={spec}: pip did not download it within {timeout_s:g} s") from None
+    finally:
+        _kill_group(proc)
+    wheels = sorted(dest.glob("*.whl")) if dest.is_dir() else []
+    if proc.returncode != 0 or len(wheels) != 1:
+        lines = [
+            ln for ln in out.decode(errors="replace").splitlines() if ln.strip() and "is ignored" not in ln
+        ]
+        raise CheckError(
+            f"+upstream_wheel={spec}: pip download failed (exit {proc.returncode}): {' | '.join(lines[-3:])}"
+        )
+    return wheels[0]
 
 
 def _imported_from(value: Any) -> str:
@@ -470,7 +578,9 @@ def make_scratch(
         for _name, server_type, impl, _ in _config_instances(_load_yaml(config)):
             target = root / server_type / impl
             source = upstream / server_type / impl
-            if not target.exists() and source.is_dir():
+            # A server the package ships (nemo_gym/environment_servers/legacy_agent) is the runtime's own.
+            shipped = (root / "nemo_gym" / server_type / impl).is_dir()
+            if not target.exists() and not shipped and source.is_dir():
                 shutil.copytree(source, target, ignore=_IGNORE, symlinks=True)
                 notes.append(f"{server_type}/{impl} taken from upstream (not in this repo)")
     # Server folders the copied code imports (blackjack imports resources_servers.gymnasium): upstream's,
@@ -1106,7 +1216,8 @@ def format_table(results: list[EnvResult]) -> str:
 def to_json(opts: Options, results: list[EnvResult], started_at: str, interrupted: bool) -> dict[str, Any]:
     return {
         "command": COMMAND,
-        "upstream_checkout": str(opts.upstream),
+        "upstream_checkout": str(opts.upstream) if opts.wheel is None else None,
+        "upstream_wheel": opts.wheel,
         "started_at": started_at,
         "finished_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "interrupted": interrupted,
@@ -1187,6 +1298,8 @@ def main(argv: list[str] | None = None) -> None:
         results, interrupted = run_checks(opts, echo, started_at)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if opts.wheel is not None:
+            shutil.rmtree(opts.upstream.parent, ignore_errors=True)
     write_json(opts, results, started_at, interrupted)
     print(format_table(results), flush=True)
     print(f"\nJSON: {opts.output}", flush=True)

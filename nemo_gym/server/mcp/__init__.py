@@ -15,7 +15,9 @@ Contract
   ended once no event went out on it for ``mcp_stream_idle_timeout_s`` (default 60 s; keep-alive pings
   do not count), so idle streams do not hold connections for ever; clients reconnect if they want.
 * ``/seed_session`` answers carry ``{"mcp": {"server_name", "url_path": "/mcp", "transport": "http",
-  "headers": {...}}}`` (:class:`MCPServerMetadata`, key ``NEMO_GYM_MCP_METADATA_KEY``; both are also
+  "headers": {...}}}`` (an environment server's seed, answered with ``resources_session_id``, carries the
+  same in ``resources_tools`` unless the server set it) (:class:`MCPServerMetadata`, key
+  ``NEMO_GYM_MCP_METADATA_KEY``; both are also
   exported by upstream's path :mod:`nemo_gym.base_resources_server`). ``headers`` hold
   ``X-NeMo-Gym-Session-Token`` (``NEMO_GYM_MCP_SESSION_TOKEN_HEADER``: this session's signed cookie
   value, which binds MCP calls to the session just seeded) and, when the run has a token, the
@@ -62,6 +64,7 @@ _FORWARDED_AUTH_HEADERS = ("authorization", "x-nemo-gym-token")
 RESERVED_PATHS = frozenset(
     {
         "/seed_session",
+        "/close_session",
         "/verify",
         "/aggregate_metrics",
         "/reverify_mode",
@@ -160,7 +163,11 @@ class _SeedMetadataMiddleware:
                     payload = None
                 if isinstance(payload, dict):
                     session_id = scope.get("state", {}).get("session_id")
-                    payload[NEMO_GYM_MCP_METADATA_KEY] = self.metadata_for(session_id)
+                    if "resources_session_id" in payload:  # an environment server's seed: its own field
+                        if payload.get("resources_tools") is None:
+                            payload["resources_tools"] = self.metadata_for(session_id)
+                    else:
+                        payload[NEMO_GYM_MCP_METADATA_KEY] = self.metadata_for(session_id)
                     body = orjson.dumps(payload)
             headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
             headers.append((b"content-length", str(len(body)).encode()))
