@@ -508,6 +508,19 @@ def _marking_agent() -> FastAPI:
             answer["_ng_failure_terminal"] = row["mode"] == "terminal"
         elif row["mode"] == "killed":
             answer["_ng_no_persist"] = True
+        elif row["mode"].startswith("masked"):
+            # NeMo Gym 0.7's way: the verify response says its reward is no measurement.
+            from nemo_gym.base_resources_server import BaseVerifyResponse
+
+            labels = {"failure_kind": "provider_unavailable", "failure_reason": "sandbox pool down"}
+            verdict = BaseVerifyResponse(
+                responses_create_params=row["responses_create_params"],
+                response={"id": "r", "created_at": 0, "model": "m", "object": "response", "output": []},
+                reward=0.0,
+                mask_sample=True,
+                **(labels if row["mode"] == "masked" else {}),
+            )
+            answer = {**row, **verdict.model_dump(mode="json")}
         return answer
 
     app.state.runs = runs
@@ -524,7 +537,7 @@ def test_run_answers_with_a_failure_class_go_to_the_failures_file_and_no_persist
     from nemo_gym.collection.output_files import sidecar_paths
     from nemo_gym.rollout_collection import RolloutCollectionConfig
 
-    modes = ["ok", "judge_down", "terminal", "killed"]
+    modes = ["ok", "judge_down", "terminal", "killed", "masked", "masked_plain"]
     rows = [{"responses_create_params": {"input": "hi"}, "mode": m} for m in modes]
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
@@ -563,21 +576,22 @@ def test_run_answers_with_a_failure_class_go_to_the_failures_file_and_no_persist
         assert sorted((f["_ng_task_index"], f["kind"], f["attempt"]) for f in failures) == [
             (1, "judge_failed", 1),
             (2, "judge_failed", 1),
+            (4, "provider_unavailable", 1),
+            (5, "masked_sample", 1),
         ]
         assert "judge timeout" in failures[0]["error"]
+        masked = next(f for f in failures if f["_ng_task_index"] == 4)
+        assert "sandbox pool down" in masked["error"]
         assert [
             f.get("_ng_failure_terminal", False) for f in sorted(failures, key=lambda f: f["_ng_task_index"])
-        ] == [
-            False,
-            True,
-        ]
-        assert summary["not_persisted"] == 1 and summary["this_run"]["failed"] == 2
-        assert summary["rollouts_missing"] == 3
+        ] == [False, True, False, False]
+        assert summary["not_persisted"] == 1 and summary["this_run"]["failed"] == 4
+        assert summary["rollouts_missing"] == 5
 
         # Resume: the retryable failure and the unpersisted rollout run again; the terminal one never does.
         app.state.runs.clear()
         summary = collect(resume=True)
-        assert sorted(app.state.runs) == ["judge_down", "killed"]
+        assert sorted(app.state.runs) == ["judge_down", "killed", "masked", "masked_plain"]
         assert summary["skipped_after_max_attempts"] == 1
 
 

@@ -213,6 +213,37 @@ def test_the_contract_check_passes_a_server_that_keeps_it_and_names_what_another
     assert "c-5" not in failing._closed  # a failed release is not recorded as closed
 
 
+class MaskingServer(DefaultServer):
+    """Masks its verdict when the row says its judge is down (0.7's verify-response failure fields)."""
+
+    async def verify(self, body: BaseVerifyRequest) -> BaseVerifyResponse:
+        if "judge down" in str(body.responses_create_params.input):
+            return BaseVerifyResponse(
+                **body.model_dump(),
+                reward=0.0,
+                mask_sample=True,
+                failure_kind="judge_failed",
+                failure_reason="the judge answered 503",
+            )
+        return BaseVerifyResponse(**body.model_dump(), reward=1.0)
+
+
+def test_verify_answers_carry_the_failure_fields_only_when_set() -> None:
+    server = _server(MaskingServer)
+    with serve_app(server.setup_webserver()) as url, httpx.Client(base_url=url, trust_env=False) as client:
+        for text, expected in (
+            ("judge down", {"reward": 0.0, "mask_sample": True, "failure_kind": "judge_failed"}),
+            ("fine", {"reward": 1.0}),
+        ):
+            body = _call(True)
+            body["responses_create_params"]["input"] = text
+            answer = client.post("/verify", json=body).json()
+            assert {
+                k: answer[k] for k in ("reward", "mask_sample", "failure_kind") if k in answer
+            } == expected
+            assert ("failure_reason" in answer) == (text == "judge down"), answer
+
+
 # ------------------------------------------------------------------------------------------------
 # Verifier fixtures.
 

@@ -50,6 +50,8 @@ from nemo_gym.collection.dispatch import bounded_map, run_one
 from nemo_gym.collection.input_rows import materialize
 from nemo_gym.collection.live_stats import LiveMetricsServer, LiveStats, failure_label
 from nemo_gym.collection.options import (
+    MASK_SAMPLE_KEY,
+    MASKED_SAMPLE_KIND,
     NG_FAILURE_CLASS_KEY,
     NG_NO_PERSIST_KEY,
     NG_TERMINAL_KEY,
@@ -325,11 +327,13 @@ async def _run(
                 stats.rollout_not_persisted()
                 progress.update()
                 continue
-            reported = result.get(NG_FAILURE_CLASS_KEY) if exc is None and isinstance(result, dict) else None
+            reported = reported_failure(result) if exc is None and isinstance(result, dict) else None
             if reported is not None:
                 # The environment says this rollout failed (e.g. its judge did): a failure, never a reward.
                 details = {
-                    k: v for k, v in result.items() if k.startswith("_ng_failure_") and k != NG_TERMINAL_KEY
+                    k: v
+                    for k, v in result.items()
+                    if (k.startswith("_ng_failure_") and k != NG_TERMINAL_KEY) or k == "failure_reason"
                 }
                 failure = {
                     "kind": str(reported),
@@ -380,6 +384,16 @@ async def _run(
     tally.wall = time.monotonic() - t0
     stats.finish()
     return tally
+
+
+def reported_failure(result: dict[str, Any]) -> str | None:
+    """The failure a ``/run`` answer reports about itself (its kind), or None for a result: upstream's
+    ``_ng_failure_class``, or 0.7's ``mask_sample: true`` (kind ``failure_kind``, else "masked_sample")."""
+    reported = result.get(NG_FAILURE_CLASS_KEY)
+    if reported is None and result.get(MASK_SAMPLE_KEY) is True:
+        kind = result.get("failure_kind")
+        reported = kind if isinstance(kind, str) and kind else MASKED_SAMPLE_KIND
+    return reported
 
 
 def _report(

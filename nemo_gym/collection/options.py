@@ -22,6 +22,11 @@ from pydantic import BaseModel, ConfigDict, Field
 NG_FAILURE_CLASS_KEY = "_ng_failure_class"
 NG_NO_PERSIST_KEY = "_ng_no_persist"
 NG_TERMINAL_KEY = "_ng_failure_terminal"
+# NeMo Gym 0.7's verify-response fields: ``mask_sample: true`` says the reward is not a measurement of the
+# policy (the environment or its infrastructure failed); the rollout goes to the failures file as a failure
+# of kind ``failure_kind`` (else "masked_sample") with ``failure_reason``, retried on resume like any other.
+MASK_SAMPLE_KEY = "mask_sample"
+MASKED_SAMPLE_KIND = "masked_sample"
 MAX_ROLLOUT_ATTEMPTS_ENV_VAR = "NEMO_GYM_MAX_ROLLOUT_ATTEMPTS"
 DEFAULT_MAX_ROLLOUT_ATTEMPTS = 3
 

@@ -65,6 +65,15 @@ def is_known_failure_kind(kind: str) -> bool:
     return kind in FAILURE_KINDS or bool(_NAMESPACED_KIND.fullmatch(kind))
 
 
+def validate_failure_kind(kind: str | None) -> str | None:
+    """``kind`` as given, with one warning per kind outside the vocabulary: refusing it would turn a
+    reported failure into a lost one."""
+    if kind is not None and not is_known_failure_kind(kind) and kind not in _WARNED_KINDS:
+        _WARNED_KINDS.add(kind)
+        LOG.warning("failure_kind %r is neither a shared kind nor '<server>:<kind>'", kind)
+    return kind
+
+
 class EpisodeId(BaseModel):
     """One attempt (``attempt``, from 0) of one rollout (``rollout_id``)."""
 
@@ -114,11 +123,7 @@ class EpisodeFailure(BaseModel):
     @field_validator("failure_kind")
     @classmethod
     def _kind_is_known(cls, kind: str | None) -> str | None:
-        # Kept, with one warning per kind: refusing it would turn a reported failure into a lost one.
-        if kind is not None and not is_known_failure_kind(kind) and kind not in _WARNED_KINDS:
-            _WARNED_KINDS.add(kind)
-            LOG.warning("failure_kind %r is neither a shared kind nor '<server>:<kind>'", kind)
-        return kind
+        return validate_failure_kind(kind)
 
     @model_serializer(mode="wrap")
     def _leave_out_unset_labels(self, handler: Any) -> Any:

@@ -53,7 +53,7 @@ from typing import Any, ClassVar, Generic, Self, TypeVar
 import orjson
 from fastapi import FastAPI
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, create_model, field_validator, model_validator
 
 from nemo_gym.config.types import BaseRunServerInstanceConfig
 from nemo_gym.kit.reward_profile import AggregateMetricsMixin
@@ -63,7 +63,7 @@ from nemo_gym.openai_utils.responses import (
     text_of_message,
 )
 from nemo_gym.server.base import SimpleServer
-from nemo_gym.server.episodes import EpisodeId, TaskId
+from nemo_gym.server.episodes import EpisodeId, TaskId, validate_failure_kind
 from nemo_gym.server.mcp import MCPServerMetadata
 from nemo_gym.server.metrics.install import observed_verify
 
@@ -163,6 +163,19 @@ class BaseVerifyRequest(BaseRunRequest):
 
 class BaseVerifyResponse(BaseVerifyRequest):
     reward: float
+    # NeMo Gym 0.7's failure fields, written out only when set. ``mask_sample``: this reward is no
+    # measurement of the policy (the environment or its infrastructure failed: a lost session, a judge
+    # down); ng_collect_rollouts writes such a rollout to the failures file, never as a score.
+    # ``failure_kind``: one of nemo_gym.server.episodes.FAILURE_KINDS or '<server>:<kind>' (another is
+    # kept, with a warning); ``failure_reason``: the occurrence, in words.
+    mask_sample: bool = Field(default=False, exclude_if=lambda value: value is False)
+    failure_kind: str | None = Field(default=None, exclude_if=lambda value: value is None)
+    failure_reason: str | None = Field(default=None, exclude_if=lambda value: value is None)
+
+    @field_validator("failure_kind")
+    @classmethod
+    def _kind_is_known(cls, kind: str | None) -> str | None:
+        return validate_failure_kind(kind)
 
     @classmethod
     def from_request(cls, body: BaseModel, **fields: Any) -> Self:
