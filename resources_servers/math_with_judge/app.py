@@ -7,7 +7,7 @@ Contract
 * The answer is the concatenated ``output_text`` of the response's assistant messages. math-verify
   extracts the ``\\boxed{}``es (or a plain expression) and compares it with ``\\boxed{expected_answer}``
   (outer ``$...$`` / ``\\(...\\)`` stripped) symbolically. That runs in :mod:`nemo_gym.kit.verify_pool`
-  (a worker process's main thread: math-verify uses ``signal.alarm``), never on the event loop.
+  (a worker process's main thread: the CPU-time bound is a signal timer), never on the event loop.
   ``library_reward`` is its verdict (1.0 / 0.0); ``extracted_answer`` the answer it read (or None).
 * ``should_use_judge`` defaults to true when a ``judge_model_server`` is configured (upstream's default),
   else false. With ``should_use_judge: true`` a 0 from math-verify is re-checked by the judge model server
@@ -49,6 +49,7 @@ import contextlib
 import contextvars
 import io
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -107,7 +108,7 @@ class LibraryJudgeMathResourcesServerConfig(BaseResourcesServerConfig):
     # Bound on one whole check in the pool (a hung worker is killed). Past either bound: the judge
     # decides when should_use_judge, else HTTP 503 verify_timeout (never a 0).
     library_verifier_timeout_seconds: PositiveFloat = 30.0
-    # math-verify's own bound on each parse / comparison.
+    # The bound on each parse / comparison, in CPU seconds (cpu_time_bound; upstream: wall-clock seconds).
     math_verify_timeout_seconds: int = Field(default=5, ge=1)
     unparseable_verdict: Literal["error", "metric"] = "error"
     # Unset: the server class's JUDGE_* constants (a subclass may override those, as upstream's do).
@@ -190,7 +191,7 @@ def math_verify_check(
     expected_answer: str, generated_answer: str, timeout_seconds: int = 5
 ) -> tuple[float, str | None, tuple[str, str] | None]:
     """(1.0 or 0.0, the extracted answer or None, a note or None). Runs in a verify-pool worker (main
-    thread: math-verify bounds each parse and comparison with ``signal.alarm``).
+    thread: each parse and comparison is bounded in CPU time by :func:`cpu_time_bound`).
 
     An ``expected_answer`` math-verify cannot parse raises ValueError (bad data is not a wrong answer:
     ``/verify`` answers 422 "bad row"); one it runs out of time parsing is noted ``EXPECTED_TIMEOUT``
@@ -208,12 +209,13 @@ def math_verify_check(
     quiet = (contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()))
     with quiet[0], quiet[1]:
         try:
-            gold = parse(
-                "\\boxed{" + strip_math_delimiters(expected_answer) + "}",
-                extraction_config=[LatexExtractionConfig()],
-                parsing_timeout=timeout_seconds,
-                raise_on_error=True,
-            )
+            with cpu_time_bound(timeout_seconds):
+                gold = parse(
+                    "\\boxed{" + strip_math_delimiters(expected_answer) + "}",
+                    extraction_config=[LatexExtractionConfig()],
+                    parsing_timeout=None,  # bounded in CPU time around it
+                    raise_on_error=True,
+                )
         except TimeoutException as e:  # a BaseException: turn it into a note the caller reports
             return (
                 0.0,
@@ -226,12 +228,13 @@ def math_verify_check(
         if not gold:
             raise ValueError(f"{_BAD_EXPECTED} {expected_answer!r}")
         try:
-            pred = parse(
-                generated_answer,
-                extraction_config=[ExprExtractionConfig(), LatexExtractionConfig()],
-                parsing_timeout=timeout_seconds,
-                raise_on_error=True,
-            )
+            with cpu_time_bound(timeout_seconds):
+                pred = parse(
+                    generated_answer,
+                    extraction_config=[ExprExtractionConfig(), LatexExtractionConfig()],
+                    parsing_timeout=None,
+                    raise_on_error=True,
+                )
         except TimeoutException:
             return (
                 0.0,
@@ -253,7 +256,8 @@ def math_verify_check(
                 )
             return 0.0, extracted, (FALSE_EQUATION, f"the answer states a false equation: {false}")
         try:
-            ok = bool(pred) and verify(gold, pred, timeout_seconds=timeout_seconds, raise_on_error=True)
+            with cpu_time_bound(timeout_seconds):
+                ok = bool(pred) and verify(gold, pred, timeout_seconds=None, raise_on_error=True)
         except TimeoutException:
             return (
                 0.0,
@@ -302,8 +306,8 @@ def _false_equation(expr: Any, timeout_seconds: int) -> str | None:
     def out_of_time(signum: int, frame: Any) -> None:
         raise TimeoutError
 
-    previous = signal.signal(signal.SIGALRM, out_of_time)
-    signal.setitimer(signal.ITIMER_REAL, timeout_seconds)
+    previous = signal.signal(signal.SIGPROF, out_of_time)
+    signal.setitimer(signal.ITIMER_PROF, timeout_seconds)  # CPU time, as cpu_time_bound
     try:
         for eq in equations:
             lhs, rhs = eq.lhs, eq.rhs
@@ -317,8 +321,31 @@ def _false_equation(expr: Any, timeout_seconds: int) -> str | None:
     except TimeoutError:
         return ""
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
+
+
+@contextlib.contextmanager
+def cpu_time_bound(seconds: float) -> Iterator[None]:
+    """Raise math-verify's TimeoutException once the code inside has used ``seconds`` of this process's CPU
+    time (``ITIMER_PROF``). math-verify's own bound is ``signal.alarm``, wall-clock time, which a busy
+    machine uses up on a cheap parse: the row or the answer would be blamed for the machine's load. CPU
+    time is what the answer costs. (A check past ``library_verifier_timeout_seconds`` of wall time is
+    still killed with its worker.) Main thread of a pool worker only, as math-verify's alarm."""
+    import signal
+
+    from math_verify.errors import TimeoutException
+
+    def out_of_time(signum: int, frame: Any) -> None:
+        raise TimeoutException(f"more than {seconds:g} s of CPU time")
+
+    previous = signal.signal(signal.SIGPROF, out_of_time)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
 
 
 def warm_up_worker() -> float:
