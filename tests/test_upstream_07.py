@@ -108,6 +108,19 @@ def test_its_own_tests_pass_and_it_starts_under_the_upstream_check(wheel: Path, 
     assert not list((tmp_path / "scratch").iterdir())  # the unpacked wheel and the copies are gone
 
 
+def test_the_wheel_option_takes_a_requirement_as_typed(tmp_path: Path) -> None:
+    """``+upstream_wheel=nemo-gym==0.7.0`` as the docs spell it (Hydra's grammar refuses a bare ``==``): the
+    requirement reaches pip as written; here one no index has, so the error names it, exit status 2."""
+    run = subprocess.run(
+        [sys.executable, "-c", "from nemo_gym.tools.upstream_check import main; main()",
+         "+upstream_wheel=nemo-gym==0.0.0.999", f"+scratch_dir={tmp_path}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "+upstream_wheel=nemo-gym==0.0.0.999: pip download failed" in run.stderr, run.stderr
+    assert "Cannot parse" not in run.stderr and not list(tmp_path.iterdir())
+
+
 def test_a_wheel_that_cannot_be_had_is_an_error_naming_it(tmp_path: Path) -> None:
     with pytest.raises(CheckError, match=r"\+upstream_wheel=.*missing\.whl: no such file"):
         unpacked_wheel(str(tmp_path / "missing.whl"), tmp_path, timeout_s=60)

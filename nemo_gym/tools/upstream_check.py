@@ -180,6 +180,7 @@ class Options:
     wheel: str | None = None  # +upstream_wheel, when ``upstream`` is that wheel unpacked (removed at the end)
 
 
+WHEEL_OPTION = "upstream_wheel"
 OPTION_HELP: dict[str, tuple[str, str]] = {
     "upstream_checkout": ("PATH", "a work tree of upstream NeMo Gym (this or +upstream_wheel)"),
     "upstream_wheel": ("REQ", "a released wheel instead: nemo-gym==0.7.0 (fetched by pip) or a .whl file"),
@@ -243,6 +244,9 @@ def parse_options(argv: list[str]) -> Options:
     """The options of ``argv`` (Hydra-style ``+key=value``), checked; :class:`CheckError` names the problem."""
     from omegaconf import OmegaConf
 
+    # A requirement's `==` (nemo-gym==0.7.0) is no Hydra override value: the option is read as written.
+    wheel_args = [a for a in argv if a.startswith(f"+{WHEEL_OPTION}=")]
+    argv = [a for a in argv if a not in wheel_args]
     try:
         loaded = load_global_config(argv, load_env_yaml=False)
         check_options(loaded, COMMAND, strict_cli=True)
@@ -250,6 +254,8 @@ def parse_options(argv: list[str]) -> Options:
         raise CheckError(str(e)) from None
     cfg = OmegaConf.to_container(loaded.config, resolve=True)
     assert isinstance(cfg, dict)
+    if wheel_args:
+        cfg[WHEEL_OPTION] = wheel_args[-1].split("=", 1)[1].strip("'\"")
     number = _seconds(cfg)
     checkout, wheel = cfg.get("upstream_checkout"), cfg.get("upstream_wheel")
     if checkout and wheel:
