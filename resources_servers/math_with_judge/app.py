@@ -293,7 +293,6 @@ def _false_equation(expr: Any, timeout_seconds: int) -> str | None:
     """The first equality in ``expr`` between two numbers (no free symbols) that is false, as text; ""
     when checking ran past ``timeout_seconds``; None when there is none. ``x = 720`` and ``6 \\times 120 =
     720`` are fine; ``360 = 720`` is false (math-verify compares an equation's right side alone)."""
-    import signal
 
     import sympy
 
@@ -303,26 +302,21 @@ def _false_equation(expr: Any, timeout_seconds: int) -> str | None:
     if not equations:
         return None
 
-    def out_of_time(signum: int, frame: Any) -> None:
-        raise TimeoutError
+    from math_verify.errors import TimeoutException
 
-    previous = signal.signal(signal.SIGPROF, out_of_time)
-    signal.setitimer(signal.ITIMER_PROF, timeout_seconds)  # CPU time, as cpu_time_bound
     try:
-        for eq in equations:
-            lhs, rhs = eq.lhs, eq.rhs
-            if not isinstance(lhs, sympy.Expr) or not isinstance(rhs, sympy.Expr):
-                continue
-            if lhs.free_symbols or rhs.free_symbols:
-                continue
-            if not _numbers_equal(lhs, rhs):
-                return f"{lhs} = {rhs}"[:200]
+        with cpu_time_bound(timeout_seconds):
+            for eq in equations:
+                lhs, rhs = eq.lhs, eq.rhs
+                if not isinstance(lhs, sympy.Expr) or not isinstance(rhs, sympy.Expr):
+                    continue
+                if lhs.free_symbols or rhs.free_symbols:
+                    continue
+                if not _numbers_equal(lhs, rhs):
+                    return f"{lhs} = {rhs}"[:200]
         return None
-    except TimeoutError:
+    except TimeoutException:
         return ""
-    finally:
-        signal.setitimer(signal.ITIMER_PROF, 0)
-        signal.signal(signal.SIGPROF, previous)
 
 
 @contextlib.contextmanager
